@@ -1,0 +1,29 @@
+module github.com/moat-sandbox/moat
+
+go 1.26.0
+
+require (
+	github.com/coder/websocket v1.8.15 // indirect
+	github.com/containerd/console v1.0.3 // indirect
+	github.com/containerd/go-runc v1.1.0 // indirect
+	github.com/creack/pty v1.1.24 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/go-containerregistry v0.22.1 // indirect
+	github.com/google/nftables v0.3.0 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42 // indirect
+	github.com/mdlayher/socket v0.5.0 // indirect
+	github.com/miekg/dns v1.1.73 // indirect
+	github.com/opencontainers/runtime-spec v1.3.0 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/spf13/cobra v1.10.2 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
+	go.etcd.io/bbolt v1.4.3 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+)

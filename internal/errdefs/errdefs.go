@@ -1,0 +1,90 @@
+// Package errdefs defines the fixed set of error classes used across moat.
+//
+// Code adds context by wrapping a class with %w, e.g.
+//
+//	fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+//
+// and only the edges (HTTP handlers, CLI) map a class to a status or exit
+// code. Messages of wrapped errors are meant for operators; the public text
+// sent to API clients comes from WithPublic or from the class alone.
+package errdefs
+
+import (
+	"errors"
+)
+
+// Error classes. Every error returned by a moat package should wrap one of
+// these (an unclassified error is treated as ErrInternal at the edge).
+var (
+	ErrNotFound           = errors.New("not found")
+	ErrAlreadyExists      = errors.New("already exists")
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrFailedPrecondition = errors.New("failed precondition") // wrong state for the operation
+	ErrConflict           = errors.New("conflict")            // concurrent modification, resource in use
+	ErrUnauthenticated    = errors.New("unauthenticated")
+	ErrPermissionDenied   = errors.New("permission denied")
+	ErrUnavailable        = errors.New("unavailable") // backend temporarily unreachable
+	ErrNotImplemented     = errors.New("not implemented")
+	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrDeadlineExceeded   = errors.New("deadline exceeded")
+	ErrInternal           = errors.New("internal error")
+)
+
+// IsNotFound reports whether err is of class ErrNotFound.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// IsAlreadyExists reports whether err is of class ErrAlreadyExists.
+func IsAlreadyExists(err error) bool { return errors.Is(err, ErrAlreadyExists) }
+
+// IsInvalidArgument reports whether err is of class ErrInvalidArgument.
+func IsInvalidArgument(err error) bool { return errors.Is(err, ErrInvalidArgument) }
+
+// IsFailedPrecondition reports whether err is of class ErrFailedPrecondition.
+func IsFailedPrecondition(err error) bool { return errors.Is(err, ErrFailedPrecondition) }
+
+// IsConflict reports whether err is of class ErrConflict.
+func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
+
+// IsNotImplemented reports whether err is of class ErrNotImplemented.
+func IsNotImplemented(err error) bool { return errors.Is(err, ErrNotImplemented) }
+
+// Public is an error that carries a client-safe code and message next to the
+// (possibly sensitive) internal cause. The HTTP edge sends Code and Message;
+// logs get the full chain.
+type Public struct {
+	// Code is the API error code, e.g. "SANDBOX::INVALID_PARAMETER".
+	Code string
+	// Message is safe to show to API clients.
+	Message string
+	// Err is the wrapped cause; it should wrap an error class.
+	Err error
+}
+
+func (e *Public) Error() string {
+	if e.Err == nil {
+		return e.Message
+	}
+	return e.Message + ": " + e.Err.Error()
+}
+
+func (e *Public) Unwrap() error { return e.Err }
+
+// WithPublic wraps err (which should carry a class) with a public code and
+// message.
+func WithPublic(err error, code, message string) error {
+	return &Public{Code: code, Message: message, Err: err}
+}
+
+// Invalid returns an ErrInvalidArgument with a public message.
+func Invalid(code, message string) error {
+	return &Public{Code: code, Message: message, Err: ErrInvalidArgument}
+}
+
+// PublicOf returns the outermost Public error in err's chain, if any.
+func PublicOf(err error) (*Public, bool) {
+	var p *Public
+	if errors.As(err, &p) {
+		return p, true
+	}
+	return nil, false
+}

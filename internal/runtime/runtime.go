@@ -1,0 +1,150 @@
+// Package runtime defines the contract every sandbox backend implements.
+//
+// A Runtime owns the machinery of a sandbox: its root filesystem, its
+// process tree (with the moat agent, `moat execd`, as PID 1), its network
+// namespace and address, and its cgroup. The lifecycle service owns
+// everything else (expiry, metadata, API state) and persists it; it talks to
+// a backend only through this package.
+//
+// Identifiers: sandbox IDs are chosen by the caller (lifecycle) and are
+// unique per server. They are at most 64 characters of [a-z0-9-].
+//
+// Concurrency: methods may be called concurrently for different IDs. Calls
+// for the same ID are serialized by the caller.
+//
+// Errors: every method returns an errdefs class (ErrNotFound for an unknown
+// ID, ErrInvalidArgument for a bad Spec, ErrFailedPrecondition for a call in
+// the wrong state, ErrUnavailable when the backend cannot be reached).
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// AgentPort is the TCP port `moat execd` listens on inside every sandbox.
+const AgentPort = 44772
+
+// State is the backend-level state of a sandbox. It is coarser than the
+// Lifecycle API state machine, which lifecycle derives from it.
+type State string
+
+// Backend states.
+const (
+	// StateCreating: resources are being set up; the process is not yet running.
+	StateCreating State = "creating"
+	// StateRunning: the agent process is running.
+	StateRunning State = "running"
+	// StatePaused: all processes are frozen.
+	StatePaused State = "paused"
+	// StateStopped: the agent process exited; resources still exist until Delete.
+	StateStopped State = "stopped"
+	// StateUnknown: the backend cannot tell (e.g. inconsistent leftovers).
+	StateUnknown State = "unknown"
+)
+
+func (s State) String() string { return string(s) }
+
+// Resources are the limits applied to a sandbox. Zero means "backend
+// default" (see the backend's Config).
+type Resources struct {
+	// CPUMillis is the CPU quota in thousandths of a core (500 = half a core).
+	CPUMillis int64 `json:"cpuMillis,omitempty"`
+	// MemoryBytes is the memory limit (RSS + page cache), in bytes.
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// PidsLimit caps the number of tasks in the sandbox.
+	PidsLimit int64 `json:"pidsLimit,omitempty"`
+	// DiskBytes caps the writable layer; 0 = unlimited (backend permitting).
+	DiskBytes int64 `json:"diskBytes,omitempty"`
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID is the sandbox ID (see package doc).
+	ID string `json:"id"`
+	// Image is the image reference, as accepted by the backend's image
+	// store (a name like "registry:5000/busybox:latest" or a digest).
+	Image string `json:"image"`
+	// Entrypoint is the user command, run by the agent as its child. Empty
+	// means the image's entrypoint+cmd, or an idle process if none.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	// Env is added to the image's environment, for the entrypoint and every
+	// command the agent runs.
+	Env map[string]string `json:"env,omitempty"`
+	// WorkingDir overrides the image's working directory.
+	WorkingDir string `json:"workingDir,omitempty"`
+	// Resources are the limits.
+	Resources Resources `json:"resources"`
+	// Class selects a backend flavour, e.g. the OCI runtime binary
+	// ("runc", "crun", "runsc"). Empty means the backend default.
+	Class string `json:"class,omitempty"`
+	// AgentToken is the execd access token; empty disables agent auth.
+	AgentToken string `json:"-"`
+	// Labels are opaque key/values a backend stores with the sandbox so
+	// that List can return them after a server restart.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Status is what a backend knows about one sandbox.
+type Status struct {
+	ID    string `json:"id"`
+	State State  `json:"state"`
+	// Pid is the host PID of the agent (0 if not running or not known).
+	Pid int `json:"pid,omitempty"`
+	// IP is the sandbox address reachable from the host, if any.
+	IP string `json:"ip,omitempty"`
+	// Class is the backend flavour actually used.
+	Class string `json:"class,omitempty"`
+	// ExitCode is set when State is StateStopped.
+	ExitCode int `json:"exitCode,omitempty"`
+	// CreatedAt is when the backend created the sandbox.
+	CreatedAt time.Time `json:"createdAt"`
+	// Message is a human-readable detail (e.g. why it is unknown).
+	Message string `json:"message,omitempty"`
+	// Labels are the Spec labels.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Capabilities report optional features, so callers can refuse early
+// instead of failing at runtime.
+type Capabilities struct {
+	Pause    bool     `json:"pause"`
+	Classes  []string `json:"classes,omitempty"` // accepted Spec.Class values
+	Snapshot bool     `json:"snapshot"`
+}
+
+// Runtime is a sandbox backend.
+type Runtime interface {
+	// Name is the backend name ("oci", "docker", "kubernetes", "fake").
+	Name() string
+	// Capabilities reports optional features.
+	Capabilities() Capabilities
+	// Create sets up all resources and starts the agent. It returns once the
+	// agent process has been started (not necessarily listening yet). On
+	// error nothing is left behind. Creating an existing ID is ErrAlreadyExists.
+	Create(ctx context.Context, spec Spec) (Status, error)
+	// Stop signals the agent (SIGTERM, then SIGKILL after grace). The
+	// sandbox's resources stay until Delete. Stopping a stopped sandbox is a no-op.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Delete stops the sandbox if needed and frees every resource it holds
+	// (processes, mounts, network namespace, address, cgroup, state). It is
+	// idempotent: deleting an unknown ID returns nil, and it cleans up
+	// leftovers of a half-created sandbox.
+	Delete(ctx context.Context, id string) error
+	// Status reports one sandbox, ErrNotFound if the backend has no trace of it.
+	Status(ctx context.Context, id string) (Status, error)
+	// List reports every sandbox the backend holds, including ones created
+	// by an earlier server process; the server re-adopts from it.
+	List(ctx context.Context) ([]Status, error)
+	// Endpoint returns "host:port" at which the host (the moat server) can
+	// reach the given TCP port inside the sandbox.
+	Endpoint(ctx context.Context, id string, port int) (string, error)
+}
+
+// Pauser is implemented by backends that can freeze a sandbox.
+type Pauser interface {
+	// Pause freezes every process; it returns once they are frozen.
+	Pause(ctx context.Context, id string) error
+	// Resume thaws a paused sandbox.
+	Resume(ctx context.Context, id string) error
+}
