@@ -1,0 +1,385 @@
+// Package httpapi serves the OpenSandbox Lifecycle API over HTTP: a thin
+// adapter over the lifecycle service. Every route is mounted at / and at
+// /v1, as the upstream server does. Errors are written once, by web.Adapter,
+// as {code, message}.
+package httpapi
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// Config configures the API.
+type Config struct {
+	// APIKey is required in OPEN-SANDBOX-API-KEY (or X-API-Key) on every
+	// route except /health and the proxy route. Empty disables auth.
+	APIKey string
+	// PublicAddress is the host[:port] clients use to reach this server; it
+	// is used for server-proxy endpoints. Empty means the request's Host.
+	PublicAddress string
+}
+
+// Server is the Lifecycle API handler set.
+type Server struct {
+	cfg   Config
+	svc   *lifecycle.Service
+	log   *slog.Logger
+	web   *web.Adapter
+	proxy *proxy
+}
+
+// New returns the API server.
+func New(cfg Config, svc *lifecycle.Service, log *slog.Logger) *Server {
+	s := &Server{cfg: cfg, svc: svc, log: log}
+	s.web = &web.Adapter{Log: log, Codes: codeOf}
+	s.proxy = newProxy(svc, cfg.APIKey, s.web, log)
+	return s
+}
+
+// codeOf maps error classes to Lifecycle API codes.
+func codeOf(err error) (int, string) {
+	status, code := web.StatusOf(err)
+	switch {
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		code = "INVALID_API_KEY"
+	case errors.Is(err, errdefs.ErrNotImplemented):
+		code = "SANDBOX::API_NOT_SUPPORTED"
+	case status == http.StatusInternalServerError:
+		code = "SANDBOX::UNKNOWN_ERROR"
+	default:
+		code = "SANDBOX::" + code
+	}
+	return status, code
+}
+
+// Handler returns the root handler with request IDs, panic recovery and auth.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	h := s.web.Handle
+	for _, p := range []string{"", "/v1"} {
+		mux.Handle("GET "+p+"/health", h(s.health))
+		mux.Handle("POST "+p+"/sandboxes", h(s.create))
+		mux.Handle("GET "+p+"/sandboxes", h(s.list))
+		mux.Handle("GET "+p+"/sandboxes/{id}", h(s.get))
+		mux.Handle("DELETE "+p+"/sandboxes/{id}", h(s.delete))
+		mux.Handle("POST "+p+"/sandboxes/{id}/pause", h(s.pause))
+		mux.Handle("POST "+p+"/sandboxes/{id}/resume", h(s.resume))
+		mux.Handle("POST "+p+"/sandboxes/{id}/renew-expiration", h(s.renew))
+		mux.Handle("PATCH "+p+"/sandboxes/{id}/metadata", h(s.patchMetadata))
+		mux.Handle("GET "+p+"/sandboxes/{id}/endpoints/{port}", h(s.endpoint))
+		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
+		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
+	}
+	mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
+		return errdefs.WithPublic(errdefs.ErrNotFound, "SANDBOX::NOT_FOUND", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	}))
+	return web.WithRequestID(web.Recover(s.log, s.auth(mux)))
+}
+
+// isPublic reports routes exempt from the API key: /health and the server
+// proxy (as upstream; the agent behind it enforces its own token).
+func isPublic(path string) bool {
+	p := strings.TrimPrefix(path, "/v1")
+	if p == "/health" {
+		return true
+	}
+	if rest, ok := strings.CutPrefix(p, "/sandboxes/"); ok {
+		parts := strings.SplitN(rest, "/", 3)
+		return len(parts) >= 2 && parts[1] == "proxy"
+	}
+	return false
+}
+
+// apiKeyOf returns the API key presented by a request, if any.
+func apiKeyOf(r *http.Request) string {
+	if k := r.Header.Get("OPEN-SANDBOX-API-KEY"); k != "" {
+		return k
+	}
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return a
+	}
+	return ""
+}
+
+func keyEqual(a, b string) bool {
+	return len(a) == len(b) && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIKey == "" || isPublic(r.URL.Path) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		key := apiKeyOf(r)
+		if key == "" {
+			web.WriteJSON(w, http.StatusUnauthorized, web.ErrorBody{Code: "MISSING_API_KEY", Message: "missing API key: set the OPEN-SANDBOX-API-KEY header"})
+			return
+		}
+		if !keyEqual(key, s.cfg.APIKey) {
+			web.WriteJSON(w, http.StatusUnauthorized, web.ErrorBody{Code: "INVALID_API_KEY", Message: "invalid API key"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	web.WriteJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+	return nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
+	var body createSandboxRequest
+	if err := web.DecodeJSON(r, &body, false); err != nil {
+		return err
+	}
+	req, err := toCreateRequest(body)
+	if err != nil {
+		return err
+	}
+	sb, err := s.svc.Create(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	resp := createSandboxResponse{
+		ID: sb.ID, Status: statusJSON(sb.Status), Metadata: sb.Metadata, Platform: sb.Platform,
+		CreatedAt: ts(sb.CreatedAt), Entrypoint: sb.Entrypoint,
+	}
+	if sb.ExpiresAt != nil {
+		resp.ExpiresAt = ts(*sb.ExpiresAt)
+	}
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
+	web.WriteJSON(w, http.StatusAccepted, resp)
+	return nil
+}
+
+func toCreateRequest(b createSandboxRequest) (lifecycle.CreateRequest, error) {
+	req := lifecycle.CreateRequest{
+		SnapshotID:     b.SnapshotID,
+		Entrypoint:     b.Entrypoint,
+		Metadata:       b.Metadata,
+		ResourceLimits: b.ResourceLimits,
+		Extensions:     b.Extensions,
+		Platform:       b.Platform,
+		SecureAccess:   b.SecureAccess,
+		HasVolumes:     len(b.Volumes) > 0,
+	}
+	if b.Image != nil {
+		if strings.TrimSpace(b.Image.URI) == "" {
+			return req, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "image.uri is required")
+		}
+		req.Image = b.Image.URI
+		if b.Image.Auth != nil {
+			req.ImageAuth = &image.Auth{Username: b.Image.Auth.Username, Password: b.Image.Auth.Password}
+		}
+	}
+	if b.Timeout != nil {
+		n, err := b.Timeout.Float64()
+		if err != nil || n != math.Trunc(n) || n > math.MaxInt32 {
+			return req, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "timeout must be an integer number of seconds")
+		}
+		if n < 60 {
+			return req, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "timeout must be at least 60 seconds (omit it for manual cleanup)")
+		}
+		req.Timeout = time.Duration(n) * time.Second
+	}
+	if len(b.Env) > 0 {
+		req.Env = make(map[string]string, len(b.Env))
+		for k, v := range b.Env {
+			if v != nil {
+				req.Env[k] = *v
+			}
+		}
+	}
+	if len(b.NetworkPolicy) > 0 && string(b.NetworkPolicy) != "null" {
+		req.NetworkPolicy = b.NetworkPolicy
+	}
+	return req, nil
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	web.WriteJSON(w, http.StatusOK, toJSON(sb))
+	return nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var f lifecycle.ListFilter
+	for _, v := range q["state"] {
+		for _, part := range strings.Split(v, ",") {
+			if part = strings.TrimSpace(part); part == "" {
+				continue
+			}
+			st, err := lifecycle.ParseState(part)
+			if err != nil {
+				return err
+			}
+			f.States = append(f.States, st)
+		}
+	}
+	if m := q["metadata"]; len(m) > 0 {
+		f.Metadata = map[string]string{}
+		for _, raw := range m {
+			vals, err := url.ParseQuery(raw)
+			if err != nil {
+				return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "metadata filter must be url-encoded k=v pairs")
+			}
+			for k, v := range vals {
+				if len(v) > 0 {
+					f.Metadata[k] = v[len(v)-1]
+				}
+			}
+		}
+	}
+	page, err := intParam(q, "page", 1, 1, math.MaxInt32)
+	if err != nil {
+		return err
+	}
+	size, err := intParam(q, "pageSize", 20, 1, 1000)
+	if err != nil {
+		return err
+	}
+	items, total := s.svc.List(r.Context(), f, page, size)
+	resp := listSandboxesResponse{Items: make([]sandboxJSON, 0, len(items))}
+	for _, sb := range items {
+		resp.Items = append(resp.Items, toJSON(sb))
+	}
+	pages := (total + size - 1) / size
+	resp.Pagination = paginationInfo{Page: page, PageSize: size, TotalItems: total, TotalPages: pages, HasNextPage: page < pages}
+	web.WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("%s must be an integer between %d and %d", name, lo, hi))
+	}
+	return n, nil
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
+	if err := s.svc.Delete(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	if err := s.svc.Pause(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
+	if err := s.svc.Resume(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request) error {
+	var body renewRequest
+	if err := web.DecodeJSON(r, &body, false); err != nil {
+		return err
+	}
+	if body.ExpiresAt == "" {
+		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expiresAt is required")
+	}
+	at, err := time.Parse(time.RFC3339Nano, body.ExpiresAt)
+	if err != nil {
+		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expiresAt must be an RFC 3339 timestamp")
+	}
+	got, err := s.svc.Renew(r.Context(), r.PathValue("id"), at)
+	if err != nil {
+		return err
+	}
+	web.WriteJSON(w, http.StatusOK, renewResponse{ExpiresAt: ts(got)})
+	return nil
+}
+
+func (s *Server) patchMetadata(w http.ResponseWriter, r *http.Request) error {
+	var raw json.RawMessage
+	if err := web.DecodeJSON(r, &raw, false); err != nil {
+		return err
+	}
+	var patch map[string]*string
+	if err := json.Unmarshal(raw, &patch); err != nil || patch == nil {
+		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "metadata patch must be a JSON object of string or null values")
+	}
+	sb, err := s.svc.PatchMetadata(r.Context(), r.PathValue("id"), patch)
+	if err != nil {
+		return err
+	}
+	web.WriteJSON(w, http.StatusOK, toJSON(sb))
+	return nil
+}
+
+func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil {
+		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
+	}
+	q := r.URL.Query()
+	useProxy := false
+	if v := q.Get("use_server_proxy"); v != "" {
+		useProxy, err = strconv.ParseBool(v)
+		if err != nil {
+			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "use_server_proxy must be a boolean")
+		}
+	}
+	if q.Get("expires") != "" {
+		if useProxy {
+			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires cannot be combined with use_server_proxy")
+		}
+		if _, err := strconv.ParseUint(q.Get("expires"), 10, 64); err != nil {
+			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires must be epoch seconds")
+		}
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "signed endpoints are not supported by this server")
+	}
+	ep, err := s.svc.Endpoint(r.Context(), id, port)
+	if err != nil {
+		return err
+	}
+	out := endpointJSON{Endpoint: ep.Address, Headers: ep.Headers}
+	if useProxy {
+		host := s.cfg.PublicAddress
+		if host == "" {
+			host = r.Host
+		}
+		out.Endpoint = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
+	}
+	web.WriteJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,110 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// proxy serves /sandboxes/{id}/proxy/{port}/{path...}: a streaming reverse
+// proxy (HTTP, SSE, WebSocket) to a port inside the sandbox.
+//
+// Like upstream, the route needs no API key: it is how sandbox services are
+// shared. The agent port stays protected by the agent token. A caller that
+// does hold the API key may present it instead of the agent token (the
+// OpenSandbox SDKs do exactly that in server-proxy mode); only then does the
+// proxy substitute the sandbox's real token.
+type proxy struct {
+	svc    *lifecycle.Service
+	apiKey string
+	web    *web.Adapter
+	rp     *httputil.ReverseProxy
+}
+
+func newProxy(svc *lifecycle.Service, apiKey string, wa *web.Adapter, log *slog.Logger) *proxy {
+	p := &proxy{svc: svc, apiKey: apiKey, web: wa}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       p.rewrite,
+		FlushInterval: -1, // SSE and streamed output go out as produced
+		Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       60 * time.Second,
+			ResponseHeaderTimeout: 0, // long-running commands stream late
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			wa.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("proxy: %v: %w", err, errdefs.ErrUnavailable),
+				"SANDBOX::PROXY_UNREACHABLE", "the sandbox port is not reachable"))
+		},
+	}
+	return p
+}
+
+type targetKey struct{}
+
+type target struct {
+	addr  string
+	path  string
+	token string // agent token to set, if any
+}
+
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.web.Handle(p.serve).ServeHTTP(w, r)
+}
+
+func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil {
+		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
+	}
+	ep, err := p.svc.Endpoint(r.Context(), id, port)
+	if err != nil {
+		return err
+	}
+	t := target{addr: ep.Address, path: "/" + r.PathValue("path")}
+	if port == runtime.AgentPort && p.apiKey != "" {
+		if k := r.Header.Get("X-EXECD-ACCESS-TOKEN"); k != "" && keyEqual(k, p.apiKey) {
+			t.token = ep.Headers["X-EXECD-ACCESS-TOKEN"]
+		} else if k := apiKeyOf(r); k != "" && keyEqual(k, p.apiKey) && r.Header.Get("X-EXECD-ACCESS-TOKEN") == "" {
+			t.token = ep.Headers["X-EXECD-ACCESS-TOKEN"]
+		}
+	}
+	p.svc.Touch(r.Context(), id)
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	return nil
+}
+
+func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(targetKey{}).(target)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = t.addr
+	pr.Out.URL.Path = t.path
+	pr.Out.URL.RawPath = ""
+	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
+	pr.Out.Host = t.addr
+	// Credentials meant for moat never reach the sandbox.
+	for _, h := range []string{"Authorization", "Cookie", "OPEN-SANDBOX-API-KEY", "X-API-Key"} {
+		pr.Out.Header.Del(h)
+	}
+	if t.token != "" {
+		pr.Out.Header.Set("X-EXECD-ACCESS-TOKEN", t.token)
+	}
+	pr.Out.Header.Del("X-Forwarded-For")
+	pr.SetXForwarded()
+}

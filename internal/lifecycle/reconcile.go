@@ -1,0 +1,199 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/store"
+)
+
+// Recover loads the persisted sandboxes and reconciles them with what the
+// runtime actually holds, after a restart or a crash of the server:
+//   - a record whose sandbox is running or paused is re-adopted as is;
+//   - a record whose sandbox died is kept as Failed (SANDBOX_EXITED) and its
+//     resources are freed; one the runtime has no trace of is Failed (LOST);
+//   - a record past its expiry is deleted;
+//   - a runtime sandbox without a record (a create cut short by the crash)
+//     is deleted, so nothing leaks.
+func (s *Service) Recover(ctx context.Context) error {
+	recs, err := store.List[Sandbox](s.deps.Store, Bucket)
+	if err != nil {
+		return fmt.Errorf("load sandboxes: %w", err)
+	}
+	live, err := s.deps.Runtime.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list runtime sandboxes: %w", err)
+	}
+	byID := make(map[string]runtime.Status, len(live))
+	for _, st := range live {
+		byID[st.ID] = st
+	}
+	now := s.now()
+	var adopted, expired, lost, orphans int
+	for i := range recs {
+		sb := recs[i]
+		if sb.Metadata == nil {
+			sb.Metadata = map[string]string{}
+		}
+		e := &entry{sb: sb}
+		rst, ok := byID[sb.ID]
+		delete(byID, sb.ID)
+		if sb.ExpiresAt != nil && !sb.ExpiresAt.After(now) {
+			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
+				s.log.Error("recover: delete expired sandbox", "id", sb.ID, "err", err)
+				s.put(e)
+			}
+			expired++
+			continue
+		}
+		switch {
+		case !ok:
+			if !isTerminal(sb.Status.State) {
+				s.setState(e, StateFailed, ReasonLost, "the sandbox was lost while the server was down")
+				lost++
+			}
+		case rst.State == runtime.StateRunning:
+			if sb.Status.State != StateRunning {
+				s.setState(e, StateRunning, ReasonRunning, "")
+			}
+			adopted++
+		case rst.State == runtime.StatePaused:
+			if sb.Status.State != StatePaused {
+				s.setState(e, StatePaused, ReasonPaused, "")
+			}
+			adopted++
+		default:
+			s.markExited(ctx, e, rst)
+			lost++
+		}
+		if e.sb.Status != sb.Status {
+			if err := s.persist(e); err != nil {
+				return err
+			}
+		}
+		s.put(e)
+	}
+	for id := range byID {
+		if err := s.deps.Runtime.Delete(ctx, id); err != nil {
+			s.log.Error("recover: delete orphan sandbox", "id", id, "err", err)
+		}
+		orphans++
+	}
+	s.log.Info("recovered sandboxes", "adopted", adopted, "expired", expired, "lost", lost, "orphans_deleted", orphans)
+	return nil
+}
+
+func (s *Service) put(e *entry) {
+	s.mu.Lock()
+	s.sandboxes[e.sb.ID] = e
+	s.mu.Unlock()
+}
+
+// markExited records that the agent of a sandbox is gone and frees the
+// runtime resources; the caller holds e.mu.
+func (s *Service) markExited(ctx context.Context, e *entry, rst runtime.Status) {
+	msg := fmt.Sprintf("the sandbox agent exited (code %d)", rst.ExitCode)
+	if rst.State == runtime.StateUnknown && rst.Message != "" {
+		msg = rst.Message
+	}
+	if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
+		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)
+	}
+	s.setState(e, StateFailed, ReasonAgentExited, msg)
+}
+
+// Run runs the reaper until ctx is done: it deletes expired sandboxes,
+// forgets failed creates after FailedRetention, and notices sandboxes whose
+// agent died.
+func (s *Service) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	var n int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.reap(ctx)
+		n++
+		if n%5 == 0 {
+			s.checkLiveness(ctx)
+		}
+	}
+}
+
+// ReapOnce runs one expiry pass (exported for tests and benchmarks).
+func (s *Service) ReapOnce(ctx context.Context) { s.reap(ctx) }
+
+func (s *Service) reap(ctx context.Context) {
+	now := s.now()
+	s.mu.RLock()
+	var due []*entry
+	for _, e := range s.sandboxes {
+		due = append(due, e)
+	}
+	s.mu.RUnlock()
+	for _, e := range due {
+		if !e.mu.TryLock() {
+			continue // busy; next tick
+		}
+		switch {
+		case !e.failedAt.IsZero():
+			if now.Sub(e.failedAt) >= s.cfg.FailedRetention {
+				s.mu.Lock()
+				delete(s.sandboxes, e.sb.ID)
+				s.mu.Unlock()
+			}
+		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending:
+			s.log.Info("sandbox expired", "id", e.sb.ID)
+			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
+				s.log.Error("delete expired sandbox", "id", e.sb.ID, "err", err)
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+// checkLiveness marks sandboxes whose agent process is gone as Failed.
+func (s *Service) checkLiveness(ctx context.Context) {
+	live, err := s.deps.Runtime.List(ctx)
+	if err != nil {
+		s.log.Warn("liveness: list runtime", "err", err)
+		return
+	}
+	byID := make(map[string]runtime.Status, len(live))
+	for _, st := range live {
+		byID[st.ID] = st
+	}
+	s.mu.RLock()
+	var check []*entry
+	for _, e := range s.sandboxes {
+		check = append(check, e)
+	}
+	s.mu.RUnlock()
+	for _, e := range check {
+		if !e.mu.TryLock() {
+			continue
+		}
+		if st := e.sb.Status.State; st == StateRunning || st == StatePaused {
+			rst, ok := byID[e.sb.ID]
+			if !ok {
+				// Created after List ran? Re-check directly.
+				var err error
+				rst, err = s.deps.Runtime.Status(ctx, e.sb.ID)
+				ok = err == nil
+			}
+			if !ok {
+				s.setState(e, StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
+				s.persist(e)
+			} else if rst.State == runtime.StateStopped || rst.State == runtime.StateUnknown {
+				s.markExited(ctx, e, rst)
+				s.persist(e)
+			}
+		}
+		e.mu.Unlock()
+	}
+}

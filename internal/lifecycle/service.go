@@ -1,0 +1,689 @@
+// Package lifecycle is the sandbox domain service behind the Lifecycle API:
+// the state machine, create/get/list/delete, pause/resume, expiry (the TTL
+// reaper), metadata, endpoints, and re-adoption of sandboxes after a server
+// restart. It knows nothing about HTTP.
+//
+// Persistence: the service keeps every sandbox in memory and writes a record
+// through to the store when a sandbox becomes Running and on every later
+// change. A sandbox that was still being created when the server died has no
+// record; Recover finds its leftovers through runtime.List and deletes them.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/store"
+)
+
+// Bucket is the store bucket holding sandbox records.
+const Bucket = "sandboxes"
+
+// Images is what the service needs from the image store.
+type Images interface {
+	// Ensure returns the local image for ref, pulling it if missing.
+	Ensure(ctx context.Context, ref string, auth *image.Auth) (image.Image, error)
+}
+
+// Config tunes the service. Zero values take the documented defaults.
+type Config struct {
+	// MaxTimeout caps the requested timeout (0 = no cap).
+	MaxTimeout time.Duration
+	// AgentReadyTimeout bounds the wait for the agent's /ping after the
+	// runtime started the sandbox. Default 30s.
+	AgentReadyTimeout time.Duration
+	// ReapInterval is how often expiry and liveness are checked. Default 1s.
+	ReapInterval time.Duration
+	// FailedRetention is how long a sandbox that failed to create stays
+	// visible (as Failed) before it is forgotten. Default 1h.
+	FailedRetention time.Duration
+	// StopGrace is the SIGTERM->SIGKILL grace on delete. Default 2s.
+	StopGrace time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.AgentReadyTimeout == 0 {
+		c.AgentReadyTimeout = 30 * time.Second
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = time.Second
+	}
+	if c.FailedRetention == 0 {
+		c.FailedRetention = time.Hour
+	}
+	if c.StopGrace == 0 {
+		c.StopGrace = 2 * time.Second
+	}
+}
+
+// Deps are the service's collaborators.
+type Deps struct {
+	Store   *store.DB
+	Runtime runtime.Runtime
+	Images  Images
+	Log     *slog.Logger
+	// HTTP is used to ping agents; default a client with short timeouts.
+	HTTP *http.Client
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// entry is one sandbox with its lock. mu serializes operations on the
+// sandbox; Service.mu only guards the map.
+type entry struct {
+	mu sync.Mutex
+	sb Sandbox
+	// failedAt is set for sandboxes that failed to create (not persisted).
+	failedAt time.Time
+}
+
+// Service is the lifecycle service. It is safe for concurrent use.
+type Service struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	mu        sync.RWMutex
+	sandboxes map[string]*entry
+}
+
+// New returns a service. Call Recover before serving, and Run to start the
+// reaper.
+func New(cfg Config, deps Deps) (*Service, error) {
+	cfg.setDefaults()
+	if deps.Runtime == nil || deps.Store == nil || deps.Images == nil {
+		return nil, errors.New("lifecycle: Runtime, Store and Images are required")
+	}
+	if deps.Log == nil {
+		deps.Log = slog.Default()
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if deps.HTTP == nil {
+		deps.HTTP = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	}
+	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{}}, nil
+}
+
+// Runtime returns the backend the service drives.
+func (s *Service) Runtime() runtime.Runtime { return s.deps.Runtime }
+
+func (s *Service) now() time.Time { return s.deps.Now().UTC() }
+
+func (s *Service) get(id string) (*entry, error) {
+	s.mu.RLock()
+	e := s.sandboxes[id]
+	s.mu.RUnlock()
+	if e == nil {
+		return nil, notFound(id)
+	}
+	return e, nil
+}
+
+func notFound(id string) error {
+	return errdefs.WithPublic(fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound),
+		"SANDBOX::NOT_FOUND", fmt.Sprintf("sandbox %s not found", id))
+}
+
+// setState moves e to state; the caller holds e.mu.
+func (s *Service) setState(e *entry, st State, reason, msg string) {
+	e.sb.Status = Status{State: st, Reason: reason, Message: msg, LastTransitionAt: s.now()}
+}
+
+// persist writes e's record; the caller holds e.mu.
+func (s *Service) persist(e *entry) error {
+	if err := s.deps.Store.Put(Bucket, e.sb.ID, &e.sb); err != nil {
+		return fmt.Errorf("persist sandbox %s: %w", e.sb.ID, err)
+	}
+	return nil
+}
+
+// Create provisions a sandbox and returns once it is Running (its agent
+// answers /ping), matching OpenSandbox's synchronous create.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	sb, err := s.validate(req)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e := &entry{sb: sb}
+	e.mu.Lock()
+	s.mu.Lock()
+	s.sandboxes[sb.ID] = e
+	s.mu.Unlock()
+	defer e.mu.Unlock()
+
+	// Provisioning continues even if the client goes away, so that it ends
+	// in a definite state instead of a half-made sandbox.
+	ctx = context.WithoutCancel(ctx)
+	if err := s.provision(ctx, e, req.ImageAuth); err != nil {
+		return e.sb.clone(), err
+	}
+	return e.sb.clone(), nil
+}
+
+func (s *Service) validate(req CreateRequest) (Sandbox, error) {
+	now := s.now()
+	switch {
+	case req.Image == "" && req.SnapshotID == "":
+		return Sandbox{}, errdefs.Invalid(codeInvalid, "one of image or snapshotId is required")
+	case req.Image != "" && req.SnapshotID != "":
+		return Sandbox{}, errdefs.Invalid(codeInvalid, "image and snapshotId are mutually exclusive")
+	case req.SnapshotID != "":
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "creating from a snapshot is not supported yet")
+	}
+	if req.Image != "" && len(req.Entrypoint) == 0 {
+		return Sandbox{}, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint is required when image is set")
+	}
+	for _, a := range req.Entrypoint {
+		if len(a) > 1<<16 {
+			return Sandbox{}, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint argument too long")
+		}
+	}
+	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < 60*time.Second) {
+		return Sandbox{}, errdefs.Invalid(codeInvalid, "timeout must be at least 60 seconds (omit it for manual cleanup)")
+	}
+	if s.cfg.MaxTimeout > 0 && req.Timeout > s.cfg.MaxTimeout {
+		return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("timeout exceeds the server maximum of %d seconds", int(s.cfg.MaxTimeout.Seconds())))
+	}
+	res, err := ParseResources(req.ResourceLimits)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if err := ValidateMetadata(req.Metadata); err != nil {
+		return Sandbox{}, err
+	}
+	for k := range req.Env {
+		if k == "" || containsAny(k, "=\x00") {
+			return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("env: invalid variable name %q", k))
+		}
+	}
+	if p := req.Platform; p != nil {
+		if (p.OS != "" && p.OS != "linux") || (p.Arch != "" && p.Arch != hostArch()) {
+			return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("platform %s/%s is not supported by this server (linux/%s only)", p.OS, p.Arch, hostArch()))
+		}
+	}
+	if len(req.NetworkPolicy) > 0 {
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported by this server yet")
+	}
+	if req.SecureAccess {
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess is not supported by this server yet")
+	}
+	if req.HasVolumes {
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, "VOLUME::HOST_PATH_NOT_ALLOWED", "volumes are not allowed by this server's configuration")
+	}
+	sb := Sandbox{
+		ID:             newID(),
+		Image:          req.Image,
+		Entrypoint:     append([]string(nil), req.Entrypoint...),
+		Env:            cloneMap(req.Env),
+		Metadata:       cloneMap(req.Metadata),
+		ResourceLimits: cloneMap(req.ResourceLimits),
+		Resources:      res,
+		Extensions:     cloneMap(req.Extensions),
+		Platform:       req.Platform,
+		CreatedAt:      now,
+		AgentToken:     newToken(),
+		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	for k, v := range req.Extensions {
+		switch k {
+		case ExtRuntimeClass:
+			if !s.classAvailable(v) {
+				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: runtime %q is not available (have %v)", k, v, s.deps.Runtime.Capabilities().Classes))
+			}
+			sb.Class = v
+		case ExtRenewOnAccess:
+			n, err := parseInt(v)
+			if err != nil || n < 300 || n > 86400 {
+				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: must be an integer between 300 and 86400", k))
+			}
+			sb.RenewOnAccess = n
+		case ExtPoolRef:
+			return Sandbox{}, errdefs.Invalid("SANDBOX::UNSUPPORTED_POOL_REF", "extensions.poolRef is not supported yet")
+		}
+	}
+	if req.Timeout > 0 {
+		exp := now.Add(req.Timeout)
+		sb.ExpiresAt = &exp
+	}
+	return sb, nil
+}
+
+func (s *Service) classAvailable(c string) bool {
+	for _, have := range s.deps.Runtime.Capabilities().Classes {
+		if have == c {
+			return true
+		}
+	}
+	return false
+}
+
+// provision runs the create steps; the caller holds e.mu. On failure every
+// runtime resource is released and the entry is left Failed.
+func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) error {
+	sb := &e.sb
+	img, err := s.deps.Images.Ensure(ctx, sb.Image, auth)
+	if err != nil {
+		s.fail(e, ReasonImagePullFailed, "image pull failed")
+		if errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errdefs.ErrPermissionDenied) {
+			return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q: %v", sb.Image, publicCause(err)))
+		}
+		return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q failed", sb.Image))
+	}
+	spec := runtime.Spec{
+		ID:         sb.ID,
+		Image:      img.Name,
+		Entrypoint: sb.Entrypoint,
+		Env:        sb.Env,
+		Resources:  sb.Resources,
+		Class:      sb.Class,
+		AgentToken: sb.AgentToken,
+		Labels:     map[string]string{"moat.dev/sandbox": sb.ID},
+	}
+	st, err := s.deps.Runtime.Create(ctx, spec)
+	if err != nil {
+		s.cleanupFailed(ctx, sb.ID)
+		s.fail(e, ReasonProvisionFailed, "sandbox start failed")
+		if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) {
+			return err
+		}
+		return errdefs.WithPublic(err, "SANDBOX::START_FAILED", "sandbox start failed")
+	}
+	if sb.Class == "" {
+		sb.Class = st.Class
+	}
+	if err := s.waitAgent(ctx, sb.ID, sb.AgentToken); err != nil {
+		s.cleanupFailed(ctx, sb.ID)
+		s.fail(e, ReasonAgentTimeout, "the sandbox agent did not become ready")
+		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the sandbox agent did not become ready")
+	}
+	s.setState(e, StateRunning, ReasonRunning, "")
+	if err := s.persist(e); err != nil {
+		s.cleanupFailed(ctx, sb.ID)
+		s.fail(e, ReasonProvisionFailed, "could not record the sandbox")
+		return err
+	}
+	return nil
+}
+
+// publicCause returns the client-safe text of err's Public wrapper, if any.
+func publicCause(err error) string {
+	if p, ok := errdefs.PublicOf(err); ok {
+		return p.Message
+	}
+	switch {
+	case errdefs.IsNotFound(err):
+		return "not found"
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		return "access denied"
+	default:
+		return "invalid reference"
+	}
+}
+
+func (s *Service) cleanupFailed(ctx context.Context, id string) {
+	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
+		s.log.Error("cleanup of failed sandbox", "id", id, "err", err)
+	}
+}
+
+func (s *Service) fail(e *entry, reason, msg string) {
+	s.setState(e, StateFailed, reason, msg)
+	e.failedAt = s.now()
+}
+
+// waitAgent polls the agent's /ping until it answers 200.
+func (s *Service) waitAgent(ctx context.Context, id, token string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AgentReadyTimeout)
+	defer cancel()
+	ep, err := s.deps.Runtime.Endpoint(ctx, id, runtime.AgentPort)
+	if err != nil {
+		return err
+	}
+	url := "http://" + ep + "/ping"
+	delay := 500 * time.Microsecond
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("X-EXECD-ACCESS-TOKEN", token)
+		}
+		resp, err := s.deps.HTTP.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("agent /ping: status %d", resp.StatusCode)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent of %s not ready: %v: %w", id, last, errdefs.ErrDeadlineExceeded)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// Get returns one sandbox.
+func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
+	e, err := s.get(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sb.clone(), nil
+}
+
+// ListFilter selects sandboxes; empty fields match everything.
+type ListFilter struct {
+	States   []State           // OR
+	Metadata map[string]string // AND of exact matches
+}
+
+// List returns the matching sandboxes, newest first, and the total count
+// before pagination. page is 1-based.
+func (s *Service) List(ctx context.Context, f ListFilter, page, pageSize int) ([]Sandbox, int) {
+	s.mu.RLock()
+	entries := make([]*entry, 0, len(s.sandboxes))
+	for _, e := range s.sandboxes {
+		entries = append(entries, e)
+	}
+	s.mu.RUnlock()
+	var out []Sandbox
+	for _, e := range entries {
+		e.mu.Lock()
+		sb := e.sb.clone()
+		e.mu.Unlock()
+		if matches(sb, f) {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	total := len(out)
+	start := (page - 1) * pageSize
+	if start >= total {
+		return nil, total
+	}
+	end := min(start+pageSize, total)
+	return out[start:end], total
+}
+
+func matches(sb Sandbox, f ListFilter) bool {
+	if len(f.States) > 0 {
+		ok := false
+		for _, st := range f.States {
+			if sb.Status.State == st {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for k, v := range f.Metadata {
+		if got, ok := sb.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Delete stops the sandbox and frees everything it holds. It returns once
+// the sandbox is gone.
+func (s *Service) Delete(ctx context.Context, id string) error {
+	e, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s.sandboxes[id] == nil { // deleted while we waited for the lock
+		return notFound(id)
+	}
+	return s.deleteLocked(context.WithoutCancel(ctx), e, "")
+}
+
+// deleteLocked removes e; the caller holds e.mu.
+func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) error {
+	id := e.sb.ID
+	prev := e.sb.Status
+	if reason == "" {
+		reason = ReasonStopping
+	}
+	s.setState(e, StateStopping, reason, "")
+	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
+		e.sb.Status = prev
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	if err := s.deps.Store.Delete(Bucket, id); err != nil {
+		// The sandbox is gone; a stale record is reaped by Recover.
+		s.log.Error("delete sandbox record", "id", id, "err", err)
+	}
+	s.setState(e, StateTerminated, reason, "")
+	s.mu.Lock()
+	delete(s.sandboxes, id)
+	s.mu.Unlock()
+	return nil
+}
+
+// Pause freezes a Running sandbox; it returns once it is Paused.
+func (s *Service) Pause(ctx context.Context, id string) error {
+	p, ok := s.deps.Runtime.(runtime.Pauser)
+	if !ok || !s.deps.Runtime.Capabilities().Pause {
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot pause sandboxes")
+	}
+	e, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.Status.State != StateRunning {
+		return transitionError(id, e.sb.Status.State, StatePausing, "SANDBOX::NOT_RUNNING")
+	}
+	s.setState(e, StatePausing, "", "")
+	if err := p.Pause(context.WithoutCancel(ctx), id); err != nil {
+		s.setState(e, StateRunning, ReasonRunning, "")
+		return fmt.Errorf("pause %s: %w", id, err)
+	}
+	s.setState(e, StatePaused, ReasonPaused, "")
+	return s.persist(e)
+}
+
+// Resume thaws a Paused sandbox; it returns once it is Running.
+func (s *Service) Resume(ctx context.Context, id string) error {
+	p, ok := s.deps.Runtime.(runtime.Pauser)
+	if !ok || !s.deps.Runtime.Capabilities().Pause {
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot resume sandboxes")
+	}
+	e, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.Status.State != StatePaused {
+		return transitionError(id, e.sb.Status.State, StateResuming, "SANDBOX::NOT_PAUSED")
+	}
+	s.setState(e, StateResuming, "", "")
+	if err := p.Resume(context.WithoutCancel(ctx), id); err != nil {
+		s.setState(e, StatePaused, ReasonPaused, "")
+		return fmt.Errorf("resume %s: %w", id, err)
+	}
+	s.setState(e, StateRunning, ReasonRunning, "")
+	return s.persist(e)
+}
+
+// Renew moves the expiry of a sandbox to at, which must be in the future
+// and later than the current expiry.
+func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time, error) {
+	e, err := s.get(id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return s.renewLocked(e, at)
+}
+
+func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
+	at = at.UTC()
+	now := s.now()
+	if isTerminal(e.sb.Status.State) {
+		return time.Time{}, transitionError(e.sb.ID, e.sb.Status.State, e.sb.Status.State, "SANDBOX::INVALID_STATE")
+	}
+	if e.sb.ExpiresAt == nil {
+		return time.Time{}, errdefs.WithPublic(errdefs.ErrFailedPrecondition, "SANDBOX::INVALID_EXPIRATION", "sandbox has no expiration (manual cleanup); it cannot be renewed")
+	}
+	if !at.After(now) {
+		return time.Time{}, errdefs.Invalid("SANDBOX::INVALID_EXPIRATION", "expiresAt must be in the future")
+	}
+	if s.cfg.MaxTimeout > 0 && at.Sub(now) > s.cfg.MaxTimeout {
+		return time.Time{}, errdefs.Invalid("SANDBOX::INVALID_EXPIRATION", fmt.Sprintf("expiresAt exceeds the server maximum of %d seconds from now", int(s.cfg.MaxTimeout.Seconds())))
+	}
+	if !at.After(*e.sb.ExpiresAt) {
+		return time.Time{}, errdefs.Invalid("SANDBOX::INVALID_EXPIRATION", "expiresAt must be later than the current expiration")
+	}
+	prev := e.sb.ExpiresAt
+	e.sb.ExpiresAt = &at
+	if err := s.persist(e); err != nil {
+		e.sb.ExpiresAt = prev
+		return time.Time{}, err
+	}
+	return at, nil
+}
+
+// Touch extends the expiry of a sandbox that opted into renew-on-access
+// (extension access.renew.extend.seconds); it is called by proxies on each
+// access and is cheap when nothing changes.
+func (s *Service) Touch(ctx context.Context, id string) {
+	e, err := s.get(id)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.RenewOnAccess == 0 || e.sb.ExpiresAt == nil {
+		return
+	}
+	want := s.now().Add(time.Duration(e.sb.RenewOnAccess) * time.Second)
+	// Write at most once a minute per sandbox.
+	if want.Sub(*e.sb.ExpiresAt) < time.Minute {
+		return
+	}
+	if _, err := s.renewLocked(e, want); err != nil {
+		s.log.Debug("renew on access", "id", id, "err", err)
+	}
+}
+
+// PatchMetadata applies a JSON merge patch (nil value = delete key).
+func (s *Service) PatchMetadata(ctx context.Context, id string, patch map[string]*string) (Sandbox, error) {
+	add := map[string]string{}
+	for k, v := range patch {
+		if v != nil {
+			add[k] = *v
+		} else if err := validateLabelKey(k); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if err := ValidateMetadata(add); err != nil {
+		return Sandbox{}, err
+	}
+	e, err := s.get(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if isTerminal(e.sb.Status.State) || e.sb.Status.State == StatePending || e.sb.Status.State == StateStopping {
+		return Sandbox{}, transitionError(id, e.sb.Status.State, e.sb.Status.State, "SANDBOX::INVALID_STATE")
+	}
+	prev := cloneMap(e.sb.Metadata)
+	for k, v := range patch {
+		if v == nil {
+			delete(e.sb.Metadata, k)
+		} else {
+			e.sb.Metadata[k] = *v
+		}
+	}
+	if len(patch) > 0 {
+		if err := s.persist(e); err != nil {
+			e.sb.Metadata = prev
+			return Sandbox{}, err
+		}
+	}
+	return e.sb.clone(), nil
+}
+
+// Endpoint is where a sandbox port can be reached from the server host.
+type Endpoint struct {
+	// Address is "host:port".
+	Address string
+	// Headers must be sent with every request (the agent token for the
+	// agent port).
+	Headers map[string]string
+}
+
+// Endpoint resolves a sandbox port.
+func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, error) {
+	if port < 1 || port > 65535 {
+		return Endpoint{}, errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %d is out of range 1-65535", port))
+	}
+	e, err := s.get(id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	e.mu.Lock()
+	st, token := e.sb.Status.State, e.sb.AgentToken
+	e.mu.Unlock()
+	if st != StateRunning && st != StatePaused && st != StatePausing && st != StateResuming {
+		return Endpoint{}, transitionError(id, st, st, "SANDBOX::NOT_RUNNING")
+	}
+	addr, err := s.deps.Runtime.Endpoint(ctx, id, port)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	ep := Endpoint{Address: addr}
+	if port == runtime.AgentPort && token != "" {
+		ep.Headers = map[string]string{"X-EXECD-ACCESS-TOKEN": token}
+	}
+	return ep, nil
+}
+
+// AgentToken returns the agent token of a sandbox (for the server proxy).
+func (s *Service) AgentToken(id string) (string, error) {
+	e, err := s.get(id)
+	if err != nil {
+		return "", err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sb.AgentToken, nil
+}
+
+func isTerminal(st State) bool { return st == StateTerminated || st == StateFailed }

@@ -1,0 +1,109 @@
+// Package store is moat's embedded state store: a bbolt database holding
+// JSON records in named buckets (sandboxes, pools, snapshots, ...). Every
+// write is one fsynced transaction, so a record either exists whole or not
+// at all after a crash. Callers keep their own in-memory view and write
+// through; the store is read in full only at start-up.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// DB is an open state store. It is safe for concurrent use.
+type DB struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the database at path. Only one process
+// may hold it; a second Open fails after timeout with ErrUnavailable.
+func Open(ctx context.Context, path string, timeout time.Duration) (*DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store dir: %w", err)
+	}
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		return nil, fmt.Errorf("open store %s (is another moat server running?): %v: %w", path, err, errdefs.ErrUnavailable)
+	}
+	return &DB{db: db}, nil
+}
+
+// Close closes the database.
+func (d *DB) Close() error { return d.db.Close() }
+
+// Put stores v as JSON under bucket/key.
+func (d *DB) Put(bucket, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s/%s: %w", bucket, key, err)
+	}
+	return d.db.Update(func(tx *bolt.Tx) error {
+		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
+		if err != nil {
+			return err
+		}
+		return bk.Put([]byte(key), b)
+	})
+}
+
+// Get decodes bucket/key into v, ErrNotFound if absent.
+func (d *DB) Get(bucket, key string, v any) error {
+	return d.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil {
+			return fmt.Errorf("%s/%s: %w", bucket, key, errdefs.ErrNotFound)
+		}
+		b := bk.Get([]byte(key))
+		if b == nil {
+			return fmt.Errorf("%s/%s: %w", bucket, key, errdefs.ErrNotFound)
+		}
+		return json.Unmarshal(b, v)
+	})
+}
+
+// Delete removes bucket/key; deleting a missing key is not an error.
+func (d *DB) Delete(bucket, key string) error {
+	return d.db.Update(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil {
+			return nil
+		}
+		return bk.Delete([]byte(key))
+	})
+}
+
+// ForEach calls fn for every record in bucket, in key order.
+func (d *DB) ForEach(bucket string, fn func(key string, raw []byte) error) error {
+	return d.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil {
+			return nil
+		}
+		return bk.ForEach(func(k, v []byte) error { return fn(string(k), v) })
+	})
+}
+
+// List decodes every record of bucket as T.
+func List[T any](d *DB, bucket string) ([]T, error) {
+	var out []T
+	err := d.ForEach(bucket, func(key string, raw []byte) error {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("decode %s/%s: %w", bucket, key, err)
+		}
+		out = append(out, v)
+		return nil
+	})
+	return out, err
+}
