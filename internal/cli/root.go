@@ -25,6 +25,7 @@ func NewRoot() *cobra.Command {
 		newServeCommand(),
 		newExecdCommand(),
 		newImageCommand(),
+		newBenchCommand(),
 	)
 	return root
 }

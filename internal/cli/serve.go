@@ -1,7 +1,47 @@
 package cli
 
-import "github.com/spf13/cobra"
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-sandbox/moat/internal/server"
+)
 
 func newServeCommand() *cobra.Command {
-	return &cobra.Command{Use: "serve", Short: "Run the lifecycle API server"}
+	cfg := server.Default()
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the lifecycle API server (OpenSandbox Lifecycle API)",
+		Long: `Run the moat lifecycle server.
+
+The API key is taken from --api-key, else $MOAT_API_KEY, else the file
+--api-key-file (default <root>/api-key), which is created with a random key
+on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.APIKey == "" {
+				cfg.APIKey = os.Getenv("MOAT_API_KEY")
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return server.Run(cmd.Context(), cfg, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API listen address")
+	f.StringVar(&cfg.Root, "root", cfg.Root, "state directory")
+	f.StringVar(&cfg.RunRoot, "run-root", cfg.RunRoot, "runtime state directory (tmpfs)")
+	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: oci or fake")
+	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime: runc, crun or runsc")
+	f.StringVar(&cfg.APIKey, "api-key", "", "API key (prefer $MOAT_API_KEY or --api-key-file: argv is visible to other users)")
+	f.StringVar(&cfg.APIKeyFile, "api-key-file", "", "file holding the API key (default <root>/api-key)")
+	f.BoolVar(&cfg.NoAuth, "insecure-no-auth", false, "disable API-key authentication")
+	f.StringVar(&cfg.PublicAddress, "public-address", "", "host[:port] clients use to reach this server (for server-proxy endpoints)")
+	f.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "sandbox bridge interface name")
+	f.StringVar(&cfg.Subnet, "subnet", cfg.Subnet, "sandbox IPv4 subnet")
+	f.DurationVar(&cfg.MaxTimeout, "max-timeout", 0, "maximum sandbox timeout (0 = no cap)")
+	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
+	return cmd
 }

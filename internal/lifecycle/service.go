@@ -279,7 +279,8 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 	if err != nil {
 		s.fail(e, ReasonImagePullFailed, "image pull failed")
 		if errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errdefs.ErrPermissionDenied) {
-			return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q: %v", sb.Image, publicCause(err)))
+			// A reference the registry does not have is the caller's error.
+			return errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q: %v", sb.Image, publicCause(err)))
 		}
 		return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q failed", sb.Image))
 	}

@@ -8,9 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
 // RequiresRoot skips t unless the test runs as root. Under CI (CI=true) it
@@ -90,94 +91,34 @@ func MoatBinary(t testing.TB) string {
 	return buildPath
 }
 
-// BusyboxRootfs returns a read-only-by-convention rootfs directory built from
-// the host's busybox-static (Debian package busybox-static): /bin/busybox with
-// its applet links, /etc/passwd and /etc/group, and the usual empty dirs. It
-// is built once and cached under CacheDir(); callers must not modify it.
+// BusyboxRootfs returns a rootfs directory built from the host's
+// busybox-static (see package rootfs). It is built once and cached under
+// CacheDir(); callers must not modify it.
 func BusyboxRootfs(t testing.TB) string {
 	t.Helper()
-	bb := "/bin/busybox"
-	if _, err := os.Stat(bb); err != nil {
-		t.Fatalf("busybox-static not installed: %v", err)
+	version, err := rootfs.BusyboxVersion()
+	if err != nil {
+		t.Fatal(err)
 	}
-	out, err := exec.Command(bb).CombinedOutput()
-	if err != nil && len(out) == 0 {
-		t.Fatalf("busybox: %v", err)
-	}
-	version := strings.Fields(strings.SplitN(string(out), "\n", 2)[0])
-	tag := "unknown"
-	if len(version) > 1 {
-		tag = strings.TrimPrefix(version[1], "v")
-	}
-	dir := filepath.Join(CacheDir(), "rootfs", "busybox-"+tag)
-	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+	dir := filepath.Join(CacheDir(), "rootfs", "busybox-"+version)
+	if _, err := os.Stat(filepath.Join(dir, "bin", "busybox")); err == nil {
 		return dir
-	}
-	tmp := dir + fmt.Sprintf(".tmp%d", os.Getpid())
-	os.RemoveAll(tmp)
-	if err := buildBusybox(bb, tmp); err != nil {
-		os.RemoveAll(tmp)
-		t.Fatalf("build busybox rootfs: %v", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.RemoveAll(dir)
+	tmp := fmt.Sprintf("%s.tmp%d", dir, os.Getpid())
+	os.RemoveAll(tmp)
+	if err := rootfs.Busybox(tmp); err != nil {
+		os.RemoveAll(tmp)
+		t.Fatalf("build busybox rootfs: %v", err)
+	}
 	if err := os.Rename(tmp, dir); err != nil {
-		if _, serr := os.Stat(filepath.Join(dir, ".complete")); serr == nil {
-			os.RemoveAll(tmp) // lost a race with another test process
-			return dir
+		os.RemoveAll(tmp)
+		if _, serr := os.Stat(filepath.Join(dir, "bin", "busybox")); serr == nil {
+			return dir // another test process won the race
 		}
 		t.Fatal(err)
 	}
 	return dir
-}
-
-func buildBusybox(bb, root string) error {
-	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "tmp", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "workspace"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			return err
-		}
-	}
-	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
-	os.Chmod(filepath.Join(root, "var/tmp"), 0o1777)
-	data, err := os.ReadFile(bb)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), data, 0o755); err != nil {
-		return err
-	}
-	list, err := exec.Command(bb, "--list-full").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list-full: %w", err)
-	}
-	for _, app := range strings.Fields(string(list)) {
-		if app == "bin/busybox" {
-			continue
-		}
-		target := filepath.Join(root, app)
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(filepath.Dir(target), filepath.Join(root, "bin/busybox"))
-		if err := os.Symlink(rel, target); err != nil && !os.IsExist(err) {
-			return err
-		}
-	}
-	files := map[string]string{
-		"etc/passwd":      "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
-		"etc/group":       "root:x:0:\nnogroup:x:65534:\nuser:x:1000:\n",
-		"etc/hostname":    "sandbox\n",
-		"etc/hosts":       "127.0.0.1 localhost\n",
-		"etc/resolv.conf": "",
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	os.MkdirAll(filepath.Join(root, "home/user"), 0o755)
-	os.Chown(filepath.Join(root, "home/user"), 1000, 1000)
-	return os.WriteFile(filepath.Join(root, ".complete"), nil, 0o644)
 }

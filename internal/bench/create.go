@@ -1,0 +1,222 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/localregistry"
+	"github.com/moat-sandbox/moat/internal/rootfs"
+	"github.com/moat-sandbox/moat/internal/server"
+)
+
+// CreateBenchOptions configure `moat bench create`.
+type CreateBenchOptions struct {
+	// Server is the base URL of a running server; empty starts one in-process.
+	Server string
+	APIKey string
+	// Image defaults to a busybox image served by an in-process registry.
+	Image string
+	// Classes are the runtime classes to measure (each gets N sandboxes).
+	Classes []string
+	// N is the number of sandboxes per class; Concurrency how many at once.
+	N, Concurrency int
+	// Runtime is the in-process server's backend (default "oci").
+	Runtime string
+}
+
+// InProcess is a throw-away moat server on loopback for benchmarks and demos.
+type InProcess struct {
+	URL, Key string
+	dir      string
+	srv      *server.Server
+	reg      *localregistry.Registry
+	cancel   context.CancelFunc
+	done     chan error
+	Image    string
+}
+
+// StartInProcess starts a server with its own state dir, bridge moatbench0
+// and subnet 10.89.0.0/16, plus a loopback registry holding busybox.
+func StartInProcess(ctx context.Context, runtimeName string, log *slog.Logger) (*InProcess, error) {
+	dir, err := os.MkdirTemp("", "moat-bench-")
+	if err != nil {
+		return nil, err
+	}
+	p := &InProcess{dir: dir, Key: "bench-key"}
+	cfg := server.Default()
+	cfg.Root = filepath.Join(dir, "root")
+	cfg.RunRoot = filepath.Join(dir, "run")
+	cfg.Bridge = "moatbench0"
+	cfg.Subnet = "10.89.0.0/16"
+	cfg.APIKey = p.Key
+	cfg.LogLevel = "warn"
+	if runtimeName != "" {
+		cfg.Runtime = runtimeName
+	}
+	cfg.Listen = "127.0.0.1:0"
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	srv, err := server.New(ctx, cfg, log)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.srv, p.cancel, p.done = srv, cancel, make(chan error, 1)
+	p.URL = "http://" + ln.Addr().String()
+	go func() { p.done <- srv.Serve(sctx, ln) }()
+
+	reg, err := localregistry.Start()
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.reg = reg
+	bb := filepath.Join(dir, "busybox")
+	if err := rootfs.Busybox(bb); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if p.Image, err = reg.PushDir(ctx, bb, "bench/busybox:latest", []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close stops the server (deleting nothing it does not own) and removes
+// the state directory.
+func (p *InProcess) Close() {
+	if p.cancel != nil {
+		p.cancel()
+		<-p.done
+	}
+	if p.srv != nil {
+		p.srv.Close()
+	}
+	if p.reg != nil {
+		p.reg.Close()
+	}
+	os.RemoveAll(p.dir)
+}
+
+// RunCreate measures create -> Running -> first command completed, for
+// o.N sandboxes per class, and writes the figures to w. Every sandbox is
+// deleted afterwards.
+func RunCreate(ctx context.Context, o CreateBenchOptions, w io.Writer, log *slog.Logger) error {
+	if o.N <= 0 {
+		o.N = 100
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if len(o.Classes) == 0 {
+		o.Classes = []string{""}
+	}
+	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 2 * time.Minute}}
+	image := o.Image
+	if o.Server == "" {
+		p, err := StartInProcess(ctx, o.Runtime, log)
+		if err != nil {
+			return fmt.Errorf("start in-process server: %w", err)
+		}
+		defer p.Close()
+		c.Base, c.Key = p.URL, p.Key
+		if image == "" {
+			image = p.Image
+		}
+	}
+	if image == "" {
+		return fmt.Errorf("--image is required with --server")
+	}
+	// Warm-up: the first create pulls the image; it is not counted.
+	id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.Classes[0], Entrypoint: []string{"tail", "-f", "/dev/null"}})
+	if err != nil {
+		return fmt.Errorf("warm-up create: %w", err)
+	}
+	c.Delete(ctx, id)
+
+	fmt.Fprintf(w, "moat bench create: %d sandboxes per runtime, concurrency %d, image %s\n", o.N, o.Concurrency, image)
+	for _, class := range o.Classes {
+		var mu sync.Mutex
+		var total, create, first, del []time.Duration
+		var ids []string
+		var firstErr error
+		sem := make(chan struct{}, o.Concurrency)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := 0; i < o.N; i++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				t0 := time.Now()
+				id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: class, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+				t1 := time.Now()
+				var out string
+				if err == nil {
+					mu.Lock()
+					ids = append(ids, id)
+					mu.Unlock()
+					var ep Endpoint
+					if ep, err = c.AgentEndpoint(ctx, id); err == nil {
+						out, err = c.Run(ctx, ep, "echo ok")
+						if err == nil && out != "ok" {
+							err = fmt.Errorf("first command printed %q", out)
+						}
+					}
+				}
+				t2 := time.Now()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					return
+				}
+				create = append(create, t1.Sub(t0))
+				first = append(first, t2.Sub(t1))
+				total = append(total, t2.Sub(t0))
+			}()
+		}
+		wg.Wait()
+		wall := time.Since(start)
+		for _, id := range ids {
+			t0 := time.Now()
+			if err := c.Delete(ctx, id); err == nil {
+				del = append(del, time.Since(t0))
+			} else if firstErr == nil {
+				firstErr = err
+			}
+		}
+		name := class
+		if name == "" {
+			name = "default"
+		}
+		fmt.Fprintf(w, "runtime=%s ok=%d/%d wall=%s\n", name, len(total), o.N, wall.Round(time.Millisecond))
+		fmt.Fprintf(w, "  create->Running->first command: %s\n", Summarize(total))
+		fmt.Fprintf(w, "  create (POST until Running):    %s\n", Summarize(create))
+		fmt.Fprintf(w, "  first command (endpoint+exec):  %s\n", Summarize(first))
+		fmt.Fprintf(w, "  delete:                         %s\n", Summarize(del))
+		if firstErr != nil {
+			return fmt.Errorf("runtime %s: %w", name, firstErr)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-sandbox/moat/internal/bench"
+)
+
+func newBenchCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "bench", Short: "Measure moat (prints figures)"}
+	var o bench.CreateBenchOptions
+	var classes string
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "p50/p99 of create -> Running -> first command",
+		Long: `Creates N sandboxes per runtime class, one after another (or --concurrency
+at once), timing POST /v1/sandboxes until Running plus the first command
+through the agent, then deletes them. Without --server, an in-process
+server with a throw-away state directory is started on loopback, with a
+busybox image (from the host's busybox-static) in a loopback registry.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.APIKey == "" {
+				o.APIKey = os.Getenv("MOAT_API_KEY")
+			}
+			if classes != "" {
+				o.Classes = strings.Split(classes, ",")
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			return bench.RunCreate(cmd.Context(), o, cmd.OutOrStdout(), log)
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
+	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
+	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
+	f.StringVar(&classes, "runtime-class", "runc,crun", "comma-separated runtime classes to measure")
+	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server")
+	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
+	f.IntVarP(&o.Concurrency, "concurrency", "c", 1, "creates in flight at once")
+	cmd.AddCommand(create)
+	return cmd
+}

@@ -1,0 +1,381 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"go.uber.org/goleak"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testConfig returns a Config with a unique bridge and subnet so tests do
+// not collide with a real moat0 or with each other.
+func testConfig(t *testing.T, bits int) Config {
+	t.Helper()
+	n := rand.IntN(250) + 1
+	dir := t.TempDir()
+	return Config{
+		Bridge:   fmt.Sprintf("moatt%x", rand.Uint32()&0xffffff),
+		Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 251, byte(n), 0}), bits),
+		StateDir: filepath.Join(dir, "state"),
+		NetnsDir: filepath.Join(dir, "netns"),
+	}
+}
+
+func openTest(t *testing.T, cfg Config) *Manager {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	m, err := Open(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		atts, _ := m.List(ctx)
+		for _, a := range atts {
+			m.Teardown(ctx, a.ID)
+		}
+		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	return m
+}
+
+// assertGone checks that no trace of id remains.
+func assertGone(t *testing.T, m *Manager, id string) {
+	t.Helper()
+	if _, err := os.Stat(m.NetnsPath(id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("netns file of %s still exists (err=%v)", id, err)
+	}
+	if _, err := netlink.LinkByName(HostVethName(id)); err == nil {
+		t.Errorf("veth of %s still exists", id)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), m.NetnsPath(id)) {
+		t.Errorf("netns of %s still mounted", id)
+	}
+	entries, _ := os.ReadDir(m.ipDir())
+	for _, e := range entries {
+		data, _ := os.ReadFile(filepath.Join(m.ipDir(), e.Name()))
+		if string(data) == id {
+			t.Errorf("address %s still allocated to %s", e.Name(), id)
+		}
+	}
+	if _, err := m.Get(context.Background(), id); !errdefs.IsNotFound(err) {
+		t.Errorf("Get(%s) after teardown = %v, want ErrNotFound", id, err)
+	}
+}
+
+// listenIn opens a TCP listener inside the namespace at path.
+func listenIn(t *testing.T, path string, addr string) net.Listener {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	l, lerr := net.Listen("tcp4", addr)
+	if err := netns.Set(orig); err != nil {
+		panic(err) // thread would stay in the wrong namespace
+	}
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func TestSetupTeardown(t *testing.T) {
+	cfg := testConfig(t, 24)
+	m := openTest(t, cfg)
+	ctx := context.Background()
+
+	start := time.Now()
+	a, err := m.Setup(ctx, "sbx-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("setup took %v", time.Since(start))
+	if !cfg.Subnet.Contains(a.IP) || a.IP == m.Gateway() {
+		t.Errorf("IP %s not a host address of %s", a.IP, cfg.Subnet)
+	}
+	if want := cfg.Subnet.Addr().Next(); a.Gateway != want {
+		t.Errorf("gateway %s, want %s", a.Gateway, want)
+	}
+	if a.NetnsPath != filepath.Join(cfg.NetnsDir, "sbx-1") {
+		t.Errorf("netns path %s", a.NetnsPath)
+	}
+	host, err := netlink.LinkByName(a.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, _ := netlink.LinkByName(cfg.Bridge)
+	if host.Attrs().MasterIndex != br.Attrs().Index {
+		t.Errorf("host veth not on bridge")
+	}
+
+	// Inside: lo and eth0 up with the address, default route via gateway.
+	ns, err := netns.GetFromPath(a.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	ns.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, _ := h.AddrList(eth, netlink.FAMILY_V4)
+	if len(addrs) != 1 || addrs[0].IP.String() != a.IP.String() {
+		t.Errorf("eth0 addresses %v, want %s", addrs, a.IP)
+	}
+	routes, _ := h.RouteList(eth, netlink.FAMILY_V4)
+	var gw bool
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.String() == "0.0.0.0/0" {
+			gw = r.Gw.String() == a.Gateway.String()
+		}
+	}
+	if !gw {
+		t.Errorf("no default route via %s in %v", a.Gateway, routes)
+	}
+
+	// Host -> sandbox and sandbox loopback work.
+	l := listenIn(t, a.NetnsPath, "0.0.0.0:0")
+	port := l.Addr().(*net.TCPAddr).Port
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(a.IP, uint16(port)).String(), 2*time.Second)
+	if err != nil {
+		t.Fatalf("host cannot reach sandbox: %v", err)
+	}
+	buf := make([]byte, 2)
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(buf); err != nil || string(buf) != "hi" {
+		t.Errorf("read %q, %v", buf, err)
+	}
+	c.Close()
+	l.Close()
+
+	if _, err := m.Setup(ctx, "sbx-1"); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("second Setup = %v, want ErrAlreadyExists", err)
+	}
+	if got, err := m.List(ctx); err != nil || len(got) != 1 || got[0].IP != a.IP {
+		t.Errorf("List = %v, %v", got, err)
+	}
+
+	if err := m.Teardown(ctx, "sbx-1"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, m, "sbx-1")
+	if err := m.Teardown(ctx, "sbx-1"); err != nil {
+		t.Errorf("second Teardown = %v", err)
+	}
+	if _, err := m.Setup(ctx, "Bad_ID"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("Setup(bad id) = %v", err)
+	}
+}
+
+func TestExhaustion(t *testing.T) {
+	cfg := testConfig(t, 29) // 8 addresses: network, gateway, 5 hosts, broadcast
+	m := openTest(t, cfg)
+	ctx := context.Background()
+	seen := map[netip.Addr]bool{}
+	for i := range 5 {
+		a, err := m.Setup(ctx, fmt.Sprintf("x%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[a.IP] {
+			t.Fatalf("address %s handed out twice", a.IP)
+		}
+		seen[a.IP] = true
+	}
+	_, err := m.Setup(ctx, "x5")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("6th Setup = %v, want ErrResourceExhausted", err)
+	}
+	assertGone(t, m, "x5")
+	// Freeing one makes room again.
+	if err := m.Teardown(ctx, "x2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Setup(ctx, "x5"); err != nil {
+		t.Fatalf("Setup after free: %v", err)
+	}
+}
+
+func TestCrashRecovery(t *testing.T) {
+	cfg := testConfig(t, 24)
+	m := openTest(t, cfg)
+	ctx := context.Background()
+	good, err := m.Setup(ctx, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	half, err := m.Setup(ctx, "half")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Simulate a crash in the middle of setup: the completion record was
+	// never written.
+	if err := os.Remove(filepath.Join(m.attachDir(), "half.json")); err != nil {
+		t.Fatal(err)
+	}
+	// And a crash right after creating an address file.
+	os.WriteFile(filepath.Join(m.ipDir(), "10.251.0.77"), nil, 0o600)
+
+	m2, err := Open(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, m2, "half")
+	if _, err := os.Stat(filepath.Join(m.ipDir(), "10.251.0.77")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("empty address file not reclaimed")
+	}
+	got, err := m2.Get(ctx, "good")
+	if err != nil || got.IP != good.IP {
+		t.Fatalf("good attachment lost: %v %v", got, err)
+	}
+	if _, err := netlink.LinkByName(good.HostVeth); err != nil {
+		t.Errorf("good veth removed by recovery")
+	}
+	// No double allocation: new setups never reuse the surviving address,
+	// and the reclaimed one is free again.
+	for i := range 3 {
+		a, err := m2.Setup(ctx, fmt.Sprintf("n%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.IP == good.IP {
+			t.Fatalf("address %s of a live sandbox reallocated", a.IP)
+		}
+	}
+	_ = half
+}
+
+func TestParallelSetup(t *testing.T) {
+	cfg := testConfig(t, 24)
+	m := openTest(t, cfg)
+	ctx := context.Background()
+	const n = 20
+	var wg sync.WaitGroup
+	ips := make([]netip.Addr, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			a, err := m.Setup(ctx, fmt.Sprintf("p%d", i))
+			ips[i], errs[i] = a.IP, err
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]bool{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("setup %d: %v", i, errs[i])
+		}
+		if seen[ips[i]] {
+			t.Fatalf("duplicate address %s", ips[i])
+		}
+		seen[ips[i]] = true
+	}
+	for i := range n {
+		wg.Go(func() { errs[i] = m.Teardown(ctx, fmt.Sprintf("p%d", i)) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		assertGone(t, m, fmt.Sprintf("p%d", i))
+	}
+}
+
+func TestLastHost(t *testing.T) {
+	for i, tc := range []struct {
+		prefix string
+		last   string
+		n      int
+	}{
+		{"10.88.0.0/16", "10.88.255.254", 65533},
+		{"10.0.0.0/29", "10.0.0.6", 5},
+		{"192.168.1.0/24", "192.168.1.254", 253},
+	} {
+		p := netip.MustParsePrefix(tc.prefix)
+		if got := lastHost(p).String(); got != tc.last {
+			t.Errorf("%d: lastHost(%s) = %s, want %s", i, p, got, tc.last)
+		}
+		if got := numHosts(p); got != tc.n {
+			t.Errorf("%d: numHosts(%s) = %d, want %d", i, p, got, tc.n)
+		}
+	}
+}
+
+func BenchmarkSetupTeardown(b *testing.B) {
+	testutil.RequiresRoot(b)
+	dir := b.TempDir()
+	cfg := Config{Bridge: "moatbench", Subnet: netip.MustParsePrefix("10.251.254.0/24"), StateDir: dir + "/s", NetnsDir: dir + "/n"}
+	ctx := context.Background()
+	m, err := Open(ctx, cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	}()
+	var setup time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("b%d", i)
+		s := time.Now()
+		if _, err := m.Setup(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		setup += time.Since(s)
+		if err := m.Teardown(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(setup.Microseconds())/float64(b.N), "setup-µs/op")
+}

@@ -1,0 +1,292 @@
+// Package fake is an in-memory sandbox backend for unit tests of the
+// lifecycle service. It starts no processes: each running sandbox is an
+// httptest server on loopback that answers the agent's GET /ping, so
+// Endpoint(id, runtime.AgentPort) behaves like a real agent endpoint.
+//
+// It passes the runtimetest conformance suite. Tests can inject failures
+// with the function fields of Hooks.
+package fake
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// Class is the only Spec.Class the fake accepts (besides "").
+const Class = "fake"
+
+// Hooks let tests inject behaviour. A nil field does nothing; a non-nil
+// error aborts the operation with that error (nothing is changed).
+type Hooks struct {
+	Create func(spec runtime.Spec) error
+	Stop   func(id string) error
+	Delete func(id string) error
+}
+
+// Runtime is the fake backend. Its methods are safe for concurrent use.
+type Runtime struct {
+	st    *state
+	hooks Hooks
+}
+
+// state is shared by every instance made with Reopen, like the disk of a
+// real backend survives a server restart.
+type state struct {
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+type sandbox struct {
+	spec    runtime.Spec
+	status  runtime.Status
+	srv     *httptest.Server
+	paused  bool
+	created time.Time
+}
+
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Pauser  = (*Runtime)(nil)
+)
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// New returns an empty fake backend.
+func New(hooks Hooks) *Runtime {
+	return &Runtime{st: &state{sandboxes: map[string]*sandbox{}}, hooks: hooks}
+}
+
+// Reopen returns a second instance over the same sandboxes, simulating a
+// server restart.
+func (r *Runtime) Reopen(hooks Hooks) *Runtime {
+	return &Runtime{st: r.st, hooks: hooks}
+}
+
+// Close stops every agent server (sandboxes are forgotten).
+func (r *Runtime) Close() error {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	for id, sb := range r.st.sandboxes {
+		if sb.srv != nil {
+			sb.srv.Close()
+		}
+		delete(r.st.sandboxes, id)
+	}
+	return nil
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "fake" }
+
+// Capabilities implements runtime.Runtime.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Classes: []string{Class}}
+}
+
+func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
+
+func validate(spec *runtime.Spec) error {
+	switch {
+	case !idPattern.MatchString(spec.ID):
+		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
+	case spec.Image == "":
+		return invalid("image is required")
+	case spec.Class != "" && spec.Class != Class:
+		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
+	case spec.Resources.CPUMillis < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.PidsLimit < 0 || spec.Resources.DiskBytes < 0:
+		return invalid("resource limits must not be negative")
+	case spec.WorkingDir != "" && !strings.HasPrefix(spec.WorkingDir, "/"):
+		return invalid("working directory must be absolute")
+	}
+	for k := range spec.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
+		}
+	}
+	spec.Class = Class
+	return nil
+}
+
+// agentServer answers /ping like the agent, with its token check.
+func agentServer(token string) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if token != "" && req.Header.Get("X-EXECD-ACCESS-TOKEN") != token {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if req.URL.Path != "/ping" {
+			http.NotFound(w, req)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+}
+
+// Create implements runtime.Runtime.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status, error) {
+	if err := validate(&spec); err != nil {
+		return runtime.Status{}, err
+	}
+	if r.hooks.Create != nil {
+		if err := r.hooks.Create(spec); err != nil {
+			return runtime.Status{}, err
+		}
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	if _, ok := r.st.sandboxes[spec.ID]; ok {
+		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	srv := agentServer(spec.AgentToken)
+	sb := &sandbox{spec: spec, srv: srv, created: time.Now().UTC()}
+	sb.status = runtime.Status{
+		ID:        spec.ID,
+		State:     runtime.StateRunning,
+		Pid:       1,
+		IP:        "127.0.0.1",
+		Class:     Class,
+		CreatedAt: sb.created,
+		Labels:    maps.Clone(spec.Labels),
+	}
+	r.st.sandboxes[spec.ID] = sb
+	return sb.status, nil
+}
+
+func (r *Runtime) get(id string) (*sandbox, error) {
+	sb, ok := r.st.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// Stop implements runtime.Runtime.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if r.hooks.Stop != nil {
+		if err := r.hooks.Stop(id); err != nil {
+			return err
+		}
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if sb.srv != nil {
+		sb.srv.Close()
+		sb.srv = nil
+	}
+	sb.paused = false
+	sb.status.State, sb.status.Pid = runtime.StateStopped, 0
+	if grace == 0 {
+		sb.status.ExitCode = 137
+	}
+	return nil
+}
+
+// Delete implements runtime.Runtime.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if r.hooks.Delete != nil {
+		if err := r.hooks.Delete(id); err != nil {
+			return err
+		}
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, ok := r.st.sandboxes[id]
+	if !ok {
+		return nil
+	}
+	if sb.srv != nil {
+		sb.srv.Close()
+	}
+	delete(r.st.sandboxes, id)
+	return nil
+}
+
+// Status implements runtime.Runtime.
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, err := r.get(id)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	return sb.snapshot(), nil
+}
+
+func (sb *sandbox) snapshot() runtime.Status {
+	st := sb.status
+	st.Labels = maps.Clone(st.Labels)
+	return st
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	out := make([]runtime.Status, 0, len(r.st.sandboxes))
+	for _, id := range slices.Sorted(maps.Keys(r.st.sandboxes)) {
+		out = append(out, r.st.sandboxes[id].snapshot())
+	}
+	return out, nil
+}
+
+// Endpoint implements runtime.Runtime. Only the agent port is served;
+// other ports resolve to a loopback address nobody listens on.
+func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, error) {
+	if port <= 0 || port > 65535 {
+		return "", invalid(fmt.Sprintf("invalid port %d", port))
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, err := r.get(id)
+	if err != nil {
+		return "", err
+	}
+	if port == runtime.AgentPort && sb.srv != nil {
+		return sb.srv.Listener.Addr().String(), nil
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port), nil
+}
+
+// Pause implements runtime.Pauser.
+func (r *Runtime) Pause(ctx context.Context, id string) error { return r.setPaused(id, true) }
+
+// Resume implements runtime.Pauser.
+func (r *Runtime) Resume(ctx context.Context, id string) error { return r.setPaused(id, false) }
+
+func (r *Runtime) setPaused(id string, pause bool) error {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	want := runtime.StateRunning
+	if !pause {
+		want = runtime.StatePaused
+	}
+	if sb.status.State != want {
+		return fmt.Errorf("sandbox %q is %s, not %s: %w", id, sb.status.State, want, errdefs.ErrFailedPrecondition)
+	}
+	sb.paused = pause
+	if pause {
+		sb.status.State = runtime.StatePaused
+	} else {
+		sb.status.State = runtime.StateRunning
+	}
+	return nil
+}

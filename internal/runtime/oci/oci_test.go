@@ -1,0 +1,424 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/goleak"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/network"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("os/signal.signal_recv"))
+}
+
+// testImage is the reference the fake image store serves.
+const testImage = "local/busybox:test"
+
+// fakeImages serves the busybox rootfs as a one-layer image.
+type fakeImages struct{ layers map[string][]string }
+
+func (f fakeImages) Rootfs(ctx context.Context, ref string) (Rootfs, error) {
+	layers, ok := f.layers[ref]
+	if !ok {
+		return Rootfs{}, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)
+	}
+	return Rootfs{Layers: layers, Config: image.Config{
+		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_ENV=1"},
+		Cmd:        []string{"sleep", "3600"},
+		WorkingDir: "/workspace",
+	}}, nil
+}
+
+var (
+	stubOnce sync.Once
+	stubPath string
+	stubErr  error
+)
+
+// agentPath is the moat binary, or the stand-in agent of runtimetest when
+// MOAT_TEST_STUB_AGENT=1 (while `moat execd` is not usable).
+func agentPath(t testing.TB) string {
+	t.Helper()
+	if os.Getenv("MOAT_TEST_STUB_AGENT") != "1" {
+		return testutil.MoatBinary(t)
+	}
+	stubOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "moat-stubagent-")
+		if err != nil {
+			stubErr = err
+			return
+		}
+		stubPath = filepath.Join(dir, "stubagent")
+		cmd := exec.Command("go", "build", "-o", stubPath, "./internal/runtime/runtimetest/stubagent")
+		cmd.Dir = testutil.RepoRoot(t)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			stubErr = fmt.Errorf("build stubagent: %v\n%s", err, out)
+		}
+	})
+	if stubErr != nil {
+		t.Fatal(stubErr)
+	}
+	return stubPath
+}
+
+// testEnv is one backend configuration with its own state, bridge and
+// subnet, torn down (with a leak check) at the end of the test.
+type testEnv struct {
+	cfg    Config
+	images fakeImages
+}
+
+func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	dir := t.TempDir()
+	e := &testEnv{
+		cfg: Config{
+			Root:         filepath.Join(dir, "root"),
+			RunRoot:      filepath.Join(dir, "run"),
+			DefaultClass: class,
+			Classes:      classes,
+			AgentPath:    agentPath(t),
+			Subreaper:    true,
+			Network: network.Config{
+				Bridge: fmt.Sprintf("moatt%06x", rand.Uint32()&0xffffff),
+				Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 252, byte(rand.IntN(250) + 1), 0}), 24),
+			},
+		},
+		images: fakeImages{layers: map[string][]string{
+			testImage:       {testutil.BusyboxRootfs(t)},
+			"local/missing": {filepath.Join(dir, "no-such-layer")},
+		}},
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(e.cfg.Network.Bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	return e
+}
+
+// open starts a backend instance over the env's state.
+func (e *testEnv) open(t testing.TB) *Runtime {
+	t.Helper()
+	r, err := New(context.Background(), e.cfg, Deps{Images: e.images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		list, _ := r.List(ctx)
+		for _, st := range list {
+			if err := r.Delete(ctx, st.ID); err != nil {
+				t.Errorf("cleanup: Delete(%s): %v", st.ID, err)
+			}
+		}
+		r.Close()
+	})
+	return r
+}
+
+func availableClasses(t *testing.T) []string {
+	var out []string
+	for _, c := range []string{"runc", "crun", "runsc"} {
+		if _, err := exec.LookPath(c); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	testutil.RequiresRoot(t)
+	for _, class := range availableClasses(t) {
+		t.Run(class, func(t *testing.T) {
+			envs := map[runtime.Runtime]*testEnv{}
+			var mu sync.Mutex
+			runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
+				e := newEnv(t, class, nil)
+				r := e.open(t)
+				mu.Lock()
+				envs[r] = e
+				mu.Unlock()
+				return r
+			}, runtimetest.Options{
+				Image: testImage,
+				Class: class,
+				Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
+					mu.Lock()
+					e := envs[rt]
+					mu.Unlock()
+					return e.open(t)
+				},
+			})
+		})
+	}
+}
+
+// assertNoLeaks checks that nothing of id is left on the host.
+func assertNoLeaks(t *testing.T, r *Runtime, id string) {
+	t.Helper()
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(mi), "\n") {
+		if strings.Contains(line, r.sandboxDir(id)+"/") || strings.Contains(line, filepath.Join(r.cfg.Network.NetnsDir, id)) {
+			t.Errorf("mount left behind: %s", line)
+		}
+	}
+	for _, p := range []string{
+		r.sandboxDir(id),
+		filepath.Join(r.cfg.Network.NetnsDir, id),
+		filepath.Join(r.cfg.Network.StateDir, "attachments", id+".json"),
+	} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (stat err %v)", p, err)
+		}
+	}
+	for class := range r.classes {
+		if _, err := os.Stat(filepath.Join(r.cfg.RunRoot, class, id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s state of %s left behind", class, id)
+		}
+	}
+	ips, _ := os.ReadDir(filepath.Join(r.cfg.Network.StateDir, "ips"))
+	for _, e := range ips {
+		data, _ := os.ReadFile(filepath.Join(r.cfg.Network.StateDir, "ips", e.Name()))
+		if string(data) == id {
+			t.Errorf("address %s still allocated", e.Name())
+		}
+	}
+	if _, err := netlink.LinkByName(network.HostVethName(id)); err == nil {
+		t.Errorf("veth of %s left behind", id)
+	}
+	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id); len(dirs) > 0 {
+		t.Errorf("cgroups left behind: %v", dirs)
+	}
+}
+
+func TestLimitsAndNoLeaks(t *testing.T) {
+	for _, class := range availableClasses(t) {
+		t.Run(class, func(t *testing.T) {
+			r := newEnv(t, class, nil).open(t)
+			ctx := context.Background()
+			id := runtimetest.NewID("limits")
+			_, err := r.Create(ctx, runtime.Spec{
+				ID: id, Image: testImage, AgentToken: runtimetest.Token,
+				Resources: runtime.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, PidsLimit: 128},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
+			for file, want := range map[string]string{
+				"cpu/moat/" + id + "/cpu.cfs_quota_us":         "50000",
+				"cpu/moat/" + id + "/cpu.cfs_period_us":        "100000",
+				"memory/moat/" + id + "/memory.limit_in_bytes": "268435456",
+				"pids/moat/" + id + "/pids.max":                "128",
+			} {
+				data, err := os.ReadFile("/sys/fs/cgroup/" + file)
+				if err != nil {
+					t.Errorf("read %s: %v", file, err)
+					continue
+				}
+				if got := strings.TrimSpace(string(data)); got != want {
+					t.Errorf("%s = %s, want %s", file, got, want)
+				}
+			}
+			// The bundle carries the security settings.
+			var spec struct {
+				Process struct {
+					Args            []string `json:"args"`
+					Env             []string `json:"env"`
+					Cwd             string   `json:"cwd"`
+					NoNewPrivileges bool     `json:"noNewPrivileges"`
+				} `json:"process"`
+			}
+			data, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "bundle", "config.json"))
+			if err := json.Unmarshal(data, &spec); err != nil {
+				t.Fatal(err)
+			}
+			wantArgs := []string{"/.moat/moat", "execd", "--config", "/.moat/agent.json", "--", "sleep", "3600"}
+			if !slices.Equal(spec.Process.Args, wantArgs) || !spec.Process.NoNewPrivileges || spec.Process.Cwd != "/workspace" {
+				t.Errorf("process = %+v", spec.Process)
+			}
+			if !slices.Contains(spec.Process.Env, "IMAGE_ENV=1") {
+				t.Errorf("env %v lacks the image env", spec.Process.Env)
+			}
+			state, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "state.json"))
+			if strings.Contains(string(state), runtimetest.Token) {
+				t.Errorf("state.json contains the agent token")
+			}
+
+			if err := r.Delete(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			assertNoLeaks(t, r, id)
+		})
+	}
+}
+
+func TestRollback(t *testing.T) {
+	e := newEnv(t, "runc", map[string]string{"runc": "runc", "broken": "false"})
+	r := e.open(t)
+	ctx := context.Background()
+	for i, tc := range []struct {
+		name string
+		spec runtime.Spec
+		want error
+	}{
+		{"unknown image", runtime.Spec{Image: "local/nope"}, errdefs.ErrNotFound},
+		{"missing layer dir", runtime.Spec{Image: "local/missing"}, errdefs.ErrFailedPrecondition},
+		// Fails after the mount and the network are set up.
+		{"runtime fails", runtime.Spec{Image: testImage, Class: "broken"}, errdefs.ErrInternal},
+	} {
+		id := runtimetest.NewID("rb")
+		tc.spec.ID = id
+		if _, err := r.Create(ctx, tc.spec); !errors.Is(err, tc.want) {
+			t.Errorf("%d %s: Create = %v, want %v", i, tc.name, err, tc.want)
+		}
+		assertNoLeaks(t, r, id)
+		if _, err := r.Status(ctx, id); !errdefs.IsNotFound(err) {
+			t.Errorf("%d %s: Status after failed Create = %v", i, tc.name, err)
+		}
+	}
+}
+
+func TestRecoverHalfCreated(t *testing.T) {
+	e := newEnv(t, "crun", nil)
+	if _, err := exec.LookPath("crun"); err != nil {
+		e.cfg.DefaultClass = "runc"
+	}
+	r := e.open(t)
+	ctx := context.Background()
+	live := runtimetest.NewID("live")
+	half := runtimetest.NewID("half")
+	for _, id := range []string{live, half} {
+		if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Simulate a server killed in the middle of creating `half`.
+	rec, err := r.readRecord(half)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Complete = false
+	if err := r.writeRecord(half, rec); err != nil {
+		t.Fatal(err)
+	}
+	// And a leftover directory without any record.
+	bare := runtimetest.NewID("bare")
+	os.MkdirAll(filepath.Join(r.sandboxDir(bare), "rootfs"), 0o700)
+
+	r2 := e.open(t)
+	assertNoLeaks(t, r2, half)
+	assertNoLeaks(t, r2, bare)
+	st, err := r2.Status(ctx, live)
+	if err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("live sandbox after recovery: %+v, %v", st, err)
+	}
+	runtimetest.WaitAgent(t, ctx, r2, live, 10*time.Second)
+	if err := r2.Delete(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	assertNoLeaks(t, r2, live)
+}
+
+func TestExitCode(t *testing.T) {
+	r := newEnv(t, "runc", nil).open(t)
+	ctx := context.Background()
+	id := runtimetest.NewID("exit")
+	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage}); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
+	if err := r.Stop(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := r.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State == runtime.StateStopped && st.ExitCode == 137 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %+v, want stopped with exit code 137", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func benchmarkCreate(b *testing.B, class string) {
+	if _, err := exec.LookPath(class); err != nil {
+		b.Skipf("%s not installed", class)
+	}
+	e := newEnv(b, class, nil)
+	r, err := New(context.Background(), e.cfg, Deps{Images: e.images})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	var lat, startLat []time.Duration
+	var del time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("bench-%d", i)
+		start := time.Now()
+		if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, AgentToken: runtimetest.Token}); err != nil {
+			b.Fatal(err)
+		}
+		startLat = append(startLat, time.Since(start))
+		if err := runtimetest.PingAgent(ctx, r, id, 10*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		ds := time.Now()
+		if err := r.Delete(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		del += time.Since(ds)
+		b.StartTimer()
+	}
+	pct := func(d []time.Duration, p int) float64 {
+		s := slices.Clone(d)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return float64(s[(len(s)-1)*p/100].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(lat, 50), "ping-p50-ms")
+	b.ReportMetric(pct(lat, 90), "ping-p90-ms")
+	b.ReportMetric(pct(startLat, 50), "create-p50-ms")
+	b.ReportMetric(float64(del.Microseconds())/1000/float64(len(lat)), "delete-ms")
+}
+
+// BenchmarkCreateRunc measures Create until the agent answers /ping.
+func BenchmarkCreateRunc(b *testing.B) { benchmarkCreate(b, "runc") }
+
+// BenchmarkCreateCrun measures Create until the agent answers /ping.
+func BenchmarkCreateCrun(b *testing.B) { benchmarkCreate(b, "crun") }

@@ -1,0 +1,139 @@
+// Package server wires `moat serve`: it opens the state store and the image
+// store, builds the runtime backend, recovers sandboxes left by an earlier
+// process, and serves the Lifecycle API until its context ends.
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config is the configuration of `moat serve`. Defaults are applied by
+// Default(); flags and environment (MOAT_*) override them in the CLI, then
+// Validate runs once. To add a field: add it here with its unit and default
+// documented, set the default in Default, bind a flag in internal/cli/serve.go,
+// and check it in Validate.
+type Config struct {
+	// Listen is the API listen address. Default ":8080".
+	Listen string
+	// Root is the state directory (store, images, sandboxes). Default /var/lib/moat.
+	Root string
+	// RunRoot holds runtime state that must not survive a reboot. Default /run/moat.
+	RunRoot string
+	// Runtime is the backend: "oci" (native, default) or "fake" (no processes; dev only).
+	Runtime string
+	// RuntimeClass is the default OCI runtime: runc (default), crun or runsc.
+	RuntimeClass string
+	// APIKey is the required OPEN-SANDBOX-API-KEY. If empty and auth is not
+	// disabled, a key is read from (or generated into) APIKeyFile.
+	APIKey string
+	// APIKeyFile defaults to <Root>/api-key.
+	APIKeyFile string
+	// NoAuth disables API-key auth (only sensible on a loopback listener).
+	NoAuth bool
+	// PublicAddress is host[:port] used in server-proxy endpoints. Default: the request Host.
+	PublicAddress string
+	// Bridge is the sandbox bridge name. Default "moat0".
+	Bridge string
+	// Subnet is the sandbox address range. Default 10.88.0.0/16.
+	Subnet string
+	// MaxTimeout caps sandbox timeouts (0 = no cap).
+	MaxTimeout time.Duration
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string
+}
+
+// Default returns the default configuration.
+func Default() Config {
+	return Config{
+		Listen:       ":8080",
+		Root:         "/var/lib/moat",
+		RunRoot:      "/run/moat",
+		Runtime:      "oci",
+		RuntimeClass: "runc",
+		Bridge:       "moat0",
+		Subnet:       "10.88.0.0/16",
+		LogLevel:     "info",
+	}
+}
+
+// Validate checks the configuration and fills derived defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New("listen address is empty"))
+	}
+	if !filepath.IsAbs(c.Root) {
+		errs = append(errs, fmt.Errorf("root %q must be an absolute path", c.Root))
+	}
+	if !filepath.IsAbs(c.RunRoot) {
+		errs = append(errs, fmt.Errorf("run-root %q must be an absolute path", c.RunRoot))
+	}
+	switch c.Runtime {
+	case "oci", "fake":
+	default:
+		errs = append(errs, fmt.Errorf("runtime %q: want oci or fake", c.Runtime))
+	}
+	switch c.RuntimeClass {
+	case "runc", "crun", "runsc":
+	default:
+		errs = append(errs, fmt.Errorf("runtime-class %q: want runc, crun or runsc", c.RuntimeClass))
+	}
+	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 28 || p.Bits() < 8 {
+		errs = append(errs, fmt.Errorf("subnet %q: want an IPv4 prefix between /8 and /28", c.Subnet))
+	}
+	if c.Bridge == "" || len(c.Bridge) > 15 {
+		errs = append(errs, fmt.Errorf("bridge %q: want 1-15 characters", c.Bridge))
+	}
+	if c.MaxTimeout < 0 {
+		errs = append(errs, errors.New("max-timeout must not be negative"))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log-level %q: want debug, info, warn or error", c.LogLevel))
+	}
+	if c.APIKeyFile == "" {
+		c.APIKeyFile = filepath.Join(c.Root, "api-key")
+	}
+	return errors.Join(errs...)
+}
+
+// resolveAPIKey returns the API key to enforce ("" when auth is off). A
+// missing key file is created with a random key (mode 0600).
+func (c *Config) resolveAPIKey() (key string, generated bool, err error) {
+	if c.NoAuth {
+		return "", false, nil
+	}
+	if c.APIKey != "" {
+		return c.APIKey, false, nil
+	}
+	b, err := os.ReadFile(c.APIKeyFile)
+	if err == nil {
+		k := strings.TrimSpace(string(b))
+		if k == "" {
+			return "", false, fmt.Errorf("api key file %s is empty", c.APIKeyFile)
+		}
+		return k, false, nil
+	}
+	if !os.IsNotExist(err) {
+		return "", false, err
+	}
+	var r [24]byte
+	rand.Read(r[:])
+	k := hex.EncodeToString(r[:])
+	if err := os.MkdirAll(filepath.Dir(c.APIKeyFile), 0o700); err != nil {
+		return "", false, err
+	}
+	if err := os.WriteFile(c.APIKeyFile, []byte(k+"\n"), 0o600); err != nil {
+		return "", false, err
+	}
+	return k, true, nil
+}

@@ -1,0 +1,148 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/httpapi"
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// Server is a wired moat server, ready to Serve.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	db      *store.DB
+	images  *image.Store
+	rt      runtime.Runtime
+	closeRT func() error
+	svc     *lifecycle.Service
+	api     *httpapi.Server
+	apiKey  string
+}
+
+// NewLogger returns the server's structured logger at cfg.LogLevel.
+func NewLogger(level string) *slog.Logger {
+	var l slog.Level
+	l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// New opens the stores, builds the runtime and recovers the sandboxes of
+// an earlier process. cfg must have been validated.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err error) {
+	if log == nil {
+		log = NewLogger(cfg.LogLevel)
+	}
+	s := &Server{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
+		return nil, err
+	}
+	key, generated, err := cfg.resolveAPIKey()
+	if err != nil {
+		return nil, fmt.Errorf("api key: %w", err)
+	}
+	s.apiKey = key
+	switch {
+	case cfg.NoAuth:
+		log.Warn("API-key authentication is DISABLED (--insecure-no-auth)")
+	case generated:
+		log.Info("generated an API key", "file", cfg.APIKeyFile)
+	}
+	if s.db, err = store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second); err != nil {
+		return nil, err
+	}
+	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images")); err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	factory, ok := backends()[cfg.Runtime]
+	if !ok {
+		return nil, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
+	}
+	if s.rt, s.closeRT, err = factory(ctx, cfg, deps{log: log, images: s.images}); err != nil {
+		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
+	}
+	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout}, lifecycle.Deps{
+		Store: s.db, Runtime: s.rt, Images: s.images, Log: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.svc.Recover(ctx); err != nil {
+		return nil, fmt.Errorf("recover: %w", err)
+	}
+	s.api = httpapi.New(httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress}, s.svc, log)
+	return s, nil
+}
+
+// Handler is the root HTTP handler.
+func (s *Server) Handler() http.Handler { return s.api.Handler() }
+
+// Serve runs the reaper and serves the API on ln until ctx ends, then shuts
+// down gracefully. Sandboxes keep running: a later server re-adopts them.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := web.NewServer(ln.Addr().String(), s.Handler(), s.log)
+	rctx, stopReaper := context.WithCancel(ctx)
+	defer stopReaper()
+	go s.svc.Run(rctx)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	s.log.Info("moat serving", "addr", ln.Addr().String(), "runtime", s.rt.Name(), "classes", s.rt.Capabilities().Classes)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Close releases the stores and the runtime (it does not stop sandboxes).
+func (s *Server) Close() {
+	if s.closeRT != nil {
+		s.closeRT()
+	}
+	if s.images != nil {
+		s.images.Close()
+	}
+	if s.db != nil {
+		s.db.Close()
+	}
+}
+
+// Run is `moat serve`: New, listen on cfg.Listen, Serve until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	s, err := New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx, ln)
+}
