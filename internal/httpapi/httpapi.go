@@ -84,10 +84,8 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
 	}
-	mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
-		return errdefs.WithPublic(errdefs.ErrNotFound, "SANDBOX::NOT_FOUND", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
-	}))
-	return web.WithRequestID(web.Recover(s.log, s.auth(mux)))
+	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
+	return web.WithRequestID(web.Recover(s.log, s.auth(routed)))
 }
 
 // isPublic reports routes exempt from the API key: /health and the server
@@ -225,7 +223,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "malformed query string")
+	}
 	var f lifecycle.ListFilter
 	for _, v := range q["state"] {
 		for _, part := range strings.Split(v, ",") {

@@ -137,7 +137,7 @@ func DecodeJSON(r *http.Request, v any, allowEmpty bool) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err == nil && mt != "application/json" && mt != "text/plain" && !allowEmpty {
-			return errdefs.Invalid("INVALID_PARAMETER", fmt.Sprintf("unsupported content type %q, want application/json", mt))
+			return errdefs.Invalid("", fmt.Sprintf("unsupported content type %q, want application/json", mt))
 		}
 	}
 	body := http.MaxBytesReader(nil, r.Body, MaxBodyBytes)
@@ -147,16 +147,16 @@ func DecodeJSON(r *http.Request, v any, allowEmpty bool) error {
 			if allowEmpty {
 				return nil
 			}
-			return errdefs.Invalid("INVALID_PARAMETER", "request body is required")
+			return errdefs.Invalid("", "request body is required")
 		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errdefs.Invalid("INVALID_PARAMETER", "request body too large")
+			return errdefs.Invalid("", "request body too large")
 		}
-		return errdefs.Invalid("INVALID_PARAMETER", "invalid JSON body: "+err.Error())
+		return errdefs.Invalid("", "invalid JSON body: "+err.Error())
 	}
 	if dec.More() {
-		return errdefs.Invalid("INVALID_PARAMETER", "invalid JSON body: trailing data")
+		return errdefs.Invalid("", "invalid JSON body: trailing data")
 	}
 	return nil
 }
@@ -183,6 +183,42 @@ func WithRequestID(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, id)))
 	})
 }
+
+// NotFoundJSON serves mux, but answers unrouted requests (404) and method
+// mismatches (405, with Allow) with the JSON envelope instead of the
+// mux's plain text.
+func NotFoundJSON(mux *http.ServeMux, code404, code405 string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if probe.status == http.StatusMethodNotAllowed {
+			if a := probe.header.Get("Allow"); a != "" {
+				w.Header().Set("Allow", a)
+			}
+			WriteJSON(w, http.StatusMethodNotAllowed, ErrorBody{Code: code405, Message: fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path)})
+			return
+		}
+		if probe.status != http.StatusNotFound && probe.status != 0 {
+			mux.ServeHTTP(w, r) // e.g. a redirect for a cleaned path
+			return
+		}
+		WriteJSON(w, http.StatusNotFound, ErrorBody{Code: code404, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
+	})
+}
+
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.status = code }
 
 // Recover turns a panic in a handler into a 500 with the generic envelope;
 // the panic value is logged, never sent.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -379,7 +380,11 @@ func benchmarkCreate(b *testing.B, class string) {
 		b.Skipf("%s not installed", class)
 	}
 	e := newEnv(b, class, nil)
-	r, err := New(context.Background(), e.cfg, Deps{Images: e.images})
+	deps := Deps{Images: e.images}
+	if os.Getenv("MOAT_BENCH_DEBUG") == "1" {
+		deps.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	r, err := New(context.Background(), e.cfg, deps)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,0 +1,245 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/httpapi"
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/store"
+)
+
+const key = "test-key"
+
+type images struct{}
+
+func (images) Ensure(ctx context.Context, ref string, auth *image.Auth) (image.Image, error) {
+	return image.Image{Name: ref}, nil
+}
+
+func newAPI(t *testing.T) *httptest.Server {
+	t.Helper()
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := fake.New(fake.Hooks{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.New(httpapi.Config{APIKey: key}, svc, log).Handler())
+	t.Cleanup(func() { srv.Close(); rt.Close(); db.Close() })
+	return srv
+}
+
+func call(t *testing.T, srv *httptest.Server, method, path, body string, hdr ...string) (int, map[string]any, http.Header) {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, srv.URL+path, r)
+	req.Header.Set("OPEN-SANDBOX-API-KEY", key)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i+1] == "" {
+			req.Header.Del(hdr[i])
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s %s: non-JSON body %q", method, path, raw)
+		}
+	}
+	return resp.StatusCode, m, resp.Header
+}
+
+const createBody = `{"image":{"uri":"busybox"},"entrypoint":["tail","-f","/dev/null"],"metadata":{"app":"x"},"timeout":120}`
+
+func TestCreateShapeAndRoutesUnderBothPrefixes(t *testing.T) {
+	srv := newAPI(t)
+	code, m, hdr := call(t, srv, "POST", "/v1/sandboxes", createBody)
+	if code != 202 {
+		t.Fatalf("create: %d %v", code, m)
+	}
+	id, _ := m["id"].(string)
+	if id == "" || hdr.Get("Location") != "/v1/sandboxes/"+id || hdr.Get("X-Request-ID") == "" {
+		t.Fatalf("create response %v headers %v", m, hdr)
+	}
+	// CreateSandboxResponse has no image; omitted fields are absent, not null.
+	for _, k := range []string{"image", "snapshotId", "updatedAt", "platform"} {
+		if _, ok := m[k]; ok {
+			t.Errorf("create response has %q", k)
+		}
+	}
+	st := m["status"].(map[string]any)
+	if st["state"] != "Running" || m["expiresAt"] == nil || m["createdAt"] == nil {
+		t.Fatalf("create response %v", m)
+	}
+	for _, p := range []string{"/sandboxes/", "/v1/sandboxes/"} {
+		code, m, _ = call(t, srv, "GET", p+id, "")
+		if code != 200 || m["image"].(map[string]any)["uri"] != "busybox" || m["metadata"].(map[string]any)["app"] != "x" {
+			t.Fatalf("GET %s: %d %v", p, code, m)
+		}
+	}
+	// Manual cleanup: no expiresAt at all.
+	_, m, _ = call(t, srv, "POST", "/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":["sh"],"timeout":null}`)
+	if _, ok := m["expiresAt"]; ok {
+		t.Fatalf("manual cleanup sandbox has expiresAt: %v", m)
+	}
+	code, m, _ = call(t, srv, "GET", "/v1/sandboxes?pageSize=1", "")
+	pg := m["pagination"].(map[string]any)
+	if code != 200 || len(m["items"].([]any)) != 1 || pg["totalItems"].(float64) != 2 || pg["hasNextPage"] != true || pg["totalPages"].(float64) != 2 {
+		t.Fatalf("list: %v", m)
+	}
+	code, m, _ = call(t, srv, "GET", "/v1/sandboxes?metadata="+"app%3Dx", "")
+	if code != 200 || m["pagination"].(map[string]any)["totalItems"].(float64) != 1 {
+		t.Fatalf("list by metadata: %v", m)
+	}
+}
+
+func TestLifecycleOperations(t *testing.T) {
+	srv := newAPI(t)
+	_, m, _ := call(t, srv, "POST", "/v1/sandboxes", createBody)
+	id := m["id"].(string)
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/"+id+"/pause", ""); code != 202 || m != nil {
+		t.Fatalf("pause: %d %v", code, m)
+	}
+	_, m, _ = call(t, srv, "GET", "/v1/sandboxes/"+id, "")
+	if m["status"].(map[string]any)["state"] != "Paused" {
+		t.Fatalf("after pause %v", m)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/"+id+"/pause", ""); code != 409 || m["code"] != "SANDBOX::NOT_RUNNING" {
+		t.Fatalf("double pause: %d %v", code, m)
+	}
+	if code, _, _ := call(t, srv, "POST", "/v1/sandboxes/"+id+"/resume", ""); code != 202 {
+		t.Fatalf("resume: %d", code)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/"+id+"/resume", ""); code != 409 || m["code"] != "SANDBOX::NOT_PAUSED" {
+		t.Fatalf("double resume: %d %v", code, m)
+	}
+	at := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	code, m, _ := call(t, srv, "POST", "/v1/sandboxes/"+id+"/renew-expiration", `{"expiresAt":"`+at+`"}`)
+	if code != 200 || !strings.HasPrefix(m["expiresAt"].(string), at[:19]) {
+		t.Fatalf("renew: %d %v", code, m)
+	}
+	code, m, _ = call(t, srv, "PATCH", "/v1/sandboxes/"+id+"/metadata", `{"app":null,"k":"v"}`)
+	md := m["metadata"].(map[string]any)
+	if code != 200 || md["k"] != "v" || md["app"] != nil {
+		t.Fatalf("patch: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "PATCH", "/v1/sandboxes/"+id+"/metadata", `["x"]`); code != 400 || m["code"] != "SANDBOX::INVALID_PARAMETER" {
+		t.Fatalf("bad patch: %d %v", code, m)
+	}
+	code, m, _ = call(t, srv, "GET", "/v1/sandboxes/"+id+"/endpoints/44772", "")
+	if code != 200 || m["endpoint"] == "" || m["headers"].(map[string]any)["X-EXECD-ACCESS-TOKEN"] == "" {
+		t.Fatalf("endpoint: %d %v", code, m)
+	}
+	code, m, _ = call(t, srv, "GET", "/v1/sandboxes/"+id+"/endpoints/8080?use_server_proxy=true", "")
+	if code != 200 || m["endpoint"] != strings.TrimPrefix(srv.URL, "http://")+"/sandboxes/"+id+"/proxy/8080" {
+		t.Fatalf("proxy endpoint: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "GET", "/v1/sandboxes/"+id+"/endpoints/8080?use_server_proxy=true&expires=99", ""); code != 400 {
+		t.Fatalf("expires with proxy: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "GET", "/v1/sandboxes/"+id+"/endpoints/8080?expires=99", ""); code != 501 || m["code"] != "SANDBOX::API_NOT_SUPPORTED" {
+		t.Fatalf("signed endpoint: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "DELETE", "/v1/sandboxes/"+id, ""); code != 204 || m != nil {
+		t.Fatalf("delete: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "GET", "/v1/sandboxes/"+id, ""); code != 404 || m["code"] != "SANDBOX::NOT_FOUND" {
+		t.Fatalf("get deleted: %d %v", code, m)
+	}
+}
+
+func TestAuthAndProxy(t *testing.T) {
+	srv := newAPI(t)
+	if code, m, _ := call(t, srv, "GET", "/v1/sandboxes", "", "OPEN-SANDBOX-API-KEY", ""); code != 401 || m["code"] != "MISSING_API_KEY" {
+		t.Fatalf("no key: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "GET", "/v1/sandboxes", "", "OPEN-SANDBOX-API-KEY", "wrong"); code != 401 || m["code"] != "INVALID_API_KEY" {
+		t.Fatalf("bad key: %d %v", code, m)
+	}
+	if code, _, _ := call(t, srv, "GET", "/v1/sandboxes", "", "OPEN-SANDBOX-API-KEY", "", "X-API-Key", key); code != 200 {
+		t.Fatalf("X-API-Key: %d", code)
+	}
+	if code, m, _ := call(t, srv, "GET", "/health", "", "OPEN-SANDBOX-API-KEY", ""); code != 200 || m["status"] != "healthy" {
+		t.Fatalf("health: %d %v", code, m)
+	}
+	_, m, _ := call(t, srv, "POST", "/v1/sandboxes", createBody)
+	id := m["id"].(string)
+	p := "/sandboxes/" + id + "/proxy/44772/ping"
+	// No API key and no agent token: the proxy forwards, the agent refuses.
+	if code, _, _ := call(t, srv, "GET", p, "", "OPEN-SANDBOX-API-KEY", ""); code != 401 {
+		t.Fatalf("proxy without credentials: %d", code)
+	}
+	// The API key presented as the agent token is swapped for the real one.
+	if code, _, _ := call(t, srv, "GET", p, "", "OPEN-SANDBOX-API-KEY", "", "X-EXECD-ACCESS-TOKEN", key); code != 200 {
+		t.Fatalf("proxy with api key as token: %d", code)
+	}
+	if code, _, _ := call(t, srv, "GET", "/v1"+p, ""); code != 200 {
+		t.Fatalf("proxy with api key header: %d", code)
+	}
+	// A wrong API key is not swapped.
+	if code, _, _ := call(t, srv, "GET", p, "", "OPEN-SANDBOX-API-KEY", "", "X-EXECD-ACCESS-TOKEN", "guess"); code != 401 {
+		t.Fatalf("proxy with a guessed token: %d", code)
+	}
+	if code, m, _ := call(t, srv, "GET", "/sandboxes/nope/proxy/44772/ping", ""); code != 404 || m["code"] != "SANDBOX::NOT_FOUND" {
+		t.Fatalf("proxy to unknown sandbox: %d %v", code, m)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	srv := newAPI(t)
+	cases := []struct {
+		method, path, body string
+		code               int
+		errCode            string
+	}{
+		{"POST", "/v1/sandboxes", `{`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", ``, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":""},"entrypoint":["sh"]}`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":"soon"}`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":60.5}`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":1e20}`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"volumes":[{"name":"v"}]}`, 400, "VOLUME::HOST_PATH_NOT_ALLOWED"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"networkPolicy":{"defaultAction":"deny"}}`, 501, "SANDBOX::API_NOT_SUPPORTED"},
+		{"POST", "/v1/sandboxes", `{"snapshotId":"s1"}`, 501, "SANDBOX::API_NOT_SUPPORTED"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"]} trailing`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"GET", "/v1/sandboxes?pageSize=0", "", 400, "SANDBOX::INVALID_PARAMETER"},
+		{"GET", "/v1/sandboxes?page=x", "", 400, "SANDBOX::INVALID_PARAMETER"},
+		{"GET", "/v1/sandboxes?metadata=%zz", "", 400, "SANDBOX::INVALID_PARAMETER"},
+		{"POST", "/v1/sandboxes/x/renew-expiration", `{}`, 400, "SANDBOX::INVALID_PARAMETER"},
+		{"GET", "/v1/sandboxes/x/endpoints/99999", "", 400, "SANDBOX::INVALID_PORT"},
+		{"GET", "/v1/sandboxes/x/endpoints/80?use_server_proxy=maybe", "", 400, "SANDBOX::INVALID_PARAMETER"},
+		{"PUT", "/v1/sandboxes/x", "", 405, ""},
+	}
+	for _, c := range cases {
+		code, m, _ := call(t, srv, c.method, c.path, c.body)
+		if code != c.code || (c.errCode != "" && (m["code"] != c.errCode || m["message"] == "")) {
+			t.Errorf("%s %s %s: %d %v, want %d %s", c.method, c.path, c.body, code, m, c.code, c.errCode)
+		}
+	}
+}
