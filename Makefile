@@ -4,7 +4,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 BIN := bin/moat
 ROOT ?= /var/lib/moat
-ADDR ?= 127.0.0.1:8080
+ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
 .PHONY: help deps build run test test-short vet bench fmt clean
