@@ -29,3 +29,17 @@ fi
 modprobe overlay 2>/dev/null || true
 modprobe br_netfilter 2>/dev/null || true
 modprobe veth 2>/dev/null || true
+
+# crun refuses a cgroup v1 host whose hybrid v2 tree still holds a v1
+# controller that is not mounted (here: hugetlb). Mount every v1 controller
+# the kernel has that is not yet mounted (idempotent; not kept across reboots).
+if [ -d /sys/fs/cgroup ] && ! grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mountinfo; then
+	while read -r name _ _ enabled; do
+		[ "$name" = "#subsys_name" ] && continue
+		[ "$enabled" = 1 ] || continue
+		if ! grep -qE " /sys/fs/cgroup/[^ ]*${name}[^ ]* " /proc/self/mountinfo; then
+			mkdir -p "/sys/fs/cgroup/$name"
+			mount -t cgroup -o "$name" cgroup "/sys/fs/cgroup/$name" 2>/dev/null || echo "install-deps: could not mount cgroup $name" >&2
+		fi
+	done < /proc/cgroups
+fi

@@ -146,7 +146,7 @@ func TestValidation(t *testing.T) {
 		{"platform", func(r *CreateRequest) { r.Platform = &Platform{OS: "windows", Arch: "amd64"} }, "SANDBOX::INVALID_PARAMETER"},
 		{"unknown runtime class", func(r *CreateRequest) { r.Extensions = map[string]string{ExtRuntimeClass: "kata"} }, "SANDBOX::INVALID_PARAMETER"},
 		{"renew ext range", func(r *CreateRequest) { r.Extensions = map[string]string{ExtRenewOnAccess: "10"} }, "SANDBOX::INVALID_PARAMETER"},
-		{"pool ref", func(r *CreateRequest) { r.Extensions = map[string]string{ExtPoolRef: "p"} }, "SANDBOX::UNSUPPORTED_POOL_REF"},
+		{"unknown pool ref", func(r *CreateRequest) { r.Extensions = map[string]string{ExtPoolRef: "p"} }, "SANDBOX::INVALID_POOL_REF"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -81,6 +81,9 @@ func (s *Service) Recover(ctx context.Context) error {
 		}
 		orphans++
 	}
+	if err := s.recoverPools(); err != nil {
+		return err
+	}
 	s.log.Info("recovered sandboxes", "adopted", adopted, "expired", expired, "lost", lost, "orphans_deleted", orphans)
 	return nil
 }

@@ -51,6 +51,13 @@ type Sandbox struct {
 	AgentToken string `json:"agentToken,omitempty"`
 	// RenewOnAccess is the extension access.renew.extend.seconds (0 = off).
 	RenewOnAccess int `json:"renewOnAccess,omitempty"`
+	// Pool is the warm pool the sandbox came from (or is waiting in).
+	Pool string `json:"pool,omitempty"`
+	// PoolRevision is the pool template revision it was created from.
+	PoolRevision int `json:"poolRevision,omitempty"`
+	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
+	// the Lifecycle API.
+	Warm bool `json:"warm,omitempty"`
 }
 
 // clone returns a deep copy safe to hand out of the service.

@@ -94,6 +94,12 @@ type Service struct {
 
 	mu        sync.RWMutex
 	sandboxes map[string]*entry
+
+	poolsMu sync.Mutex
+	pools   map[string]*pool
+	poolWG  sync.WaitGroup
+	closing chan struct{}
+	closed  sync.Once
 }
 
 // New returns a service. Call Recover before serving, and Run to start the
@@ -112,7 +118,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if deps.HTTP == nil {
 		deps.HTTP = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	}
-	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{}}, nil
+	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{},
+		pools: map[string]*pool{}, closing: make(chan struct{})}, nil
+}
+
+// Close stops the pool refill loops (sandboxes keep running).
+func (s *Service) Close() {
+	s.closed.Do(func() { close(s.closing) })
+	s.poolWG.Wait()
 }
 
 // Runtime returns the backend the service drives.
@@ -125,6 +138,12 @@ func (s *Service) get(id string) (*entry, error) {
 	e := s.sandboxes[id]
 	s.mu.RUnlock()
 	if e == nil {
+		return nil, notFound(id)
+	}
+	e.mu.Lock()
+	warm := e.sb.Warm
+	e.mu.Unlock()
+	if warm {
 		return nil, notFound(id)
 	}
 	return e, nil
@@ -151,6 +170,13 @@ func (s *Service) persist(e *entry) error {
 // Create provisions a sandbox and returns once it is Running (its agent
 // answers /ping), matching OpenSandbox's synchronous create.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if name := req.Extensions[ExtPoolRef]; name != "" {
+		sbs, err := s.createFromPool(ctx, req, name, 1)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		return sbs[0], nil
+	}
 	sb, err := s.validate(req)
 	if err != nil {
 		return Sandbox{}, err
@@ -252,7 +278,7 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 			}
 			sb.RenewOnAccess = n
 		case ExtPoolRef:
-			return Sandbox{}, errdefs.Invalid("SANDBOX::UNSUPPORTED_POOL_REF", "extensions.poolRef is not supported yet")
+			// Handled by createFromPool before validation.
 		}
 	}
 	if req.Timeout > 0 {
@@ -414,7 +440,7 @@ func (s *Service) List(ctx context.Context, f ListFilter, page, pageSize int) ([
 		e.mu.Lock()
 		sb := e.sb.clone()
 		e.mu.Unlock()
-		if matches(sb, f) {
+		if !sb.Warm && matches(sb, f) {
 			out = append(out, sb)
 		}
 	}
@@ -489,6 +515,9 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 	s.mu.Lock()
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
+	if !e.sb.Warm {
+		s.released(e.sb.Pool, id)
+	}
 	return nil
 }
 

@@ -24,6 +24,9 @@ func newOCI(ctx context.Context, cfg Config, d deps) (runtime.Runtime, func() er
 		Root:         filepath.Join(cfg.Root, "oci"),
 		RunRoot:      cfg.RunRoot,
 		DefaultClass: cfg.RuntimeClass,
+		// Sandbox inits are reparented to the server when runc exits; it
+		// reaps them (PID 1 of a container host may not).
+		Subreaper: true,
 		Network:      network.Config{Bridge: cfg.Bridge, Subnet: subnet},
 	}, oci.Deps{Images: ociImages{d.images}, Logger: d.log})
 	if err != nil {

@@ -57,6 +57,31 @@ func (d *DB) Put(bucket, key string, v any) error {
 	})
 }
 
+// PutMany stores every value of kv as JSON under bucket, in one
+// transaction (one fsync): all or none are written.
+func (d *DB) PutMany(bucket string, kv map[string]any) error {
+	enc := make(map[string][]byte, len(kv))
+	for k, v := range kv {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encode %s/%s: %w", bucket, k, err)
+		}
+		enc[k] = b
+	}
+	return d.db.Update(func(tx *bolt.Tx) error {
+		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
+		if err != nil {
+			return err
+		}
+		for k, b := range enc {
+			if err := bk.Put([]byte(k), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Get decodes bucket/key into v, ErrNotFound if absent.
 func (d *DB) Get(bucket, key string, v any) error {
 	return d.db.View(func(tx *bolt.Tx) error {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -298,4 +299,25 @@ func closedPort(t *testing.T) string {
 
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func TestUpstreamsFromResolvConf(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, err := UpstreamsFromResolvConf(write("a", "# c\nsearch x\nnameserver 127.0.0.53\nnameserver 2001:db8::53\nnameserver fe80::1%eth0\nnameserver bogus\noptions edns0\n"))
+	if err != nil || !slices.Equal(got, []string{"127.0.0.53:53", "[2001:db8::53]:53"}) {
+		t.Errorf("UpstreamsFromResolvConf = %v, %v", got, err)
+	}
+	if _, err := UpstreamsFromResolvConf(write("b", "search x\n")); err == nil {
+		t.Error("no nameserver: no error")
+	}
+	if _, err := UpstreamsFromResolvConf(dir + "/missing"); err == nil {
+		t.Error("missing file: no error")
+	}
 }

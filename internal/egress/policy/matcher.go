@@ -116,7 +116,7 @@ func (m *Matcher) StaticSets() StaticSets {
 	var claimed4, claimed6 []Range // sorted, disjoint
 	var s StaticSets
 	for _, r := range m.addrRules {
-		rg := prefixRange(r.prefix)
+		rg := PrefixRange(r.prefix)
 		claimed := &claimed4
 		dst := &s.Allow4
 		if r.prefix.Addr().Is6() {
@@ -138,7 +138,8 @@ func (m *Matcher) StaticSets() StaticSets {
 	return s
 }
 
-func prefixRange(p netip.Prefix) Range {
+// PrefixRange returns the addresses of p as a Range.
+func PrefixRange(p netip.Prefix) Range {
 	from := p.Masked().Addr()
 	b := from.AsSlice()
 	bits := p.Bits()

@@ -147,7 +147,7 @@ func ParseRules(data []byte) ([]Rule, error) {
 	for i, r := range rules {
 		n, _, err := normalizeRule(r)
 		if err != nil {
-			return nil, fmt.Errorf("[%d]: %w", i, err)
+			return nil, at(fmt.Sprintf("[%d]", i), err)
 		}
 		out[i] = n
 	}
@@ -201,11 +201,20 @@ func Normalize(p NetworkPolicy) (NetworkPolicy, error) {
 	for i, r := range p.Egress {
 		n, _, err := normalizeRule(r)
 		if err != nil {
-			return NetworkPolicy{}, fmt.Errorf("egress[%d]: %w", i, err)
+			return NetworkPolicy{}, at(fmt.Sprintf("egress[%d]", i), err)
 		}
 		out.Egress[i] = n
 	}
 	return out, nil
+}
+
+// at prefixes the public message of a validation error with the position
+// of the offending element, keeping it a single errdefs.Invalid.
+func at(where string, err error) error {
+	if p, ok := errdefs.PublicOf(err); ok {
+		return errdefs.Invalid(p.Code, where+": "+p.Message)
+	}
+	return fmt.Errorf("%s: %w", where, err)
 }
 
 func normalizeAction(a Action) (Action, error) {
@@ -320,7 +329,7 @@ func Patch(p NetworkPolicy, rules []Rule) (NetworkPolicy, error) {
 	for i, r := range append(append([]Rule{}, rules...), p.Egress...) {
 		n, _, err := normalizeRule(r)
 		if err != nil {
-			return NetworkPolicy{}, fmt.Errorf("rule %d: %w", i, err)
+			return NetworkPolicy{}, at(fmt.Sprintf("rule %d", i), err)
 		}
 		if seen[n.Target] {
 			continue
@@ -342,7 +351,7 @@ func RemoveTargets(p NetworkPolicy, targets []string) (NetworkPolicy, error) {
 	for i, t := range targets {
 		n, _, err := NormalizeTarget(t)
 		if err != nil {
-			return NetworkPolicy{}, fmt.Errorf("target %d: %w", i, err)
+			return NetworkPolicy{}, at(fmt.Sprintf("target %d", i), err)
 		}
 		drop[n] = true
 	}

@@ -126,7 +126,7 @@ func TestEvaluate(t *testing.T) {
 		{"example.com", Deny}, // wildcard does not match the apex
 		{"a.example.com", Allow},
 		{"A.B.Example.COM.", Allow},
-		{"bad.example.com", Deny},     // rule 0 beats rule 1
+		{"bad.example.com", Deny},      // rule 0 beats rule 1
 		{"sub.bad.example.com", Allow}, // exact rule 0 does not cover subdomains
 		{"x.y.example.com", Allow},     // rule 1 beats rule 7
 		{"pypi.org", Allow},

@@ -118,14 +118,19 @@ func validate(spec *runtime.Spec) error {
 	return nil
 }
 
-// agentServer answers /ping like the agent, with its token check.
+// agentServer answers /ping (and POST /moat/v1/env) like the agent, with
+// its token check.
 func agentServer(token string) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if token != "" && req.Header.Get("X-EXECD-ACCESS-TOKEN") != token {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		if req.URL.Path != "/ping" {
+		switch {
+		case req.URL.Path == "/ping":
+		case req.URL.Path == "/moat/v1/env" && req.Method == http.MethodPost:
+			// The agent's claim-time env extension; the fake accepts any body.
+		default:
 			http.NotFound(w, req)
 			return
 		}

@@ -17,7 +17,9 @@
 // directory is created (so that a crash leaves a record naming the class),
 // and again with Complete=true once the container runs. New removes every
 // sandbox whose record is not complete. The OCI runtime's own state lives
-// under Config.RunRoot/<class>.
+// under Config.RunRoot/<class>; RunRoot/bin/<class> is a read-only bind
+// mount of each runtime binary (see bindReadOnly) and RunRoot/netns holds
+// the network namespace files.
 package oci
 
 import (
@@ -27,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -230,6 +233,14 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		}
 		r.classes[class] = p
 	}
+	for class, p := range r.classes {
+		target := filepath.Join(cfg.RunRoot, "bin", class)
+		if err := bindReadOnly(p, target); err != nil {
+			r.log.Warn("oci: cannot bind the runtime binary read-only; using it directly", "class", class, "err", err)
+			continue
+		}
+		r.classes[class] = target
+	}
 	if _, ok := r.classes[cfg.DefaultClass]; !ok {
 		return nil, fmt.Errorf("oci: default class %q is not installed: %w", cfg.DefaultClass, errdefs.ErrFailedPrecondition)
 	}
@@ -274,17 +285,7 @@ func (r *Runtime) Name() string { return "oci" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Classes: slices.Sorted(mapsKeys(r.classes))}
-}
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
+	return runtime.Capabilities{Pause: true, Classes: slices.Sorted(maps.Keys(r.classes))}
 }
 
 func (r *Runtime) sandboxesDir() string        { return filepath.Join(r.cfg.Root, "sandboxes") }
@@ -407,6 +408,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := r.writeRecord(id, rec); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
+	// The network is independent of the filesystem: set it up meanwhile.
+	// The wait is deferred after the rollback, so it runs before it.
+	var att network.Attachment
+	var netErr error
+	netDone := make(chan struct{})
+	go func() {
+		defer close(netDone)
+		att, netErr = r.net.Setup(ctx, id)
+	}()
+	defer func() { <-netDone }()
 	img, err := r.images.Rootfs(ctx, spec.Image)
 	if err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: image %q: %w", spec.Image, err)
@@ -425,9 +436,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		return runtime.Status{}, err
 	}
 	phase("mount")
-	att, err := r.net.Setup(ctx, id)
-	if err != nil {
-		return runtime.Status{}, err
+	<-netDone
+	if netErr != nil {
+		return runtime.Status{}, netErr
 	}
 	phase("network")
 	rec.IP = att.IP.String()
@@ -685,6 +696,9 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 			continue
 		}
 		rec, err := r.readRecord(id)
+		if errdefs.IsNotFound(err) {
+			continue // Create has made the directory but not the record yet
+		}
 		if err != nil {
 			out = append(out, runtime.Status{ID: id, State: runtime.StateUnknown, Message: err.Error()})
 			continue
@@ -867,7 +881,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 // for Delete, for the rollback of a failed Create and for recovery.
 func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	dir := r.sandboxDir(id)
-	classes := slices.Sorted(mapsKeys(r.classes))
+	classes := slices.Sorted(maps.Keys(r.classes))
 	if rec, err := r.readRecord(id); err == nil {
 		classes = []string{rec.Class}
 	}

@@ -117,6 +117,12 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 		if l, err := netlink.LinkByName(e.cfg.Network.Bridge); err == nil {
 			netlink.LinkDel(l)
 		}
+		bins, _ := filepath.Glob(filepath.Join(e.cfg.RunRoot, "bin", "*"))
+		for _, b := range bins {
+			if err := unmountAll(b); err != nil {
+				t.Error(err)
+			}
+		}
 	})
 	return e
 }

@@ -1,0 +1,567 @@
+//go:build linux
+
+// Package nft enforces an egress policy with nftables inside one network
+// namespace, over netlink (github.com/google/nftables; no nft binary).
+//
+// The ruleset is table "inet moat", chain "output" (filter, hook output,
+// priority 0, policy = the policy's default action):
+//
+//	ct state established,related accept
+//	oifname "lo" accept
+//	icmpv6 type 133-136 accept                          # neighbour discovery
+//	ip[6] daddr <dns> udp|tcp dport <dns port> accept   # the moat DNS proxy only
+//	udp|tcp dport {53, 853} drop                       # other DNS, DoT, DoQ
+//	ip daddr @deny4 drop; ip6 daddr @deny6 drop         # static deny + Blocked
+//	ip daddr @allow4 accept; ip6 daddr @allow6 accept   # static allow (IP/CIDR rules)
+//	ip daddr @dyn4 accept; ip6 daddr @dyn6 accept       # resolved names, with timeouts
+//	counter <default action>
+//
+// Static sets are interval sets holding the policy's IP/CIDR rules
+// flattened so that first-match-by-index is preserved (policy.StaticSets).
+// Deny is evaluated before the dynamic sets, so an allowed name resolving
+// into a denied or Blocked range stays unreachable.
+//
+// Apply replaces the whole table in one netlink batch (add table, delete
+// table, add table, ...), which the kernel commits atomically: there is no
+// instant with a partial or empty ruleset. AllowResolved adds dynamic
+// elements in one batch. Established connections survive both (conntrack).
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// Names of the nftables objects moat owns in a sandbox netns.
+const (
+	TableName = "moat"
+	ChainName = "output"
+)
+
+// Set names.
+const (
+	setDeny4  = "deny4"
+	setDeny6  = "deny6"
+	setAllow4 = "allow4"
+	setAllow6 = "allow6"
+	setDyn4   = "dyn4"
+	setDyn6   = "dyn6"
+)
+
+const (
+	// dynSetSize bounds each dynamic set; adding past it fails the DNS query.
+	dynSetSize = 65536
+	// elemChunk bounds the elements per netlink message: the element list
+	// is one nested attribute, whose length field is 16 bits.
+	elemChunk = 512
+	// sockBuf is forced as netlink send/receive buffer so a full 4096-rule
+	// batch fits in one sendmsg (the default wmem_max is ~208 KiB).
+	sockBuf = 16 << 20
+	// minDynTTL is the shortest dynamic element timeout installed.
+	minDynTTL = time.Second
+)
+
+// Config is the desired ruleset of one namespace.
+type Config struct {
+	// Policy gives the default action and the static IP/CIDR sets. Required.
+	Policy *policy.Matcher
+	// DNS is the only DNS server the namespace may reach (UDP and TCP), the
+	// moat DNS proxy. Required.
+	DNS netip.AddrPort
+	// Blocked ranges are always dropped, even if the policy or a DNS answer
+	// allows them: the host, the sandbox bridge, link-local/metadata
+	// addresses. The DNS address itself stays reachable.
+	Blocked []netip.Prefix
+	// Resolved becomes the exact content of the dynamic sets, replacing
+	// what AllowResolved added before. Entries with a TTL under a second
+	// are skipped.
+	Resolved []Resolved
+}
+
+// Resolved is a group of addresses allowed for TTL.
+type Resolved struct {
+	IPs []netip.Addr
+	TTL time.Duration
+}
+
+// Firewall is moat's nftables table in one network namespace. Methods are
+// safe for concurrent use and serialized. The Firewall holds the namespace
+// open until Close.
+type Firewall struct {
+	path string
+
+	mu   sync.Mutex
+	ns   *os.File
+	conn *nftables.Conn
+	// dyn mirrors the dynamic sets: address → expiry. It lets
+	// AllowResolved skip addresses that already outlive the new TTL, since
+	// re-adding an element would reset (and possibly shorten) its timeout.
+	dyn       map[netip.Addr]time.Time
+	lastPrune time.Time
+}
+
+// Open opens the network namespace at netnsPath (a bind-mounted netns file
+// such as /run/netns/NAME, or /proc/PID/ns/net). It does not change any
+// rules.
+func Open(netnsPath string) (*Firewall, error) {
+	if netnsPath == "" {
+		return nil, fmt.Errorf("nft: empty netns path: %w", errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(netnsPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("nft: netns %s: %w", netnsPath, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("nft: open netns %s: %w", netnsPath, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		f.Close()
+		return nil, fmt.Errorf("nft: %s is not a namespace file: %w", netnsPath, errdefs.ErrInvalidArgument)
+	}
+	conn, err := nftables.New(
+		nftables.WithNetNSFd(int(f.Fd())),
+		nftables.AsLasting(),
+		nftables.WithSockOptions(forceBuffers),
+	)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("nft: netlink in netns %s: %w", netnsPath, err)
+	}
+	return &Firewall{path: netnsPath, ns: f, conn: conn, dyn: map[netip.Addr]time.Time{}}, nil
+}
+
+func forceBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		serr = errors.Join(
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf))
+	})
+	return errors.Join(err, serr)
+}
+
+// Close releases the netlink socket and the namespace. It does not remove
+// the rules (see Remove).
+func (f *Firewall) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ns == nil {
+		return nil
+	}
+	err := errors.Join(f.conn.CloseLasting(), f.ns.Close())
+	f.ns = nil
+	return err
+}
+
+// Apply atomically installs the ruleset for cfg, replacing any previous
+// moat table in the namespace.
+func (f *Firewall) Apply(ctx context.Context, cfg Config) error {
+	if cfg.Policy == nil || !cfg.DNS.IsValid() {
+		return fmt.Errorf("nft: Apply needs a policy and a DNS address: %w", errdefs.ErrInvalidArgument)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.usableLocked(ctx); err != nil {
+		return err
+	}
+	now := time.Now()
+	dyn := map[netip.Addr]time.Time{}
+	for _, r := range cfg.Resolved {
+		if r.TTL < minDynTTL {
+			continue
+		}
+		exp := now.Add(r.TTL)
+		for _, ip := range r.IPs {
+			ip = ip.Unmap()
+			if old, ok := dyn[ip]; !ok || exp.After(old) {
+				dyn[ip] = exp
+			}
+		}
+	}
+	if err := f.buildLocked(cfg, dyn, now); err != nil {
+		return err
+	}
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("nft: apply ruleset in %s: %w", f.path, err)
+	}
+	f.dyn, f.lastPrune = dyn, now
+	return nil
+}
+
+// AllowResolved adds ips to the dynamic allow sets for ttl (at least a
+// second). Addresses already allowed for longer are left alone. It needs a
+// prior Apply.
+func (f *Firewall) AllowResolved(ctx context.Context, ips []netip.Addr, ttl time.Duration) error {
+	ttl = max(ttl, minDynTTL)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.usableLocked(ctx); err != nil {
+		return err
+	}
+	now := time.Now()
+	exp := now.Add(ttl)
+	var v4, v6 []nftables.SetElement
+	var added []netip.Addr
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		if old, ok := f.dyn[ip]; ok && !old.Before(exp.Add(-time.Second)) {
+			continue // outlives the new TTL (within a second)
+		}
+		el := nftables.SetElement{Key: ip.AsSlice(), Timeout: ttl}
+		if ip.Is4() {
+			v4 = append(v4, el)
+		} else {
+			v6 = append(v6, el)
+		}
+		added = append(added, ip)
+	}
+	if len(added) == 0 {
+		return nil
+	}
+	t := table()
+	for _, s := range []struct {
+		name string
+		els  []nftables.SetElement
+	}{{setDyn4, v4}, {setDyn6, v6}} {
+		if len(s.els) == 0 {
+			continue
+		}
+		if err := f.conn.SetAddElements(&nftables.Set{Table: t, Name: s.name, HasTimeout: true}, s.els); err != nil {
+			return fmt.Errorf("nft: encode elements: %w", err)
+		}
+	}
+	if err := f.conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("nft: no moat table in %s (Apply first): %w", f.path, errdefs.ErrFailedPrecondition)
+		}
+		return fmt.Errorf("nft: add resolved addresses in %s: %w", f.path, err)
+	}
+	for _, ip := range added {
+		f.dyn[ip] = exp
+	}
+	if now.Sub(f.lastPrune) > time.Minute {
+		for ip, e := range f.dyn {
+			if e.Before(now) {
+				delete(f.dyn, ip)
+			}
+		}
+		f.lastPrune = now
+	}
+	return nil
+}
+
+// Remove deletes the moat table from the namespace; a missing table is
+// not an error.
+func (f *Firewall) Remove(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.usableLocked(ctx); err != nil {
+		return err
+	}
+	t := table()
+	f.conn.AddTable(t) // makes the delete idempotent
+	f.conn.DelTable(t)
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("nft: remove table in %s: %w", f.path, err)
+	}
+	f.dyn = map[netip.Addr]time.Time{}
+	return nil
+}
+
+// DynamicAddrs returns the addresses currently in the dynamic sets as the
+// kernel reports them (expired elements excluded).
+func (f *Firewall) DynamicAddrs(ctx context.Context) ([]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.usableLocked(ctx); err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, name := range []string{setDyn4, setDyn6} {
+		els, err := f.conn.GetSetElements(&nftables.Set{Table: table(), Name: name, KeyType: keyType(name)})
+		if err != nil {
+			return nil, fmt.Errorf("nft: list %s in %s: %w", name, f.path, err)
+		}
+		for _, e := range els {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f *Firewall) usableLocked(ctx context.Context) error {
+	if f.ns == nil {
+		return fmt.Errorf("nft: firewall for %s is closed: %w", f.path, errdefs.ErrFailedPrecondition)
+	}
+	return ctx.Err()
+}
+
+func table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+}
+
+func keyType(set string) nftables.SetDatatype {
+	switch set {
+	case setDeny6, setAllow6, setDyn6:
+		return nftables.TypeIP6Addr
+	default:
+		return nftables.TypeIPAddr
+	}
+}
+
+// buildLocked queues the whole replacement batch on f.conn.
+func (f *Firewall) buildLocked(cfg Config, dyn map[netip.Addr]time.Time, now time.Time) error {
+	c := f.conn
+	t := table()
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+
+	verdict := expr.VerdictDrop
+	chainPolicy := nftables.ChainPolicyDrop
+	if cfg.Policy.Default() == policy.Allow {
+		verdict, chainPolicy = expr.VerdictAccept, nftables.ChainPolicyAccept
+	}
+	chain := c.AddChain(&nftables.Chain{
+		Name: ChainName, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &chainPolicy,
+	})
+
+	static := cfg.Policy.StaticSets()
+	blocked4, blocked6 := blockedRanges(cfg.Blocked)
+	contents := map[string][]policy.Range{
+		setDeny4:  union(append(blocked4, static.Deny4...)),
+		setDeny6:  union(append(blocked6, static.Deny6...)),
+		setAllow4: static.Allow4,
+		setAllow6: static.Allow6,
+	}
+	sets := map[string]*nftables.Set{}
+	for _, name := range []string{setDeny4, setDeny6, setAllow4, setAllow6} {
+		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), Interval: true}
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("nft: encode set %s: %w", name, err)
+		}
+		if err := addChunked(c, s, intervalElements(contents[name], name == setDeny6 || name == setAllow6)); err != nil {
+			return err
+		}
+		sets[name] = s
+	}
+	var d4, d6 []nftables.SetElement
+	for ip, exp := range dyn {
+		el := nftables.SetElement{Key: ip.AsSlice(), Timeout: exp.Sub(now).Truncate(time.Millisecond)}
+		if ip.Is4() {
+			d4 = append(d4, el)
+		} else {
+			d6 = append(d6, el)
+		}
+	}
+	for name, els := range map[string][]nftables.SetElement{setDyn4: d4, setDyn6: d6} {
+		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), HasTimeout: true, Size: dynSetSize}
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("nft: encode set %s: %w", name, err)
+		}
+		if err := addChunked(c, s, els); err != nil {
+			return err
+		}
+		sets[name] = s
+	}
+
+	var rules [][]expr.Any
+	rules = append(rules,
+		// ct state established,related accept
+		[]expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+				Xor:  binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			accept(),
+		},
+		// oifname "lo" accept
+		[]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
+			accept(),
+		},
+		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;
+		// without it no IPv6 destination is reachable. It is link-local.
+		[]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{136}},
+			accept(),
+		},
+	)
+	dnsIP := cfg.DNS.Addr().Unmap()
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rules = append(rules, concat(daddrEq(dnsIP), l4Port(proto, cfg.DNS.Port()), []expr.Any{accept()}))
+	}
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		for _, port := range []uint16{53, 853} {
+			rules = append(rules, concat(l4Port(proto, port), []expr.Any{drop()}))
+		}
+	}
+	for _, sv := range []struct {
+		v4, v6 string
+		v      expr.VerdictKind
+	}{{setDeny4, setDeny6, expr.VerdictDrop}, {setAllow4, setAllow6, expr.VerdictAccept}, {setDyn4, setDyn6, expr.VerdictAccept}} {
+		rules = append(rules,
+			concat(daddr(false), []expr.Any{lookup(sets[sv.v4]), &expr.Verdict{Kind: sv.v}}),
+			concat(daddr(true), []expr.Any{lookup(sets[sv.v6]), &expr.Verdict{Kind: sv.v}}))
+	}
+	rules = append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
+	for _, exprs := range rules {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	}
+	return nil
+}
+
+func addChunked(c *nftables.Conn, s *nftables.Set, els []nftables.SetElement) error {
+	for len(els) > 0 {
+		n := min(len(els), elemChunk)
+		if s.Interval && n < len(els) && els[n].IntervalEnd {
+			n++ // keep a range's start and end in one message
+		}
+		if err := c.SetAddElements(s, els[:n]); err != nil {
+			return fmt.Errorf("nft: encode elements of %s: %w", s.Name, err)
+		}
+		els = els[n:]
+	}
+	return nil
+}
+
+// intervalElements encodes sorted disjoint ranges the way nft(8) does: an
+// interval-end element at the zero address when the first range starts
+// later, a start element per range, and an end element at To+1 unless the
+// range reaches the top of the address space.
+func intervalElements(rs []policy.Range, v6 bool) []nftables.SetElement {
+	if len(rs) == 0 {
+		return nil
+	}
+	zero := netip.IPv4Unspecified()
+	if v6 {
+		zero = netip.IPv6Unspecified()
+	}
+	var out []nftables.SetElement
+	if rs[0].From != zero {
+		out = append(out, nftables.SetElement{Key: zero.AsSlice(), IntervalEnd: true})
+	}
+	for _, r := range rs {
+		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
+		if next := r.To.Next(); next.IsValid() {
+			out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// blockedRanges converts prefixes to ranges per family.
+func blockedRanges(ps []netip.Prefix) (v4, v6 []policy.Range) {
+	for _, p := range ps {
+		if !p.IsValid() {
+			continue
+		}
+		if p.Addr().Is4() {
+			v4 = append(v4, policy.PrefixRange(p))
+		} else {
+			v6 = append(v6, policy.PrefixRange(p))
+		}
+	}
+	return v4, v6
+}
+
+// union merges possibly overlapping ranges into sorted disjoint,
+// non-adjacent ranges.
+func union(rs []policy.Range) []policy.Range {
+	if len(rs) == 0 {
+		return nil
+	}
+	sorted := append([]policy.Range{}, rs...)
+	slices.SortFunc(sorted, func(a, b policy.Range) int { return a.From.Compare(b.From) })
+	out := sorted[:1]
+	for _, r := range sorted[1:] {
+		last := &out[len(out)-1]
+		if next := last.To.Next(); !next.IsValid() || r.From.Compare(next) <= 0 {
+			if r.To.Compare(last.To) > 0 {
+				last.To = r.To
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func accept() *expr.Verdict { return &expr.Verdict{Kind: expr.VerdictAccept} }
+func drop() *expr.Verdict   { return &expr.Verdict{Kind: expr.VerdictDrop} }
+
+// daddr loads the IPv4 or IPv6 destination address into register 1, after
+// checking the packet's family (the inet table sees both).
+func daddr(v6 bool) []expr.Any {
+	proto, off, n := byte(unix.NFPROTO_IPV4), uint32(16), uint32(4)
+	if v6 {
+		proto, off, n = unix.NFPROTO_IPV6, 24, 16
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+	}
+}
+
+func daddrEq(a netip.Addr) []expr.Any {
+	return append(daddr(a.Is6()), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()})
+}
+
+// l4Port matches "meta l4proto proto th dport port".
+func l4Port(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}
+}
+
+func lookup(s *nftables.Set) *expr.Lookup {
+	return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID}
+}
+
+func ifname(n string) []byte {
+	b := make([]byte, 16)
+	copy(b, n)
+	return b
+}

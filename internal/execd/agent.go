@@ -1,0 +1,155 @@
+package execd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// forwarded are the signals the agent forwards to the entrypoint's process
+// group. SIGTERM and SIGINT also start a graceful shutdown.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// Run runs the agent until ctx is done or a SIGTERM/SIGINT shuts it down:
+// it serves the API on cfg.Listen, starts cfg.Entrypoint (if any) in its
+// own process group, forwards signals to that group, and, when it is PID 1,
+// reaps every orphan. If the entrypoint exits by itself the agent keeps
+// serving; after a SIGTERM it exits once the entrypoint has exited. On
+// shutdown the server is closed and every remaining process group killed.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pid1 := os.Getpid() == 1
+	reaper := NewReaper(pid1, log)
+	reaperDone := make(chan struct{})
+	go func() { defer close(reaperDone); reaper.Run(ctx) }()
+	defer func() { cancel(); <-reaperDone }()
+
+	// The token must not leak into children; they get the filtered env.
+	os.Unsetenv("EXECD_ACCESS_TOKEN")
+	baseEnv := childEnv(os.Environ())
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	srv, err := NewServer(Options{
+		Token: cfg.Token, BaseEnv: baseEnv, EnvFile: cfg.EnvFile, StateDir: cfg.StateDir,
+		Grace: cfg.Grace, Reaper: reaper, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		srv.Close(ctx)
+		return fmt.Errorf("execd listen %s: %w", cfg.Listen, err)
+	}
+	hs := web.NewServer(cfg.Listen, srv, log)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
+
+	var entry *Proc
+	var entryDone <-chan struct{}
+	if len(cfg.Entrypoint) > 0 {
+		entry, err = startEntrypoint(reaper, cfg.Entrypoint, baseEnv)
+		if err != nil {
+			log.Error("entrypoint failed to start", "argv", cfg.Entrypoint, "err", err)
+		} else {
+			entryDone = entry.Done()
+			log.Info("entrypoint started", "argv", cfg.Entrypoint, "pid", entry.Pid)
+		}
+	}
+
+	terminating := false
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Error("execd server failed", "err", err)
+			}
+			break loop
+		case sig := <-sigs:
+			s := sig.(syscall.Signal)
+			if entry != nil && !entry.Exited() {
+				entry.Signal(s)
+			}
+			if s == syscall.SIGTERM || s == syscall.SIGINT {
+				terminating = true
+				if entry == nil || entry.Exited() {
+					break loop
+				}
+				log.Info("signal received; waiting for entrypoint", "signal", s.String())
+			}
+		case <-entryDone:
+			entryDone = nil
+			log.Info("entrypoint exited", "pid", entry.Pid, "status", describeStatus(entry.Status()))
+			if terminating {
+				break loop
+			}
+		}
+	}
+
+	shutdownCtx, stop := context.WithTimeout(context.Background(), 3*time.Second)
+	defer stop()
+	hs.Shutdown(shutdownCtx)
+	hs.Close()
+	if entry != nil {
+		entry.Signal(syscall.SIGKILL)
+	}
+	srv.Close(shutdownCtx)
+	return nil
+}
+
+// startEntrypoint starts argv with the agent's stdio in a new process group.
+func startEntrypoint(r *Reaper, argv []string, env []string) (*Proc, error) {
+	path := argv[0]
+	if lp, err := lookPath(path, env); err == nil {
+		path = lp
+	}
+	return r.Start(ProcSpec{
+		Path:  path,
+		Args:  argv,
+		Env:   env,
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+}
+
+// lookPath resolves name against the PATH in env (names with a slash are
+// used as they are).
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := lookupEnv(env, "PATH")
+	if path == "" {
+		path = defaultPath
+	}
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q not found in PATH: %w", name, exec.ErrNotFound)
+}

@@ -1,0 +1,154 @@
+package execd
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// DefaultPort is the port the agent listens on inside every sandbox.
+const DefaultPort = 44772
+
+// Config is the agent's configuration, loaded once by ParseArgs: defaults,
+// then the --config file, then environment, then flags. To add a field, add
+// it here with its unit and default, fill it in ParseArgs, and check it in
+// Validate. The access token never comes from argv.
+type Config struct {
+	// Listen is the TCP address to serve on (default 0.0.0.0:44772).
+	Listen string
+	// Token is the X-EXECD-ACCESS-TOKEN value; empty disables auth. From
+	// the config file's "token" or EXECD_ACCESS_TOKEN.
+	Token string
+	// Entrypoint is the user command started as a child (argv after "--").
+	Entrypoint []string
+	// Grace is slept after a foreground command's stream is complete
+	// before the response ends (EXECD_API_GRACE_SHUTDOWN, Go duration or
+	// milliseconds; default 0, upstream's default is 1s).
+	Grace time.Duration
+	// EnvFile names a file of KEY=VALUE lines added to every command's
+	// environment (EXECD_ENVS; read at each command start).
+	EnvFile string
+	// StateDir holds per-command output files (default $TMPDIR).
+	StateDir string
+	// LogLevel is the slog level (--log-level: debug, info, warn, error).
+	LogLevel string
+}
+
+// fileConfig is the JSON written by the runtime to /.moat/agent.json.
+type fileConfig struct {
+	Token string `json:"token"`
+	Port  int    `json:"port"`
+}
+
+// ParseArgs builds a Config from the arguments after "execd" and the
+// environment (getenv, usually os.Getenv).
+func ParseArgs(args []string, getenv func(string) string) (Config, error) {
+	cfg := Config{StateDir: os.TempDir(), LogLevel: "info"}
+	fs := flag.NewFlagSet("execd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	configPath := fs.String("config", "", "JSON config file {token, port}")
+	port := fs.Int("port", 0, "TCP port (default 44772)")
+	listen := fs.String("listen", "", "listen address host:port (default 0.0.0.0:44772)")
+	stateDir := fs.String("state-dir", "", "directory for command output files (default $TMPDIR)")
+	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, errdefs.Invalid("INVALID_ARGUMENT", err.Error())
+	}
+	cfg.Entrypoint = fs.Args()
+
+	p := DefaultPort
+	if *configPath != "" {
+		data, err := os.ReadFile(*configPath)
+		if err != nil {
+			return Config{}, fmt.Errorf("read config: %w", classifyOSError(err))
+		}
+		var fc fileConfig
+		if err := json.Unmarshal(data, &fc); err != nil {
+			return Config{}, errdefs.Invalid("INVALID_ARGUMENT", fmt.Sprintf("config %s: %v", *configPath, err))
+		}
+		cfg.Token = fc.Token
+		if fc.Port != 0 {
+			p = fc.Port
+		}
+	}
+	if v := getenv("EXECD_ACCESS_TOKEN"); v != "" {
+		cfg.Token = v
+	}
+	if v := getenv("EXECD_ENVS"); v != "" {
+		cfg.EnvFile = v
+	}
+	if v := getenv("EXECD_API_GRACE_SHUTDOWN"); v != "" {
+		d, err := parseDuration(v)
+		if err != nil {
+			return Config{}, errdefs.Invalid("INVALID_ARGUMENT", "EXECD_API_GRACE_SHUTDOWN: "+err.Error())
+		}
+		cfg.Grace = d
+	}
+	if *port != 0 {
+		p = *port
+	}
+	cfg.Listen = net.JoinHostPort("0.0.0.0", strconv.Itoa(p))
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *stateDir != "" {
+		cfg.StateDir = *stateDir
+	}
+	if *logLevel != "" {
+		cfg.LogLevel = *logLevel
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks cfg.
+func (c Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return errdefs.Invalid("INVALID_ARGUMENT", "listen address: "+err.Error())
+	}
+	if c.Grace < 0 {
+		return errdefs.Invalid("INVALID_ARGUMENT", "grace must not be negative")
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		return errdefs.Invalid("INVALID_ARGUMENT", "log level must be debug, info, warn or error")
+	}
+	return nil
+}
+
+// parseDuration accepts a Go duration ("1s") or plain milliseconds ("500").
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return time.Duration(n) * time.Millisecond, nil
+	}
+	return time.ParseDuration(s)
+}
+
+// classifyOSError classifies a file error.
+func classifyOSError(err error) error {
+	if os.IsNotExist(err) {
+		return fmt.Errorf("%w: %v", errdefs.ErrNotFound, err)
+	}
+	return fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
+}
+
+// childEnv returns environ minus the agent's own variables (EXECD_*,
+// MOAT_*), which children must not inherit (the access token in particular).
+func childEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "EXECD_") || strings.HasPrefix(kv, "MOAT_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}

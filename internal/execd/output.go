@@ -1,0 +1,119 @@
+package execd
+
+import (
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// outputLog is a command's merged output file (served by /command/{id}/logs).
+type outputLog struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func (l *outputLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Write(p)
+}
+
+// outputPipe copies one of a child's output pipes into the command's log
+// and, until the stream is complete, to a sink (the SSE encoder).
+//
+// The stream must end as soon as the process has exited and its output is
+// flushed, even if a grandchild (`server &`) still holds the pipe open. So
+// on exit, markExited sets an immediate read deadline; the copier then
+// drains what the kernel has buffered with non-blocking reads, detaches the
+// sink and closes flushed. It keeps copying into the log until EOF, so a
+// lingering grandchild never gets EPIPE.
+type outputPipe struct {
+	r   *os.File
+	log io.Writer
+
+	mu      sync.Mutex
+	sink    func([]byte) // nil once flushed
+	flushed chan struct{}
+	once    sync.Once
+}
+
+func newOutputPipe(r *os.File, log io.Writer, sink func([]byte)) *outputPipe {
+	return &outputPipe{r: r, log: log, sink: sink, flushed: make(chan struct{})}
+}
+
+func (p *outputPipe) deliver(b []byte) {
+	p.log.Write(b)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sink != nil {
+		p.sink(b)
+	}
+}
+
+func (p *outputPipe) markFlushed() {
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.sink = nil
+		p.mu.Unlock()
+		close(p.flushed)
+	})
+}
+
+// markExited is called once the child has been reaped.
+func (p *outputPipe) markExited() { p.r.SetReadDeadline(time.Now()) }
+
+// run copies until EOF; call it in its own goroutine.
+func (p *outputPipe) run() {
+	defer p.r.Close()
+	defer p.markFlushed()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := p.r.Read(buf)
+		if n > 0 {
+			p.deliver(buf[:n])
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return // EOF (all writers gone) or a read error
+		}
+		p.r.SetReadDeadline(time.Time{})
+		eof := p.drain(buf)
+		p.markFlushed()
+		if eof {
+			return
+		}
+	}
+}
+
+// drain reads what is buffered without blocking; it reports EOF.
+func (p *outputPipe) drain(buf []byte) (eof bool) {
+	rc, err := p.r.SyscallConn()
+	if err != nil {
+		return false
+	}
+	for {
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, rerr = syscall.Read(int(fd), buf)
+			return true
+		}); err != nil {
+			return false
+		}
+		if rerr == syscall.EINTR {
+			continue
+		}
+		if rerr != nil {
+			return false // EAGAIN: nothing more buffered
+		}
+		if n == 0 {
+			return true
+		}
+		p.deliver(buf[:n])
+	}
+}

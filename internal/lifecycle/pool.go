@@ -1,0 +1,491 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/store"
+)
+
+// PoolBucket is the store bucket holding pool definitions.
+const PoolBucket = "pools"
+
+// PoolTemplate is what every sandbox of a pool is created from.
+type PoolTemplate struct {
+	Image          string            `json:"image"`
+	Entrypoint     []string          `json:"entrypoint"`
+	Env            map[string]string `json:"env,omitempty"`
+	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
+	Extensions     map[string]string `json:"extensions,omitempty"`
+}
+
+// Capacity bounds a pool, with OpenSandbox's capacitySpec names: the idle
+// (warm) buffer is refilled to BufferMax whenever it falls below
+// BufferMin, the pool never holds more than PoolMax sandboxes in all
+// (idle + claimed), and at least PoolMin exist.
+type Capacity struct {
+	BufferMin int `json:"bufferMin"`
+	BufferMax int `json:"bufferMax"`
+	PoolMin   int `json:"poolMin"`
+	PoolMax   int `json:"poolMax"`
+}
+
+// Pool is a named warm pool definition.
+type Pool struct {
+	Name      string       `json:"name"`
+	Template  PoolTemplate `json:"template"`
+	Capacity  Capacity     `json:"capacitySpec"`
+	CreatedAt time.Time    `json:"createdAt"`
+	// Revision changes whenever the template changes; idle sandboxes of an
+	// older revision are replaced.
+	Revision int `json:"revision"`
+}
+
+// PoolStatus counts a pool's sandboxes.
+type PoolStatus struct {
+	Total     int `json:"total"`
+	Allocated int `json:"allocated"`
+	Available int `json:"available"`
+	Revision  int `json:"revision"`
+}
+
+// pool is the in-memory state of one pool. idle holds warm, unclaimed
+// sandboxes (hidden from the Lifecycle API); allocated counts claimed ones
+// still alive; creating counts warm creates in flight.
+type pool struct {
+	mu        sync.Mutex
+	def       Pool
+	idle      []*entry
+	allocated map[string]bool
+	creating  int
+	filling   bool
+	wake      chan struct{}
+	stop      chan struct{}
+	deleted   bool
+}
+
+var poolNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+const maxPoolSize = 10000
+
+func (s *Service) validatePool(p *Pool) error {
+	if !poolNameRe.MatchString(p.Name) {
+		return errdefs.Invalid("POOL::INVALID_NAME", "pool name must be a DNS label (lowercase alphanumerics and '-', at most 63)")
+	}
+	c := p.Capacity
+	if c.BufferMin < 0 || c.BufferMax < 0 || c.PoolMin < 0 || c.PoolMax < 0 {
+		return errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec values must not be negative")
+	}
+	if c.BufferMin > c.BufferMax {
+		return errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec.bufferMin must not exceed bufferMax")
+	}
+	if c.PoolMax == 0 || c.PoolMax > maxPoolSize || c.PoolMin > c.PoolMax || c.BufferMax > c.PoolMax {
+		return errdefs.Invalid("POOL::INVALID_CAPACITY", fmt.Sprintf("capacitySpec needs poolMin <= poolMax, bufferMax <= poolMax and 1 <= poolMax <= %d", maxPoolSize))
+	}
+	// The template must be a valid create request on its own.
+	_, err := s.validate(CreateRequest{Image: p.Template.Image, Entrypoint: p.Template.Entrypoint,
+		Env: p.Template.Env, ResourceLimits: p.Template.ResourceLimits, Extensions: p.Template.Extensions})
+	return err
+}
+
+// CreatePool defines a pool and starts filling it.
+func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
+	if err := s.validatePool(&p); err != nil {
+		return Pool{}, err
+	}
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	if _, ok := s.pools[p.Name]; ok {
+		return Pool{}, errdefs.WithPublic(fmt.Errorf("pool %q: %w", p.Name, errdefs.ErrAlreadyExists), "POOL::ALREADY_EXISTS", fmt.Sprintf("pool %s already exists", p.Name))
+	}
+	p.CreatedAt = s.now()
+	p.Revision = 1
+	if err := s.deps.Store.Put(PoolBucket, p.Name, &p); err != nil {
+		return Pool{}, err
+	}
+	s.startPool(p, nil)
+	return p, nil
+}
+
+// UpdatePool replaces a pool's template and capacity. Idle sandboxes of the
+// old template are replaced in the background; claimed ones are untouched.
+func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
+	if err := s.validatePool(&p); err != nil {
+		return Pool{}, err
+	}
+	pl, err := s.getPool(p.Name)
+	if err != nil {
+		return Pool{}, err
+	}
+	pl.mu.Lock()
+	p.CreatedAt = pl.def.CreatedAt
+	p.Revision = pl.def.Revision
+	if !templateEqual(p.Template, pl.def.Template) {
+		p.Revision++
+	}
+	if err := s.deps.Store.Put(PoolBucket, p.Name, &p); err != nil {
+		pl.mu.Unlock()
+		return Pool{}, err
+	}
+	pl.def = p
+	pl.mu.Unlock()
+	pl.poke()
+	return p, nil
+}
+
+func templateEqual(a, b PoolTemplate) bool {
+	return a.Image == b.Image && fmt.Sprint(a.Entrypoint) == fmt.Sprint(b.Entrypoint) &&
+		fmt.Sprint(a.Env) == fmt.Sprint(b.Env) && fmt.Sprint(a.ResourceLimits) == fmt.Sprint(b.ResourceLimits) &&
+		fmt.Sprint(a.Extensions) == fmt.Sprint(b.Extensions)
+}
+
+// GetPool returns a pool and its counts.
+func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, error) {
+	pl, err := s.getPool(name)
+	if err != nil {
+		return Pool{}, PoolStatus{}, err
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.def, pl.statusLocked(), nil
+}
+
+// ListPools returns every pool, by name.
+func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
+	s.poolsMu.Lock()
+	names := make([]string, 0, len(s.pools))
+	for n := range s.pools {
+		names = append(names, n)
+	}
+	s.poolsMu.Unlock()
+	sort.Strings(names)
+	var defs []Pool
+	var sts []PoolStatus
+	for _, n := range names {
+		if d, st, err := s.GetPool(ctx, n); err == nil {
+			defs = append(defs, d)
+			sts = append(sts, st)
+		}
+	}
+	return defs, sts
+}
+
+// DeletePool removes a pool and its idle sandboxes. Claimed sandboxes live
+// on as ordinary sandboxes.
+func (s *Service) DeletePool(ctx context.Context, name string) error {
+	s.poolsMu.Lock()
+	pl, ok := s.pools[name]
+	if ok {
+		delete(s.pools, name)
+	}
+	s.poolsMu.Unlock()
+	if !ok {
+		return poolNotFound(name)
+	}
+	pl.mu.Lock()
+	pl.deleted = true
+	idle := pl.idle
+	pl.idle = nil
+	pl.mu.Unlock()
+	close(pl.stop)
+	ctx = context.WithoutCancel(ctx)
+	for _, e := range idle {
+		e.mu.Lock()
+		if err := s.deleteLocked(ctx, e, ReasonStopping); err != nil {
+			s.log.Error("delete idle pool sandbox", "pool", name, "id", e.sb.ID, "err", err)
+		}
+		e.mu.Unlock()
+	}
+	// Claimed sandboxes forget their pool.
+	s.mu.RLock()
+	for _, e := range s.sandboxes {
+		if e.sb.Pool == name && !e.sb.Warm {
+			e.mu.Lock()
+			e.sb.Pool = ""
+			s.persist(e)
+			e.mu.Unlock()
+		}
+	}
+	s.mu.RUnlock()
+	return s.deps.Store.Delete(PoolBucket, name)
+}
+
+func poolNotFound(name string) error {
+	return errdefs.WithPublic(fmt.Errorf("pool %q: %w", name, errdefs.ErrNotFound), "POOL::NOT_FOUND", fmt.Sprintf("pool %s not found", name))
+}
+
+func (s *Service) getPool(name string) (*pool, error) {
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	pl, ok := s.pools[name]
+	if !ok {
+		return nil, poolNotFound(name)
+	}
+	return pl, nil
+}
+
+func (pl *pool) statusLocked() PoolStatus {
+	return PoolStatus{Total: len(pl.idle) + len(pl.allocated) + pl.creating, Allocated: len(pl.allocated),
+		Available: len(pl.idle), Revision: pl.def.Revision}
+}
+
+func (pl *pool) poke() {
+	select {
+	case pl.wake <- struct{}{}:
+	default:
+	}
+}
+
+// startPool registers a pool (with already-warm entries after a restart)
+// and starts its refill loop. The caller holds poolsMu.
+func (s *Service) startPool(def Pool, idle []*entry) *pool {
+	pl := &pool{def: def, idle: idle, allocated: map[string]bool{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	s.pools[def.Name] = pl
+	s.poolWG.Add(1)
+	go func() {
+		defer s.poolWG.Done()
+		s.refillLoop(pl)
+	}()
+	pl.poke()
+	return pl
+}
+
+// refillLoop keeps pl's idle buffer within capacity until the pool is
+// deleted or the service is closed.
+func (s *Service) refillLoop(pl *pool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-pl.stop:
+		case <-s.closing:
+		}
+		cancel()
+	}()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		s.refill(ctx, pl)
+		select {
+		case <-ctx.Done():
+			return
+		case <-pl.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// warmConcurrency bounds warm creates in flight per pool.
+const warmConcurrency = 4
+
+func (s *Service) refill(ctx context.Context, pl *pool) {
+	pl.mu.Lock()
+	if pl.deleted {
+		pl.mu.Unlock()
+		return
+	}
+	def := pl.def
+	// Idle sandboxes of an old template revision are replaced.
+	var stale []*entry
+	keep := pl.idle[:0]
+	for _, e := range pl.idle {
+		// TryLock: the lock order elsewhere is e.mu before pl.mu.
+		if !e.mu.TryLock() {
+			keep = append(keep, e)
+			continue
+		}
+		bad := e.sb.PoolRevision != def.Revision || e.sb.Status.State != StateRunning
+		e.mu.Unlock()
+		if bad {
+			stale = append(stale, e)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	pl.idle = keep
+	// Trim an idle buffer above BufferMax (after a capacity update).
+	for len(pl.idle) > def.Capacity.BufferMax {
+		stale = append(stale, pl.idle[len(pl.idle)-1])
+		pl.idle = pl.idle[:len(pl.idle)-1]
+	}
+	st := pl.statusLocked()
+	avail := st.Available + pl.creating
+	// Hysteresis: a refill starts when the buffer drops below BufferMin
+	// (or the pool below PoolMin) and runs until BufferMax is reached.
+	if avail < def.Capacity.BufferMin || st.Total < def.Capacity.PoolMin {
+		pl.filling = true
+	}
+	need := 0
+	if pl.filling {
+		need = max(def.Capacity.BufferMax-avail, def.Capacity.PoolMin-st.Total)
+		if need <= 0 {
+			pl.filling = false
+			need = 0
+		}
+	}
+	need = max(0, min(need, def.Capacity.PoolMax-st.Total, warmConcurrency-pl.creating))
+	pl.creating += need
+	pl.mu.Unlock()
+
+	for _, e := range stale {
+		e.mu.Lock()
+		if err := s.deleteLocked(ctx, e, ReasonStopping); err != nil {
+			s.log.Error("delete stale pool sandbox", "pool", def.Name, "id", e.sb.ID, "err", err)
+		}
+		e.mu.Unlock()
+	}
+	for i := 0; i < need; i++ {
+		go func() {
+			e, err := s.createWarm(ctx, def)
+			pl.mu.Lock()
+			pl.creating--
+			if err == nil {
+				if pl.deleted || ctx.Err() != nil {
+					err = errPoolGone
+				} else {
+					pl.idle = append(pl.idle, e)
+				}
+			}
+			pl.mu.Unlock()
+			if err != nil {
+				if e != nil {
+					e.mu.Lock()
+					s.deleteLocked(context.Background(), e, ReasonStopping)
+					e.mu.Unlock()
+				}
+				if err != errPoolGone {
+					s.log.Warn("warm pool create failed", "pool", def.Name, "err", err)
+					select { // back off before retrying
+					case <-ctx.Done():
+					case <-time.After(time.Second):
+					}
+				}
+			}
+			pl.poke()
+		}()
+	}
+}
+
+var errPoolGone = fmt.Errorf("pool gone: %w", errdefs.ErrNotFound)
+
+// createWarm provisions one idle sandbox of def. Warm sandboxes have no
+// expiry; their record is persisted so the pool survives a restart.
+func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
+	t := def.Template
+	sb, err := s.validate(CreateRequest{Image: t.Image, Entrypoint: t.Entrypoint, Env: t.Env,
+		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions})
+	if err != nil {
+		return nil, err
+	}
+	sb.Pool, sb.PoolRevision, sb.Warm = def.Name, def.Revision, true
+	e := &entry{sb: sb}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.mu.Lock()
+	s.sandboxes[sb.ID] = e
+	s.mu.Unlock()
+	if err := s.provision(ctx, e, nil); err != nil {
+		s.mu.Lock()
+		delete(s.sandboxes, sb.ID)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return e, nil
+}
+
+// claim takes up to n idle sandboxes of a pool. The caller owns them (their
+// locks are not held) and must finish or release them.
+func (s *Service) claim(name string, n int) ([]*entry, error) {
+	pl, err := s.getPool(name)
+	if err != nil {
+		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	k := min(n, len(pl.idle))
+	got := append([]*entry(nil), pl.idle[len(pl.idle)-k:]...)
+	pl.idle = pl.idle[:len(pl.idle)-k]
+	for _, e := range got {
+		pl.allocated[e.sb.ID] = true
+	}
+	pl.poke()
+	return got, nil
+}
+
+// poolTemplateFor returns the template of a pool, for cold creates.
+func (s *Service) poolTemplateFor(name string) (Pool, error) {
+	pl, err := s.getPool(name)
+	if err != nil {
+		return Pool{}, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.def, nil
+}
+
+// released tells a pool that one of its claimed sandboxes is gone.
+func (s *Service) released(poolName, id string) {
+	if poolName == "" {
+		return
+	}
+	pl, err := s.getPool(poolName)
+	if err != nil {
+		return
+	}
+	pl.mu.Lock()
+	delete(pl.allocated, id)
+	pl.mu.Unlock()
+	pl.poke()
+}
+
+// recoverPools loads pool definitions and hands recovered warm sandboxes
+// back to their pools. Called by Recover after sandboxes are loaded.
+func (s *Service) recoverPools() error {
+	defs, err := store.List[Pool](s.deps.Store, PoolBucket)
+	if err != nil {
+		return fmt.Errorf("load pools: %w", err)
+	}
+	idle := map[string][]*entry{}
+	allocated := map[string][]string{}
+	s.mu.RLock()
+	for _, e := range s.sandboxes {
+		if e.sb.Pool == "" {
+			continue
+		}
+		if e.sb.Warm && e.sb.Status.State == StateRunning {
+			idle[e.sb.Pool] = append(idle[e.sb.Pool], e)
+		} else if !e.sb.Warm && !isTerminal(e.sb.Status.State) {
+			allocated[e.sb.Pool] = append(allocated[e.sb.Pool], e.sb.ID)
+		}
+	}
+	s.mu.RUnlock()
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	known := map[string]bool{}
+	for _, d := range defs {
+		known[d.Name] = true
+		pl := s.startPool(d, idle[d.Name])
+		pl.mu.Lock()
+		for _, id := range allocated[d.Name] {
+			pl.allocated[id] = true
+		}
+		pl.mu.Unlock()
+	}
+	// Warm sandboxes of a pool that no longer exists are removed.
+	for name, es := range idle {
+		if known[name] {
+			continue
+		}
+		for _, e := range es {
+			e.mu.Lock()
+			s.deleteLocked(context.Background(), e, ReasonStopping)
+			e.mu.Unlock()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,259 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/fake"
+)
+
+func testPool(name string, bmin, bmax, pmax int) Pool {
+	return Pool{Name: name, Template: PoolTemplate{Image: "busybox", Entrypoint: []string{"tail", "-f", "/dev/null"},
+		Env: map[string]string{"A": "1"}}, Capacity: Capacity{BufferMin: bmin, BufferMax: bmax, PoolMax: pmax}}
+}
+
+// waitIdle waits until the pool has want idle sandboxes and nothing in flight.
+func waitIdle(t *testing.T, svc *Service, name string, want int) PoolStatus {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, st, err := svc.GetPool(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl, _ := svc.getPool(name)
+		pl.mu.Lock()
+		creating := pl.creating
+		pl.mu.Unlock()
+		if st.Available == want && creating == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %s: %+v (creating %d), want %d idle", name, st, creating, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestPoolFillClaimRefill(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	if _, err := h.svc.CreatePool(ctx, testPool("p", 2, 4, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.svc.CreatePool(ctx, testPool("p", 1, 1, 1)); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("duplicate pool: %v", err)
+	}
+	waitIdle(t, h.svc, "p", 4)
+	// Warm sandboxes are invisible to the Lifecycle API.
+	if _, total := h.svc.List(ctx, ListFilter{}, 1, 100); total != 0 {
+		t.Fatalf("warm sandboxes listed: %d", total)
+	}
+	// A claim takes a warm one (no runtime create) and applies its settings.
+	before, _ := h.rt.List(ctx)
+	r := CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}, Env: map[string]string{"B": "2"},
+		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute}
+	sb, err := h.svc.Create(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Status.State != StateRunning || sb.Metadata["owner"] != "me" || sb.Env["A"] != "1" || sb.Env["B"] != "2" ||
+		sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
+		t.Fatalf("claimed %+v", sb)
+	}
+	found := false
+	for _, st := range before {
+		found = found || st.ID == sb.ID
+	}
+	if !found {
+		t.Fatal("claim created a new sandbox instead of taking a warm one")
+	}
+	if _, err := h.svc.Get(ctx, sb.ID); err != nil {
+		t.Fatalf("claimed sandbox not visible: %v", err)
+	}
+	var rec Sandbox
+	if err := h.db.Get(Bucket, sb.ID, &rec); err != nil || rec.Warm || rec.Metadata["owner"] != "me" {
+		t.Fatalf("claim not persisted: %+v %v", rec, err)
+	}
+	_, st, _ := h.svc.GetPool(ctx, "p")
+	if st.Allocated != 1 {
+		t.Fatalf("status after claim %+v", st)
+	}
+	// Three claims drop the buffer below bufferMin: refill to bufferMax,
+	// capped by poolMax (6 total: 4 claimed + 2 idle).
+	for i := 0; i < 3; i++ {
+		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st = waitIdle(t, h.svc, "p", 2)
+	if st.Total != 6 || st.Allocated != 4 {
+		t.Fatalf("after refill %+v", st)
+	}
+	// Deleting a claimed sandbox frees pool capacity.
+	if err := h.svc.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, st, _ = h.svc.GetPool(ctx, "p"); st.Allocated != 3 {
+		t.Fatalf("after delete %+v", st)
+	}
+}
+
+func TestPoolClaimValidation(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	h.svc.CreatePool(ctx, testPool("p", 1, 1, 2))
+	waitIdle(t, h.svc, "p", 1)
+	for name, r := range map[string]CreateRequest{
+		"other image":      {Image: "alpine", Extensions: map[string]string{ExtPoolRef: "p"}},
+		"other entrypoint": {Entrypoint: []string{"sh"}, Extensions: map[string]string{ExtPoolRef: "p"}},
+		"bad metadata":     {Metadata: map[string]string{"a b": "c"}, Extensions: map[string]string{ExtPoolRef: "p"}},
+		"short timeout":    {Timeout: time.Second, Extensions: map[string]string{ExtPoolRef: "p"}},
+		"unknown pool":     {Extensions: map[string]string{ExtPoolRef: "nope"}},
+	} {
+		if _, err := h.svc.Create(ctx, r); err == nil {
+			t.Errorf("%s: claim accepted", name)
+		}
+	}
+	// Bad claims took nothing from the pool.
+	waitIdle(t, h.svc, "p", 1)
+	for _, p := range []Pool{testPool("Bad_Name", 0, 1, 1), testPool("q", 2, 1, 3), testPool("q", 0, 5, 3), testPool("q", 0, 0, 0)} {
+		if _, err := h.svc.CreatePool(ctx, p); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("pool %+v accepted: %v", p.Capacity, err)
+		}
+	}
+	bad := testPool("q", 0, 1, 1)
+	bad.Template.Entrypoint = nil
+	if _, err := h.svc.CreatePool(ctx, bad); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("template without entrypoint accepted: %v", err)
+	}
+}
+
+func TestBatchFromPoolWithColdFill(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	h.svc.CreatePool(ctx, testPool("p", 0, 5, 100))
+	// bufferMin 0: fill only happens below poolMin; start the fill by hand.
+	pl, _ := h.svc.getPool("p")
+	pl.mu.Lock()
+	pl.filling = true
+	pl.mu.Unlock()
+	pl.poke()
+	waitIdle(t, h.svc, "p", 5)
+	sbs, err := h.svc.CreateBatch(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"},
+		Metadata: map[string]string{"batch": "1"}}, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, sb := range sbs {
+		if sb.Status.State != StateRunning || sb.Metadata["batch"] != "1" || sb.Pool != "p" {
+			t.Fatalf("batch member %+v", sb)
+		}
+		ids[sb.ID] = true
+	}
+	if len(ids) != 12 {
+		t.Fatalf("%d distinct sandboxes, want 12", len(ids))
+	}
+	if _, total := h.svc.List(ctx, ListFilter{Metadata: map[string]string{"batch": "1"}}, 1, 100); total != 12 {
+		t.Fatalf("listed %d", total)
+	}
+	_, st, _ := h.svc.GetPool(ctx, "p")
+	if st.Allocated != 12 {
+		t.Fatalf("pool status %+v", st)
+	}
+	if _, err := h.svc.CreateBatch(ctx, req(time.Hour), 0); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("count 0: %v", err)
+	}
+	cold, err := h.svc.CreateBatch(ctx, req(time.Hour), 3)
+	if err != nil || len(cold) != 3 {
+		t.Fatalf("cold batch: %v", err)
+	}
+}
+
+func TestBatchAllOrNothing(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	h.hooks.Create = func(runtime.Spec) error {
+		if calls.Add(1) == 3 {
+			return fmt.Errorf("third create fails: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	if _, err := h.svc.CreateBatch(ctx, req(time.Hour), 5); err == nil {
+		t.Fatal("batch with a failing member succeeded")
+	}
+	if _, total := h.svc.List(ctx, ListFilter{States: []State{StateRunning}}, 1, 100); total != 0 {
+		t.Fatalf("%d running sandboxes left by a failed batch", total)
+	}
+	if l, _ := h.rt.List(ctx); len(l) != 0 {
+		t.Fatalf("runtime holds %d after a failed batch", len(l))
+	}
+}
+
+func TestPoolSurvivesRestart(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.svc.CreatePool(ctx, testPool("p", 2, 3, 10))
+	waitIdle(t, h.svc, "p", 3)
+	claimed, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "p", 2)
+	h.svc.Close()
+
+	h.rt = h.rt.Reopen(fake.Hooks{})
+	svc, err := New(Config{}, Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	def, st, err := svc.GetPool(ctx, "p")
+	if err != nil || def.Capacity.BufferMax != 3 {
+		t.Fatalf("pool after restart: %+v %v", def, err)
+	}
+	if st.Allocated != 1 {
+		t.Fatalf("ledger after restart: %+v", st)
+	}
+	waitIdle(t, svc, "p", 2)
+	// The claimed one is an ordinary sandbox; the idle ones are claimable.
+	if _, err := svc.Get(ctx, claimed.ID); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := h.rt.List(ctx)
+	sb, err := svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}})
+	if err != nil || sb.ID == claimed.ID {
+		t.Fatalf("claim after restart: %+v %v", sb, err)
+	}
+	warm := false
+	for _, b := range before {
+		warm = warm || b.ID == sb.ID
+	}
+	if !warm {
+		t.Fatal("claim after restart did not reuse a recovered warm sandbox")
+	}
+	// Deleting the pool removes idle sandboxes but not claimed ones.
+	if err := svc.DeletePool(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := h.rt.List(ctx)
+	if len(l) != 2 {
+		t.Fatalf("runtime holds %d after pool delete, want the 2 claimed", len(l))
+	}
+	if _, _, err := svc.GetPool(ctx, "p"); !errdefs.IsNotFound(err) {
+		t.Fatal(err)
+	}
+}
