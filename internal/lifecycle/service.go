@@ -489,7 +489,10 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if s.sandboxes[id] == nil { // deleted while we waited for the lock
+	s.mu.RLock()
+	gone := s.sandboxes[id] != e // deleted while we waited for the lock
+	s.mu.RUnlock()
+	if gone {
 		return notFound(id)
 	}
 	return s.deleteLocked(context.WithoutCancel(ctx), e, "")
