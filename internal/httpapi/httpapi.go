@@ -81,6 +81,12 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("POST "+p+"/sandboxes/{id}/renew-expiration", h(s.renew))
 		mux.Handle("PATCH "+p+"/sandboxes/{id}/metadata", h(s.patchMetadata))
 		mux.Handle("GET "+p+"/sandboxes/{id}/endpoints/{port}", h(s.endpoint))
+		mux.Handle("POST "+p+"/sandboxes/batch", h(s.createBatch))
+		mux.Handle("POST "+p+"/pools", h(s.createPool))
+		mux.Handle("GET "+p+"/pools", h(s.listPools))
+		mux.Handle("GET "+p+"/pools/{name}", h(s.getPool))
+		mux.Handle("PUT "+p+"/pools/{name}", h(s.updatePool))
+		mux.Handle("DELETE "+p+"/pools/{name}", h(s.deletePool))
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
 	}
@@ -157,16 +163,23 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
+	web.WriteJSON(w, http.StatusAccepted, createResponse(sb))
+	return nil
+}
+
+func createResponse(sb lifecycle.Sandbox) createSandboxResponse {
 	resp := createSandboxResponse{
 		ID: sb.ID, Status: statusJSON(sb.Status), Metadata: sb.Metadata, Platform: sb.Platform,
 		CreatedAt: ts(sb.CreatedAt), Entrypoint: sb.Entrypoint,
 	}
+	if resp.Metadata == nil {
+		resp.Metadata = map[string]string{}
+	}
 	if sb.ExpiresAt != nil {
 		resp.ExpiresAt = ts(*sb.ExpiresAt)
 	}
-	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
-	web.WriteJSON(w, http.StatusAccepted, resp)
-	return nil
+	return resp
 }
 
 func toCreateRequest(b createSandboxRequest) (lifecycle.CreateRequest, error) {

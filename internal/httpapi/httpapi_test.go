@@ -41,7 +41,7 @@ func newAPI(t *testing.T) *httptest.Server {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(httpapi.New(httpapi.Config{APIKey: key}, svc, log).Handler())
-	t.Cleanup(func() { srv.Close(); rt.Close(); db.Close() })
+	t.Cleanup(func() { srv.Close(); svc.Close(); rt.Close(); db.Close() })
 	return srv
 }
 
@@ -241,5 +241,68 @@ func TestBadInput(t *testing.T) {
 		if code != c.code || (c.errCode != "" && (m["code"] != c.errCode || m["message"] == "")) {
 			t.Errorf("%s %s %s: %d %v, want %d %s", c.method, c.path, c.body, code, m, c.code, c.errCode)
 		}
+	}
+}
+
+func TestPoolsAndBatch(t *testing.T) {
+	srv := newAPI(t)
+	pool := `{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["tail","-f","/dev/null"]},"capacitySpec":{"bufferMin":1,"bufferMax":2,"poolMin":0,"poolMax":10}}`
+	code, m, _ := call(t, srv, "POST", "/v1/pools", pool)
+	if code != 201 || m["name"] != "warm" || m["status"] == nil || m["capacitySpec"].(map[string]any)["bufferMax"].(float64) != 2 {
+		t.Fatalf("create pool: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/pools", pool); code != 409 || m["code"] != "POOL::ALREADY_EXISTS" {
+		t.Fatalf("duplicate pool: %d %v", code, m)
+	}
+	for _, bad := range []string{`{"name":"x"}`, `{"name":"x","template":{"image":{"uri":"b"},"entrypoint":["sh"]}}`,
+		`{"name":"X!","template":{"image":{"uri":"b"},"entrypoint":["sh"]},"capacitySpec":{"poolMax":1}}`} {
+		if code, m, _ := call(t, srv, "POST", "/v1/pools", bad); code != 400 || m["code"] == "" {
+			t.Errorf("bad pool %s: %d %v", bad, code, m)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, m, _ = call(t, srv, "GET", "/v1/pools/warm", "")
+		if m["status"].(map[string]any)["available"].(float64) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never filled: %v", m)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	code, m, _ = call(t, srv, "POST", "/v1/sandboxes/batch", `{"count":3,"extensions":{"poolRef":"warm"},"metadata":{"b":"1"},"timeout":300}`)
+	if code != 202 || len(m["items"].([]any)) != 3 {
+		t.Fatalf("batch: %d %v", code, m)
+	}
+	for _, it := range m["items"].([]any) {
+		item := it.(map[string]any)
+		if item["status"].(map[string]any)["state"] != "Running" || item["expiresAt"] == nil || item["metadata"].(map[string]any)["b"] != "1" {
+			t.Fatalf("batch item %v", item)
+		}
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/batch", `{"count":0,"extensions":{"poolRef":"warm"}}`); code != 400 {
+		t.Fatalf("count 0: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes", `{"extensions":{"poolRef":"nope"}}`); code != 400 || m["code"] != "SANDBOX::INVALID_POOL_REF" {
+		t.Fatalf("unknown pool: %d %v", code, m)
+	}
+	code, m, _ = call(t, srv, "GET", "/v1/pools", "")
+	if code != 200 || len(m["items"].([]any)) != 1 {
+		t.Fatalf("list pools: %d %v", code, m)
+	}
+	if code, _, _ := call(t, srv, "PUT", "/v1/pools/warm", strings.Replace(pool, `"bufferMax":2`, `"bufferMax":3`, 1)); code != 200 {
+		t.Fatalf("update pool: %d", code)
+	}
+	if code, _, _ := call(t, srv, "DELETE", "/v1/pools/warm", ""); code != 204 {
+		t.Fatalf("delete pool: %d", code)
+	}
+	if code, m, _ := call(t, srv, "GET", "/v1/pools/warm", ""); code != 404 || m["code"] != "POOL::NOT_FOUND" {
+		t.Fatalf("deleted pool: %d %v", code, m)
+	}
+	// Claimed sandboxes outlive their pool.
+	_, m, _ = call(t, srv, "GET", "/v1/sandboxes?metadata=b%3D1", "")
+	if m["pagination"].(map[string]any)["totalItems"].(float64) != 3 {
+		t.Fatalf("claimed sandboxes after pool delete: %v", m)
 	}
 }

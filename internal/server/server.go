@@ -122,6 +122,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 // Close releases the stores and the runtime (it does not stop sandboxes).
 func (s *Server) Close() {
+	if s.svc != nil {
+		s.svc.Close()
+	}
 	if s.closeRT != nil {
 		s.closeRT()
 	}
