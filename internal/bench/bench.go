@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	goruntime "runtime"
 	"sort"
 	"strings"
 	"time"
@@ -63,13 +64,25 @@ type CreateOptions struct {
 	Image        string
 	RuntimeClass string // "" = server default
 	Entrypoint   []string
+	poolRef      string
 }
 
 // Create creates one sandbox and returns its id.
 func (c *Client) Create(ctx context.Context, o CreateOptions) (string, error) {
-	body := map[string]any{"image": map[string]string{"uri": o.Image}, "entrypoint": o.Entrypoint}
+	body := map[string]any{}
+	if o.Image != "" {
+		body["image"] = map[string]string{"uri": o.Image}
+		body["entrypoint"] = o.Entrypoint
+	}
+	ext := map[string]string{}
 	if o.RuntimeClass != "" {
-		body["extensions"] = map[string]string{"moat.runtime": o.RuntimeClass}
+		ext["moat.runtime"] = o.RuntimeClass
+	}
+	if o.poolRef != "" {
+		ext["poolRef"] = o.poolRef
+	}
+	if len(ext) > 0 {
+		body["extensions"] = ext
 	}
 	var out struct {
 		ID     string
@@ -175,3 +188,5 @@ func (p Percentiles) String() string {
 	r := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
 	return fmt.Sprintf("n=%d p50=%s p90=%s p99=%s min=%s max=%s mean=%s", p.N, r(p.P50), r(p.P90), r(p.P99), r(p.Min), r(p.Max), r(p.Mean))
 }
+
+func nproc() int { return goruntime.NumCPU() }

@@ -42,6 +42,31 @@ busybox image (from the host's busybox-static) in a loopback registry.`,
 	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", 1, "creates in flight at once")
-	cmd.AddCommand(create)
+	cmd.AddCommand(create, newBenchPoolCommand())
+	return cmd
+}
+
+func newBenchPoolCommand() *cobra.Command {
+	var o bench.PoolBenchOptions
+	cmd := &cobra.Command{
+		Use:   "pool",
+		Short: "warm claim p50/p99, batch from a warm pool, cold batch, memory per sandbox",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.APIKey == "" {
+				o.APIKey = os.Getenv("MOAT_API_KEY")
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			return bench.RunPool(cmd.Context(), o, cmd.OutOrStdout(), log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
+	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
+	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
+	f.StringVar(&o.RuntimeClass, "runtime-class", "crun", "runtime class of the pool sandboxes")
+	f.IntVar(&o.Claims, "claims", 100, "single warm claims to time")
+	f.IntVar(&o.Batch, "batch", 100, "size of the batch from a warm pool")
+	f.IntVar(&o.Cold, "cold", 1000, "sandboxes to create cold in one batch (0 = skip)")
 	return cmd
 }
