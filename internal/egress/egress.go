@@ -65,6 +65,10 @@ type Config struct {
 	MaxNames int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Unattached is the address range of sandboxes that may use the DNS
+	// proxy without being attached (no network policy: allow all names).
+	// Unset means such queries are refused.
+	Unattached netip.Prefix
 }
 
 // Enforcer applies network policies to sandboxes. It is safe for
@@ -108,9 +112,17 @@ func New(cfg Config) (*Enforcer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	proxy, err := dnsproxy.New(dnsproxy.Config{
+	dcfg := dnsproxy.Config{
 		Upstreams: cfg.Upstreams, Timeout: cfg.Timeout, MinTTL: cfg.MinTTL, MaxTTL: cfg.MaxTTL, Logger: cfg.Logger,
-	})
+	}
+	if cfg.Unattached.IsValid() {
+		m, err := policy.Compile(policy.AllowAll())
+		if err != nil {
+			return nil, err
+		}
+		dcfg.Fallback, dcfg.FallbackPrefix = dnsproxy.NewClient(m, nil), cfg.Unattached
+	}
+	proxy, err := dnsproxy.New(dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}

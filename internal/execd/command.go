@@ -370,8 +370,8 @@ func (s *Server) runForeground(w http.ResponseWriter, r *http.Request, c *comman
 	return nil
 }
 
-func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request) error {
-	c, err := s.getCommand(r.PathValue("id"))
+func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request, id string) error {
+	c, err := s.getCommand(id)
 	if err != nil {
 		return err
 	}
@@ -381,8 +381,8 @@ func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request) err
 // handleCommandLogs returns the merged output from byte offset cursor to
 // the current end, and the new end offset in EXECD-COMMANDS-TAIL-CURSOR (as
 // upstream does: a cursor beyond the end is clamped to it).
-func (s *Server) handleCommandLogs(w http.ResponseWriter, r *http.Request) error {
-	c, err := s.getCommand(r.PathValue("id"))
+func (s *Server) handleCommandLogs(w http.ResponseWriter, r *http.Request, id string) error {
+	c, err := s.getCommand(id)
 	if err != nil {
 		return err
 	}

@@ -189,8 +189,16 @@ func (s *Server) routes() http.Handler {
 
 	h("POST /command", s.handleRunCommand)
 	h("DELETE /command", s.handleInterruptCommand)
-	h("GET /command/status/{id}", s.handleCommandStatus)
-	h("GET /command/{id}/logs", s.handleCommandLogs)
+	// GET /command/status/{id} and GET /command/{id}/logs overlap as
+	// ServeMux patterns, so one pattern dispatches both.
+	h("GET /command/{a}/{b}", func(w http.ResponseWriter, r *http.Request) error {
+		if a, b := r.PathValue("a"), r.PathValue("b"); a == "status" {
+			return s.handleCommandStatus(w, r, b)
+		} else if b == "logs" {
+			return s.handleCommandLogs(w, r, a)
+		}
+		return errdefs.WithPublic(errdefs.ErrNotFound, CodeUnknown, "route not found: "+r.Method+" "+r.URL.Path)
+	})
 
 	s.fileRoutes(h)
 	s.extraRoutes(h, mux)

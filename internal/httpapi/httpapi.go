@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
@@ -87,6 +88,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("GET "+p+"/pools/{name}", h(s.getPool))
 		mux.Handle("PUT "+p+"/pools/{name}", h(s.updatePool))
 		mux.Handle("DELETE "+p+"/pools/{name}", h(s.deletePool))
+		mux.Handle(p+"/sandboxes/{id}/egress/{path...}", s.web.Handle(s.egress))
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
 	}
@@ -103,7 +105,8 @@ func isPublic(path string) bool {
 	}
 	if rest, ok := strings.CutPrefix(p, "/sandboxes/"); ok {
 		parts := strings.SplitN(rest, "/", 3)
-		return len(parts) >= 2 && parts[1] == "proxy"
+		// The egress API authenticates with its own per-sandbox token.
+		return len(parts) >= 2 && (parts[1] == "proxy" || parts[1] == "egress")
 	}
 	return false
 }
@@ -382,18 +385,52 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 		}
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "signed endpoints are not supported by this server")
 	}
+	host := s.cfg.PublicAddress
+	if host == "" {
+		host = r.Host
+	}
+	if port == EgressPort {
+		// The egress sidecar port of upstream maps to the server's egress
+		// API for sandboxes that have a network policy.
+		tok, err := s.svc.EgressToken(id)
+		if err != nil {
+			return err
+		}
+		if tok != "" {
+			web.WriteJSON(w, http.StatusOK, endpointJSON{Endpoint: fmt.Sprintf("%s/sandboxes/%s/egress", host, id),
+				Headers: map[string]string{egress.AuthHeader: tok}})
+			return nil
+		}
+	}
 	ep, err := s.svc.Endpoint(r.Context(), id, port)
 	if err != nil {
 		return err
 	}
 	out := endpointJSON{Endpoint: ep.Address, Headers: ep.Headers}
 	if useProxy {
-		host := s.cfg.PublicAddress
-		if host == "" {
-			host = r.Host
-		}
 		out.Endpoint = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
 	}
 	web.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// EgressPort is the OpenSandbox egress sidecar port.
+const EgressPort = 18080
+
+// egress serves the OpenSandbox egress API (/policy) of one sandbox.
+func (s *Server) egress(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	tok, err := s.svc.EgressToken(id)
+	if err != nil {
+		return err
+	}
+	if tok == "" {
+		return errdefs.WithPublic(errdefs.ErrNotFound, "SANDBOX::NO_NETWORK_POLICY", "sandbox has no network policy")
+	}
+	h := egress.NewHandler(s.svc.EgressPolicies(), id, egress.HandlerOptions{Token: tok, Logger: s.log})
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = "/" + r.PathValue("path")
+	r2.URL.RawPath = ""
+	h.ServeHTTP(w, r2)
 	return nil
 }

@@ -580,9 +580,9 @@ func (s *Store) gc(ctx context.Context, cleanTmp bool) error {
 	})
 }
 
-// removeAllTree is os.RemoveAll that first clears the immutable and
-// append-only attributes images never carry, and makes directories
-// writable, so trees with 0o555 dirs (common in images) can be removed.
+// removeAllTree is os.RemoveAll that, if that fails (without root, on
+// read-only directories, which images commonly contain), makes every
+// directory writable and retries.
 func removeAllTree(dir string) error {
 	err := os.RemoveAll(dir)
 	if err == nil {

@@ -203,6 +203,22 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
 		}
 	}
+	if proto.NetworkPolicy != nil {
+		for _, e := range claimed {
+			st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
+			if err == nil {
+				err = s.attachEgress(ctx, e.sb.ID, st.IP, *proto.NetworkPolicy)
+			}
+			if err != nil {
+				for _, e := range claimed {
+					s.deleteLocked(ctx, e, ReasonStopping) // detaches too
+				}
+				return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+			}
+			np := *proto.NetworkPolicy
+			e.sb.NetworkPolicy, e.sb.EgressToken = &np, newToken()
+		}
+	}
 	kv := make(map[string]any, len(claimed))
 	prev := make([]Sandbox, len(claimed))
 	for i, e := range claimed {

@@ -68,6 +68,12 @@ func (s *Service) Recover(ctx context.Context) error {
 			s.markExited(ctx, e, rst)
 			lost++
 		}
+		if e.sb.NetworkPolicy != nil && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused) {
+			if err := s.attachEgress(ctx, sb.ID, rst.IP, *e.sb.NetworkPolicy); err != nil {
+				// Its old ruleset stays installed in the netns; log loudly.
+				s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
+			}
+		}
 		if e.sb.Status != sb.Status {
 			if err := s.persist(e); err != nil {
 				return err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -55,6 +56,11 @@ type Sandbox struct {
 	Pool string `json:"pool,omitempty"`
 	// PoolRevision is the pool template revision it was created from.
 	PoolRevision int `json:"poolRevision,omitempty"`
+	// NetworkPolicy is the egress policy enforced on the sandbox (nil: none,
+	// all egress allowed). Live changes through the egress API are saved here.
+	NetworkPolicy *policy.NetworkPolicy `json:"networkPolicy,omitempty"`
+	// EgressToken authenticates the sandbox's egress API (OPENSANDBOX-EGRESS-AUTH).
+	EgressToken string `json:"egressToken,omitempty"`
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
 	// the Lifecycle API.
 	Warm bool `json:"warm,omitempty"`
@@ -78,6 +84,11 @@ func (s *Sandbox) clone() Sandbox {
 	if s.ExpiresAt != nil {
 		e := *s.ExpiresAt
 		c.ExpiresAt = &e
+	}
+	if s.NetworkPolicy != nil {
+		p := *s.NetworkPolicy
+		p.Egress = append([]policy.Rule(nil), p.Egress...)
+		c.NetworkPolicy = &p
 	}
 	return c
 }

@@ -15,10 +15,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -32,6 +34,19 @@ const Bucket = "sandboxes"
 type Images interface {
 	// Ensure returns the local image for ref, pulling it if missing.
 	Ensure(ctx context.Context, ref string, auth *image.Auth) (image.Image, error)
+}
+
+// Egress enforces network policies (internal/egress, adapted by the
+// server to locate each sandbox's network namespace).
+type Egress interface {
+	// Attach starts enforcing p on sandbox id, whose address is ip.
+	Attach(ctx context.Context, id string, ip netip.Addr, p policy.NetworkPolicy) error
+	// Detach stops enforcing and removes the rules.
+	Detach(ctx context.Context, id string) error
+	// Get returns the policy in force.
+	Get(id string) (policy.NetworkPolicy, error)
+	// Modify applies fn to the policy in force, atomically.
+	Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error)
 }
 
 // Config tunes the service. Zero values take the documented defaults.
@@ -70,7 +85,9 @@ type Deps struct {
 	Store   *store.DB
 	Runtime runtime.Runtime
 	Images  Images
-	Log     *slog.Logger
+	// Egress is optional; without it networkPolicy is refused (501).
+	Egress Egress
+	Log    *slog.Logger
 	// HTTP is used to ping agents; default a client with short timeouts.
 	HTTP *http.Client
 	// Now is the clock; default time.Now.
@@ -238,8 +255,16 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 			return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("platform %s/%s is not supported by this server (linux/%s only)", p.OS, p.Arch, hostArch()))
 		}
 	}
+	var np *policy.NetworkPolicy
 	if len(req.NetworkPolicy) > 0 {
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported by this server yet")
+		if s.deps.Egress == nil {
+			return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported by this server's runtime")
+		}
+		p, err := policy.Parse(req.NetworkPolicy)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		np = &p
 	}
 	if req.SecureAccess {
 		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess is not supported by this server yet")
@@ -259,7 +284,11 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 		Platform:       req.Platform,
 		CreatedAt:      now,
 		AgentToken:     newToken(),
+		NetworkPolicy:  np,
 		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
+	}
+	if np != nil {
+		sb.EgressToken = newToken()
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -332,6 +361,13 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 	if sb.Class == "" {
 		sb.Class = st.Class
 	}
+	if sb.NetworkPolicy != nil {
+		if err := s.attachEgress(ctx, sb.ID, st.IP, *sb.NetworkPolicy); err != nil {
+			s.cleanupFailed(ctx, sb.ID)
+			s.fail(e, ReasonProvisionFailed, "could not apply the network policy")
+			return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+		}
+	}
 	if err := s.waitAgent(ctx, sb.ID, sb.AgentToken); err != nil {
 		s.cleanupFailed(ctx, sb.ID)
 		s.fail(e, ReasonAgentTimeout, "the sandbox agent did not become ready")
@@ -361,7 +397,18 @@ func publicCause(err error) string {
 	}
 }
 
+func (s *Service) attachEgress(ctx context.Context, id, ipStr string, p policy.NetworkPolicy) error {
+	ip, err := netip.ParseAddr(ipStr)
+	if err != nil {
+		return fmt.Errorf("sandbox %s has no usable address %q for egress: %w", id, ipStr, errdefs.ErrFailedPrecondition)
+	}
+	return s.deps.Egress.Attach(ctx, id, ip, p)
+}
+
 func (s *Service) cleanupFailed(ctx context.Context, id string) {
+	if s.deps.Egress != nil {
+		s.deps.Egress.Detach(ctx, id) // no-op if never attached
+	}
 	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
 		s.log.Error("cleanup of failed sandbox", "id", id, "err", err)
 	}
@@ -506,6 +553,11 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 		reason = ReasonStopping
 	}
 	s.setState(e, StateStopping, reason, "")
+	if e.sb.NetworkPolicy != nil && s.deps.Egress != nil {
+		if err := s.deps.Egress.Detach(ctx, id); err != nil {
+			s.log.Warn("detach egress", "id", id, "err", err)
+		}
+	}
 	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
 		e.sb.Status = prev
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
@@ -720,3 +772,55 @@ func (s *Service) AgentToken(id string) (string, error) {
 }
 
 func isTerminal(st State) bool { return st == StateTerminated || st == StateFailed }
+
+// EgressPolicies is the per-sandbox policy service behind the egress API:
+// changes are enforced live and saved in the sandbox record, so they
+// survive a restart.
+func (s *Service) EgressPolicies() EgressPolicies { return EgressPolicies{s} }
+
+// EgressPolicies implements egress.PolicyService over the lifecycle.
+type EgressPolicies struct{ s *Service }
+
+// Get returns the policy in force on sandbox id.
+func (p EgressPolicies) Get(id string) (policy.NetworkPolicy, error) {
+	if _, err := p.s.get(id); err != nil {
+		return policy.NetworkPolicy{}, err
+	}
+	if p.s.deps.Egress == nil {
+		return policy.NetworkPolicy{}, errdefs.ErrNotFound
+	}
+	return p.s.deps.Egress.Get(id)
+}
+
+// Modify changes the policy of sandbox id and records it.
+func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error) {
+	e, err := p.s.get(id)
+	if err != nil {
+		return policy.NetworkPolicy{}, err
+	}
+	if p.s.deps.Egress == nil {
+		return policy.NetworkPolicy{}, errdefs.ErrNotFound
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	np, err := p.s.deps.Egress.Modify(ctx, id, fn)
+	if err != nil {
+		return np, err
+	}
+	e.sb.NetworkPolicy = &np
+	return np, p.s.persist(e)
+}
+
+// EgressToken returns the egress API token of a sandbox ("" if it has no policy).
+func (s *Service) EgressToken(id string) (string, error) {
+	e, err := s.get(id)
+	if err != nil {
+		return "", err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb.NetworkPolicy == nil {
+		return "", nil
+	}
+	return e.sb.EgressToken, nil
+}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 )
@@ -15,15 +16,24 @@ type deps struct {
 	images *image.Store
 }
 
-// factory builds a backend; the returned func releases it (not its sandboxes).
-type factory func(ctx context.Context, cfg Config, d deps) (runtime.Runtime, func() error, error)
+// backend is a built runtime with its optional egress enforcement.
+type backend struct {
+	rt     runtime.Runtime
+	egress lifecycle.Egress // nil: networkPolicy unsupported
+	// close releases the backend (not its sandboxes).
+	close func() error
+}
+
+// factory builds a backend; ctx bounds its start-up, run lives as long as
+// the server (for background services such as the DNS proxy).
+type factory func(ctx, run context.Context, cfg Config, d deps) (backend, error)
 
 // backends is the explicit backend table; backends_linux.go adds "oci".
 func backends() map[string]factory {
 	m := map[string]factory{
-		"fake": func(ctx context.Context, cfg Config, d deps) (runtime.Runtime, func() error, error) {
+		"fake": func(ctx, run context.Context, cfg Config, d deps) (backend, error) {
 			rt := fake.New(fake.Hooks{})
-			return rt, rt.Close, nil
+			return backend{rt: rt, close: rt.Close}, nil
 		},
 	}
 	addPlatformBackends(m)

@@ -2,12 +2,18 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
 
+	"github.com/moat-sandbox/moat/internal/egress"
+	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
+	"github.com/moat-sandbox/moat/internal/egress/nft"
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
-	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/oci"
 )
 
@@ -15,24 +21,108 @@ func addPlatformBackends(m map[string]factory) {
 	m["oci"] = newOCI
 }
 
-func newOCI(ctx context.Context, cfg Config, d deps) (runtime.Runtime, func() error, error) {
+// newOCI builds the native backend: the sandbox network (bridge, host
+// firewall and NAT), the shared egress DNS proxy on the bridge gateway, and
+// the OCI runtime whose sandboxes use that proxy as their resolver.
+func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error) {
 	subnet, err := netip.ParsePrefix(cfg.Subnet)
 	if err != nil {
-		return nil, nil, err
+		return backend{}, err
 	}
+	netm, err := network.Open(ctx, network.Config{Bridge: cfg.Bridge, Subnet: subnet,
+		StateDir: filepath.Join(cfg.Root, "oci", "network"), NetnsDir: filepath.Join(cfg.RunRoot, "netns")}, d.log)
+	if err != nil {
+		return backend{}, fmt.Errorf("network: %w", err)
+	}
+	gw := netm.Gateway()
+	if err := nft.ApplyHost(ctx, nft.HostConfig{Bridge: netm.Bridge(), Subnet: netm.Subnet(), Gateway: gw}); err != nil {
+		return backend{}, fmt.Errorf("host firewall: %w", err)
+	}
+	enf, err := newEnforcer(cfg, netm, d)
+	if err != nil {
+		return backend{}, err
+	}
+	dnsCtx, stopDNS := context.WithCancel(run)
+	dnsDone := make(chan error, 1)
+	pc, ln, err := dnsproxy.Listen(ctx, netip.AddrPortFrom(gw, 53).String())
+	if err != nil {
+		stopDNS()
+		return backend{}, fmt.Errorf("egress DNS proxy on %s:53: %w", gw, err)
+	}
+	go func() { dnsDone <- enf.Serve(dnsCtx, pc, ln) }()
+	defer func() {
+		if err != nil {
+			stopDNS()
+			<-dnsDone
+		}
+	}()
 	rt, err := oci.New(ctx, oci.Config{
 		Root:         filepath.Join(cfg.Root, "oci"),
 		RunRoot:      cfg.RunRoot,
 		DefaultClass: cfg.RuntimeClass,
+		DNSServers:   []string{gw.String()},
 		// Sandbox inits are reparented to the server when runc exits; it
 		// reaps them (PID 1 of a container host may not).
 		Subreaper: true,
-		Network:      network.Config{Bridge: cfg.Bridge, Subnet: subnet},
-	}, oci.Deps{Images: ociImages{d.images}, Logger: d.log})
+	}, oci.Deps{Images: ociImages{d.images}, Network: netm, Logger: d.log})
 	if err != nil {
-		return nil, nil, err
+		return backend{}, err
 	}
-	return rt, rt.Close, nil
+	closeAll := func() error {
+		stopDNS()
+		<-dnsDone
+		return errors.Join(enf.Close(), rt.Close())
+	}
+	return backend{rt: rt, egress: egressAdapter{enf: enf, netm: netm}, close: closeAll}, nil
+}
+
+func newEnforcer(cfg Config, netm *network.Manager, d deps) (*egress.Enforcer, error) {
+	ups, err := dnsproxy.UpstreamsFromResolvConf("/etc/resolv.conf")
+	if err != nil || len(ups) == 0 {
+		// No host resolver: names resolve to nothing, IP rules still work.
+		d.log.Warn("no upstream DNS resolvers in /etc/resolv.conf; sandbox DNS will fail", "err", err)
+		ups = []string{"127.0.0.1:53"}
+	}
+	blocked := []netip.Prefix{netm.Subnet(), netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("127.0.0.0/8")}
+	blocked = append(blocked, hostAddrs()...)
+	return egress.New(egress.Config{
+		DNS:        netip.AddrPortFrom(netm.Gateway(), 53),
+		Upstreams:  ups,
+		Blocked:    blocked,
+		Logger:     d.log,
+		Unattached: netm.Subnet(),
+	})
+}
+
+// hostAddrs are the host's own addresses, unreachable from any sandbox
+// with a network policy.
+func hostAddrs() []netip.Prefix {
+	var out []netip.Prefix
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				ip = ip.Unmap()
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	return out
+}
+
+// egressAdapter locates each sandbox's network namespace for the enforcer.
+type egressAdapter struct {
+	enf  *egress.Enforcer
+	netm *network.Manager
+}
+
+func (a egressAdapter) Attach(ctx context.Context, id string, ip netip.Addr, p policy.NetworkPolicy) error {
+	return a.enf.Attach(ctx, id, a.netm.NetnsPath(id), ip, p)
+}
+func (a egressAdapter) Detach(ctx context.Context, id string) error { return a.enf.Detach(ctx, id) }
+func (a egressAdapter) Get(id string) (policy.NetworkPolicy, error) { return a.enf.Get(id) }
+func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error) {
+	return a.enf.Modify(ctx, id, fn)
 }
 
 // ociImages adapts the image store to what the OCI backend needs.

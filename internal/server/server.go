@@ -30,6 +30,9 @@ type Server struct {
 	svc     *lifecycle.Service
 	api     *httpapi.Server
 	apiKey  string
+	// runCtx lives until Close: background services of the backend.
+	runCtx  context.Context
+	stopRun context.CancelFunc
 }
 
 // NewLogger returns the server's structured logger at cfg.LogLevel.
@@ -75,11 +78,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if !ok {
 		return nil, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
 	}
-	if s.rt, s.closeRT, err = factory(ctx, cfg, deps{log: log, images: s.images}); err != nil {
+	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
+	be, err := factory(ctx, s.runCtx, cfg, deps{log: log, images: s.images})
+	if err != nil {
 		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
+	s.rt, s.closeRT = be.rt, be.close
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout}, lifecycle.Deps{
-		Store: s.db, Runtime: s.rt, Images: lifecycleImages(s.images), Log: log,
+		Store: s.db, Runtime: s.rt, Images: lifecycleImages(s.images), Egress: be.egress, Log: log,
 	})
 	if err != nil {
 		return nil, err
@@ -124,6 +130,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) Close() {
 	if s.svc != nil {
 		s.svc.Close()
+	}
+	if s.stopRun != nil {
+		s.stopRun()
 	}
 	if s.closeRT != nil {
 		s.closeRT()

@@ -80,6 +80,11 @@ type Config struct {
 	MaxTTL time.Duration
 	// Logger receives per-query debug logs and errors. Default slog.Default().
 	Logger *slog.Logger
+	// Fallback, if set, serves queries from unregistered sources inside
+	// FallbackPrefix (sandboxes without a network policy); other
+	// unregistered sources are REFUSED.
+	Fallback       *Client
+	FallbackPrefix netip.Prefix
 }
 
 // Server is the DNS proxy. Create it with New, register clients, then Serve.
@@ -144,8 +149,12 @@ func (s *Server) Unregister(ip netip.Addr) {
 
 func (s *Server) client(ip netip.Addr) *Client {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.clients[ip.Unmap()]
+	c := s.clients[ip.Unmap()]
+	s.mu.RUnlock()
+	if c == nil && s.cfg.Fallback != nil && s.cfg.FallbackPrefix.IsValid() && s.cfg.FallbackPrefix.Contains(ip.Unmap()) {
+		return s.cfg.Fallback
+	}
+	return c
 }
 
 // Listen binds UDP and TCP on the same address. With port 0 it picks a

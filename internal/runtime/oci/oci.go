@@ -176,6 +176,7 @@ type Runtime struct {
 	net     Network
 	log     *slog.Logger
 	classes map[string]string // available class -> binary path
+	kinds   map[string]string // available class -> "runc", "crun" or "runsc" (binary base name)
 
 	reapMu   sync.Mutex
 	reapPids map[int]string // container init pid -> sandbox id
@@ -209,6 +210,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		net:      deps.Network,
 		log:      deps.Logger,
 		classes:  map[string]string{},
+		kinds:    map[string]string{},
 		reapPids: map[int]string{},
 	}
 	if r.log == nil {
@@ -232,6 +234,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 			continue
 		}
 		r.classes[class] = p
+		kind := p
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			kind = real
+		}
+		r.kinds[class] = filepath.Base(kind)
 	}
 	for class, p := range r.classes {
 		target := filepath.Join(cfg.RunRoot, "bin", class)
@@ -293,7 +300,45 @@ func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.sandboxe
 
 // runc returns the go-runc client for class.
 func (r *Runtime) runc(class string) *gorunc.Runc {
-	return &gorunc.Runc{Command: r.classes[class], Root: filepath.Join(r.cfg.RunRoot, class)}
+	rc := &gorunc.Runc{Command: r.classes[class], Root: r.stateRoot(class)}
+	if r.kinds[class] == runscKind {
+		rc.ExtraArgs = runscArgs
+	}
+	return rc
+}
+
+// stateRoot is the OCI runtime's --root for class.
+func (r *Runtime) stateRoot(class string) string { return filepath.Join(r.cfg.RunRoot, class) }
+
+// hasState reports whether the OCI runtime of class holds state for id:
+// a directory for runc and crun, flat files for runsc.
+func (r *Runtime) hasState(class, id string) bool {
+	if r.kinds[class] == runscKind {
+		return runscStateExists(r.stateRoot(class), id)
+	}
+	return exists(filepath.Join(r.stateRoot(class), id))
+}
+
+// stateIDs lists the container IDs the OCI runtime of class holds state
+// for, read from its state directory (without running the runtime).
+func (r *Runtime) stateIDs(class string) []string {
+	ents, _ := os.ReadDir(r.stateRoot(class))
+	var ids []string
+	for _, e := range ents {
+		id := e.Name()
+		if r.kinds[class] == runscKind {
+			var ok bool
+			if id, _, ok = strings.Cut(id, "_sandbox:"); !ok || !strings.HasSuffix(e.Name(), ".state") {
+				continue
+			}
+		} else if !e.IsDir() {
+			continue
+		}
+		if idPattern.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // record is the persistent state of one sandbox (state.json).
@@ -521,11 +566,20 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	phase("bundle")
 	// One `run --detach` is a single exec of the runtime, measurably faster
 	// than `create` followed by `start`.
-	if _, err := rc.Run(ctx, id, bundle, &gorunc.CreateOpts{
-		IO:      fileIO{logf},
-		PidFile: pidFile,
-		Detach:  true,
-	}); err != nil {
+	run := func() error {
+		_, err := rc.Run(ctx, id, bundle, &gorunc.CreateOpts{
+			IO:      fileIO{logf},
+			PidFile: pidFile,
+			Detach:  true,
+		})
+		return err
+	}
+	if r.kinds[spec.Class] == runscKind {
+		err = runscStart(att.NetnsPath, run)
+	} else {
+		err = run()
+	}
+	if err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: start %s: %w: %s: %w", spec.Class, err, tail(filepath.Join(dir, "agent.log")), errdefs.ErrInternal)
 	}
 	phase("run")
@@ -608,12 +662,12 @@ func (r *Runtime) containerState(ctx context.Context, class, id string) (c *goru
 	if _, avail := r.classes[class]; !avail {
 		return nil, false, fmt.Errorf("oci: class %q of sandbox %q is no longer installed: %w", class, id, errdefs.ErrUnavailable)
 	}
-	if _, err := os.Stat(filepath.Join(r.cfg.RunRoot, class, id)); errors.Is(err, os.ErrNotExist) {
+	if !r.hasState(class, id) {
 		return nil, false, nil
 	}
 	c, err = r.runc(class).State(ctx, id)
 	if err != nil {
-		if _, serr := os.Stat(filepath.Join(r.cfg.RunRoot, class, id)); errors.Is(serr, os.ErrNotExist) {
+		if !r.hasState(class, id) {
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("oci: %s state %s: %w: %w", class, id, err, errdefs.ErrUnavailable)
@@ -914,8 +968,11 @@ func (r *Runtime) deleteContainer(ctx context.Context, class, id string) error {
 	if _, ok := r.classes[class]; !ok {
 		return nil
 	}
-	stateDir := filepath.Join(r.cfg.RunRoot, class, id)
-	if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
+	if r.kinds[class] == runscKind {
+		// runsc delete removes the .state file but may leave .lock files.
+		defer removeRunscLeftovers(r.stateRoot(class), id)
+	}
+	if !r.hasState(class, id) {
 		return nil
 	}
 	rc := r.runc(class)
@@ -925,7 +982,7 @@ func (r *Runtime) deleteContainer(ctx context.Context, class, id string) error {
 		rc.Resume(ctx, id)
 	}
 	if err := rc.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
-		if _, serr := os.Stat(stateDir); errors.Is(serr, os.ErrNotExist) {
+		if !r.hasState(class, id) {
 			return nil
 		}
 		return fmt.Errorf("%s delete: %w", class, err)
@@ -993,9 +1050,8 @@ func (r *Runtime) recover(ctx context.Context) error {
 		}
 	}
 	for class := range r.classes {
-		ents, _ := os.ReadDir(filepath.Join(r.cfg.RunRoot, class))
-		for _, e := range ents {
-			if id := e.Name(); e.IsDir() && idPattern.MatchString(id) && !known[id] {
+		for _, id := range r.stateIDs(class) {
+			if !known[id] {
 				r.log.Info("oci: removing orphaned container", "id", id, "class", class)
 				if err := r.deleteContainer(ctx, class, id); err != nil {
 					return err

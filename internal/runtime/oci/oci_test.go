@@ -206,8 +206,9 @@ func assertNoLeaks(t *testing.T, r *Runtime, id string) {
 		}
 	}
 	for class := range r.classes {
-		if _, err := os.Stat(filepath.Join(r.cfg.RunRoot, class, id)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s state of %s left behind", class, id)
+		// runc and crun keep a directory <id>, runsc files <id>_sandbox:*.
+		if left, _ := filepath.Glob(filepath.Join(r.stateRoot(class), id+"*")); len(left) > 0 {
+			t.Errorf("%s state of %s left behind: %v", class, id, left)
 		}
 	}
 	ips, _ := os.ReadDir(filepath.Join(r.cfg.Network.StateDir, "ips"))
@@ -433,3 +434,6 @@ func BenchmarkCreateRunc(b *testing.B) { benchmarkCreate(b, "runc") }
 
 // BenchmarkCreateCrun measures Create until the agent answers /ping.
 func BenchmarkCreateCrun(b *testing.B) { benchmarkCreate(b, "crun") }
+
+// BenchmarkCreateRunsc measures Create until the agent answers /ping.
+func BenchmarkCreateRunsc(b *testing.B) { benchmarkCreate(b, "runsc") }

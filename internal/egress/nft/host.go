@@ -1,0 +1,127 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// HostConfig describes the host-side rules for one sandbox bridge.
+type HostConfig struct {
+	// Bridge is the sandbox bridge interface.
+	Bridge string
+	// Subnet is the sandbox address range; it is masqueraded on the way out.
+	Subnet netip.Prefix
+	// Gateway is the bridge address; sandboxes may reach only its DNS port
+	// (53, udp and tcp) on the host.
+	Gateway netip.Addr
+}
+
+// HostTable is the name of the host table for a bridge (one per bridge, so
+// servers on different bridges do not disturb each other).
+func HostTable(bridge string) string { return "moat-host-" + bridge }
+
+// ApplyHost installs (atomically replacing) the host table for cfg.Bridge:
+//   - input: from the bridge only replies and DNS to the gateway are
+//     accepted, so sandboxes cannot reach host services (the moat API
+//     included) through the bridge address or any other host address;
+//   - forward: sandbox traffic may leave, replies may come back;
+//   - postrouting: traffic from the subnet leaving through another
+//     interface is masqueraded (outbound NAT).
+//
+// It also enables IPv4 forwarding. Per-sandbox egress policy is enforced
+// inside each sandbox netns (Firewall), before packets reach the host.
+func ApplyHost(ctx context.Context, cfg HostConfig) error {
+	if cfg.Bridge == "" || !cfg.Subnet.IsValid() || !cfg.Gateway.Is4() {
+		return fmt.Errorf("nft: host rules need a bridge, subnet and IPv4 gateway")
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("nft: enable ip_forward: %w", err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nft: netlink: %w", err)
+	}
+	defer c.CloseLasting()
+	name := HostTable(cfg.Bridge)
+	// Replace atomically: add+delete the old table, then build the new one,
+	// all in one batch.
+	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
+
+	policyAccept := nftables.ChainPolicyAccept
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policyAccept})
+
+	fromBridge := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+	}
+	established := []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: nativeU32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: nativeU32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+	for _, r := range [][]expr.Any{
+		concat(fromBridge, established, []expr.Any{accept()}),
+		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_UDP, 53), []expr.Any{accept()}),
+		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_TCP, 53), []expr.Any{accept()}),
+		concat(fromBridge, []expr.Any{&expr.Counter{}, drop()}),
+	} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: r})
+	}
+	toBridge := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(fromBridge, []expr.Any{accept()})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(toBridge, established, []expr.Any{accept()})})
+
+	sub := cfg.Subnet.Masked()
+	mask := netip.PrefixFrom(sub.Addr(), sub.Bits())
+	maskBytes := make([]byte, 4)
+	for i := 0; i < sub.Bits(); i++ {
+		maskBytes[i/8] |= 0x80 >> (i % 8)
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: maskBytes, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mask.Addr().AsSlice()},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(cfg.Bridge)},
+		&expr.Masq{},
+	}})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: install host table %s: %w", name, err)
+	}
+	return nil
+}
+
+// RemoveHost deletes the host table of a bridge (idempotent).
+func RemoveHost(ctx context.Context, bridge string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: HostTable(bridge)}
+	c.AddTable(t)
+	c.DelTable(t)
+	return c.Flush()
+}
+
+func nativeU32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
