@@ -433,10 +433,10 @@ func (s *Server) handleInterruptCommand(w http.ResponseWriter, r *http.Request) 
 // interrupt sends SIGTERM to p's group, then SIGKILL after grace, and
 // waits (bounded by ctx) for the process to be reaped.
 func interrupt(ctx context.Context, p *Proc, grace time.Duration) {
+	p.Signal(sigTERM)
 	if p.Exited() {
 		return
 	}
-	p.Signal(sigTERM)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {

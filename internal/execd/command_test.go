@@ -206,13 +206,9 @@ func TestCommandCwdEnvAndEnvFile(t *testing.T) {
 
 func TestCommandLargeOutputByteExact(t *testing.T) {
 	e := newTestEnv(t)
-	// 10 MiB of base64 lines (76 chars each), generated deterministically.
-	cmd := `head -c 7864320 /dev/zero | tr '\0' 'a' | fold -w 75 | awk '{print NR $0}'`
-	ref := new(bytes.Buffer)
-	for i := 1; ref.Len() < 7864320+7864320/75; i++ {
-		_ = i
-		break
-	}
+	// ~11 MB: 140000 numbered lines of 75 'a's.
+	const lines = 140000
+	cmd := fmt.Sprintf(`head -c %d /dev/zero | tr '\0' 'a' | fold -w 75 | awk '{print NR $0}'`, lines*75)
 	evs := e.runStream(map[string]any{"command": cmd})
 	if evs[len(evs)-1].Type != evExecutionComplete {
 		t.Fatalf("last = %+v", evs[len(evs)-1])
@@ -230,8 +226,8 @@ func TestCommandLargeOutputByteExact(t *testing.T) {
 			got.WriteByte('\n')
 		}
 	}
-	if n != 7864320/75 {
-		t.Fatalf("lines = %d, want %d", n, 7864320/75)
+	if n != lines {
+		t.Fatalf("lines = %d, want %d", n, lines)
 	}
 	// The logs endpoint has the same bytes.
 	id := evs[0].Text

@@ -93,14 +93,14 @@ func (p *Proc) Wait(ctx context.Context) (syscall.WaitStatus, error) {
 	}
 }
 
-// Signal sends sig to the process group led by the process (the agent starts
-// every child with Setpgid), falling back to the process itself. It is a
-// no-op once the process has been reaped, so a recycled pid is never hit.
+// Signal sends sig to the process group led by the process (the agent
+// starts every child with Setpgid), falling back to the process itself
+// while it is not yet reaped. The group is signalled even after the leader
+// exited, so leftover background jobs (`server &`) are reached; Linux does
+// not hand out a pid while it is still in use as a process group id, so
+// this cannot hit an unrelated process while the group has members.
 func (p *Proc) Signal(sig syscall.Signal) {
-	if p.Exited() {
-		return
-	}
-	if err := syscall.Kill(-p.Pid, sig); err != nil {
+	if err := syscall.Kill(-p.Pid, sig); err != nil && !p.Exited() {
 		syscall.Kill(p.Pid, sig)
 	}
 }

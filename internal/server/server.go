@@ -85,7 +85,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	}
 	s.rt, s.closeRT = be.rt, be.close
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout}, lifecycle.Deps{
-		Store: s.db, Runtime: s.rt, Images: lifecycleImages(s.images), Egress: be.egress, Log: log,
+		Store: s.db, Runtime: s.rt, Images: s.images, Egress: be.egress, Log: log,
 	})
 	if err != nil {
 		return nil, err
@@ -159,17 +159,3 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return s.Serve(ctx, ln)
 }
 
-// lifecycleImages returns the store as lifecycle.Images. TEMPORARY: until
-// image.Store grows Ensure (pulls), fall back to local lookups only.
-func lifecycleImages(st *image.Store) lifecycle.Images {
-	if li, ok := any(st).(lifecycle.Images); ok {
-		return li
-	}
-	return localImages{st}
-}
-
-type localImages struct{ st *image.Store }
-
-func (l localImages) Ensure(ctx context.Context, ref string, auth *image.Auth) (image.Image, error) {
-	return l.st.Get(ctx, ref)
-}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/network"
 )
 
 type sandboxResp struct {
@@ -205,13 +207,8 @@ func assertNoLeaks(t *testing.T, srv *server, id string) {
 	if len(cg)+len(cg2) > 0 {
 		t.Errorf("cgroups left behind: %v %v", cg, cg2)
 	}
-	links, _ := os.ReadDir("/sys/class/net/" + srv.bridge + "/brif")
-	if len(links) > 0 {
-		var names []string
-		for _, l := range links {
-			names = append(names, l.Name())
-		}
-		t.Errorf("veths still on the bridge: %v", names)
+	if _, err := os.Stat("/sys/class/net/" + network.HostVethName(id)); err == nil {
+		t.Errorf("veth %s left behind", network.HostVethName(id))
 	}
 }
 
@@ -297,7 +294,7 @@ func TestAPIErrors(t *testing.T) {
 		{"bad cpu", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"sh"}, "resourceLimits": map[string]string{"cpu": "lots"}}, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"reserved metadata", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"sh"}, "metadata": map[string]string{"opensandbox.io/x": "y"}}, nil, 400, "SANDBOX::INVALID_METADATA_LABEL"},
 		{"unknown runtime", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"sh"}, "extensions": map[string]string{"moat.runtime": "kata"}}, nil, 400, "SANDBOX::INVALID_PARAMETER"},
-		{"missing image", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": strings.Split(ref, "/")[0] + "/nope/nope:1"}, "entrypoint": []string{"sh"}}, nil, 404, "SANDBOX::IMAGE_PULL_FAILED"},
+		{"missing image", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": strings.Split(ref, "/")[0] + "/nope/nope:1"}, "entrypoint": []string{"sh"}}, nil, 400, "SANDBOX::IMAGE_PULL_FAILED"},
 		{"bad page", "GET", "/v1/sandboxes?page=0", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"bad state filter", "GET", "/v1/sandboxes?state=sleepy", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"bad port", "GET", "/v1/sandboxes/x/endpoints/http", nil, nil, 400, "SANDBOX::INVALID_PORT"},

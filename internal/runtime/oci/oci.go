@@ -277,14 +277,23 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	return r, nil
 }
 
-// Close stops background work. Sandboxes keep running.
+// Close stops background work and unmounts the read-only runtime binary
+// binds (a later New re-creates them). Sandboxes keep running.
 func (r *Runtime) Close() error {
 	if r.stop != nil {
 		close(r.stop)
 		<-r.done
 		r.stop = nil
 	}
-	return nil
+	var errs []error
+	for _, p := range r.classes {
+		if filepath.Dir(p) == filepath.Join(r.cfg.RunRoot, "bin") {
+			if err := unmountAll(p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Name implements runtime.Runtime.

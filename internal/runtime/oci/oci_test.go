@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -437,3 +438,61 @@ func BenchmarkCreateCrun(b *testing.B) { benchmarkCreate(b, "crun") }
 
 // BenchmarkCreateRunsc measures Create until the agent answers /ping.
 func BenchmarkCreateRunsc(b *testing.B) { benchmarkCreate(b, "runsc") }
+
+// TestRunsc checks what is specific to the gVisor class: netstack (not
+// the host network stack) serves the sandbox, the /proc/sys/net/core
+// mask of runscStart stays out of the host's view, and a paused sandbox
+// is deleted without leftovers (runsc state files included).
+func TestRunsc(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("runsc not installed")
+	}
+	r := newEnv(t, "runsc", nil).open(t)
+	if r.kinds["runsc"] != runscKind {
+		t.Fatalf("kind of class runsc = %q", r.kinds["runsc"])
+	}
+	ctx := context.Background()
+	id := runtimetest.NewID("gvisor")
+	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, AgentToken: runtimetest.Token}); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
+
+	// netstack takes the address off the veth inside the namespace; with
+	// the host stack (--network=host) it would still be there.
+	ns, err := netns.GetFromPath(filepath.Join(r.cfg.Network.NetnsDir, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	ns.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		h.Close()
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		addrs, _ := h.AddrList(l, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			if !a.IP.IsLoopback() {
+				t.Errorf("address %s still on %s in the sandbox netns: netstack is not in use", a.IPNet, l.Attrs().Name)
+			}
+		}
+	}
+	h.Close()
+	if _, err := os.Stat("/proc/sys/net/core/rmem_default"); err != nil {
+		t.Errorf("host view of /proc/sys/net/core changed: %v", err)
+	}
+
+	if err := r.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.WaitState(t, ctx, r, id, runtime.StatePaused, 5*time.Second)
+	if err := r.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	assertNoLeaks(t, r, id)
+}
