@@ -502,4 +502,3 @@ func TestConcurrentCreatesAndDeletes(t *testing.T) {
 		t.Fatalf("runtime holds %d", len(l))
 	}
 }
-

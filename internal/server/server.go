@@ -158,4 +158,3 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	return s.Serve(ctx, ln)
 }
-
