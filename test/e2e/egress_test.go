@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/internal/egress/nettest"
+)
+
+// outsideHost makes a fake "outside" host: a netns of the test's own,
+// linked to the host by a veth (10.214.9.1 host side, 10.214.9.2 inside),
+// serving nettest.Banner on 10.214.9.2:7000. Sandboxes reach it through
+// the host's NAT; nothing leaves the machine.
+func outsideHost(t *testing.T) string {
+	t.Helper()
+	ns := fmt.Sprintf("moat-e2e-out-%d", os.Getpid())
+	veth := fmt.Sprintf("moe2e%d", os.Getpid()%100000)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	run("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
+	run("addr", "add", "10.214.9.1/30", "dev", veth)
+	run("link", "set", veth, "up")
+	run("-n", ns, "addr", "add", "10.214.9.2/30", "dev", "eth0")
+	run("-n", ns, "link", "set", "eth0", "up")
+	run("-n", ns, "link", "set", "lo", "up")
+	nettest.ServeTCP(t, "/run/netns/"+ns, "10.214.9.2:7000")
+	return "10.214.9.2"
+}
+
+// shell runs a command in a sandbox and returns its stdout and whether it
+// exited 0.
+func shell(t *testing.T, srv *server, id, cmd string) (string, bool) {
+	t.Helper()
+	var ep endpointResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/44772", nil, &ep)
+	evs := runCommand(t, "http://"+ep.Endpoint, ep.Headers, cmd)
+	ok := len(evs) > 0 && evs[len(evs)-1].Type == "execution_complete"
+	return stdoutOf(evs), ok
+}
+
+func TestEgressPolicyAndHostProtection(t *testing.T) {
+	srv := newServer(t, "moate2e3", "10.215.0.0/16")
+	ref := startRegistry(t)
+	srv.start()
+	out := outsideHost(t)
+	probe := "nc -w 2 " + out + " 7000"
+
+	create := func(np any) string {
+		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
+		if np != nil {
+			body["networkPolicy"] = np
+		}
+		var c sandboxResp
+		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+		return c.ID
+	}
+	allowed := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": out + "/32"}}})
+	denied := create(map[string]any{"defaultAction": "deny"})
+	open := create(nil)
+
+	if got, ok := shell(t, srv, allowed, probe); !ok || !strings.Contains(got, "moat-egress-test") {
+		t.Fatalf("allowed CIDR: ok=%v %q", ok, got)
+	}
+	if got, _ := shell(t, srv, denied, probe); strings.Contains(got, "moat-egress-test") {
+		t.Fatalf("deny-all sandbox reached the outside host: %q", got)
+	}
+	if got, ok := shell(t, srv, open, probe); !ok || !strings.Contains(got, "moat-egress-test") {
+		t.Fatalf("sandbox without policy (NAT): ok=%v %q", ok, got)
+	}
+
+	// Host services are unreachable from sandboxes, policy or not.
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "host-service\n")
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 10.215.0.1 %d", port)); strings.Contains(got, "host-service") {
+		t.Fatal("a sandbox reached a host service through the bridge address")
+	}
+
+	// Live update through the egress API (what the SDKs call).
+	var ep endpointResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+denied+"/endpoints/18080", nil, &ep)
+	tok := ep.Headers["OPENSANDBOX-EGRESS-AUTH"]
+	if tok == "" || !strings.HasSuffix(ep.Endpoint, "/sandboxes/"+denied+"/egress") {
+		t.Fatalf("egress endpoint %+v", ep)
+	}
+	patch := func(token string) (int, []byte) {
+		b, _ := json.Marshal([]map[string]string{{"action": "allow", "target": out}})
+		req, _ := http.NewRequest("PATCH", "http://"+ep.Endpoint+"/policy", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("OPENSANDBOX-EGRESS-AUTH", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, body
+	}
+	if code, _ := patch(""); code != 401 {
+		t.Fatalf("egress PATCH without token: %d", code)
+	}
+	if code, body := patch(tok); code != 200 || !strings.Contains(string(body), `"enforcing"`) {
+		t.Fatalf("egress PATCH: %d %s", code, body)
+	}
+	if got, ok := shell(t, srv, denied, probe); !ok || !strings.Contains(got, "moat-egress-test") {
+		t.Fatalf("after live allow: ok=%v %q", ok, got)
+	}
+	// The change is recorded: it survives a restart.
+	srv.kill9()
+	srv.start()
+	if got, ok := shell(t, srv, denied, probe); !ok || !strings.Contains(got, "moat-egress-test") {
+		t.Fatalf("live allow lost across restart: ok=%v %q", ok, got)
+	}
+}
