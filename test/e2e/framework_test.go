@@ -76,6 +76,7 @@ func newServer(t *testing.T, bridge, subnet string) *server {
 	}
 	s.logf = lf
 	t.Cleanup(func() {
+		s.deleteAll()
 		s.stop()
 		lf.Close()
 		if t.Failed() {
@@ -116,6 +117,28 @@ func (s *server) start(extra ...string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.t.Fatal("server did not become healthy")
+}
+
+// deleteAll removes every pool and sandbox of a running server, so a
+// failed test leaves nothing behind either.
+func (s *server) deleteAll() {
+	if s.cmd == nil {
+		return
+	}
+	var pools struct{ Items []struct{ Name string } }
+	if code, b, _ := s.do("GET", "/v1/pools", nil); code == 200 {
+		json.Unmarshal(b, &pools)
+	}
+	for _, p := range pools.Items {
+		s.do("DELETE", "/v1/pools/"+p.Name, nil)
+	}
+	var list struct{ Items []struct{ ID string } }
+	if code, b, _ := s.do("GET", "/v1/sandboxes?pageSize=1000", nil); code == 200 {
+		json.Unmarshal(b, &list)
+	}
+	for _, sb := range list.Items {
+		s.do("DELETE", "/v1/sandboxes/"+sb.ID, nil)
+	}
 }
 
 // kill9 kills the server with SIGKILL, as a crash would.
