@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"sync"
 
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
@@ -56,6 +57,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 			<-dnsDone
 		}
 	}()
+	imgs := newOCIImages(d.images)
 	rt, err := oci.New(ctx, oci.Config{
 		Root:         filepath.Join(cfg.Root, "oci"),
 		RunRoot:      cfg.RunRoot,
@@ -64,14 +66,17 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		// Sandbox inits are reparented to the server when runc exits; it
 		// reaps them (PID 1 of a container host may not).
 		Subreaper: true,
-	}, oci.Deps{Images: ociImages{d.images}, Network: netm, Logger: d.log})
+	}, oci.Deps{Images: imgs, Network: netm, Logger: d.log})
 	if err != nil {
+		imgs.Close()
 		return backend{}, err
 	}
 	closeAll := func() error {
 		stopDNS()
 		<-dnsDone
-		return errors.Join(enf.Close(), rt.Close())
+		err := errors.Join(enf.Close(), rt.Close())
+		imgs.Close()
+		return err
 	}
 	return backend{rt: rt, egress: egressAdapter{enf: enf, netm: netm}, close: closeAll}, nil
 }
@@ -125,17 +130,45 @@ func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.Net
 	return a.enf.Modify(ctx, id, fn)
 }
 
-// ociImages adapts the image store to what the OCI backend needs.
-type ociImages struct{ st *image.Store }
+// ociImages adapts the image store to what the OCI backend needs. It holds
+// a lease on every image a sandbox was started from, for the server's
+// lifetime, so no process (not even `moat image rm` from the CLI) can
+// collect layers under a running sandbox; a restart drops leases of images
+// no sandbox uses any more (they are re-taken on re-adoption).
+type ociImages struct {
+	st *image.Store
 
-func (a ociImages) Rootfs(ctx context.Context, ref string) (oci.Rootfs, error) {
+	mu     sync.Mutex
+	leases map[string]*image.Lease // by image ID
+}
+
+func newOCIImages(st *image.Store) *ociImages {
+	return &ociImages{st: st, leases: map[string]*image.Lease{}}
+}
+
+func (a *ociImages) Rootfs(ctx context.Context, ref string) (oci.Rootfs, error) {
 	img, err := a.st.Get(ctx, ref)
 	if err != nil {
 		return oci.Rootfs{}, err
 	}
-	layers, err := a.st.LayerPaths(ctx, img)
-	if err != nil {
-		return oci.Rootfs{}, err
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.leases[img.ID]
+	if !ok {
+		if l, err = a.st.Acquire(ctx, img.ID); err != nil {
+			return oci.Rootfs{}, err
+		}
+		a.leases[img.ID] = l
 	}
-	return oci.Rootfs{Layers: layers, Config: img.Config}, nil
+	return oci.Rootfs{Layers: l.Layers, Config: l.Image.Config}, nil
+}
+
+// Close releases every lease.
+func (a *ociImages) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, l := range a.leases {
+		l.Release()
+		delete(a.leases, id)
+	}
 }
