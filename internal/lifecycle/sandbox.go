@@ -59,6 +59,9 @@ type Sandbox struct {
 	// NetworkPolicy is the egress policy enforced on the sandbox (nil: none,
 	// all egress allowed). Live changes through the egress API are saved here.
 	NetworkPolicy *policy.NetworkPolicy `json:"networkPolicy,omitempty"`
+	// AccessToken is the secureAccess token the ingress gateway requires
+	// (OpenSandbox-Secure-Access), "" when secureAccess is off.
+	AccessToken string `json:"accessToken,omitempty"`
 	// EgressToken authenticates the sandbox's egress API (OPENSANDBOX-EGRESS-AUTH).
 	EgressToken string `json:"egressToken,omitempty"`
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to

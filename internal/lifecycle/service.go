@@ -63,6 +63,9 @@ type Config struct {
 	FailedRetention time.Duration
 	// StopGrace is the SIGTERM->SIGKILL grace on delete. Default 2s.
 	StopGrace time.Duration
+	// SecureAccess allows secureAccess sandboxes (an ingress gateway that
+	// checks their access tokens is running).
+	SecureAccess bool
 }
 
 func (c *Config) setDefaults() {
@@ -266,8 +269,8 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 		}
 		np = &p
 	}
-	if req.SecureAccess {
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess is not supported by this server yet")
+	if req.SecureAccess && !s.cfg.SecureAccess {
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess needs the ingress gateway (moat serve --ingress-listen)")
 	}
 	if req.HasVolumes {
 		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, "VOLUME::HOST_PATH_NOT_ALLOWED", "volumes are not allowed by this server's configuration")
@@ -289,6 +292,9 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 	}
 	if np != nil {
 		sb.EgressToken = newToken()
+	}
+	if req.SecureAccess {
+		sb.AccessToken = newToken()
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -730,8 +736,10 @@ type Endpoint struct {
 	// Address is "host:port".
 	Address string
 	// Headers must be sent with every request (the agent token for the
-	// agent port).
+	// agent port, the secure-access token through the ingress).
 	Headers map[string]string
+	// AccessToken is the secureAccess token the ingress requires ("" = none).
+	AccessToken string
 }
 
 // Endpoint resolves a sandbox port.
@@ -744,7 +752,7 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 		return Endpoint{}, err
 	}
 	e.mu.Lock()
-	st, token := e.sb.Status.State, e.sb.AgentToken
+	st, token, access := e.sb.Status.State, e.sb.AgentToken, e.sb.AccessToken
 	e.mu.Unlock()
 	if st != StateRunning && st != StatePaused && st != StatePausing && st != StateResuming {
 		return Endpoint{}, transitionError(id, st, st, "SANDBOX::NOT_RUNNING")
@@ -753,9 +761,15 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep := Endpoint{Address: addr}
+	ep := Endpoint{Address: addr, AccessToken: access}
 	if port == runtime.AgentPort && token != "" {
 		ep.Headers = map[string]string{"X-EXECD-ACCESS-TOKEN": token}
+	}
+	if access != "" {
+		if ep.Headers == nil {
+			ep.Headers = map[string]string{}
+		}
+		ep.Headers["OpenSandbox-Secure-Access"] = access
 	}
 	return ep, nil
 }

@@ -48,6 +48,12 @@ type Config struct {
 	MaxTimeout time.Duration
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
+	// IngressListen, if set, serves the ingress gateway there (routes by
+	// OpenSandbox-Ingress-To header, <port>-<id>.<IngressDomain> host, or
+	// /<id>/<port>/ path) and enables secureAccess sandboxes.
+	IngressListen string
+	// IngressDomain is the base domain of host routes (optional).
+	IngressDomain string
 }
 
 // Default returns the default configuration.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
@@ -84,7 +85,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
 	s.rt, s.closeRT = be.rt, be.close
-	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout}, lifecycle.Deps{
+	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != ""}, lifecycle.Deps{
 		Store: s.db, Runtime: s.rt, Images: s.images, Egress: be.egress, Log: log,
 	})
 	if err != nil {
@@ -107,8 +108,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	rctx, stopReaper := context.WithCancel(ctx)
 	defer stopReaper()
 	go s.svc.Run(rctx)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	if s.cfg.IngressListen != "" {
+		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain}, ingressResolver{s.svc}, s.log)
+		go func() {
+			if err := gw.Serve(rctx, s.cfg.IngressListen); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("ingress: %w", err)
+			}
+		}()
+		s.log.Info("ingress gateway serving", "addr", s.cfg.IngressListen, "domain", s.cfg.IngressDomain)
+	}
 	s.log.Info("moat serving", "addr", ln.Addr().String(), "runtime", s.rt.Name(), "classes", s.rt.Capabilities().Classes)
 	select {
 	case err := <-errc:
@@ -124,6 +134,22 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+// ingressResolver resolves ingress routes through the lifecycle. It never
+// hands out the agent token: only the sandbox's own access token is checked.
+type ingressResolver struct{ svc *lifecycle.Service }
+
+func (r ingressResolver) Resolve(ctx context.Context, id string, port int) (ingress.Target, error) {
+	ep, err := r.svc.Endpoint(ctx, id, port)
+	if err != nil {
+		return ingress.Target{}, err
+	}
+	return ingress.Target{Addr: ep.Address, AccessToken: ep.AccessToken}, nil
+}
+
+func (r ingressResolver) Touch(ctx context.Context, id string) {
+	go r.svc.Touch(context.WithoutCancel(ctx), id) // must not block the request
 }
 
 // Close releases the stores and the runtime (it does not stop sandboxes).

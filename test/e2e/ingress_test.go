@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestIngressSecureAccess(t *testing.T) {
+	srv := newServer(t, "moate2e5", "10.217.0.0/16")
+	ref := startRegistry(t)
+	gw := freePort(t)
+	srv.start("--ingress-listen", gw)
+	var c sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref},
+		"entrypoint": []string{"httpd", "-f", "-p", "8080", "-h", "/workspace"}, "secureAccess": true, "timeout": 600}, &c)
+	if out, ok := shell(t, srv, c.ID, "echo served-by-sandbox > /workspace/index.html"); !ok {
+		t.Fatalf("write index: %q", out)
+	}
+	var ep endpointResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+c.ID+"/endpoints/8080", nil, &ep)
+	tok := ep.Headers["OpenSandbox-Secure-Access"]
+	if tok == "" {
+		t.Fatalf("endpoint of a secureAccess sandbox has no access token: %+v", ep)
+	}
+	get := func(path string, hdr map[string]string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://"+gw+path, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		var resp *http.Response
+		var err error
+		for i := 0; i < 50; i++ { // httpd may still be starting
+			if resp, err = http.DefaultClient.Do(req); err == nil && resp.StatusCode != 502 {
+				break
+			}
+			if resp != nil {
+				resp.Body.Close()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	route := fmt.Sprintf("%s-8080", c.ID)
+	if code, body := get("/index.html", map[string]string{"OpenSandbox-Ingress-To": route, "OpenSandbox-Secure-Access": tok}); code != 200 || body != "served-by-sandbox" {
+		t.Fatalf("header route: %d %q", code, body)
+	}
+	if code, body := get("/"+c.ID+"/8080/index.html", map[string]string{"OpenSandbox-Secure-Access": tok}); code != 200 || body != "served-by-sandbox" {
+		t.Fatalf("path route: %d %q", code, body)
+	}
+	if code, _ := get("/index.html", map[string]string{"OpenSandbox-Ingress-To": route}); code != 401 {
+		t.Fatalf("no access token: %d", code)
+	}
+	if code, _ := get("/index.html", map[string]string{"OpenSandbox-Ingress-To": route, "OpenSandbox-Secure-Access": "guess"}); code != 401 {
+		t.Fatalf("wrong access token: %d", code)
+	}
+	if code, _ := get("/index.html", map[string]string{"OpenSandbox-Ingress-To": "nope-8080"}); code != 404 {
+		t.Fatalf("unknown sandbox: %d", code)
+	}
+}
