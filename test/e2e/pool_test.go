@@ -18,7 +18,9 @@ func TestWarmPoolAndBatch(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			var p struct{ Status struct{ Available, Allocated, Total int } }
+			var p struct {
+				Status struct{ Available, Allocated, Total int }
+			}
 			srv.mustJSON(200, "GET", "/v1/pools/warm", nil, &p)
 			if p.Status.Available == avail {
 				return
@@ -61,7 +63,9 @@ func TestWarmPoolAndBatch(t *testing.T) {
 	// The pool and its ledger survive a crash of the server.
 	srv.kill9()
 	srv.start()
-	var p struct{ Status struct{ Available, Allocated, Total int } }
+	var p struct {
+		Status struct{ Available, Allocated, Total int }
+	}
 	srv.mustJSON(200, "GET", "/v1/pools/warm", nil, &p)
 	if p.Status.Allocated != 8 {
 		t.Fatalf("after restart: %+v, want 8 allocated", p.Status)
