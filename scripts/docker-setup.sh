@@ -10,7 +10,11 @@
 #   --iptables=false   no NAT/MASQUERADE rules, no FORWARD policy change
 #   --ip-forward=false dockerd does not turn on IP forwarding
 #   --bridge=none      no default docker0 network; moat creates its own
-#                      (internal: containers get no default route)
+#                      (internal, host bridge named moatd-<hash>)
+# Docker does not enforce "internal" without iptables (containers still get
+# a default route via the host), so this script installs nft table
+# "inet moat-docker": traffic from moatd-* bridges is never forwarded, and
+# reaches the host only as replies to connections the host opened.
 #
 # Environment: DOCKER_HOST_SOCK (default /var/run/docker.sock),
 # DOCKERD_LOG (default /var/log/dockerd.log), DOCKERD_TIMEOUT (seconds, 60).
@@ -38,6 +42,28 @@ fi
 docker=/usr/bin/docker
 
 ready() { "$docker" -H "unix://$sock" version >/dev/null 2>&1; }
+
+# Contain the sandbox networks (idempotent: the table is replaced).
+if command -v nft >/dev/null 2>&1; then
+	nft -f - <<'NFT'
+table inet moat-docker
+delete table inet moat-docker
+table inet moat-docker {
+	chain forward {
+		type filter hook forward priority filter - 10; policy accept;
+		iifname "moatd-*" counter drop
+	}
+	chain input {
+		type filter hook input priority filter - 10; policy accept;
+		iifname "moatd-*" ct state established,related accept
+		iifname "moatd-*" counter drop
+	}
+}
+NFT
+else
+	echo "docker-setup: nft not found; cannot contain sandbox networks" >&2
+	exit 1
+fi
 
 if ready; then
 	exit 0

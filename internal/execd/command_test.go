@@ -448,3 +448,16 @@ func waitFinished(t *testing.T, e *testEnv, id string) commandStatus {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
+	for i, s := range []string{"", "plain", `q"b\s`, "\x00\x01\x1f\t\n\r\b\f", "héllo ✓", "bad\xff\xfeutf8", "\u2028\u2029", "<&>", strings.Repeat("ab\x7f", 10)} {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		enc.Encode(s)
+		want := strings.TrimSuffix(buf.String(), "\n")
+		if got := string(appendJSONString(nil, s)); got != want {
+			t.Errorf("%d: got %s, want %s", i, got, want)
+		}
+	}
+}

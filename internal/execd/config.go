@@ -62,7 +62,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return Config{}, errdefs.Invalid("INVALID_ARGUMENT", err.Error())
 	}
-	cfg.Entrypoint = fs.Args()
+	if rest := fs.Args(); len(rest) > 0 {
+		cfg.Entrypoint = rest
+	}
 
 	p := DefaultPort
 	if *configPath != "" {

@@ -6,16 +6,28 @@ import (
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-type session struct{}
+// extraRoutes registers sessions, code contexts, metrics, PTY and proxy.
+func (s *Server) extraRoutes(h func(string, web.HandlerFunc), mux *http.ServeMux) {
+	h("POST /session", s.handleCreateSession)
+	h("POST /session/{id}/run", s.handleRunSession)
+	h("DELETE /session/{id}", s.handleDeleteSession)
 
-func (s *session) current() *Proc { return nil }
+	h("POST /code/context", s.handleCreateContext)
+	h("GET /code/contexts", s.handleListContexts)
+	h("DELETE /code/contexts", s.handleDeleteContexts)
+	h("GET /code/contexts/{id}", s.handleGetContext)
+	h("DELETE /code/contexts/{id}", s.handleDeleteContext)
+	h("POST /code", s.handleRunCode)
+	h("DELETE /code", s.handleInterruptCode)
 
-type ptySession struct{}
+	h("GET /metrics", s.handleMetrics)
+	h("GET /metrics/watch", s.handleMetricsWatch)
 
-func (p *ptySession) process() *Proc { return nil }
+	h("POST /pty", s.handleCreatePTY)
+	h("GET /pty/{id}", s.handleGetPTY)
+	h("DELETE /pty/{id}", s.handleDeletePTY)
+	h("GET /pty/{id}/ws", s.handlePTYWebSocket)
 
-type codeContext struct{}
-
-func (c *codeContext) process() *Proc { return nil }
-
-func (s *Server) extraRoutes(h func(string, web.HandlerFunc), mux *http.ServeMux) {}
+	h("/proxy/{port}/{path...}", s.handleProxy)
+	h("/proxy/{port}", s.handleProxy)
+}

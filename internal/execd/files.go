@@ -86,7 +86,7 @@ func expandPath(p string, env []string) string {
 	return p
 }
 
-func (s *Server) expand(p string) string { return expandPath(p, s.opts.BaseEnv) }
+func (s *Server) expand(p string) string { return expandPath(p, s.baseEnv()) }
 
 // parseMode reads an octal-as-decimal mode (755 -> 0o755); 0 means def.
 func parseMode(m int, def os.FileMode) (os.FileMode, error) {

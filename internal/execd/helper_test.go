@@ -2,9 +2,9 @@ package execd
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
-	"strings"
 )
 
 // helperEnv makes the test binary act as the agent (see TestMain), so agent
@@ -13,7 +13,10 @@ import (
 const helperEnv = "EXECD_TEST_HELPER"
 
 func runHelper() int {
-	args := strings.Split(os.Getenv(helperEnv), "\x00")
+	var args []string
+	if err := json.Unmarshal([]byte(os.Getenv(helperEnv)), &args); err != nil {
+		return 2
+	}
 	cfg, err := ParseArgs(args, os.Getenv)
 	if err != nil {
 		os.Stderr.WriteString("helper: " + err.Error() + "\n")

@@ -92,6 +92,8 @@ type Server struct {
 	closed   bool
 
 	wg sync.WaitGroup // background goroutines tied to processes
+
+	envMu sync.RWMutex // guards opts.BaseEnv, which POST /moat/v1/env extends
 }
 
 // NewServer returns a Server.
@@ -202,6 +204,7 @@ func (s *Server) routes() http.Handler {
 
 	s.fileRoutes(h)
 	s.extraRoutes(h, mux)
+	h("POST /moat/v1/env", s.handleSetEnv)
 
 	mux.Handle("/", a.Handle(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.WithPublic(errdefs.ErrNotFound, CodeUnknown, "route not found: "+r.Method+" "+r.URL.Path)
@@ -385,7 +388,7 @@ func (s *Server) commandEnv(req map[string]string) []string {
 	for k, v := range req {
 		extra = append(extra, k+"="+v)
 	}
-	return mergeEnv(s.opts.BaseEnv, envFileLines(s.opts.EnvFile), extra)
+	return mergeEnv(s.baseEnv(), envFileLines(s.opts.EnvFile), extra)
 }
 
 // track runs f in a goroutine that Close waits for.

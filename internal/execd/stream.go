@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Event is one OpenSandbox ServerStreamEvent. Field order and omitempty
@@ -197,6 +199,69 @@ func (l *lineSplitter) flush(out []byte) []byte {
 	return out
 }
 
+// emit appends one output event. It is the hot path of streaming, so it
+// writes the same bytes appendEvent would without reflection.
 func (l *lineSplitter) emit(out []byte, text string) []byte {
-	return appendEvent(out, Event{Type: l.typ, Text: text})
+	out = append(out, `{"type":"`...)
+	out = append(out, l.typ...)
+	out = append(out, `","text":`...)
+	out = appendJSONString(out, text)
+	out = append(out, `,"timestamp":`...)
+	out = strconv.AppendInt(out, nowMs(), 10)
+	return append(out, "}\n\n"...)
+}
+
+// appendJSONString appends s as a JSON string exactly like encoding/json
+// with SetEscapeHTML(false): invalid UTF-8 becomes U+FFFD, and U+2028 and
+// U+2029 are escaped.
+func appendJSONString(out []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' {
+				i++
+				continue
+			}
+			out = append(out, s[start:i]...)
+			switch b {
+			case '"', '\\':
+				out = append(out, '\\', b)
+			case '\n':
+				out = append(out, '\\', 'n')
+			case '\r':
+				out = append(out, '\\', 'r')
+			case '\t':
+				out = append(out, '\\', 't')
+			case '\b':
+				out = append(out, '\\', 'b')
+			case '\f':
+				out = append(out, '\\', 'f')
+			default:
+				out = append(out, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			out = append(out, s[start:i]...)
+			out = append(out, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			out = append(out, s[start:i]...)
+			out = append(out, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	out = append(out, s[start:]...)
+	return append(out, '"')
 }

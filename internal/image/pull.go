@@ -260,11 +260,11 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 
 // progressReader reports at most every 512 KiB.
 type progressReader struct {
-	r            io.Reader
-	layer        string
-	total        int64
-	n, last      int64
-	report       func(Progress)
+	r       io.Reader
+	layer   string
+	total   int64
+	n, last int64
+	report  func(Progress)
 }
 
 func (p *progressReader) Read(b []byte) (int, error) {

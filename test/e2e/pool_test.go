@@ -35,11 +35,11 @@ func TestWarmPoolAndBatch(t *testing.T) {
 
 	var c sandboxResp
 	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"extensions": map[string]string{"poolRef": "warm"},
-		"metadata": map[string]string{"who": "claim"}, "timeout": 300}, &c)
+		"metadata": map[string]string{"who": "claim"}, "env": map[string]string{"CLAIMED": "yes"}, "timeout": 300}, &c)
 	if c.Status.State != "Running" || c.Metadata["who"] != "claim" || c.ExpiresAt == "" {
 		t.Fatalf("claim: %+v", c)
 	}
-	if out, ok := shell(t, srv, c.ID, "echo claimed"); !ok || out != "claimed" {
+	if out, ok := shell(t, srv, c.ID, "echo claimed $CLAIMED"); !ok || out != "claimed yes" {
 		t.Fatalf("command in claimed sandbox: %v %q", ok, out)
 	}
 	waitPool(2) // still >= bufferMin: no refill yet

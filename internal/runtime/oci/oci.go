@@ -180,8 +180,16 @@ type Runtime struct {
 
 	reapMu   sync.Mutex
 	reapPids map[int]string // container init pid -> sandbox id
-	stop     chan struct{}
-	done     chan struct{}
+	// runsc leaves helper processes that, as a subreaper, we adopt when
+	// they outlive their parents: the gofer (a sibling of the sandbox) and
+	// the ptrace platform's stub processes (children of the Sentry).
+	// helpers maps their PID to its start time (so a reused PID is never
+	// waited for); runscInits are the sandbox PIDs whose descendants are
+	// collected into helpers.
+	helpers    map[int]uint64
+	runscInits map[int]bool
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 var (
@@ -205,13 +213,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		return nil, fmt.Errorf("oci: agent binary: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	r := &Runtime{
-		cfg:      cfg,
-		images:   deps.Images,
-		net:      deps.Network,
-		log:      deps.Logger,
-		classes:  map[string]string{},
-		kinds:    map[string]string{},
-		reapPids: map[int]string{},
+		cfg:        cfg,
+		images:     deps.Images,
+		net:        deps.Network,
+		log:        deps.Logger,
+		classes:    map[string]string{},
+		kinds:      map[string]string{},
+		reapPids:   map[int]string{},
+		helpers:    map[int]uint64{},
+		runscInits: map[int]bool{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -597,6 +607,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		return runtime.Status{}, err
 	}
 	r.track(pid, id)
+	r.trackHelpers(spec.Class, id, pid)
 	rec.Complete = true
 	if err := r.writeRecord(id, rec); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
@@ -827,6 +838,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 		return nil
 	}
 	rc := r.runc(rec.Class)
+	r.collectHelpers()
 	paused := c.Status == "paused"
 	if grace > 0 {
 		if err := rc.Kill(ctx, id, int(unix.SIGTERM), nil); err != nil && alive(c.Pid) {
@@ -985,6 +997,7 @@ func (r *Runtime) deleteContainer(ctx context.Context, class, id string) error {
 		return nil
 	}
 	rc := r.runc(class)
+	r.collectHelpers()
 	if c, err := rc.State(ctx, id); err == nil && c.Status == "paused" {
 		// SIGKILL is not delivered to frozen tasks until they thaw.
 		rc.Kill(ctx, id, int(unix.SIGKILL), &gorunc.KillOpts{All: true})
@@ -1050,6 +1063,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 			known[id] = true
 			if pid, err := readPid(filepath.Join(r.sandboxDir(id), "pid")); err == nil {
 				r.track(pid, id)
+				r.trackHelpers(rec.Class, id, pid)
 			}
 			continue
 		}
@@ -1095,6 +1109,55 @@ func (r *Runtime) track(pid int, id string) {
 	r.reap() // it may have exited before we tracked it
 }
 
+// trackHelpers registers the helper processes of a runsc sandbox (see
+// Runtime.helpers) for reaping, if Subreaper is on.
+func (r *Runtime) trackHelpers(class, id string, pid int) {
+	if r.stop == nil || r.kinds[class] != runscKind {
+		return
+	}
+	r.reapMu.Lock()
+	defer r.reapMu.Unlock()
+	r.runscInits[pid] = true
+	if gofer := runscGoferPid(r.stateRoot(class), id); gofer > 0 {
+		r.addHelperLocked(gofer)
+	}
+	r.collectHelpersLocked()
+}
+
+func (r *Runtime) addHelperLocked(pid int) {
+	if _, ok := r.helpers[pid]; ok {
+		return
+	}
+	if st, ok := readProcStat(pid); ok {
+		r.helpers[pid] = st.start
+	}
+}
+
+// collectHelpersLocked adds the current descendants of each live runsc
+// sandbox to helpers.
+func (r *Runtime) collectHelpersLocked() {
+	for pid := range r.runscInits {
+		if _, live := r.reapPids[pid]; !live {
+			delete(r.runscInits, pid)
+			continue
+		}
+		for _, d := range descendants(pid) {
+			r.addHelperLocked(d)
+		}
+	}
+}
+
+// collectHelpers is collectHelpersLocked for callers about to kill a
+// sandbox, so that helpers started since the last tick are known.
+func (r *Runtime) collectHelpers() {
+	if r.stop == nil {
+		return
+	}
+	r.reapMu.Lock()
+	r.collectHelpersLocked()
+	r.reapMu.Unlock()
+}
+
 // reapLoop reaps exited sandbox inits on SIGCHLD. It waits only for the
 // tracked PIDs, never for "any child", so it does not race with os/exec.
 func (r *Runtime) reapLoop() {
@@ -1118,6 +1181,7 @@ func (r *Runtime) reapLoop() {
 func (r *Runtime) reap() {
 	r.reapMu.Lock()
 	defer r.reapMu.Unlock()
+	r.collectHelpersLocked()
 	for pid, id := range r.reapPids {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
@@ -1133,6 +1197,19 @@ func (r *Runtime) reap() {
 			code = 128 + int(ws.Signal())
 		}
 		os.WriteFile(filepath.Join(r.sandboxDir(id), "exit"), []byte(strconv.Itoa(code)), 0o600)
+	}
+	self := os.Getpid()
+	for pid, start := range r.helpers {
+		st, ok := readProcStat(pid)
+		if !ok || st.start != start {
+			delete(r.helpers, pid) // gone, or the PID was reused
+			continue
+		}
+		if st.state != 'Z' || st.ppid != self {
+			continue // running, or not (yet) adopted by us
+		}
+		unix.Wait4(pid, nil, unix.WNOHANG, nil)
+		delete(r.helpers, pid)
 	}
 }
 

@@ -487,6 +487,16 @@ func TestRunsc(t *testing.T) {
 		t.Errorf("host view of /proc/sys/net/core changed: %v", err)
 	}
 
+	// The runsc helpers we adopt as a subreaper when the sandbox dies.
+	st, err := r.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	helpers := append(descendants(st.Pid), runscGoferPid(r.stateRoot("runsc"), id))
+	if len(helpers) < 2 {
+		t.Fatalf("runsc helpers of %d = %v, want the gofer and ptrace stubs", st.Pid, helpers)
+	}
+
 	if err := r.Pause(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -495,4 +505,21 @@ func TestRunsc(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNoLeaks(t, r, id)
+	// They must be reaped, not left as zombies.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var left []int
+		for _, pid := range helpers {
+			if ps, ok := readProcStat(pid); ok && ps.state == 'Z' && ps.ppid == os.Getpid() {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombie runsc helpers left: %v", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,11 +1,13 @@
 package oci
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -138,4 +140,74 @@ func removeRunscLeftovers(root, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// runscGoferPid reads the gofer's PID from runsc's state file for id (0
+// if unknown).
+func runscGoferPid(root, id string) int {
+	m, _ := filepath.Glob(filepath.Join(root, id+"_sandbox:*.state"))
+	if len(m) == 0 {
+		return 0
+	}
+	data, err := os.ReadFile(m[0])
+	if err != nil {
+		return 0
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+	}
+	json.Unmarshal(data, &st)
+	return st.GoferPid
+}
+
+// procStat is what reaping needs from /proc/<pid>/stat.
+type procStat struct {
+	state byte
+	ppid  int
+	start uint64 // start time in clock ticks since boot; identifies the process across PID reuse
+}
+
+func readProcStat(pid int) (procStat, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	// Fields after the command name: state(3) ppid(4) ... starttime(22).
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil {
+		return procStat{}, false
+	}
+	return procStat{state: f[0][0], ppid: ppid, start: start}, true
+}
+
+// descendants returns the PIDs of all descendants of pid (read from
+// /proc/<pid>/task/*/children, which needs CONFIG_PROC_CHILDREN).
+func descendants(pid int) []int {
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 4096 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(p) + "/task/*/children")
+		for _, t := range tasks {
+			data, _ := os.ReadFile(t)
+			for _, c := range strings.Fields(string(data)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					out = append(out, n)
+					queue = append(queue, n)
+				}
+			}
+		}
+	}
+	return out
 }

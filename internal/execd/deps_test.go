@@ -1,0 +1,39 @@
+package execd
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDependencies keeps the in-sandbox agent lean: besides the standard
+// library it may link only these modules and moat packages.
+func TestDependencies(t *testing.T) {
+	allowed := []string{
+		"github.com/moat-sandbox/moat/internal/execd",
+		"github.com/moat-sandbox/moat/internal/errdefs",
+		"github.com/moat-sandbox/moat/internal/web",
+		"golang.org/x/sys/",
+		"github.com/creack/pty",
+		"github.com/coder/websocket",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		ok := false
+		for _, a := range allowed {
+			if strings.HasPrefix(pkg, a) {
+				ok = true
+			}
+		}
+		if !ok {
+			t.Errorf("execd links %s; the agent may only use the stdlib, x/sys, creack/pty and coder/websocket", pkg)
+		}
+	}
+}

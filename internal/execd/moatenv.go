@@ -1,0 +1,43 @@
+package execd
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// baseEnv returns the environment children inherit (a copy).
+func (s *Server) baseEnv() []string {
+	s.envMu.RLock()
+	defer s.envMu.RUnlock()
+	return append([]string(nil), s.opts.BaseEnv...)
+}
+
+// setEnvRequest is the body of POST /moat/v1/env.
+type setEnvRequest struct {
+	Envs map[string]string `json:"envs"`
+}
+
+// handleSetEnv is a moat extension: it adds variables to the environment
+// of every later command, session, PTY and code context. The lifecycle
+// server calls it when a warm pool sandbox is claimed with env.
+func (s *Server) handleSetEnv(w http.ResponseWriter, r *http.Request) error {
+	var req setEnvRequest
+	if err := web.DecodeJSON(r, &req, false); err != nil {
+		return errdefs.WithPublic(err, CodeInvalidRequestBody, "invalid JSON body")
+	}
+	var add []string
+	for k, v := range req.Envs {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errBody("invalid env variable %q", k)
+		}
+		add = append(add, k+"="+v)
+	}
+	s.envMu.Lock()
+	s.opts.BaseEnv = mergeEnv(s.opts.BaseEnv, add)
+	s.envMu.Unlock()
+	w.WriteHeader(http.StatusOK)
+	return nil
+}

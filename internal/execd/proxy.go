@@ -1,0 +1,49 @@
+package execd
+
+import (
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// handleProxy reverse-proxies /proxy/{port}/{path...} to
+// 127.0.0.1:{port}/{path...} inside the sandbox: HTTP, streamed responses
+// (flushed immediately) and WebSocket upgrades. The agent token header is
+// stripped so it never reaches the user's server.
+func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) error {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		return errdefs.Invalid(CodeInvalidRequestBody, "invalid port "+strconv.Quote(r.PathValue("port")))
+	}
+	target := &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	rest := "/" + r.PathValue("path")
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.URL.Path = rest
+			pr.Out.URL.RawPath = ""
+			if raw := r.URL.EscapedPath(); strings.HasPrefix(raw, "/proxy/") {
+				// keep the client's escaping of the forwarded part
+				if i := strings.Index(raw[len("/proxy/"):], "/"); i >= 0 {
+					pr.Out.URL.RawPath = raw[len("/proxy/")+i:]
+				}
+			}
+			pr.Out.Host = r.Host
+			pr.SetXForwarded()
+			pr.Out.Header.Del(TokenHeader)
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			s.log.Debug("proxy error", "port", port, "err", err)
+			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: CodeRuntimeError, Message: "error proxying to port " + strconv.Itoa(port) + ": " + err.Error()})
+		},
+	}
+	rp.ServeHTTP(w, r)
+	return nil
+}

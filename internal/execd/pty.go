@@ -1,0 +1,471 @@
+package execd
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// PTY frame bytes (protocol §2.5).
+const (
+	frameStdin  = 0x00
+	frameStdout = 0x01
+	frameStderr = 0x02
+	frameReplay = 0x03
+
+	ptyReplayBytes   = 1 << 20 // replay buffer kept per session
+	ptyPingInterval  = 30 * time.Second
+	ptyWriteTimeout  = 10 * time.Second
+	closeTakenOver   = websocket.StatusCode(4001)
+	ptyReadLimit     = 1 << 20
+	defaultTermValue = "xterm-256color"
+)
+
+// ptySession is an interactive shell driven over one WebSocket at a time.
+// The shell starts on the first attach (in PTY mode, or pipe mode with
+// ?pty=0). Output is kept in a bounded replay buffer addressed by absolute
+// byte offsets, so a client can resume with ?since=.
+type ptySession struct {
+	id, cwd, command string
+
+	mu       sync.Mutex
+	started  bool
+	pipeMode bool
+	proc     *Proc
+	ptmx     *os.File // PTY mode
+	stdin    *os.File
+	replay   []byte // the last ≤ ptyReplayBytes bytes of output
+	total    int64  // bytes of output ever produced
+	exited   bool
+	exitCode int
+	exitCh   chan struct{} // closed when the process is reaped and output drained
+	conn     *ptyConn      // current holder
+}
+
+// ptyConn is one attached WebSocket.
+type ptyConn struct {
+	ws   *websocket.Conn
+	wmu  sync.Mutex
+	done chan struct{} // closed when its handler returns
+}
+
+func (c *ptyConn) write(typ websocket.MessageType, p []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), ptyWriteTimeout)
+	defer cancel()
+	return c.ws.Write(ctx, typ, p)
+}
+
+func (c *ptyConn) writeJSON(v any) error {
+	b, _ := json.Marshal(v)
+	return c.write(websocket.MessageText, b)
+}
+
+func (p *ptySession) process() *Proc {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proc
+}
+
+func (s *Server) handleCreatePTY(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Cwd     string `json:"cwd"`
+		Command string `json:"command"`
+	}
+	if err := decodeBody(r, &req, true); err != nil {
+		return err
+	}
+	p := &ptySession{id: newID(), command: req.Command, exitCh: make(chan struct{})}
+	if req.Cwd != "" {
+		p.cwd = s.expand(req.Cwd)
+		if st, err := os.Stat(p.cwd); err != nil || !st.IsDir() {
+			return errBody("cwd %s is not a directory", p.cwd)
+		}
+	}
+	s.mu.Lock()
+	s.ptys[p.id] = p
+	s.mu.Unlock()
+	web.WriteJSON(w, http.StatusCreated, map[string]string{"session_id": p.id})
+	return nil
+}
+
+func (s *Server) getPTY(id string) (*ptySession, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.ptys[id]
+	if !ok {
+		return nil, errContextNotFound("pty session", id)
+	}
+	return p, nil
+}
+
+func (s *Server) handleGetPTY(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.getPTY(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return writeJSON(w, map[string]any{"session_id": p.id, "running": p.started && !p.exited, "output_offset": p.total})
+}
+
+func (s *Server) handleDeletePTY(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	p, ok := s.ptys[id]
+	delete(s.ptys, id)
+	s.mu.Unlock()
+	if !ok {
+		return errContextNotFound("pty session", id)
+	}
+	p.mu.Lock()
+	proc, conn, started := p.proc, p.conn, p.started
+	p.mu.Unlock()
+	if proc != nil {
+		proc.Signal(sigKILL)
+	}
+	if started && proc != nil {
+		<-p.exitCh
+	}
+	if conn != nil {
+		conn.ws.Close(websocket.StatusNormalClosure, "session deleted")
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// start launches the shell. Preconditions: p.mu held, !p.started.
+func (s *Server) startPTYLocked(p *ptySession, pipeMode bool) error {
+	shell := s.shell
+	args := []string{filepath.Base(shell), "-i"}
+	if p.command != "" {
+		args = []string{filepath.Base(shell), "-c", p.command}
+	}
+	env := s.commandEnv(nil)
+	if lookupEnv(env, "TERM") == "" {
+		env = append(env, "TERM="+defaultTermValue)
+	}
+	spec := ProcSpec{Path: shell, Args: args, Env: env, Dir: p.cwd}
+	var outs []*os.File // read ends: stdout[, stderr]
+	var closeAfter []*os.File
+	if pipeMode {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		spec.Files = []*os.File{inR, outW, errW}
+		spec.Sys = &syscall.SysProcAttr{Setpgid: true}
+		closeAfter = []*os.File{inR, outW, errW}
+		p.stdin = inW
+		outs = []*os.File{outR, errR}
+	} else {
+		ptmx, tty, err := pty.Open()
+		if err != nil {
+			return err
+		}
+		pty.Setsize(ptmx, &pty.Winsize{Rows: 24, Cols: 80})
+		spec.Files = []*os.File{tty, tty, tty}
+		spec.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		closeAfter = []*os.File{tty}
+		p.ptmx, p.stdin = ptmx, ptmx
+		outs = []*os.File{ptmx}
+	}
+	proc, err := s.reaper.Start(spec)
+	for _, f := range closeAfter {
+		f.Close()
+	}
+	if err != nil {
+		for _, f := range outs {
+			f.Close()
+		}
+		p.stdin.Close()
+		return err
+	}
+	p.started, p.pipeMode, p.proc = true, pipeMode, proc
+	var wg sync.WaitGroup
+	for i, f := range outs {
+		kind := byte(frameStdout)
+		if i == 1 {
+			kind = frameStderr
+		}
+		wg.Add(1)
+		s.track(func() { defer wg.Done(); p.pump(f, kind) })
+	}
+	s.track(func() {
+		<-proc.Done()
+		if pipeMode {
+			// A grandchild may hold the pipes; give readers a moment.
+			for _, f := range outs {
+				f.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			}
+		}
+		wg.Wait()
+		p.mu.Lock()
+		p.exited, p.exitCode = true, exitCode(proc.Status())
+		conn := p.conn
+		code := p.exitCode
+		p.stdin.Close()
+		p.mu.Unlock()
+		close(p.exitCh)
+		if conn != nil {
+			conn.writeJSON(map[string]any{"type": "exit", "exit_code": code})
+			conn.ws.Close(websocket.StatusNormalClosure, "exited")
+		}
+	})
+	return nil
+}
+
+// pump copies output into the replay buffer and to the attached client.
+func (p *ptySession) pump(f *os.File, kind byte) {
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			p.replay = append(p.replay, buf[:n]...)
+			if over := len(p.replay) - ptyReplayBytes; over > 0 {
+				p.replay = append(p.replay[:0], p.replay[over:]...)
+			}
+			p.total += int64(n)
+			conn := p.conn
+			p.mu.Unlock()
+			if conn != nil {
+				conn.write(websocket.MessageBinary, append([]byte{kind}, buf[:n]...))
+			}
+		}
+		if err != nil {
+			return // EOF, EIO (PTY slave closed) or deadline after exit
+		}
+	}
+}
+
+type ptyError struct {
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.getPTY(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	takeover := q.Get("takeover") == "1" || q.Get("takeover") == "true"
+	pipeMode := q.Get("pty") == "0" || q.Get("pty") == "false"
+	since := int64(-1)
+	if v := q.Get("since"); v != "" {
+		since, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || since < 0 {
+			return errdefs.Invalid(CodeInvalidRequestBody, "since must be a non-negative integer")
+		}
+	}
+	p.mu.Lock()
+	old := p.conn
+	if old != nil && takeover {
+		// Detach the old holder now; its close handshake runs on its own.
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	if old != nil {
+		if !takeover {
+			return errdefs.WithPublic(fmt.Errorf("pty %s: %w", p.id, errdefs.ErrConflict), "ALREADY_CONNECTED", "session already has a connected client")
+		}
+		go func() {
+			old.writeJSON(ptyError{Type: "error", Code: "TAKEN_OVER", Message: "session taken over by another client"})
+			old.ws.Close(closeTakenOver, "TAKEN_OVER")
+		}()
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return nil // Accept wrote the HTTP error
+	}
+	ws.SetReadLimit(ptyReadLimit)
+	c := &ptyConn{ws: ws, done: make(chan struct{})}
+	defer close(c.done)
+	defer ws.CloseNow()
+
+	p.mu.Lock()
+	if p.conn != nil {
+		p.mu.Unlock()
+		c.writeJSON(ptyError{Type: "error", Code: "ALREADY_CONNECTED", Message: "session already has a connected client"})
+		ws.Close(websocket.StatusPolicyViolation, "ALREADY_CONNECTED")
+		return nil
+	}
+	if !p.started {
+		if err := s.startPTYLocked(p, pipeMode); err != nil {
+			p.mu.Unlock()
+			c.writeJSON(ptyError{Type: "error", Code: "START_FAILED", Message: err.Error()})
+			ws.Close(websocket.StatusInternalError, "START_FAILED")
+			return nil
+		}
+	}
+	mode := "pty"
+	if p.pipeMode {
+		mode = "pipe"
+	}
+	// Under p.mu no output can slip between the replay and live frames.
+	c.writeJSON(map[string]any{"type": "connected", "session_id": p.id, "mode": mode})
+	if since >= 0 {
+		start := p.total - int64(len(p.replay))
+		from := max(since, start)
+		if from < p.total {
+			frame := make([]byte, 9, 9+p.total-from)
+			frame[0] = frameReplay
+			binary.BigEndian.PutUint64(frame[1:], uint64(from))
+			frame = append(frame, p.replay[from-start:]...)
+			c.write(websocket.MessageBinary, frame)
+		}
+	}
+	exited, code := p.exited, p.exitCode
+	if !exited {
+		p.conn = c
+	}
+	p.mu.Unlock()
+	if exited {
+		c.writeJSON(map[string]any{"type": "exit", "exit_code": code})
+		ws.Close(websocket.StatusNormalClosure, "exited")
+		return nil
+	}
+	defer func() {
+		p.mu.Lock()
+		if p.conn == c {
+			p.conn = nil
+		}
+		p.mu.Unlock()
+	}()
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		t := time.NewTicker(ptyPingInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				pctx, pc := context.WithTimeout(ctx, 2*ptyPingInterval)
+				err := ws.Ping(pctx)
+				pc()
+				if err != nil {
+					ws.CloseNow()
+					return
+				}
+			}
+		}
+	}()
+	for {
+		typ, data, err := ws.Read(ctx)
+		if err != nil {
+			return nil
+		}
+		if typ == websocket.MessageBinary {
+			if len(data) == 0 || data[0] != frameStdin {
+				c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "binary frames must start with 0x00"})
+				continue
+			}
+			if _, err := p.stdin.Write(data[1:]); err != nil && !errors.Is(err, os.ErrClosed) {
+				c.writeJSON(ptyError{Type: "error", Code: "STDIN_WRITE_FAILED", Message: err.Error()})
+			}
+			continue
+		}
+		var msg struct {
+			Type   string `json:"type"`
+			Cols   uint16 `json:"cols"`
+			Rows   uint16 `json:"rows"`
+			Signal string `json:"signal"`
+		}
+		if json.Unmarshal(data, &msg) != nil {
+			c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "invalid JSON frame"})
+			continue
+		}
+		switch msg.Type {
+		case "resize":
+			if p.ptmx != nil && msg.Cols > 0 && msg.Rows > 0 {
+				pty.Setsize(p.ptmx, &pty.Winsize{Cols: msg.Cols, Rows: msg.Rows})
+			}
+		case "signal":
+			sig := signalByName(msg.Signal)
+			if sig == 0 {
+				c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown signal " + msg.Signal})
+				continue
+			}
+			p.signal(sig)
+		case "ping":
+			c.writeJSON(map[string]string{"type": "pong"})
+		default:
+			c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown frame type " + strconv.Quote(msg.Type)})
+		}
+	}
+}
+
+// signal delivers sig to the terminal's foreground process group (PTY
+// mode) or the shell's process group.
+func (p *ptySession) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	ptmx, proc := p.ptmx, p.proc
+	p.mu.Unlock()
+	if ptmx != nil {
+		if pg, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPGRP); err == nil && pg > 0 {
+			if syscall.Kill(-pg, sig) == nil {
+				return
+			}
+		}
+	}
+	if proc != nil {
+		proc.Signal(sig)
+	}
+}
+
+func signalByName(name string) syscall.Signal {
+	switch name {
+	case "SIGINT", "INT":
+		return syscall.SIGINT
+	case "SIGTERM", "TERM":
+		return syscall.SIGTERM
+	case "SIGKILL", "KILL":
+		return syscall.SIGKILL
+	case "SIGQUIT", "QUIT":
+		return syscall.SIGQUIT
+	case "SIGHUP", "HUP":
+		return syscall.SIGHUP
+	case "SIGTSTP", "TSTP":
+		return syscall.SIGTSTP
+	case "SIGCONT", "CONT":
+		return syscall.SIGCONT
+	case "SIGUSR1", "USR1":
+		return syscall.SIGUSR1
+	case "SIGUSR2", "USR2":
+		return syscall.SIGUSR2
+	case "SIGWINCH", "WINCH":
+		return syscall.SIGWINCH
+	}
+	return 0
+}
