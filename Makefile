@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps build run test test-short vet bench fmt clean
+.PHONY: help deps deps-docker build run test test-short vet bench fmt clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ run: deps build ## Install deps, build, and run `moat serve` with the native run
 vet: ## go vet
 	$(GO) vet ./...
 
-test: deps vet build ## Run every test (as root: includes the runtime and end-to-end tests)
+deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
+	@bash scripts/docker-setup.sh
+
+test: deps deps-docker vet build ## Run every test (as root: includes the runtime and end-to-end tests)
 	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test $(TESTFLAGS) -p 1 ./...
 
 test-short: ## Unit tests only (no root needed)

@@ -20,6 +20,8 @@ type deps struct {
 type backend struct {
 	rt     runtime.Runtime
 	egress lifecycle.Egress // nil: networkPolicy unsupported
+	// images overrides moat's image store (e.g. the Docker daemon's).
+	images lifecycle.Images
 	// close releases the backend (not its sandboxes).
 	close func() error
 }
@@ -36,6 +38,7 @@ func backends() map[string]factory {
 			return backend{rt: rt, close: rt.Close}, nil
 		},
 	}
+	m["docker"] = newDocker
 	addPlatformBackends(m)
 	return m
 }

@@ -27,8 +27,12 @@ type Config struct {
 	Root string
 	// RunRoot holds runtime state that must not survive a reboot. Default /run/moat.
 	RunRoot string
-	// Runtime is the backend: "oci" (native, default) or "fake" (no processes; dev only).
+	// Runtime is the backend: "oci" (native, default), "docker" (Docker
+	// Engine API) or "fake" (no processes; dev only).
 	Runtime string
+	// DockerHost is the Docker Engine address for Runtime "docker"
+	// (default unix:///var/run/docker.sock).
+	DockerHost string
 	// RuntimeClass is the default OCI runtime: runc (default), crun or runsc.
 	RuntimeClass string
 	// APIKey is the required OPEN-SANDBOX-API-KEY. If empty and auth is not
@@ -83,9 +87,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("run-root %q must be an absolute path", c.RunRoot))
 	}
 	switch c.Runtime {
-	case "oci", "fake":
+	case "oci", "docker", "fake":
 	default:
-		errs = append(errs, fmt.Errorf("runtime %q: want oci or fake", c.Runtime))
+		errs = append(errs, fmt.Errorf("runtime %q: want oci, docker or fake", c.Runtime))
 	}
 	switch c.RuntimeClass {
 	case "runc", "crun", "runsc":

@@ -86,7 +86,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	}
 	s.rt, s.closeRT = be.rt, be.close
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != ""}, lifecycle.Deps{
-		Store: s.db, Runtime: s.rt, Images: s.images, Egress: be.egress, Log: log,
+		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
 	})
 	if err != nil {
 		return nil, err
@@ -134,6 +134,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+func imagesFor(be backend, st *image.Store) lifecycle.Images {
+	if be.images != nil {
+		return be.images
+	}
+	return st
 }
 
 // ingressResolver resolves ingress routes through the lifecycle. It never

@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"net/textproto"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/network"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 type sandboxResp struct {
@@ -324,4 +326,14 @@ func TestAPIErrors(t *testing.T) {
 	if len(links) != 0 {
 		t.Fatalf("veths left by failed creates: %d", len(links))
 	}
+}
+
+func TestSandboxLifecycleDocker(t *testing.T) {
+	srv := newServer(t, "moate2e6", "10.218.0.0/16")
+	ref := startRegistry(t)
+	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
+		t.Fatalf("docker-setup.sh: %v\n%s", err, out)
+	}
+	srv.start("--runtime", "docker")
+	lifecycleRoundTrip(t, srv, ref, "docker")
 }
