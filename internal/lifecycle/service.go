@@ -412,6 +412,10 @@ func (s *Service) attachEgress(ctx context.Context, id, ipStr string, p policy.N
 }
 
 func (s *Service) cleanupFailed(ctx context.Context, id string) {
+	// Cleanup must run even when the create was cancelled (e.g. a pool
+	// deleted mid-fill), or the half-made sandbox would leak.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	if s.deps.Egress != nil {
 		s.deps.Egress.Detach(ctx, id) // no-op if never attached
 	}
@@ -434,7 +438,7 @@ func (s *Service) waitAgent(ctx context.Context, id, token string) error {
 		return err
 	}
 	url := "http://" + ep + "/ping"
-	delay := 500 * time.Microsecond
+	delay := 250 * time.Microsecond
 	var last error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -456,7 +460,7 @@ func (s *Service) waitAgent(ctx context.Context, id, token string) error {
 			return fmt.Errorf("agent of %s not ready: %v: %w", id, last, errdefs.ErrDeadlineExceeded)
 		case <-time.After(delay):
 		}
-		if delay < 20*time.Millisecond {
+		if delay < 2*time.Millisecond {
 			delay *= 2
 		}
 	}

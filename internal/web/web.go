@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"time"
 
@@ -132,14 +131,10 @@ const MaxBodyBytes = 4 << 20
 
 // DecodeJSON decodes the request body into v. An empty body is allowed only
 // if allowEmpty; unknown fields are ignored (clients send extra fields).
+// The Content-Type is not checked: clients such as a bare curl label JSON
+// bodies as forms, and the body must parse as JSON anyway.
 // Errors are ErrInvalidArgument with a public message.
 func DecodeJSON(r *http.Request, v any, allowEmpty bool) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err == nil && mt != "application/json" && mt != "text/plain" && !allowEmpty {
-			return errdefs.Invalid("", fmt.Sprintf("unsupported content type %q, want application/json", mt))
-		}
-	}
 	body := http.MaxBytesReader(nil, r.Body, MaxBodyBytes)
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(v); err != nil {
