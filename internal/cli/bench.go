@@ -39,7 +39,7 @@ busybox image (from the host's busybox-static) in a loopback registry.`,
 	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
 	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
 	f.StringVar(&classes, "runtime-class", "runc,crun", "comma-separated runtime classes to measure")
-	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server")
+	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker (use --runtime-class docker)")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", 1, "creates in flight at once")
 	cmd.AddCommand(create, newBenchPoolCommand())
