@@ -352,23 +352,8 @@ func (g *Gateway) ServeListener(ctx context.Context, ln net.Listener) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	hs.BaseContext = func(net.Listener) context.Context { return base }
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
 	g.log.Info("ingress serving", "addr", ln.Addr().String(), "domain", g.domain)
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return web.ServeUntil(ctx, hs, ln)
 }
 
 // CloseIdleConnections closes kept-alive upstream connections (for tests

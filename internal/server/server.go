@@ -87,6 +87,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	s.rt, s.closeRT = be.rt, be.close
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != ""}, lifecycle.Deps{
 		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
+		Committer: be.committer,
 	})
 	if err != nil {
 		return nil, err
@@ -109,7 +110,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopReaper()
 	go s.svc.Run(rctx)
 	errc := make(chan error, 2)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
 	if s.cfg.IngressListen != "" {
 		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain}, ingressResolver{s.svc}, s.log)
 		go func() {
@@ -120,20 +121,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log.Info("ingress gateway serving", "addr", s.cfg.IngressListen, "domain", s.cfg.IngressDomain)
 	}
 	s.log.Info("moat serving", "addr", ln.Addr().String(), "runtime", s.rt.Name(), "classes", s.rt.Capabilities().Classes)
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	// The first to end (the API server when ctx ends, or a failing
+	// listener) decides; rctx then stops the other.
+	err := <-errc
+	stopReaper()
+	return err
 }
 
 func imagesFor(be backend, st *image.Store) lifecycle.Images {

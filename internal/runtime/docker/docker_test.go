@@ -1,12 +1,10 @@
 package docker
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -27,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
@@ -97,54 +96,6 @@ func agentPath(t testing.TB) string {
 	return stubPath
 }
 
-// tarDir streams dir as a tarball (symlinks kept, owners as on disk).
-func tarDir(dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := os.Lstat(path)
-		if err != nil {
-			return err
-		}
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(path); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
-}
 
 // importBusybox loads testutil.BusyboxRootfs into the daemon (`docker
 // import`) under a fresh name, removed when the test ends.
@@ -159,7 +110,13 @@ func importBusybox(t testing.TB) string {
 	t.Cleanup(func() { cli.Close() })
 	ref := fmt.Sprintf("moat-test/busybox:%08x", rand.Uint32())
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarDir(testutil.BusyboxRootfs(t), pw)) }()
+	go func() {
+		data, err := localregistry.TarDir(testutil.BusyboxRootfs(t))
+		if err == nil {
+			_, err = pw.Write(data)
+		}
+		pw.CloseWithError(err)
+	}()
 	res, err := cli.ImageImport(ctx, client.ImageImportSource{Source: pr, SourceName: "-"}, ref, client.ImageImportOptions{
 		Changes: []string{
 			`CMD ["sleep", "3600"]`,
