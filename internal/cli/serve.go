@@ -45,6 +45,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.DurationVar(&cfg.MaxTimeout, "max-timeout", 0, "maximum sandbox timeout (0 = no cap)")
 	f.StringVar(&cfg.IngressListen, "ingress-listen", "", "serve the ingress gateway on this address (e.g. :28888); enables secureAccess")
 	f.StringVar(&cfg.IngressDomain, "ingress-domain", "", "base domain for ingress host routes (<port>-<id>.<domain>)")
+	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver (ip:port) for sandbox DNS, repeatable (default: /etc/resolv.conf)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	return cmd
 }

@@ -22,6 +22,8 @@ type backend struct {
 	egress lifecycle.Egress // nil: networkPolicy unsupported
 	// images overrides moat's image store (e.g. the Docker daemon's).
 	images lifecycle.Images
+	// committer stores snapshots (nil: snapshots unsupported).
+	committer lifecycle.Committer
 	// close releases the backend (not its sandboxes).
 	close func() error
 }

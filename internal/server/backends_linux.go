@@ -78,11 +78,14 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		imgs.Close()
 		return err
 	}
-	return backend{rt: rt, egress: egressAdapter{enf: enf, netm: netm}, close: closeAll}, nil
+	return backend{rt: rt, egress: egressAdapter{enf: enf, netm: netm}, committer: imageCommitter{d.images}, close: closeAll}, nil
 }
 
 func newEnforcer(cfg Config, netm *network.Manager, d deps) (*egress.Enforcer, error) {
-	ups, err := dnsproxy.UpstreamsFromResolvConf("/etc/resolv.conf")
+	ups, err := cfg.DNSUpstreams, error(nil)
+	if len(ups) == 0 {
+		ups, err = dnsproxy.UpstreamsFromResolvConf("/etc/resolv.conf")
+	}
 	if err != nil || len(ups) == 0 {
 		// No host resolver: names resolve to nothing, IP rules still work.
 		d.log.Warn("no upstream DNS resolvers in /etc/resolv.conf; sandbox DNS will fail", "err", err)
@@ -172,3 +175,17 @@ func (a *ociImages) Close() {
 		delete(a.leases, id)
 	}
 }
+
+// imageCommitter stores snapshots in the image store as one layer on top
+// of the sandbox's image.
+type imageCommitter struct{ st *image.Store }
+
+func (c imageCommitter) Commit(ctx context.Context, upperDir, baseRef, name string) (image.Image, error) {
+	base, err := c.st.Get(ctx, baseRef)
+	if err != nil {
+		return image.Image{}, fmt.Errorf("snapshot base image %s: %w", baseRef, err)
+	}
+	return c.st.CommitLayer(ctx, upperDir, base, name)
+}
+
+func (c imageCommitter) Remove(ctx context.Context, ref string) error { return c.st.Remove(ctx, ref) }

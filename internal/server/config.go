@@ -58,6 +58,9 @@ type Config struct {
 	IngressListen string
 	// IngressDomain is the base domain of host routes (optional).
 	IngressDomain string
+	// DNSUpstreams are the resolvers ("host:port") the sandbox DNS proxy
+	// forwards allowed names to. Default: the nameservers of /etc/resolv.conf.
+	DNSUpstreams []string
 }
 
 // Default returns the default configuration.
@@ -109,6 +112,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("log-level %q: want debug, info, warn or error", c.LogLevel))
+	}
+	for _, u := range c.DNSUpstreams {
+		if _, err := netip.ParseAddrPort(u); err != nil {
+			errs = append(errs, fmt.Errorf("dns-upstream %q: want ip:port", u))
+		}
 	}
 	if c.APIKeyFile == "" {
 		c.APIKeyFile = filepath.Join(c.Root, "api-key")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/web"
@@ -85,9 +87,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
 	s.rt, s.closeRT = be.rt, be.close
+	// GET /metrics (behind the API key); moat_sandboxes is counted at
+	// scrape time, when s.svc is set.
+	reg := metrics.New(metrics.Options{States: func() map[string]int { return stateCounts(s.svc) }, KnownStates: knownStates()})
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != ""}, lifecycle.Deps{
 		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
-		Committer: be.committer,
+		Committer: be.committer, Metrics: reg,
 	})
 	if err != nil {
 		return nil, err
@@ -95,8 +100,29 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
-	s.api = httpapi.New(httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress}, s.svc, log)
+	s.api = httpapi.New(httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress, Metrics: reg}, s.svc, log)
 	return s, nil
+}
+
+// stateCounts counts the API-visible sandboxes of svc by state.
+func stateCounts(svc *lifecycle.Service) map[string]int {
+	out := map[string]int{}
+	if svc == nil {
+		return out
+	}
+	items, _ := svc.List(context.Background(), lifecycle.ListFilter{}, 1, math.MaxInt32)
+	for _, sb := range items {
+		out[string(sb.Status.State)]++
+	}
+	return out
+}
+
+func knownStates() []string {
+	out := make([]string, 0, len(lifecycle.AllStates))
+	for _, st := range lifecycle.AllStates {
+		out = append(out, string(st))
+	}
+	return out
 }
 
 // Handler is the root HTTP handler.

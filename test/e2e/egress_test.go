@@ -16,13 +16,14 @@ import (
 )
 
 // outsideHost makes a fake "outside" host: a netns of the test's own,
-// linked to the host by a veth (10.214.9.1 host side, 10.214.9.2 inside),
-// serving nettest.Banner on 10.214.9.2:7000. Sandboxes reach it through
-// the host's NAT; nothing leaves the machine.
-func outsideHost(t *testing.T) string {
+// linked to the host by a veth (10.214.<n>.1 host side, .2 and .3 inside),
+// serving nettest.Banner on .2:7000. Sandboxes reach it through the host's
+// NAT; nothing leaves the machine. It returns the .2 address and the netns
+// path.
+func outsideHost(t *testing.T, n int) (string, string) {
 	t.Helper()
-	ns := fmt.Sprintf("moat-e2e-out-%d", os.Getpid())
-	veth := fmt.Sprintf("moe2e%d", os.Getpid()%100000)
+	ns := fmt.Sprintf("moat-e2e-out%d-%d", n, os.Getpid())
+	veth := fmt.Sprintf("moe%d-%d", n, os.Getpid()%10000)
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -33,13 +34,14 @@ func outsideHost(t *testing.T) string {
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
-	run("addr", "add", "10.214.9.1/30", "dev", veth)
+	run("addr", "add", fmt.Sprintf("10.214.%d.1/29", n), "dev", veth)
 	run("link", "set", veth, "up")
-	run("-n", ns, "addr", "add", "10.214.9.2/30", "dev", "eth0")
+	run("-n", ns, "addr", "add", fmt.Sprintf("10.214.%d.2/29", n), "dev", "eth0")
+	run("-n", ns, "addr", "add", fmt.Sprintf("10.214.%d.3/29", n), "dev", "eth0")
 	run("-n", ns, "link", "set", "eth0", "up")
 	run("-n", ns, "link", "set", "lo", "up")
-	nettest.ServeTCP(t, "/run/netns/"+ns, "10.214.9.2:7000")
-	return "10.214.9.2"
+	nettest.ServeTCP(t, "/run/netns/"+ns, fmt.Sprintf("10.214.%d.2:7000", n))
+	return fmt.Sprintf("10.214.%d.2", n), "/run/netns/" + ns
 }
 
 // shell runs a command in a sandbox and returns its stdout and whether it
@@ -57,7 +59,7 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 	srv := newServer(t, "moate2e3", "10.215.0.0/16")
 	ref := startRegistry(t)
 	srv.start()
-	out := outsideHost(t)
+	out, _ := outsideHost(t, 9)
 	probe := "nc -w 2 " + out + " 7000"
 
 	create := func(np any) string {
@@ -141,5 +143,70 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 	srv.start()
 	if got, ok := shell(t, srv, denied, probe); !ok || !strings.Contains(got, "moat-egress-test") {
 		t.Fatalf("live allow lost across restart: ok=%v %q", ok, got)
+	}
+}
+
+// TestEgressDomainsAndBypass drives the DNS half of egress from real
+// sandboxes: the server's DNS proxy forwards to a fake resolver on loopback
+// (--dns-upstream), and a second resolver plus a TCP listener on port 53
+// run on the fake outside host.
+func TestEgressDomainsAndBypass(t *testing.T) {
+	srv := newServer(t, "moate2e7", "10.220.0.0/16")
+	ref := startRegistry(t)
+	out, outNS := outsideHost(t, 10)
+	other := "10.214.10.3" // not named by any DNS answer: only reachable by direct IP
+	records := map[string][]string{
+		"allowed.test.": {"allowed.test. 60 IN A " + out},
+		"denied.test.":  {"denied.test. 60 IN A " + out},
+	}
+	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
+	nettest.ServeDNS(t, outNS, other+":53", records) // a resolver the sandbox must not use
+	nettest.ServeTCP(t, outNS, out+":53")           // TCP 53 to an allowed address
+	nettest.ServeTCP(t, outNS, other+":7000")
+	srv.start("--dns-upstream", upstream)
+
+	create := func(np any) string {
+		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
+		if np != nil {
+			body["networkPolicy"] = np
+		}
+		var c sandboxResp
+		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+		return c.ID
+	}
+	open := create(nil)
+	sb := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed.test"}}})
+
+	// Baselines from the sandbox without a policy: each probe below can succeed.
+	if got, ok := shell(t, srv, open, "nslookup denied.test"); !ok || !strings.Contains(got, out) {
+		t.Fatalf("baseline: resolve via the proxy: ok=%v %q", ok, got)
+	}
+	if got, ok := shell(t, srv, open, "nslookup allowed.test "+other); !ok || !strings.Contains(got, out) {
+		t.Fatalf("baseline: other resolver: ok=%v %q", ok, got)
+	}
+	if got, _ := shell(t, srv, open, "nc -w 2 "+other+" 7000"); !strings.Contains(got, nettest.Banner[:10]) {
+		t.Fatalf("baseline: direct IP: %q", got)
+	}
+
+	// The policy: only allowed.test, resolved through moat's proxy.
+	if got, ok := shell(t, srv, sb, "nc -w 2 allowed.test 7000"); !ok || !strings.Contains(got, nettest.Banner[:10]) {
+		t.Fatalf("allowed domain: ok=%v %q", ok, got)
+	}
+	before := queries.Load()
+	if got, ok := shell(t, srv, sb, "nslookup denied.test"); ok || strings.Contains(got, out) {
+		t.Fatalf("denied domain resolved: ok=%v %q", ok, got)
+	}
+	if queries.Load() != before {
+		t.Fatal("a denied name was forwarded upstream")
+	}
+	if got, ok := shell(t, srv, sb, "nslookup allowed.test "+other); ok || strings.Contains(got, "Address") && strings.Contains(got, out) {
+		t.Fatalf("DNS to another resolver (udp) worked: %q", got)
+	}
+	if got, _ := shell(t, srv, sb, "nc -w 2 "+out+" 53"); strings.Contains(got, nettest.Banner[:10]) {
+		t.Fatal("TCP 53 to an allowed address was not blocked")
+	}
+	if got, _ := shell(t, srv, sb, "nc -w 2 "+other+" 7000"); strings.Contains(got, nettest.Banner[:10]) {
+		t.Fatal("direct connection to an unresolved address was not blocked")
 	}
 }
