@@ -32,6 +32,18 @@ type Config struct {
 	// PublicAddress is the host[:port] clients use to reach this server; it
 	// is used for server-proxy endpoints. Empty means the request's Host.
 	PublicAddress string
+	// Metrics, if set, is served at GET /metrics (behind the API key, like
+	// every non-public route) and counts every request.
+	Metrics Metrics
+}
+
+// Metrics is the optional Prometheus instrumentation (internal/metrics).
+type Metrics interface {
+	// Handler serves the exposition format.
+	Handler() http.Handler
+	// Instrument counts the requests next serves by route (the name route
+	// returns for a request) and status code.
+	Instrument(route func(*http.Request) string, next http.Handler) http.Handler
 }
 
 // Server is the Lifecycle API handler set.
@@ -83,6 +95,10 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("PATCH "+p+"/sandboxes/{id}/metadata", h(s.patchMetadata))
 		mux.Handle("GET "+p+"/sandboxes/{id}/endpoints/{port}", h(s.endpoint))
 		mux.Handle("POST "+p+"/sandboxes/batch", h(s.createBatch))
+		mux.Handle("POST "+p+"/sandboxes/{id}/snapshots", h(s.createSnapshot))
+		mux.Handle("GET "+p+"/snapshots", h(s.listSnapshots))
+		mux.Handle("GET "+p+"/snapshots/{snapshotId}", h(s.getSnapshot))
+		mux.Handle("DELETE "+p+"/snapshots/{snapshotId}", h(s.deleteSnapshot))
 		mux.Handle("POST "+p+"/pools", h(s.createPool))
 		mux.Handle("GET "+p+"/pools", h(s.listPools))
 		mux.Handle("GET "+p+"/pools/{name}", h(s.getPool))
@@ -92,8 +108,17 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
 	}
+	if m := s.cfg.Metrics; m != nil {
+		mux.Handle("GET /metrics", m.Handler())
+	}
 	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
-	return web.WithRequestID(web.Recover(s.log, s.auth(routed)))
+	root := web.Recover(s.log, s.auth(routed))
+	if m := s.cfg.Metrics; m != nil {
+		// Routes are ServeMux patterns (bounded), looked up before auth so
+		// that 401s count against the route they were for.
+		root = m.Instrument(func(r *http.Request) string { _, p := mux.Handler(r); return p }, root)
+	}
+	return web.WithRequestID(root)
 }
 
 // isPublic reports routes exempt from the API key: /health and the server

@@ -226,7 +226,7 @@ func TestBadInput(t *testing.T) {
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":1e20}`, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"volumes":[{"name":"v"}]}`, 400, "VOLUME::HOST_PATH_NOT_ALLOWED"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"networkPolicy":{"defaultAction":"deny"}}`, 501, "SANDBOX::API_NOT_SUPPORTED"},
-		{"POST", "/v1/sandboxes", `{"snapshotId":"s1"}`, 501, "SANDBOX::API_NOT_SUPPORTED"},
+		{"POST", "/v1/sandboxes", `{"snapshotId":"s1"}`, 404, "SNAPSHOT::NOT_FOUND"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"]} trailing`, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"GET", "/v1/sandboxes?pageSize=0", "", 400, "SANDBOX::INVALID_PARAMETER"},
 		{"GET", "/v1/sandboxes?page=x", "", 400, "SANDBOX::INVALID_PARAMETER"},

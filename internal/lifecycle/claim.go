@@ -162,6 +162,7 @@ func (s *Service) createFromPool(ctx context.Context, req CreateRequest, name st
 	if err != nil {
 		return nil, err
 	}
+	s.observeClaim(len(claimed), n-len(claimed))
 	ctx = context.WithoutCancel(ctx)
 	out, err := s.finishClaims(ctx, claimed, proto, req.Env)
 	if err != nil {

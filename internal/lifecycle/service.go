@@ -90,11 +90,40 @@ type Deps struct {
 	Images  Images
 	// Egress is optional; without it networkPolicy is refused (501).
 	Egress Egress
-	Log    *slog.Logger
+	// Committer is optional; without it (or a runtime.Snapshotter
+	// runtime) snapshots are refused (501).
+	Committer Committer
+	Log       *slog.Logger
 	// HTTP is used to ping agents; default a client with short timeouts.
 	HTTP *http.Client
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Metrics is optional; nil records nothing.
+	Metrics Metrics
+}
+
+// Metrics receives lifecycle observations (see internal/metrics). Calls
+// come from request goroutines concurrently and must not block.
+type Metrics interface {
+	// ObserveCreate records one successful Create that took d.
+	ObserveCreate(d time.Duration)
+	// ObservePoolClaim records a pool claim served by hits idle sandboxes
+	// and misses cold creates.
+	ObservePoolClaim(hits, misses int)
+}
+
+// observeCreate reports a Create that started at start, if it succeeded.
+func (s *Service) observeCreate(start time.Time, err *error) {
+	if s.deps.Metrics != nil && *err == nil {
+		s.deps.Metrics.ObserveCreate(time.Since(start))
+	}
+}
+
+// observeClaim reports a pool claim of hits idle and misses cold sandboxes.
+func (s *Service) observeClaim(hits, misses int) {
+	if s.deps.Metrics != nil {
+		s.deps.Metrics.ObservePoolClaim(hits, misses)
+	}
 }
 
 // entry is one sandbox with its lock. mu serializes operations on the
@@ -120,6 +149,11 @@ type Service struct {
 	poolWG  sync.WaitGroup
 	closing chan struct{}
 	closed  sync.Once
+
+	// snapMu guards snaps and the snapshots in it. Lock order: an entry's
+	// mu before snapMu.
+	snapMu sync.Mutex
+	snaps  map[string]*Snapshot
 }
 
 // New returns a service. Call Recover before serving, and Run to start the
@@ -138,8 +172,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if deps.HTTP == nil {
 		deps.HTTP = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	}
+	snaps, err := loadSnapshots(deps.Store, deps.Now().UTC())
+	if err != nil {
+		return nil, err
+	}
 	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{},
-		pools: map[string]*pool{}, closing: make(chan struct{})}, nil
+		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps}, nil
 }
 
 // Close stops the pool refill loops (sandboxes keep running).
@@ -189,7 +227,8 @@ func (s *Service) persist(e *entry) error {
 
 // Create provisions a sandbox and returns once it is Running (its agent
 // answers /ping), matching OpenSandbox's synchronous create.
-func (s *Service) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
+	defer s.observeCreate(time.Now(), &err)
 	if name := req.Extensions[ExtPoolRef]; name != "" {
 		sbs, err := s.createFromPool(ctx, req, name, 1)
 		if err != nil {
@@ -224,8 +263,15 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 		return Sandbox{}, errdefs.Invalid(codeInvalid, "one of image or snapshotId is required")
 	case req.Image != "" && req.SnapshotID != "":
 		return Sandbox{}, errdefs.Invalid(codeInvalid, "image and snapshotId are mutually exclusive")
-	case req.SnapshotID != "":
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "creating from a snapshot is not supported yet")
+	}
+	entrypoint := req.Entrypoint
+	if req.SnapshotID != "" {
+		if _, err := s.readySnapshot(req.SnapshotID); err != nil {
+			return Sandbox{}, err
+		}
+		if len(entrypoint) == 0 {
+			entrypoint = defaultSnapshotEntrypoint
+		}
 	}
 	if req.Image != "" && len(req.Entrypoint) == 0 {
 		return Sandbox{}, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint is required when image is set")
@@ -278,7 +324,8 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 	sb := Sandbox{
 		ID:             newID(),
 		Image:          req.Image,
-		Entrypoint:     append([]string(nil), req.Entrypoint...),
+		SnapshotID:     req.SnapshotID,
+		Entrypoint:     append([]string(nil), entrypoint...),
 		Env:            cloneMap(req.Env),
 		Metadata:       cloneMap(req.Metadata),
 		ResourceLimits: cloneMap(req.ResourceLimits),
@@ -336,9 +383,13 @@ func (s *Service) classAvailable(c string) bool {
 // runtime resource is released and the entry is left Failed.
 func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) error {
 	sb := &e.sb
-	img, err := s.deps.Images.Ensure(ctx, sb.Image, auth)
+	ref := imageRef(sb)
+	img, err := s.deps.Images.Ensure(ctx, ref, auth)
 	if err != nil {
 		s.fail(e, ReasonImagePullFailed, "image pull failed")
+		if sb.SnapshotID != "" {
+			return errdefs.WithPublic(fmt.Errorf("%w: snapshot image %s: %v", errdefs.ErrFailedPrecondition, ref, err), "SNAPSHOT::IMAGE_MISSING", fmt.Sprintf("the image of snapshot %s is missing", sb.SnapshotID))
+		}
 		if errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errdefs.ErrPermissionDenied) {
 			// A reference the registry does not have is the caller's error.
 			return errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q: %v", sb.Image, publicCause(err)))

@@ -148,3 +148,14 @@ type Pauser interface {
 	// Resume thaws a paused sandbox.
 	Resume(ctx context.Context, id string) error
 }
+
+// Snapshotter is implemented by backends whose sandboxes keep their
+// writable layer in a host directory that can be committed as an image
+// layer (Capabilities.Snapshot reports it).
+type Snapshotter interface {
+	// SnapshotDir returns the host path of the sandbox's writable layer
+	// (an overlayfs upper directory). The directory stays valid until
+	// Delete; the caller freezes the sandbox (Pauser) while reading it so
+	// that the captured tree is consistent.
+	SnapshotDir(ctx context.Context, id string) (upperDir string, err error)
+}

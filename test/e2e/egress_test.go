@@ -161,7 +161,7 @@ func TestEgressDomainsAndBypass(t *testing.T) {
 	}
 	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
 	nettest.ServeDNS(t, outNS, other+":53", records) // a resolver the sandbox must not use
-	nettest.ServeTCP(t, outNS, out+":53")           // TCP 53 to an allowed address
+	nettest.ServeTCP(t, outNS, out+":53")            // TCP 53 to an allowed address
 	nettest.ServeTCP(t, outNS, other+":7000")
 	srv.start("--dns-upstream", upstream)
 

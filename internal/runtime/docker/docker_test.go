@@ -23,9 +23,9 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
-	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
@@ -95,7 +95,6 @@ func agentPath(t testing.TB) string {
 	}
 	return stubPath
 }
-
 
 // importBusybox loads testutil.BusyboxRootfs into the daemon (`docker
 // import`) under a fresh name, removed when the test ends.

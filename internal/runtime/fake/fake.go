@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -49,6 +50,7 @@ type state struct {
 
 type sandbox struct {
 	spec    runtime.Spec
+	upper   string // SnapshotDir, made on first use
 	status  runtime.Status
 	srv     *httptest.Server
 	paused  bool
@@ -56,8 +58,9 @@ type sandbox struct {
 }
 
 var (
-	_ runtime.Runtime = (*Runtime)(nil)
-	_ runtime.Pauser  = (*Runtime)(nil)
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.Snapshotter = (*Runtime)(nil)
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
@@ -81,6 +84,9 @@ func (r *Runtime) Close() error {
 		if sb.srv != nil {
 			sb.srv.Close()
 		}
+		if sb.upper != "" {
+			os.RemoveAll(sb.upper)
+		}
 		delete(r.st.sandboxes, id)
 	}
 	return nil
@@ -91,7 +97,7 @@ func (r *Runtime) Name() string { return "fake" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Classes: []string{Class}}
+	return runtime.Capabilities{Pause: true, Snapshot: true, Classes: []string{Class}}
 }
 
 func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
@@ -217,6 +223,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if sb.srv != nil {
 		sb.srv.Close()
 	}
+	if sb.upper != "" {
+		os.RemoveAll(sb.upper)
+	}
 	delete(r.st.sandboxes, id)
 	return nil
 }
@@ -294,4 +303,24 @@ func (r *Runtime) setPaused(id string, pause bool) error {
 		sb.status.State = runtime.StateRunning
 	}
 	return nil
+}
+
+// SnapshotDir implements runtime.Snapshotter with an empty temporary
+// directory per sandbox, removed by Delete (tests may write files into it
+// to stand for the sandbox's writes).
+func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	sb, err := r.get(id)
+	if err != nil {
+		return "", err
+	}
+	if sb.upper == "" {
+		d, err := os.MkdirTemp("", "moat-fake-upper-")
+		if err != nil {
+			return "", fmt.Errorf("fake: %w", err)
+		}
+		sb.upper = d
+	}
+	return sb.upper, nil
 }

@@ -311,7 +311,7 @@ func (r *Runtime) Name() string { return "oci" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Classes: slices.Sorted(maps.Keys(r.classes))}
+	return runtime.Capabilities{Pause: true, Snapshot: true, Classes: slices.Sorted(maps.Keys(r.classes))}
 }
 
 func (r *Runtime) sandboxesDir() string        { return filepath.Join(r.cfg.Root, "sandboxes") }

@@ -1,0 +1,3 @@
+module github.com/moat-sandbox/moat/client
+
+go 1.26

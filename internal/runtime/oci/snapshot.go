@@ -1,0 +1,37 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+var _ runtime.Snapshotter = (*Runtime)(nil)
+
+// SnapshotDir implements runtime.Snapshotter: the overlay upper directory
+// <Root>/sandboxes/<id>/upper. runsc sandboxes are ErrNotImplemented:
+// gVisor keeps its own overlay (in memory or in a filestore file), so the
+// host upper directory does not hold the sandbox's writes.
+func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
+	if !idPattern.MatchString(id) {
+		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	rec, err := r.readRecord(id)
+	if err != nil {
+		return "", err
+	}
+	if r.kinds[rec.Class] == "runsc" {
+		return "", errdefs.WithPublic(fmt.Errorf("snapshot of runsc sandbox %q: %w", id, errdefs.ErrNotImplemented),
+			"SANDBOX::API_NOT_SUPPORTED", "snapshots are not supported for runsc sandboxes")
+	}
+	upper := filepath.Join(r.sandboxDir(id), "upper")
+	fi, err := os.Stat(upper)
+	if err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("sandbox %q has no writable layer: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return upper, nil
+}
