@@ -64,6 +64,7 @@ type pool struct {
 	allocated map[string]bool
 	creating  int
 	filling   bool
+	inflight  sync.WaitGroup // warm creates in progress
 	wake      chan struct{}
 	stop      chan struct{}
 	deleted   bool
@@ -193,6 +194,9 @@ func (s *Service) DeletePool(ctx context.Context, name string) error {
 	pl.idle = nil
 	pl.mu.Unlock()
 	close(pl.stop)
+	// Warm creates in flight are cancelled by stop and clean up after
+	// themselves; wait for them so nothing of the pool outlives the call.
+	pl.inflight.Wait()
 	ctx = context.WithoutCancel(ctx)
 	for _, e := range idle {
 		e.mu.Lock()
@@ -340,7 +344,9 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 		e.mu.Unlock()
 	}
 	for i := 0; i < need; i++ {
+		pl.inflight.Add(1)
 		go func() {
+			defer pl.inflight.Done()
 			e, err := s.createWarm(ctx, def)
 			pl.mu.Lock()
 			pl.creating--

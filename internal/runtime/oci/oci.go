@@ -188,6 +188,7 @@ type Runtime struct {
 	// collected into helpers.
 	helpers    map[int]uint64
 	runscInits map[int]bool
+	sawRunsc   bool // a runsc sandbox was started: scan for orphaned helpers (guarded by reapMu)
 	stop       chan struct{}
 	done       chan struct{}
 }
@@ -1118,6 +1119,7 @@ func (r *Runtime) trackHelpers(class, id string, pid int) {
 	r.reapMu.Lock()
 	defer r.reapMu.Unlock()
 	r.runscInits[pid] = true
+	r.sawRunsc = true
 	if gofer := runscGoferPid(r.stateRoot(class), id); gofer > 0 {
 		r.addHelperLocked(gofer)
 	}
@@ -1211,6 +1213,7 @@ func (r *Runtime) reap() {
 		unix.Wait4(pid, nil, unix.WNOHANG, nil)
 		delete(r.helpers, pid)
 	}
+	r.reapOrphanHelpersLocked()
 }
 
 // hybridWithV2Controllers reports a cgroup v1 host whose unified (v2)
