@@ -295,11 +295,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	page, err := intParam(q, "page", 1, 1, math.MaxInt32)
-	if err != nil {
-		return err
-	}
-	size, err := intParam(q, "pageSize", 20, 1, 1000)
+	page, size, err := pageParams(q)
 	if err != nil {
 		return err
 	}
@@ -308,10 +304,27 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	for _, sb := range items {
 		resp.Items = append(resp.Items, toJSON(sb))
 	}
-	pages := (total + size - 1) / size
-	resp.Pagination = paginationInfo{Page: page, PageSize: size, TotalItems: total, TotalPages: pages, HasNextPage: page < pages}
+	resp.Pagination = pagination(page, size, total)
 	web.WriteJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// pageParams reads the page (1-based, default 1) and pageSize (default
+// 20, at most 1000) of a list query.
+func pageParams(q url.Values) (page, size int, err error) {
+	if page, err = intParam(q, "page", 1, 1, math.MaxInt32); err != nil {
+		return 0, 0, err
+	}
+	if size, err = intParam(q, "pageSize", 20, 1, 1000); err != nil {
+		return 0, 0, err
+	}
+	return page, size, nil
+}
+
+// pagination describes page of size out of total items.
+func pagination(page, size, total int) paginationInfo {
+	pages := (total + size - 1) / size
+	return paginationInfo{Page: page, PageSize: size, TotalItems: total, TotalPages: pages, HasNextPage: page < pages}
 }
 
 func intParam(q url.Values, name string, def, lo, hi int) (int, error) {

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -73,11 +72,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 			f.States = append(f.States, st)
 		}
 	}
-	page, err := intParam(q, "page", 1, 1, math.MaxInt32)
-	if err != nil {
-		return err
-	}
-	size, err := intParam(q, "pageSize", 20, 1, 1000)
+	page, size, err := pageParams(q)
 	if err != nil {
 		return err
 	}
@@ -86,8 +81,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	for _, sn := range items {
 		resp.Items = append(resp.Items, snapshotToJSON(sn))
 	}
-	pages := (total + size - 1) / size
-	resp.Pagination = paginationInfo{Page: page, PageSize: size, TotalItems: total, TotalPages: pages, HasNextPage: page < pages}
+	resp.Pagination = pagination(page, size, total)
 	web.WriteJSON(w, http.StatusOK, resp)
 	return nil
 }
