@@ -15,7 +15,8 @@ import (
 // entrypoint, env, resourceLimits and extensions) instead of a PodTemplate.
 
 type poolTemplateJSON struct {
-	Image          *imageSpec        `json:"image"`
+	Image          *imageSpec        `json:"image,omitempty"`
+	SnapshotID     string            `json:"snapshotId,omitempty"`
 	Entrypoint     []string          `json:"entrypoint"`
 	Env            map[string]string `json:"env,omitempty"`
 	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
@@ -46,12 +47,26 @@ type poolJSON struct {
 func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) poolJSON {
 	return poolJSON{
 		Name: p.Name,
-		Template: poolTemplateJSON{Image: &imageSpec{URI: p.Template.Image}, Entrypoint: p.Template.Entrypoint,
+		Template: poolTemplateJSON{Image: poolImage(p.Template.Image), SnapshotID: p.Template.SnapshotID, Entrypoint: p.Template.Entrypoint,
 			Env: p.Template.Env, ResourceLimits: p.Template.ResourceLimits, Extensions: p.Template.Extensions},
 		CapacitySpec: p.Capacity,
 		Status:       poolStatusJSON{Total: st.Total, Allocated: st.Allocated, Available: st.Available, Revision: strconv.Itoa(st.Revision)},
 		CreatedAt:    ts(p.CreatedAt),
 	}
+}
+
+func poolImage(uri string) *imageSpec {
+	if uri == "" {
+		return nil
+	}
+	return &imageSpec{URI: uri}
+}
+
+func poolImageURI(im *imageSpec) string {
+	if im == nil {
+		return ""
+	}
+	return im.URI
 }
 
 func decodePool(r *http.Request, name string) (lifecycle.Pool, error) {
@@ -65,15 +80,20 @@ func decodePool(r *http.Request, name string) (lifecycle.Pool, error) {
 		}
 		body.Name = name
 	}
-	if body.Template == nil || body.Template.Image == nil || strings.TrimSpace(body.Template.Image.URI) == "" {
-		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template.image.uri is required")
+	if body.Template == nil {
+		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template is required")
+	}
+	hasImage := body.Template.Image != nil && strings.TrimSpace(body.Template.Image.URI) != ""
+	hasSnap := strings.TrimSpace(body.Template.SnapshotID) != ""
+	if hasImage == hasSnap {
+		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template needs exactly one of image.uri or snapshotId")
 	}
 	if body.CapacitySpec == nil {
 		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec is required")
 	}
 	t := body.Template
 	return lifecycle.Pool{Name: body.Name, Capacity: *body.CapacitySpec, Template: lifecycle.PoolTemplate{
-		Image: t.Image.URI, Entrypoint: t.Entrypoint, Env: t.Env, ResourceLimits: t.ResourceLimits, Extensions: t.Extensions}}, nil
+		Image: poolImageURI(t.Image), SnapshotID: strings.TrimSpace(t.SnapshotID), Entrypoint: t.Entrypoint, Env: t.Env, ResourceLimits: t.ResourceLimits, Extensions: t.Extensions}}, nil
 }
 
 func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {

@@ -107,6 +107,9 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName str
 // and resources come from the template and may only repeat it.
 func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
 	t := def.Template
+	if req.SnapshotID != "" && req.SnapshotID != t.SnapshotID {
+		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("snapshotId %q differs from pool %s's snapshot %q", req.SnapshotID, def.Name, t.SnapshotID))
+	}
 	if req.Image != "" && req.Image != t.Image {
 		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("image %q differs from pool %s's image %q", req.Image, def.Name, t.Image))
 	}
@@ -122,7 +125,7 @@ func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
 		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s] differs from pool %s's template", ExtRuntimeClass, def.Name))
 	}
 	m := req
-	m.Image, m.Entrypoint, m.ResourceLimits = t.Image, t.Entrypoint, t.ResourceLimits
+	m.Image, m.SnapshotID, m.Entrypoint, m.ResourceLimits = t.Image, t.SnapshotID, t.Entrypoint, t.ResourceLimits
 	m.Env = cloneMap(t.Env)
 	if m.Env == nil && len(req.Env) > 0 {
 		m.Env = map[string]string{}

@@ -17,11 +17,20 @@ const PoolBucket = "pools"
 
 // PoolTemplate is what every sandbox of a pool is created from.
 type PoolTemplate struct {
-	Image          string            `json:"image"`
+	Image string `json:"image,omitempty"`
+	// SnapshotID makes a fork pool: its sandboxes start from the snapshot
+	// (exclusive with Image), so forking N from it is a warm claim.
+	SnapshotID     string            `json:"snapshotId,omitempty"`
 	Entrypoint     []string          `json:"entrypoint"`
 	Env            map[string]string `json:"env,omitempty"`
 	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
 	Extensions     map[string]string `json:"extensions,omitempty"`
+}
+
+// request is the create request of one pool sandbox.
+func (t PoolTemplate) request() CreateRequest {
+	return CreateRequest{Image: t.Image, SnapshotID: t.SnapshotID, Entrypoint: t.Entrypoint, Env: t.Env,
+		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions}
 }
 
 // Capacity bounds a pool, with OpenSandbox's capacitySpec names: the idle
@@ -89,8 +98,7 @@ func (s *Service) validatePool(p *Pool) error {
 		return errdefs.Invalid("POOL::INVALID_CAPACITY", fmt.Sprintf("capacitySpec needs poolMin <= poolMax, bufferMax <= poolMax and 1 <= poolMax <= %d", maxPoolSize))
 	}
 	// The template must be a valid create request on its own.
-	_, err := s.validate(CreateRequest{Image: p.Template.Image, Entrypoint: p.Template.Entrypoint,
-		Env: p.Template.Env, ResourceLimits: p.Template.ResourceLimits, Extensions: p.Template.Extensions})
+	_, err := s.validate(p.Template.request())
 	return err
 }
 
@@ -383,8 +391,7 @@ var errPoolGone = fmt.Errorf("pool gone: %w", errdefs.ErrNotFound)
 // expiry; their record is persisted so the pool survives a restart.
 func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
 	t := def.Template
-	sb, err := s.validate(CreateRequest{Image: t.Image, Entrypoint: t.Entrypoint, Env: t.Env,
-		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions})
+	sb, err := s.validate(t.request())
 	if err != nil {
 		return nil, err
 	}

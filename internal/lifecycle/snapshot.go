@@ -322,6 +322,26 @@ func (s *Service) snapshotUsers(id string) []string {
 	return users
 }
 
+// snapshotPools returns the names of pools whose template is snapshot id.
+func (s *Service) snapshotPools(id string) []string {
+	s.poolsMu.Lock()
+	pls := make([]*pool, 0, len(s.pools))
+	for _, pl := range s.pools {
+		pls = append(pls, pl)
+	}
+	s.poolsMu.Unlock()
+	var names []string
+	for _, pl := range pls {
+		pl.mu.Lock()
+		if pl.def.Template.SnapshotID == id && !pl.deleted {
+			names = append(names, pl.def.Name)
+		}
+		pl.mu.Unlock()
+	}
+	sort.Strings(names)
+	return names
+}
+
 // DeleteSnapshot removes a snapshot and its image. It is refused
 // (SNAPSHOT::IN_USE) while a sandbox created from it still exists, and
 // while the snapshot is being created.
@@ -350,6 +370,11 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 		s.snapMu.Lock()
 		sn.Status = prev
 		s.snapMu.Unlock()
+	}
+	if pools := s.snapshotPools(id); len(pools) > 0 {
+		restore()
+		return errdefs.WithPublic(fmt.Errorf("snapshot %s is the template of pools %v: %w", id, pools, errdefs.ErrFailedPrecondition),
+			"SNAPSHOT::IN_USE", fmt.Sprintf("snapshot %s is the template of pool %s (delete the pool first)", id, strings.Join(pools, ", ")))
 	}
 	if users := s.snapshotUsers(id); len(users) > 0 {
 		restore()

@@ -361,3 +361,76 @@ func TestSnapshotsSurviveRestart(t *testing.T) {
 		t.Fatalf("restore after restart: %v", err)
 	}
 }
+
+// TestForkPool: a pool whose template is a snapshot keeps forks warm, a
+// batch claim with the snapshot's id takes them, and the snapshot cannot
+// be deleted while the pool exists.
+func TestForkPool(t *testing.T) {
+	h := newHarness(t)
+	svc := h.snapService(t, &fakeCommitter{})
+	ctx := context.Background()
+	src, err := svc.Create(ctx, req(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := svc.CreateSnapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := Pool{Name: "both", Template: PoolTemplate{Image: "busybox", SnapshotID: sn.ID}, Capacity: Capacity{BufferMax: 1, PoolMax: 1}}
+	if _, err := svc.CreatePool(ctx, bad); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("pool with image and snapshot: %v", err)
+	}
+	missing := Pool{Name: "missing", Template: PoolTemplate{SnapshotID: "nope"}, Capacity: Capacity{BufferMax: 1, PoolMax: 1}}
+	if _, err := svc.CreatePool(ctx, missing); !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("pool of a missing snapshot: %v", err)
+	}
+	p := Pool{Name: "forks", Template: PoolTemplate{SnapshotID: sn.ID}, Capacity: Capacity{BufferMin: 4, BufferMax: 4, PoolMax: 10}}
+	if _, err := svc.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, svc, "forks", 4)
+	before, _ := h.rt.List(ctx)
+	forks, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: sn.ID, Extensions: map[string]string{ExtPoolRef: "forks"}}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := h.rt.List(ctx)
+	// The claim itself started no container (refills may have begun, so
+	// only count what existed before).
+	for _, f := range forks {
+		if f.SnapshotID != sn.ID || f.Status.State != StateRunning || f.Pool != "" && f.Pool != "forks" {
+			t.Fatalf("fork %+v", f)
+		}
+		found := false
+		for _, b := range before {
+			if b.ID == f.ID {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("fork %s was created cold (before %d, after %d)", f.ID, len(before), len(after))
+		}
+	}
+	other, err := svc.CreateSnapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: other.ID, Extensions: map[string]string{ExtPoolRef: "forks"}}, 1); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("claim with another snapshot: %v", err)
+	}
+	for _, f := range forks {
+		if err := svc.Delete(ctx, f.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := svc.DeleteSnapshot(ctx, sn.ID); publicCode(err) != "SNAPSHOT::IN_USE" {
+		t.Fatalf("delete of a pool's snapshot: %v", err)
+	}
+	if err := svc.DeletePool(ctx, "forks"); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.DeleteSnapshot(ctx, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+}
