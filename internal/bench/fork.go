@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ForkBenchOptions configure `moat bench fork`.
+type ForkBenchOptions struct {
+	Server, APIKey, Image string
+	// N is how many sandboxes to fork from one snapshot, cold (one batch
+	// with snapshotId) and warm (one batch claim from a fork pool).
+	N            int
+	RuntimeClass string
+	// SkipCold leaves out the cold fork.
+	SkipCold bool
+}
+
+// RunFork snapshots a sandbox that wrote a marker file, then forks N
+// sandboxes from the snapshot twice: cold (POST /v1/sandboxes/batch with
+// snapshotId) and from a warm fork pool (a pool whose template is the
+// snapshot; the batch is one claim). Each phase checks the marker in a fork.
+func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Logger) error {
+	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 10 * time.Minute}}
+	image := o.Image
+	if o.Server == "" {
+		p, err := StartInProcess(ctx, "oci", log)
+		if err != nil {
+			return fmt.Errorf("start in-process server: %w", err)
+		}
+		defer p.Close()
+		c.Base, c.Key = p.URL, p.Key
+		if image == "" {
+			image = p.Image
+		}
+	}
+	var all []string
+	cleanup := func() {
+		for _, id := range all {
+			c.Delete(context.WithoutCancel(ctx), id)
+		}
+		all = nil
+	}
+	defer cleanup()
+	fmt.Fprintf(w, "moat bench fork: image %s, runtime %q, N=%d\n", image, o.RuntimeClass, o.N)
+
+	src, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+	if src != "" {
+		all = append(all, src)
+	}
+	if err != nil {
+		return fmt.Errorf("source sandbox: %w", err)
+	}
+	ep, err := c.AgentEndpoint(ctx, src)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Run(ctx, ep, "echo forked-"+src+" > /marker"); err != nil {
+		return fmt.Errorf("write marker: %w", err)
+	}
+	t0 := time.Now()
+	var sn struct{ ID string }
+	if _, err := c.do(ctx, "POST", "/v1/sandboxes/"+src+"/snapshots", map[string]string{"name": "bench-fork"}, &sn); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	fmt.Fprintf(w, "  snapshot of a running sandbox: %s\n", time.Since(t0).Round(100*time.Microsecond))
+	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/snapshots/"+sn.ID, nil, nil)
+	ext := map[string]string{}
+	if o.RuntimeClass != "" {
+		ext["moat.runtime"] = o.RuntimeClass
+	}
+	check := func(ids []string) error {
+		if len(ids) != o.N {
+			return fmt.Errorf("got %d forks, want %d", len(ids), o.N)
+		}
+		ep, err := c.AgentEndpoint(ctx, ids[len(ids)-1])
+		if err != nil {
+			return err
+		}
+		out, err := c.Run(ctx, ep, "cat /marker")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != "forked-"+src {
+			return fmt.Errorf("fork %s sees marker %q", ids[len(ids)-1], out)
+		}
+		return nil
+	}
+
+	if !o.SkipCold {
+		t0 = time.Now()
+		ids, err := c.batch(ctx, map[string]any{"count": o.N, "snapshotId": sn.ID, "extensions": ext})
+		d := time.Since(t0)
+		all = append(all, ids...)
+		if err != nil {
+			return fmt.Errorf("cold fork: %w", err)
+		}
+		if err := check(ids); err != nil {
+			return fmt.Errorf("cold fork: %w", err)
+		}
+		fmt.Fprintf(w, "  fork %d cold (one batch with snapshotId, %d cores): %s\n", len(ids), nproc(), d.Round(time.Millisecond))
+		for _, id := range ids {
+			c.Delete(ctx, id)
+		}
+		all = all[:1]
+	}
+
+	pool := map[string]any{"name": "bench-fork",
+		"template":     map[string]any{"snapshotId": sn.ID, "extensions": ext},
+		"capacitySpec": map[string]int{"bufferMin": o.N, "bufferMax": o.N, "poolMax": 2 * o.N}}
+	if _, err := c.do(ctx, "POST", "/v1/pools", pool, nil); err != nil {
+		return fmt.Errorf("fork pool: %w", err)
+	}
+	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/pools/bench-fork", nil, nil)
+	t0 = time.Now()
+	if err := c.waitAvailable(ctx, "bench-fork", o.N, 15*time.Minute); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  fork pool warm fill of %d: %s\n", o.N, time.Since(t0).Round(time.Millisecond))
+	t0 = time.Now()
+	ids, err := c.batch(ctx, map[string]any{"count": o.N, "snapshotId": sn.ID, "extensions": map[string]string{"poolRef": "bench-fork"}})
+	d := time.Since(t0)
+	all = append(all, ids...)
+	if err != nil {
+		return fmt.Errorf("warm fork: %w", err)
+	}
+	if err := check(ids); err != nil {
+		return fmt.Errorf("warm fork: %w", err)
+	}
+	fmt.Fprintf(w, "  fork %d from a warm fork pool (one batch claim): %s\n", len(ids), d.Round(10*time.Microsecond))
+	// Forks must be gone before the pool and the snapshot can go.
+	cleanup()
+	return nil
+}
