@@ -155,6 +155,9 @@ func (c *Config) setDefaults() error {
 		}
 		c.AgentPath = exe
 	}
+	if err := runtime.CheckAgentBinary(c.AgentPath); err != nil {
+		return err
+	}
 	if !filepath.IsAbs(c.AgentPath) || !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("docker: AgentPath and StateDir must be absolute: %w", errdefs.ErrInvalidArgument)
 	}

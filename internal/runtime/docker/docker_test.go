@@ -543,7 +543,7 @@ func TestContainment(t *testing.T) {
 func TestNewUnavailable(t *testing.T) {
 	dir := t.TempDir()
 	_, err := New(context.Background(), Config{
-		Host: "unix://" + filepath.Join(dir, "no.sock"), StateDir: dir, AgentPath: "/proc/self/exe",
+		Host: "unix://" + filepath.Join(dir, "no.sock"), StateDir: dir, AgentPath: agentPath(t),
 	}, Deps{})
 	if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("New with no daemon = %v, want ErrUnavailable", err)

@@ -115,6 +115,9 @@ func (c *Config) setDefaults() error {
 		}
 		c.AgentPath = p
 	}
+	if err := runtime.CheckAgentBinary(c.AgentPath); err != nil {
+		return err
+	}
 	if c.Resources.PidsLimit == 0 {
 		c.Resources.PidsLimit = DefaultPidsLimit
 	}
