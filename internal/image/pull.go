@@ -45,6 +45,9 @@ func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, progress func(
 	if err != nil {
 		return Image{}, err
 	}
+	if err := s.opts.registryAllowed(r.Context().RegistryStr()); err != nil {
+		return Image{}, err
+	}
 	key := r.Name()
 	if auth != nil {
 		key += "\x00" + auth.Username + "\x00" + auth.Password

@@ -41,8 +41,9 @@ type layerRecord struct {
 type Option func(*options)
 
 type options struct {
-	inUse    func(diffID string) bool
-	platform v1.Platform
+	inUse      func(diffID string) bool
+	platform   v1.Platform
+	registries []string
 }
 
 // WithInUse installs a hook that garbage collection consults for every

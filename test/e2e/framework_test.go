@@ -97,7 +97,10 @@ func tail(s string, n int) string {
 func (s *server) start(extra ...string) {
 	s.t.Helper()
 	args := append([]string{"serve", "--root", s.root, "--run-root", s.runRoot, "--listen", s.addr,
-		"--bridge", s.bridge, "--subnet", s.subnet, "--log-level", "debug"}, extra...)
+		"--bridge", s.bridge, "--subnet", s.subnet, "--log-level", "debug",
+		// Tests pull only from their loopback registry: a typo in an image
+		// name must not reach out to a public registry.
+		"--allow-registry", "loopback"}, extra...)
 	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.Env = append(os.Environ(), "MOAT_API_KEY="+s.key)
 	s.cmd.Stdout, s.cmd.Stderr = s.logf, s.logf
