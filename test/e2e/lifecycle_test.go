@@ -297,6 +297,8 @@ func TestAPIErrors(t *testing.T) {
 		{"reserved metadata", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"sh"}, "metadata": map[string]string{"opensandbox.io/x": "y"}}, nil, 400, "SANDBOX::INVALID_METADATA_LABEL"},
 		{"unknown runtime", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"sh"}, "extensions": map[string]string{"moat.runtime": "kata"}}, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"missing image", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": strings.Split(ref, "/")[0] + "/nope/nope:1"}, "entrypoint": []string{"sh"}}, nil, 400, "SANDBOX::IMAGE_PULL_FAILED"},
+		// registry.invalid is refused by --allow-registry loopback before any lookup.
+		{"registry not allowed", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": "registry.invalid/busybox:1"}, "entrypoint": []string{"sh"}}, nil, 400, "SANDBOX::IMAGE_PULL_FAILED"},
 		{"bad page", "GET", "/v1/sandboxes?page=0", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"bad state filter", "GET", "/v1/sandboxes?state=sleepy", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"bad port", "GET", "/v1/sandboxes/x/endpoints/http", nil, nil, 400, "SANDBOX::INVALID_PORT"},
