@@ -1,6 +1,7 @@
 // Package client is the Go SDK for moat, an OpenSandbox-compatible sandbox
 // server. It speaks the wire contract in api/openapi (lifecycle.yaml,
-// execd.yaml, egress.yaml) with the standard library only.
+// execd.yaml, egress.yaml) with the standard library, plus coder/websocket for
+// PTY sessions (pty.go).
 //
 // A Client talks to the lifecycle server (`moat serve`); a SandboxHandle,
 // returned by Client.Sandbox, talks to the agent (execd) inside one sandbox

@@ -4,7 +4,7 @@
 # Go modules.
 set -euo pipefail
 
-pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make)
+pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make python3-ipykernel)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,6 +14,21 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Node.js and npm drive the OpenSandbox JS SDK compatibility test
+# (test/compat/js). Machines that already have a node (e.g. a newer one from
+# another source) keep it; Debian 12's nodejs is 18 while the SDK wants 20.
+if ! command -v node >/dev/null 2>&1; then
+	echo "install-deps: installing nodejs npm"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+elif ! command -v npm >/dev/null 2>&1 && ! dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q nodesource; then
+	echo "install-deps: installing npm"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 
 if ! command -v go >/dev/null 2>&1; then

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -42,7 +43,7 @@ busybox image (from the host's busybox-static) in a loopback registry.`,
 	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker (use --runtime-class docker)")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", 1, "creates in flight at once")
-	cmd.AddCommand(create, newBenchPoolCommand(), newBenchForkCommand())
+	cmd.AddCommand(create, newBenchPoolCommand(), newBenchForkCommand(), newBenchLoadCommand())
 	return cmd
 }
 
@@ -68,5 +69,37 @@ func newBenchPoolCommand() *cobra.Command {
 	f.IntVar(&o.Claims, "claims", 100, "single warm claims to time")
 	f.IntVar(&o.Batch, "batch", 100, "size of the batch from a warm pool")
 	f.IntVar(&o.Cold, "cold", 1000, "sandboxes to create cold in one batch (0 = skip)")
+	return cmd
+}
+
+func newBenchLoadCommand() *cobra.Command {
+	var o bench.LoadBenchOptions
+	cmd := &cobra.Command{
+		Use:   "load",
+		Short: "sustained create/exec/delete: per-interval throughput, errors, p50/p99, server RSS",
+		Long: `Runs --concurrency loops of create -> first command -> delete for --duration,
+printing per --interval: cycles/s, errors by step, create and cycle p50/p99,
+the server's RSS (from /proc/<--server-pid>/status; this process for the
+in-process server; else process_resident_memory_bytes from /metrics) and
+how many sandboxes the server holds, then a summary with the RSS trend.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.APIKey == "" {
+				o.APIKey = os.Getenv("MOAT_API_KEY")
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			return bench.RunLoad(cmd.Context(), o, cmd.OutOrStdout(), log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
+	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
+	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
+	f.StringVar(&o.RuntimeClass, "runtime-class", "", "runtime class (default: the server's)")
+	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker")
+	f.IntVarP(&o.Concurrency, "concurrency", "c", 8, "create/exec/delete loops at once")
+	f.DurationVar(&o.Duration, "duration", time.Minute, "how long to sustain the load")
+	f.DurationVar(&o.Interval, "interval", 10*time.Second, "reporting interval")
+	f.IntVar(&o.ServerPID, "server-pid", 0, "PID of a local server, for its RSS")
 	return cmd
 }

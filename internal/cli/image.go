@@ -64,10 +64,17 @@ never taken from argv or the docker config.`,
 			}
 			defer st.Close()
 			var progress func(image.Progress)
-			if !quiet {
-				progress = newPullProgress(cmd.ErrOrStderr())
+			finish := func() {}
+			switch errOut := cmd.ErrOrStderr(); {
+			case quiet:
+			case isTerminal(errOut):
+				tp := newTTYProgress(errOut)
+				progress, finish = tp.report, tp.finish
+			default:
+				progress = newPullProgress(errOut)
 			}
 			img, err := st.Pull(cmd.Context(), args[0], auth, progress)
+			finish()
 			if err != nil {
 				return err
 			}

@@ -26,6 +26,13 @@ func NewRoot() *cobra.Command {
 		newExecdCommand(),
 		newImageCommand(),
 		newBenchCommand(),
+		newSandboxCommand(),
+		newExecCommand(),
+		newCommandCommand(),
+		newFilesCommand(),
+		newShellCommand(),
+		newPoolCommand(),
+		newMCPCommand(),
 	)
 	return root
 }

@@ -19,6 +19,7 @@ type serverFlags struct {
 func (f *serverFlags) register(cmd *cobra.Command) {
 	cmd.PersistentFlags().StringVar(&f.server, "server", envOr("MOAT_SERVER", "http://127.0.0.1:8080"), "lifecycle server base URL (env MOAT_SERVER)")
 	cmd.PersistentFlags().StringVar(&f.apiKey, "api-key", os.Getenv("OPEN_SANDBOX_API_KEY"), "API key (env OPEN_SANDBOX_API_KEY)")
+	cmd.PersistentFlags().Lookup("api-key").DefValue = "" // never print the key from the environment in --help
 }
 
 // client builds an SDK client from the flags.

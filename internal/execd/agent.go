@@ -50,7 +50,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	srv, err := NewServer(Options{
 		Token: cfg.Token, BaseEnv: baseEnv, EnvFile: cfg.EnvFile, StateDir: cfg.StateDir,
-		Grace: cfg.Grace, Reaper: reaper, Log: log,
+		Grace: cfg.Grace, Reaper: reaper, Log: log, NoKernels: cfg.NoKernels,
 	})
 	if err != nil {
 		return err

@@ -250,6 +250,18 @@ func TestParseArgs(t *testing.T) {
 	if cfg.Grace != 250*time.Millisecond || cfg.Listen != "127.0.0.1:5" {
 		t.Fatalf("cfg = %+v", cfg)
 	}
+	if cfg.NoKernels {
+		t.Fatal("Jupyter kernels are off by default")
+	}
+	env["EXECD_JUPYTER_KERNELS"] = "off"
+	if cfg, err = ParseArgs(nil, getenv); err != nil || !cfg.NoKernels {
+		t.Fatalf("EXECD_JUPYTER_KERNELS=off: %+v, %v", cfg, err)
+	}
+	env["EXECD_JUPYTER_KERNELS"] = "maybe"
+	if _, err := ParseArgs(nil, getenv); err == nil {
+		t.Fatal("EXECD_JUPYTER_KERNELS=maybe accepted")
+	}
+	delete(env, "EXECD_JUPYTER_KERNELS")
 	for _, bad := range [][]string{{"--config", "/nonexistent"}, {"--nope"}, {"--listen", "noport"}} {
 		if _, err := ParseArgs(bad, getenv); err == nil {
 			t.Errorf("ParseArgs(%q) succeeded", bad)

@@ -3,10 +3,17 @@ package execd
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"mime/multipart"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -47,12 +54,143 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 }
 
 // BenchmarkStreamThroughput streams 32 MiB of 64-byte lines through one
-// command; b.SetBytes reports the process output rate.
+// command (`yes`, so that the generator costs little); b.SetBytes reports
+// the stdout stream rate (process output bytes per second).
 func BenchmarkStreamThroughput(b *testing.B) {
 	ts := benchServer(b)
 	const size = 32 << 20
 	b.SetBytes(size)
+	cmd := `{"command":"yes ` + strings.Repeat("a", 63) + ` | head -c 33554432"}`
 	for b.Loop() {
-		benchRun(b, ts, `{"command":"head -c 33554432 /dev/zero | tr '\\0' a | fold -w 63"}`)
+		benchRun(b, ts, cmd)
+	}
+}
+
+// BenchmarkForkExecBare is the baseline for BenchmarkExecRoundTrip: the
+// same `bash -c true` started and waited for directly, without HTTP. The
+// agent's exec overhead is the difference of the two.
+func BenchmarkForkExecBare(b *testing.B) {
+	shell := findShell(os.Environ())
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer devnull.Close()
+	for b.Loop() {
+		p, err := os.StartProcess(shell, []string{shell, "-c", "true"}, &os.ProcAttr{
+			Env: os.Environ(), Files: []*os.File{devnull, devnull, devnull},
+			Sys: &syscall.SysProcAttr{Setpgid: true},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+const benchFileSize = 64 << 20
+
+// BenchmarkUpload uploads one 64 MiB file per iteration through POST
+// /files/upload (multipart, metadata first, as the SDKs send it);
+// b.SetBytes reports MB/s.
+func BenchmarkUpload(b *testing.B) {
+	ts := benchServer(b)
+	dst := filepath.Join(b.TempDir(), "up.bin")
+	data := make([]byte, benchFileSize)
+	rand.Read(data)
+	meta, _ := json.Marshal(map[string]any{"path": dst, "mode": 644})
+	b.SetBytes(benchFileSize)
+	for b.Loop() {
+		pr, pw := io.Pipe()
+		mw := multipart.NewWriter(pw)
+		go func() {
+			w, _ := mw.CreateFormFile("metadata", "metadata")
+			w.Write(meta)
+			w, _ = mw.CreateFormFile("file", "up.bin")
+			w.Write(data)
+			pw.CloseWithError(mw.Close())
+		}()
+		resp, err := ts.Client().Post(ts.URL+"/files/upload", mw.FormDataContentType(), pr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("upload: %d", resp.StatusCode)
+		}
+	}
+	if fi, err := os.Stat(dst); err != nil || fi.Size() != benchFileSize {
+		b.Fatalf("uploaded file: %v %v", fi, err)
+	}
+}
+
+// BenchmarkDownload downloads one 64 MiB file per iteration through GET
+// /files/download; b.SetBytes reports MB/s.
+func BenchmarkDownload(b *testing.B) {
+	ts := benchServer(b)
+	src := filepath.Join(b.TempDir(), "down.bin")
+	data := make([]byte, benchFileSize)
+	rand.Read(data)
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(benchFileSize)
+	for b.Loop() {
+		resp, err := ts.Client().Get(ts.URL + "/files/download?path=" + url.QueryEscape(src))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || n != benchFileSize {
+			b.Fatalf("download: %d, %d bytes", resp.StatusCode, n)
+		}
+	}
+}
+
+// BenchmarkCodeRoundTrip runs one python cell (`1`, which has a value) per
+// iteration in a code context, with the built-in driver and, when the host
+// has one, a real ipykernel.
+func BenchmarkCodeRoundTrip(b *testing.B) {
+	for _, kernel := range []bool{false, true} {
+		b.Run(map[bool]string{false: "builtin", true: "ipykernel"}[kernel], func(b *testing.B) {
+			if kernel && findKernelSpec(kernelDirs(os.Environ()), "python", os.Environ()) == nil {
+				b.Skip("no Jupyter python kernel")
+			}
+			srv, err := NewServer(Options{BaseEnv: childEnv(os.Environ()), StateDir: b.TempDir(), NoKernels: !kernel,
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ts := httptest.NewServer(srv)
+			defer func() {
+				ts.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				srv.Close(ctx)
+			}()
+			resp, err := ts.Client().Post(ts.URL+"/code/context", "application/json", bytes.NewReader([]byte(`{"language":"python"}`)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var info codeContextInfo
+			json.NewDecoder(resp.Body).Decode(&info)
+			resp.Body.Close()
+			body := []byte(`{"context":{"id":"` + info.ID + `"},"code":"1"}`)
+			for b.Loop() {
+				resp, err := ts.Client().Post(ts.URL+"/code", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !bytes.Contains(data, []byte(`"type":"execution_complete"`)) {
+					b.Fatalf("cell: %s", data)
+				}
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package execd
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -29,6 +30,7 @@ type codeContext struct {
 	ctlFile  *os.File
 	out, err *syncPipe
 	runs     int
+	kernel   *kernelClient // set when a Jupyter kernel backs the context
 }
 
 func (c *codeContext) process() *Proc {
@@ -72,8 +74,12 @@ func (s *Server) interpreter(language, stateDir string) ([]string, error) {
 	}
 }
 
-// startContext starts the driver process for c.
-func (s *Server) startContext(c *codeContext) error {
+// startContext starts c's interpreter: the image's Jupyter kernel for the
+// language if it has one (kernelspec.go), else the built-in driver.
+func (s *Server) startContext(ctx context.Context, c *codeContext) error {
+	if ks := s.kernelFor(ctx, c.language); ks != nil {
+		return s.startKernel(ctx, c, ks)
+	}
 	argv, err := s.interpreter(c.language, s.dir)
 	if err != nil {
 		return err
@@ -129,7 +135,7 @@ func (s *Server) startContext(c *codeContext) error {
 	return nil
 }
 
-func (s *Server) createContext(language, cwd string) (*codeContext, error) {
+func (s *Server) createContext(ctx context.Context, language, cwd string) (*codeContext, error) {
 	c := &codeContext{id: newID(), language: language}
 	if cwd != "" {
 		c.cwd = s.expand(cwd)
@@ -137,7 +143,7 @@ func (s *Server) createContext(language, cwd string) (*codeContext, error) {
 			return nil, errBody("cwd %s is not a directory", c.cwd)
 		}
 	}
-	if err := s.startContext(c); err != nil {
+	if err := s.startContext(ctx, c); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -157,7 +163,7 @@ func (s *Server) handleCreateContext(w http.ResponseWriter, r *http.Request) err
 	if req.Language == "" {
 		return errBody("language is required")
 	}
-	c, err := s.createContext(req.Language, req.Cwd)
+	c, err := s.createContext(r.Context(), req.Language, req.Cwd)
 	if err != nil {
 		return err
 	}
@@ -245,7 +251,11 @@ func (s *Server) handleInterruptCode(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	if p := c.process(); p != nil {
+	if c.kernel != nil {
+		if err := c.kernel.interrupt(r.Context()); err != nil {
+			return errRuntime(err, "error interrupting the kernel: "+err.Error())
+		}
+	} else if p := c.process(); p != nil {
 		p.Signal(syscall.SIGINT)
 	}
 	w.WriteHeader(http.StatusOK)
@@ -254,11 +264,11 @@ func (s *Server) handleInterruptCode(w http.ResponseWriter, r *http.Request) err
 
 // defaultContext returns (creating it lazily) the default context of a
 // language: the oldest one.
-func (s *Server) defaultContext(language string) (*codeContext, error) {
+func (s *Server) defaultContext(ctx context.Context, language string) (*codeContext, error) {
 	if cs := s.listContexts(language); len(cs) > 0 {
 		return cs[0], nil
 	}
-	return s.createContext(language, "")
+	return s.createContext(ctx, language, "")
 }
 
 type driverMsg struct {
@@ -293,7 +303,7 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	case req.Context != nil && req.Context.ID != "":
 		c, err = s.getContext(req.Context.ID)
 	case req.Context != nil && req.Context.Language != "" && req.Context.Language != "command":
-		c, err = s.defaultContext(req.Context.Language)
+		c, err = s.defaultContext(r.Context(), req.Context.Language)
 	default:
 		// No language: run as a shell command, like POST /command.
 		cmd := &command{id: newID(), content: req.Code, startedAt: time.Now()}
@@ -320,12 +330,19 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	c.runs++
 	n := c.runs
 	c.mu.Unlock()
-	defer func() {
+	// release frees the context. It runs before the final event is sent,
+	// so a client that starts its next cell as soon as it has read the
+	// last event never finds the context busy.
+	release := sync.OnceFunc(func() {
 		c.mu.Lock()
 		c.busy = false
 		c.mu.Unlock()
-	}()
+	})
+	defer release()
 
+	if c.kernel != nil {
+		return s.runKernel(w, r, c, req.Code, release)
+	}
 	code := req.Code
 	if c.language == "bash" {
 		cell := filepath.Join(s.dir, fmt.Sprintf("cell-%s-%d.sh", c.id, n))
@@ -343,19 +360,29 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	defer stream.stopPings()
 	c.out.setSink(func(b []byte) { stream.send(Event{Type: evStdout, Text: string(b)}) })
 	c.err.setSink(func(b []byte) { stream.send(Event{Type: evStderr, Text: string(b)}) })
-	defer c.out.setSink(nil)
-	defer c.err.setSink(nil)
+	detach := func() {
+		c.out.setSink(nil)
+		c.err.setSink(nil)
+	}
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
+		detach()
 		stream.send(Event{Type: evError, Error: &EventError{EName: "RuntimeError", EValue: "interpreter is not running", Traceback: []string{err.Error()}}})
 		return nil
 	}
 
-	// Interrupt the interpreter if the client goes away mid-execution.
+	// Interrupt the interpreter if the client goes away mid-execution
+	// (and only then: stopWatch is closed before the context is released).
 	stopWatch := make(chan struct{})
-	defer close(stopWatch)
+	unwatch := sync.OnceFunc(func() { close(stopWatch) })
+	defer unwatch()
 	go func() {
 		select {
 		case <-r.Context().Done():
+			select {
+			case <-stopWatch:
+				return
+			default:
+			}
 			if p := c.process(); p != nil {
 				p.Signal(syscall.SIGINT)
 			}
@@ -404,6 +431,9 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	// Output written directly to fds 1/2 before "done" is delivered first.
 	c.out.barrier()
 	c.err.barrier()
+	unwatch()
+	detach()
+	release()
 	if final.Type == evError {
 		stream.send(Event{Type: evStatus, Text: "error"})
 	}

@@ -40,6 +40,9 @@ type Config struct {
 	StateDir string
 	// LogLevel is the slog level (--log-level: debug, info, warn, error).
 	LogLevel string
+	// NoKernels makes code contexts use the built-in REPL drivers even
+	// when the image has Jupyter kernels (EXECD_JUPYTER_KERNELS=off).
+	NoKernels bool
 }
 
 // fileConfig is the JSON written by the runtime to /.moat/agent.json.
@@ -93,6 +96,13 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 			return Config{}, errdefs.Invalid("INVALID_ARGUMENT", "EXECD_API_GRACE_SHUTDOWN: "+err.Error())
 		}
 		cfg.Grace = d
+	}
+	switch v := strings.ToLower(getenv("EXECD_JUPYTER_KERNELS")); v {
+	case "", "auto", "on", "1", "true":
+	case "off", "0", "false", "no":
+		cfg.NoKernels = true
+	default:
+		return Config{}, errdefs.Invalid("INVALID_ARGUMENT", "EXECD_JUPYTER_KERNELS must be auto or off, not "+strconv.Quote(v))
 	}
 	if *port != 0 {
 		p = *port

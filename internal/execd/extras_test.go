@@ -228,8 +228,10 @@ func TestPTY(t *testing.T) {
 	wantError(t, st, b, 404, CodeContextNotFound)
 }
 
+// TestCodeContexts covers the built-in REPL drivers (Jupyter kernels are
+// off here; jupyter_test.go covers them).
 func TestCodeContexts(t *testing.T) {
-	e := newTestEnv(t)
+	e := newTestEnv(t, func(o *Options) { o.NoKernels = true })
 	langs := []string{"bash"}
 	for _, l := range []struct{ lang, bin string }{{"python", "python3"}, {"javascript", "node"}} {
 		if _, err := exec.LookPath(l.bin); err == nil {

@@ -101,7 +101,7 @@ func (e *fuzzEnv) do(t *testing.T, method, target, ctype string, body []byte) (i
 // message}) and that nothing outside the box changed.
 func (e *fuzzEnv) check(t *testing.T, what string, code int, body []byte) {
 	t.Helper()
-	if code >= 500 && !knownFileError500(body) {
+	if code >= 500 {
 		t.Fatalf("%s: status %d: %s", what, code, body)
 	}
 	if code >= 300 {
@@ -126,20 +126,6 @@ func (e *fuzzEnv) check(t *testing.T, what string, code int, body []byte) {
 	if err != nil || len(out) != 1 || string(data) != "keep" {
 		t.Fatalf("%s: the agent touched the sentinel directory", what)
 	}
-}
-
-// knownFileError500 matches a known bug, reported and left to the owner of
-// files.go: fileError maps ENOTDIR, EISDIR and EINVAL (a client naming a
-// path below a file, a directory as a file, or a path with a NUL byte) to
-// 500 RUNTIME_ERROR instead of a 4xx. Tolerated here so fuzzing can go on
-// past it; testdata/fuzz holds the inputs.
-func knownFileError500(body []byte) bool {
-	for _, s := range []string{": not a directory", ": is a directory", ": invalid argument"} {
-		if bytes.Contains(body, []byte(s)) {
-			return true
-		}
-	}
-	return false
 }
 
 // harmless are the only commands the command fuzzer lets the agent run.

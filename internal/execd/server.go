@@ -4,8 +4,9 @@
 // PTY, metrics, port proxy) so that OpenSandbox SDKs work unchanged.
 //
 // The wire contract is /work/shared/reference/opensandbox-protocol.md §2.
-// The package links only the standard library, x/sys, creack/pty and
-// coder/websocket.
+// The package links only the standard library, x/sys, creack/pty,
+// coder/websocket and go-zeromq/zmq4 (a pure-Go ZeroMQ, for Jupyter
+// kernels).
 package execd
 
 import (
@@ -69,6 +70,14 @@ type Options struct {
 	// KillGrace is how long DELETE /command waits between SIGTERM and
 	// SIGKILL (default 3s).
 	KillGrace time.Duration
+	// NoKernels makes code contexts always use the built-in REPL drivers,
+	// even when the image has Jupyter kernels.
+	NoKernels bool
+	// KernelDirs overrides the kernelspec search path (nil = Jupyter's:
+	// $JUPYTER_PATH, ~/.local/share, /usr/local/share, /usr/share); a
+	// non-nil list also disables the plain `python3 -m ipykernel_launcher`
+	// probe.
+	KernelDirs []string
 }
 
 // Server serves the execd API. Create it with NewServer and release it
@@ -94,6 +103,9 @@ type Server struct {
 	wg sync.WaitGroup // background goroutines tied to processes
 
 	envMu sync.RWMutex // guards opts.BaseEnv, which POST /moat/v1/env extends
+
+	kernelMu sync.Mutex
+	kernels  map[string]*kernelSpec // by language; nil entry = none (guarded by kernelMu)
 }
 
 // NewServer returns a Server.
@@ -130,6 +142,7 @@ func NewServer(opts Options) (*Server, error) {
 		sessions: make(map[string]*session),
 		ptys:     make(map[string]*ptySession),
 		contexts: make(map[string]*codeContext),
+		kernels:  make(map[string]*kernelSpec),
 	}
 	s.handler = s.routes()
 	return s, nil

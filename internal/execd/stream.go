@@ -63,6 +63,7 @@ type eventStream struct {
 	err      error
 	onBroken func()
 	pingStop chan struct{}
+	pingDone chan struct{}
 }
 
 func newEventStream(w http.ResponseWriter) *eventStream {
@@ -121,8 +122,10 @@ func (s *eventStream) write(frames []byte) error {
 // startPings sends a ping event every 3 s until stopPings.
 func (s *eventStream) startPings() {
 	s.pingStop = make(chan struct{})
-	stop := s.pingStop
+	s.pingDone = make(chan struct{})
+	stop, done := s.pingStop, s.pingDone
 	go func() {
+		defer close(done)
 		t := time.NewTicker(pingInterval)
 		defer t.Stop()
 		for {
@@ -130,6 +133,11 @@ func (s *eventStream) startPings() {
 			case <-stop:
 				return
 			case <-t.C:
+				select {
+				case <-stop: // both ready: never ping after stopPings
+					return
+				default:
+				}
 				if s.send(Event{Type: evPing, Text: "pong"}) != nil {
 					return
 				}
@@ -138,10 +146,13 @@ func (s *eventStream) startPings() {
 	}()
 }
 
+// stopPings stops the pinger and waits for it, so that no ping is written
+// after the handler returns (the ResponseWriter is dead by then).
 func (s *eventStream) stopPings() {
 	if s.pingStop != nil {
 		close(s.pingStop)
-		s.pingStop = nil
+		<-s.pingDone
+		s.pingStop, s.pingDone = nil, nil
 	}
 }
 
@@ -156,10 +167,12 @@ type lineSplitter struct {
 	typ    string
 	buf    []byte
 	lastCR bool
+	ts     int64 // timestamp of the events of one write (one clock read per chunk)
 }
 
 // write appends the events for p to out.
 func (l *lineSplitter) write(out []byte, p []byte) []byte {
+	l.ts = nowMs()
 	for len(p) > 0 {
 		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
@@ -192,6 +205,7 @@ func (l *lineSplitter) write(out []byte, p []byte) []byte {
 }
 
 func (l *lineSplitter) flush(out []byte) []byte {
+	l.ts = nowMs()
 	if len(l.buf) > 0 {
 		out = l.emit(out, string(l.buf))
 		l.buf = l.buf[:0]
@@ -207,7 +221,7 @@ func (l *lineSplitter) emit(out []byte, text string) []byte {
 	out = append(out, `","text":`...)
 	out = appendJSONString(out, text)
 	out = append(out, `,"timestamp":`...)
-	out = strconv.AppendInt(out, nowMs(), 10)
+	out = strconv.AppendInt(out, l.ts, 10)
 	return append(out, "}\n\n"...)
 }
 

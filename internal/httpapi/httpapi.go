@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -35,6 +37,13 @@ type Config struct {
 	// Metrics, if set, is served at GET /metrics (behind the API key, like
 	// every non-public route) and counts every request.
 	Metrics Metrics
+	// Ingress, if set, makes GET .../endpoints/{port} answer the ingress
+	// gateway's address for the port (upstream's gateway mode) instead of
+	// the sandbox's own; with a Signer it also serves signed endpoints
+	// (?expires=, OSEP-0011).
+	Ingress *ingress.Endpoints
+	// Audit, if set, receives one record per mutating call (see audited).
+	Audit AuditSink
 }
 
 // Metrics is the optional Prometheus instrumentation (internal/metrics).
@@ -85,6 +94,7 @@ func (s *Server) Handler() http.Handler {
 	h := s.web.Handle
 	for _, p := range []string{"", "/v1"} {
 		mux.Handle("GET "+p+"/health", h(s.health))
+		mux.Handle("POST "+p+"/metrics/events", h(s.metricsEvent))
 		mux.Handle("POST "+p+"/sandboxes", h(s.create))
 		mux.Handle("GET "+p+"/sandboxes", h(s.list))
 		mux.Handle("GET "+p+"/sandboxes/{id}", h(s.get))
@@ -104,6 +114,10 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("GET "+p+"/pools/{name}", h(s.getPool))
 		mux.Handle("PUT "+p+"/pools/{name}", h(s.updatePool))
 		mux.Handle("DELETE "+p+"/pools/{name}", h(s.deletePool))
+		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/logs", h(s.diagnosticLogs))
+		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/events", h(s.diagnosticEvents))
+		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/inspect", h(s.diagnosticInspect))
+		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/summary", h(s.diagnosticSummary))
 		mux.Handle(p+"/sandboxes/{id}/egress/{path...}", s.web.Handle(s.egress))
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
 		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
@@ -113,10 +127,14 @@ func (s *Server) Handler() http.Handler {
 	}
 	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
 	root := web.Recover(s.log, s.auth(routed))
+	route := func(r *http.Request) string { _, p := mux.Handler(r); return p }
 	if m := s.cfg.Metrics; m != nil {
 		// Routes are ServeMux patterns (bounded), looked up before auth so
 		// that 401s count against the route they were for.
-		root = m.Instrument(func(r *http.Request) string { _, p := mux.Handler(r); return p }, root)
+		root = m.Instrument(route, root)
+	}
+	if a := s.cfg.Audit; a != nil {
+		root = s.withAudit(a, route, root)
 	}
 	return web.WithRequestID(root)
 }
@@ -221,6 +239,11 @@ func toCreateRequest(b createSandboxRequest) (lifecycle.CreateRequest, error) {
 		SecureAccess:   b.SecureAccess,
 		HasVolumes:     len(b.Volumes) > 0,
 	}
+	vols, err := lifecycle.ParseVolumes(b.Volumes)
+	if err != nil {
+		return req, err
+	}
+	req.Volumes = vols
 	if b.Image != nil {
 		if strings.TrimSpace(b.Image.URI) == "" {
 			return req, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "image.uri is required")
@@ -414,20 +437,28 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "use_server_proxy must be a boolean")
 		}
 	}
+	signed, expires := false, uint64(0)
 	if q.Get("expires") != "" {
 		if useProxy {
 			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires cannot be combined with use_server_proxy")
 		}
-		if _, err := strconv.ParseUint(q.Get("expires"), 10, 64); err != nil {
+		if expires, err = strconv.ParseUint(q.Get("expires"), 10, 64); err != nil {
 			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires must be epoch seconds")
 		}
-		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "signed endpoints are not supported by this server")
+		if s.cfg.Ingress == nil || s.cfg.Ingress.Signer == nil {
+			return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+				"signed endpoints need the ingress gateway with secure-access keys (--ingress-route-mode, --ingress-secure-access-keys)")
+		}
+		if now := time.Now().Unix(); expires <= uint64(max(now, 0)) {
+			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires must be in the future")
+		}
+		signed = true
 	}
 	host := s.cfg.PublicAddress
 	if host == "" {
 		host = r.Host
 	}
-	if port == EgressPort {
+	if port == EgressPort && !signed {
 		// The egress sidecar port of upstream maps to the server's egress
 		// API for sandboxes that have a network policy.
 		tok, err := s.svc.EgressToken(id)
@@ -445,11 +476,35 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := endpointJSON{Endpoint: ep.Address, Headers: ep.Headers}
-	if useProxy {
+	switch {
+	case useProxy:
 		out.Endpoint = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
+	case s.cfg.Ingress != nil:
+		out = ingressEndpoint(s.cfg.Ingress, r.Host, id, port, signed, expires, ep.Headers)
 	}
 	web.WriteJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// ingressEndpoint is the gateway-mode answer for a sandbox port: the
+// gateway address in the configured route shape, with the sandbox's own
+// headers (agent token, secure-access token) plus the routing header.
+func ingressEndpoint(e *ingress.Endpoints, reqHost, id string, port int, signed bool, expires uint64, own map[string]string) endpointJSON {
+	addr, hdr := e.Endpoint(reqHost, id, port, signed, expires)
+	merged := maps.Clone(own)
+	if signed {
+		// The signature stands in for the secure-access token: as
+		// upstream, a signed endpoint never carries the token.
+		delete(merged, ingress.HeaderSecureAccess)
+	}
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	maps.Copy(merged, hdr)
+	if len(merged) == 0 {
+		merged = nil
+	}
+	return endpointJSON{Endpoint: addr, Headers: merged}
 }
 
 // EgressPort is the OpenSandbox egress sidecar port.

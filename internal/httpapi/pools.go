@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -14,6 +15,9 @@ import (
 // capacitySpec, status), with a moat template (the create request's image,
 // entrypoint, env, resourceLimits and extensions) instead of a PodTemplate.
 
+// poolTemplateJSON is the request's template. Responses use the generated
+// lifecycleapi.Pool; requests keep this struct because a missing template or
+// capacitySpec must be told apart from an empty one.
 type poolTemplateJSON struct {
 	Image          *imageSpec        `json:"image,omitempty"`
 	SnapshotID     string            `json:"snapshotId,omitempty"`
@@ -29,37 +33,50 @@ type poolRequest struct {
 	CapacitySpec *lifecycle.Capacity `json:"capacitySpec"`
 }
 
-type poolStatusJSON struct {
-	Total     int    `json:"total"`
-	Allocated int    `json:"allocated"`
-	Available int    `json:"available"`
-	Revision  string `json:"revision"`
-}
-
-type poolJSON struct {
-	Name         string             `json:"name"`
-	Template     poolTemplateJSON   `json:"template"`
-	CapacitySpec lifecycle.Capacity `json:"capacitySpec"`
-	Status       poolStatusJSON     `json:"status"`
-	CreatedAt    string             `json:"createdAt"`
-}
-
-func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) poolJSON {
-	return poolJSON{
+func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) lifecycleapi.Pool {
+	t := p.Template
+	c := p.Capacity
+	return lifecycleapi.Pool{
 		Name: p.Name,
-		Template: poolTemplateJSON{Image: poolImage(p.Template.Image), SnapshotID: p.Template.SnapshotID, Entrypoint: p.Template.Entrypoint,
-			Env: p.Template.Env, ResourceLimits: p.Template.ResourceLimits, Extensions: p.Template.Extensions},
-		CapacitySpec: p.Capacity,
-		Status:       poolStatusJSON{Total: st.Total, Allocated: st.Allocated, Available: st.Available, Revision: strconv.Itoa(st.Revision)},
-		CreatedAt:    ts(p.CreatedAt),
+		Template: lifecycleapi.PoolTemplate{Image: poolImage(t.Image), SnapshotID: optString(t.SnapshotID),
+			Entrypoint: optSlice(t.Entrypoint), Env: optMap(t.Env), ResourceLimits: optMap(t.ResourceLimits),
+			Extensions: extensionsOut(t.Extensions)},
+		CapacitySpec: lifecycleapi.PoolCapacity{BufferMin: &c.BufferMin, BufferMax: &c.BufferMax, PoolMin: &c.PoolMin, PoolMax: &c.PoolMax},
+		Status:       lifecycleapi.PoolStatus{Total: st.Total, Allocated: st.Allocated, Available: st.Available, Revision: strconv.Itoa(st.Revision)},
+		CreatedAt:    p.CreatedAt.UTC(),
 	}
 }
 
-func poolImage(uri string) *imageSpec {
+func poolImage(uri string) *lifecycleapi.ImageSpec {
 	if uri == "" {
 		return nil
 	}
-	return &imageSpec{URI: uri}
+	return &lifecycleapi.ImageSpec{URI: uri}
+}
+
+// optSlice and optMap are nil when empty, so that the field is omitted.
+func optSlice(s []string) *[]string {
+	if len(s) == 0 {
+		return nil
+	}
+	return &s
+}
+
+func optMap(m map[string]string) *map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return &m
+}
+
+// extensionsOut writes an extensions map as the generated model. Every key,
+// well-known or not, goes through AdditionalProperties: the model encodes
+// them all as plain string members.
+func extensionsOut(m map[string]string) *lifecycleapi.Extensions {
+	if len(m) == 0 {
+		return nil
+	}
+	return &lifecycleapi.Extensions{AdditionalProperties: m}
 }
 
 func poolImageURI(im *imageSpec) string {
@@ -134,9 +151,7 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 	defs, sts := s.svc.ListPools(r.Context())
-	out := struct {
-		Items []poolJSON `json:"items"`
-	}{Items: make([]poolJSON, 0, len(defs))}
+	out := lifecycleapi.ListPoolsResponse{Items: make([]lifecycleapi.Pool, 0, len(defs))}
 	for i := range defs {
 		out.Items = append(out.Items, poolOut(defs[i], sts[i]))
 	}

@@ -6,46 +6,51 @@ import (
 	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-// Snapshot wire types (OpenSandbox Snapshot, ListSnapshotsResponse).
+// Snapshot wire types are the models generated from the spec
+// (lifecycleapi.Snapshot, ListSnapshotsResponse, CreateSnapshotRequest).
 
-type createSnapshotRequest struct {
-	Name string `json:"name"`
-}
-
-type snapshotJSON struct {
-	ID        string        `json:"id"`
-	SandboxID string        `json:"sandboxId"`
-	Name      string        `json:"name,omitempty"`
-	Status    sandboxStatus `json:"status"`
-	CreatedAt string        `json:"createdAt"`
-}
-
-type listSnapshotsResponse struct {
-	Items      []snapshotJSON `json:"items"`
-	Pagination paginationInfo `json:"pagination"`
-}
-
-func snapshotToJSON(sn lifecycle.Snapshot) snapshotJSON {
-	st := sandboxStatus{State: string(sn.Status.State), Reason: sn.Status.Reason, Message: sn.Status.Message}
+func snapshotToJSON(sn lifecycle.Snapshot) lifecycleapi.Snapshot {
+	out := lifecycleapi.Snapshot{ID: sn.ID, SandboxID: sn.SandboxID, Name: optString(sn.Name), CreatedAt: sn.CreatedAt.UTC(),
+		Status: lifecycleapi.SnapshotStatus{State: lifecycleapi.SnapshotState(sn.Status.State),
+			Reason: optString(sn.Status.Reason), Message: optString(sn.Status.Message)}}
 	if !sn.Status.LastTransitionAt.IsZero() {
-		st.LastTransitionAt = ts(sn.Status.LastTransitionAt)
+		at := sn.Status.LastTransitionAt.UTC()
+		out.Status.LastTransitionAt = &at
 	}
-	return snapshotJSON{ID: sn.ID, SandboxID: sn.SandboxID, Name: sn.Name, Status: st, CreatedAt: ts(sn.CreatedAt)}
+	return out
+}
+
+// optString is nil for "", so that unset optional fields are omitted.
+func optString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// paginationModel is pagination in the generated model's type.
+func paginationModel(p paginationInfo) lifecycleapi.PaginationInfo {
+	return lifecycleapi.PaginationInfo{Page: p.Page, PageSize: p.PageSize, TotalItems: p.TotalItems, TotalPages: p.TotalPages, HasNextPage: p.HasNextPage}
 }
 
 // createSnapshot answers 202 like upstream. moat commits synchronously, so
 // the state is normally already Ready; upstream clients poll
 // GET /snapshots/{id} until Ready, which works unchanged.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
-	var body createSnapshotRequest
+	var body lifecycleapi.CreateSnapshotRequest
 	if err := web.DecodeJSON(r, &body, true); err != nil {
 		return err
 	}
-	sn, err := s.svc.CreateSnapshot(r.Context(), r.PathValue("id"), body.Name)
+	var name string
+	if body.Name != nil {
+		name = *body.Name
+	}
+	sn, err := s.svc.CreateSnapshot(r.Context(), r.PathValue("id"), name)
 	if err != nil {
 		return err
 	}
@@ -77,11 +82,11 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	items, total := s.svc.ListSnapshots(r.Context(), f, page, size)
-	resp := listSnapshotsResponse{Items: make([]snapshotJSON, 0, len(items))}
+	resp := lifecycleapi.ListSnapshotsResponse{Items: make([]lifecycleapi.Snapshot, 0, len(items))}
 	for _, sn := range items {
 		resp.Items = append(resp.Items, snapshotToJSON(sn))
 	}
-	resp.Pagination = pagination(page, size, total)
+	resp.Pagination = paginationModel(pagination(page, size, total))
 	web.WriteJSON(w, http.StatusOK, resp)
 	return nil
 }

@@ -33,6 +33,9 @@ type createSandboxRequest struct {
 	NetworkPolicy  json.RawMessage     `json:"networkPolicy"`
 	SecureAccess   bool                `json:"secureAccess"`
 	Volumes        []json.RawMessage   `json:"volumes"`
+	// CredentialProxy is accepted and ignored (upstream's Credential Vault
+	// MITM); it is declared so that the spec conformance test sees it.
+	CredentialProxy json.RawMessage `json:"credentialProxy"`
 }
 
 type sandboxStatus struct {

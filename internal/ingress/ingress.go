@@ -15,7 +15,10 @@
 //
 // A sandbox with a secure-access token (Target.AccessToken) requires it in
 // the OpenSandbox-Secure-Access header or the access_token query parameter;
-// both are removed before the request reaches the sandbox.
+// both are removed before the request reaches the sandbox. A signed route
+// (OSEP-0011, sign.go) whose signature and deadline verify is accepted
+// instead of the token; a signed route that does not verify is refused
+// (401) whatever the sandbox.
 //
 // Path routing puts every sandbox on the gateway's own origin, so browser
 // cookies and storage are shared between sandboxes; host routing gives each
@@ -99,6 +102,9 @@ type Config struct {
 	// MaxIdleConnsPerHost bounds kept-alive upstream connections per
 	// sandbox port. Default 64.
 	MaxIdleConnsPerHost int
+	// Signer verifies signed routes (OSEP-0011). Nil: signed routes are
+	// refused (401).
+	Signer *Signer
 }
 
 // Validate reports a bad configuration.
@@ -116,6 +122,7 @@ func (c Config) Validate() error {
 // Gateway is the ingress http.Handler. It is safe for concurrent use.
 type Gateway struct {
 	domain string
+	signer *Signer
 	res    Resolver
 	log    *slog.Logger
 	web    *web.Adapter
@@ -137,6 +144,7 @@ func New(cfg Config, r Resolver, log *slog.Logger) *Gateway {
 	}
 	g := &Gateway{
 		domain: strings.ToLower(cfg.Domain),
+		signer: cfg.Signer,
 		res:    r,
 		log:    log,
 		web:    &web.Adapter{Log: log, Codes: statusOf},
@@ -214,13 +222,28 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		g.web.WriteError(w, r, err)
 		return
 	}
+	// A signed route is checked before the sandbox is looked up, so a bad
+	// signature reveals nothing about which sandboxes exist. A valid one
+	// stands in for the secure-access token.
+	if rt.signed != nil {
+		c := rt.cands[0]
+		if g.signer == nil {
+			g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("signed route to %q: no signing keys: %w", c.id, errdefs.ErrUnauthenticated),
+				codeUnauthorized, "signed routes are not enabled on this gateway"))
+			return
+		}
+		if err := g.signer.Verify(c.id, c.port, rt.signed.expiresB36, rt.signed.signature); err != nil {
+			g.web.WriteError(w, r, err)
+			return
+		}
+	}
 	id, t, err := g.resolve(r.Context(), rt)
 	if err != nil {
 		g.web.WriteError(w, r, err)
 		return
 	}
 	p := proxied{t: t, rt: rt, query: r.URL.RawQuery}
-	if t.AccessToken != "" {
+	if t.AccessToken != "" && rt.signed == nil {
 		q, ok := authorise(r, t.AccessToken)
 		if !ok {
 			g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("sandbox %q: secure access: %w", id, errdefs.ErrUnauthenticated),

@@ -125,9 +125,14 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvConfig(t, Config{Domain: testDomain, DialTimeout: 2 * time.Second})
+}
+
+func newEnvConfig(t testing.TB, cfg Config) *env {
+	t.Helper()
 	res := newFakeResolver()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gw := New(Config{Domain: testDomain, DialTimeout: 2 * time.Second}, res, log)
+	gw := New(cfg, res, log)
 	ts := httptest.NewServer(gw)
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {

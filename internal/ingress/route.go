@@ -42,6 +42,9 @@ type route struct {
 	// rawPath and path are the upstream path (escaped and decoded) in path
 	// mode; empty means "the request's own path".
 	rawPath, path string
+	// signed is set for a signed route (OSEP-0011); cands then has exactly
+	// one entry, the one the signature covers.
+	signed *signedToken
 }
 
 // parseRoute finds the sandbox a request is addressed to. The first form
@@ -51,6 +54,10 @@ type route struct {
 //  2. host:   <port>-<id>.<domain> or <id>-<port>.<domain> (only if domain != "")
 //  3. path:   /<id>/<port>/<rest>
 //
+// Each form has a signed variant (see sign.go): <id>-<port>-<exp>-<sig> in
+// the header and host label, /<id>/<port>/<exp>/<sig>/<rest> in the path.
+// A value that has the signed shape is read as signed only.
+//
 // A form that is present but malformed is an error; it does not fall
 // through to the next one, so a typo never reaches a different sandbox.
 func parseRoute(r *http.Request, domain string) (route, error) {
@@ -58,7 +65,11 @@ func parseRoute(r *http.Request, domain string) (route, error) {
 		if len(vs) > 1 {
 			return route{}, errdefs.Invalid(codeInvalidRoute, "more than one "+HeaderIngressTo+" header")
 		}
-		c, ok := parseIDPort(strings.TrimSpace(vs[0]))
+		v := strings.TrimSpace(vs[0])
+		if c, tok, ok := parseSignedToken(v); ok {
+			return route{mode: modeHeader, cands: []candidate{c}, signed: &tok}, nil
+		}
+		c, ok := parseIDPort(v)
 		if !ok {
 			return route{}, errdefs.Invalid(codeInvalidRoute, HeaderIngressTo+" must be <sandbox-id>-<port> with port 1-65535")
 		}
@@ -67,6 +78,9 @@ func parseRoute(r *http.Request, domain string) (route, error) {
 	if label, ok := hostLabel(r.Host, domain); ok {
 		var cands []candidate
 		if !strings.Contains(label, ".") { // one label only: a.b.<domain> is malformed
+			if c, tok, ok := parseSignedToken(label); ok {
+				return route{mode: modeHost, cands: []candidate{c}, signed: &tok}, nil
+			}
 			cands = parseHostLabel(label)
 		}
 		if len(cands) == 0 {
@@ -101,6 +115,15 @@ func parsePath(u *url.URL) (route, error) {
 		return route{}, errdefs.Invalid(codeInvalidRoute, "path must be /<sandbox-id>/<port>/... with port 1-65535")
 	}
 	rt := route{mode: modePath, cands: []candidate{{id, port}}, rawPath: "/", path: "/"}
+	if hasRest {
+		// Signed: /<id>/<port>/<expires_b36>/<signature>[/<rest>].
+		exp, after, _ := strings.Cut(rest, "/")
+		sig, after2, hasRest2 := strings.Cut(after, "/")
+		if _, ok := parseExpiresB36(exp); ok && validSignature(sig) {
+			rt.signed = &signedToken{expiresB36: exp, signature: sig}
+			rest, hasRest = after2, hasRest2
+		}
+	}
 	if hasRest {
 		dec, err := url.PathUnescape(rest)
 		if err != nil {

@@ -31,7 +31,7 @@ func TestParseRoute(t *testing.T) {
 		{name: "6 header no port", target: "/", header: []string{"sb1"}, wantErr: true},
 		{name: "7 header no id", target: "/", header: []string{"-80"}, wantErr: true},
 		{name: "8 header twice", target: "/", header: []string{"a-80", "b-81"}, wantErr: true},
-		{name: "9 header signed form not supported", target: "/", header: []string{"sb1-80-abc-sig"}, wantErr: true},
+		{name: "9 header signed-looking but malformed", target: "/", header: []string{"sb1-80-abc-sig"}, wantErr: true},
 		{name: "10 host port-id", target: "/p", host: "8080-" + uuid + "." + testDomain,
 			want: route{mode: modeHost, cands: []candidate{{uuid, 8080}}}},
 		{name: "11 host id-port (upstream)", target: "/p", host: uuid + "-8080." + testDomain,

@@ -22,6 +22,9 @@ func (s *Service) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load sandboxes: %w", err)
 	}
+	if err := s.loadEvents(); err != nil {
+		return fmt.Errorf("load sandbox events: %w", err)
+	}
 	live, err := s.deps.Runtime.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list runtime sandboxes: %w", err)
@@ -58,17 +61,25 @@ func (s *Service) Recover(ctx context.Context) error {
 			if sb.Status.State != StateRunning {
 				s.setState(e, StateRunning, ReasonRunning, "")
 			}
+			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonRunning, "re-adopted after a server restart")
 			adopted++
 		case rst.State == runtime.StatePaused:
 			if sb.Status.State != StatePaused {
 				s.setState(e, StatePaused, ReasonPaused, "")
 			}
+			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonPaused, "re-adopted after a server restart")
+			adopted++
+		case rst.State == runtime.StateUnknown:
+			// The runtime could not tell (e.g. its CLI failed): keep the
+			// sandbox as recorded; liveness checks it again later. Never
+			// destroy a sandbox on a non-answer.
+			s.log.Warn("recover: runtime cannot tell the state of a sandbox; keeping it", "id", sb.ID, "msg", rst.Message)
 			adopted++
 		default:
 			s.markExited(ctx, e, rst)
 			lost++
 		}
-		if e.sb.NetworkPolicy != nil && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused) {
+		if e.sb.NetworkPolicy != nil && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused || rst.State == runtime.StateUnknown) {
 			if err := s.attachEgress(ctx, sb.ID, rst.IP, *e.sb.NetworkPolicy); err != nil {
 				// Its old ruleset stays installed in the netns; log loudly.
 				s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
@@ -90,6 +101,8 @@ func (s *Service) Recover(ctx context.Context) error {
 	if err := s.recoverPools(); err != nil {
 		return err
 	}
+	s.forgetUnknownEvents()
+	s.flushEvents()
 	s.log.Info("recovered sandboxes", "adopted", adopted, "expired", expired, "lost", lost, "orphans_deleted", orphans)
 	return nil
 }
@@ -131,6 +144,9 @@ func (s *Service) Run(ctx context.Context) {
 		if n%5 == 0 {
 			s.checkLiveness(ctx)
 		}
+		if n%30 == 0 {
+			s.trimLogs(ctx)
+		}
 	}
 }
 
@@ -155,6 +171,7 @@ func (s *Service) reap(ctx context.Context) {
 				s.mu.Lock()
 				delete(s.sandboxes, e.sb.ID)
 				s.mu.Unlock()
+				s.markGone(e.sb.ID)
 			}
 		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending:
 			s.log.Info("sandbox expired", "id", e.sb.ID)
@@ -164,6 +181,7 @@ func (s *Service) reap(ctx context.Context) {
 		}
 		e.mu.Unlock()
 	}
+	s.flushEvents()
 }
 
 // checkLiveness marks sandboxes whose agent process is gone as Failed.
@@ -198,11 +216,36 @@ func (s *Service) checkLiveness(ctx context.Context) {
 			if !ok {
 				s.setState(e, StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
 				s.persist(e)
-			} else if rst.State == runtime.StateStopped || rst.State == runtime.StateUnknown {
+			} else if rst.State == runtime.StateStopped {
 				s.markExited(ctx, e, rst)
 				s.persist(e)
+			} else if rst.State == runtime.StateUnknown {
+				// A non-answer (the runtime's CLI failed): look again on
+				// the next pass rather than destroy a live sandbox.
+				s.log.Warn("liveness: runtime cannot tell the state of a sandbox", "id", e.sb.ID, "msg", rst.Message)
 			}
 		}
 		e.mu.Unlock()
+	}
+}
+
+// forgetUnknownEvents marks the event rings of sandboxes the service does
+// not hold (a create cut short by a crash) as gone, so they age out.
+func (s *Service) forgetUnknownEvents() {
+	s.events.mu.Lock()
+	var ids []string
+	for id, r := range s.events.rings {
+		if r.GoneAt.IsZero() {
+			ids = append(ids, id)
+		}
+	}
+	s.events.mu.Unlock()
+	for _, id := range ids {
+		s.mu.RLock()
+		_, ok := s.sandboxes[id]
+		s.mu.RUnlock()
+		if !ok {
+			s.markGone(id)
+		}
 	}
 }

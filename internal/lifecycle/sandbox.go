@@ -67,6 +67,8 @@ type Sandbox struct {
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
 	// the Lifecycle API.
 	Warm bool `json:"warm,omitempty"`
+	// Mounts are the host volumes, validated against the allow-list.
+	Mounts []runtime.Mount `json:"mounts,omitempty"`
 }
 
 // clone returns a deep copy safe to hand out of the service.
@@ -80,6 +82,7 @@ func (s *Sandbox) clone() Sandbox {
 	}
 	c.ResourceLimits = cloneMap(s.ResourceLimits)
 	c.Extensions = cloneMap(s.Extensions)
+	c.Mounts = append([]runtime.Mount(nil), s.Mounts...)
 	if s.Platform != nil {
 		p := *s.Platform
 		c.Platform = &p
@@ -124,6 +127,8 @@ type CreateRequest struct {
 	NetworkPolicy []byte
 	SecureAccess  bool
 	HasVolumes    bool
+	// Volumes are the parsed OpenSandbox volumes (see ParseVolumes).
+	Volumes []Volume
 }
 
 // Extension keys understood by moat.

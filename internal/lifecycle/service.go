@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -66,6 +67,10 @@ type Config struct {
 	// SecureAccess allows secureAccess sandboxes (an ingress gateway that
 	// checks their access tokens is running).
 	SecureAccess bool
+	// AllowedHostPaths are the host directories host volumes may mount
+	// (prefix match after cleaning and symlink resolution). Empty refuses
+	// every host volume (VOLUME::HOST_PATH_NOT_ALLOWED).
+	AllowedHostPaths []string
 }
 
 func (c *Config) setDefaults() {
@@ -154,6 +159,9 @@ type Service struct {
 	// mu before snapMu.
 	snapMu sync.Mutex
 	snaps  map[string]*Snapshot
+
+	// events is every sandbox's event ring (events.go).
+	events *eventLog
 }
 
 // New returns a service. Call Recover before serving, and Run to start the
@@ -177,13 +185,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, err
 	}
 	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{},
-		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps}, nil
+		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps, events: newEventLog()}, nil
 }
 
 // Close stops the pool refill loops (sandboxes keep running).
 func (s *Service) Close() {
 	s.closed.Do(func() { close(s.closing) })
 	s.poolWG.Wait()
+	s.flushEvents()
 }
 
 // Runtime returns the backend the service drives.
@@ -214,7 +223,9 @@ func notFound(id string) error {
 
 // setState moves e to state; the caller holds e.mu.
 func (s *Service) setState(e *entry, st State, reason, msg string) {
+	prev := e.sb.Status.State
 	e.sb.Status = Status{State: st, Reason: reason, Message: msg, LastTransitionAt: s.now()}
+	s.recordTransition(e, prev)
 }
 
 // persist writes e's record; the caller holds e.mu.
@@ -230,6 +241,9 @@ func (s *Service) persist(e *entry) error {
 func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
 	defer s.observeCreate(time.Now(), &err)
 	if name := req.Extensions[ExtPoolRef]; name != "" {
+		if len(req.Volumes) > 0 || req.HasVolumes {
+			return Sandbox{}, errdefs.Invalid(codeInvalidVolume, "volumes cannot be added to a pooled sandbox")
+		}
 		sbs, err := s.createFromPool(ctx, req, name, 1)
 		if err != nil {
 			return Sandbox{}, err
@@ -318,8 +332,12 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 	if req.SecureAccess && !s.cfg.SecureAccess {
 		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess needs the ingress gateway (moat serve --ingress-listen)")
 	}
-	if req.HasVolumes {
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, "VOLUME::HOST_PATH_NOT_ALLOWED", "volumes are not allowed by this server's configuration")
+	if req.HasVolumes && len(req.Volumes) == 0 {
+		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, codeHostPathNotAllowed, "volumes are not allowed by this server's configuration")
+	}
+	mounts, err := volumeMounts(req.Volumes, s.cfg.AllowedHostPaths, filepath.EvalSymlinks)
+	if err != nil {
+		return Sandbox{}, err
 	}
 	sb := Sandbox{
 		ID:             newID(),
@@ -335,6 +353,7 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 		CreatedAt:      now,
 		AgentToken:     newToken(),
 		NetworkPolicy:  np,
+		Mounts:         mounts,
 		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
 	}
 	if np != nil {
@@ -383,6 +402,7 @@ func (s *Service) classAvailable(c string) bool {
 // runtime resource is released and the entry is left Failed.
 func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) error {
 	sb := &e.sb
+	s.record(sb.ID, EventCreated, ScopeLifecycle, ReasonCreating, "image "+imageRef(sb))
 	ref := imageRef(sb)
 	img, err := s.deps.Images.Ensure(ctx, ref, auth)
 	if err != nil {
@@ -405,6 +425,7 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 		Class:      sb.Class,
 		AgentToken: sb.AgentToken,
 		Labels:     map[string]string{"moat.dev/sandbox": sb.ID},
+		Mounts:     sb.Mounts,
 	}
 	st, err := s.deps.Runtime.Create(ctx, spec)
 	if err != nil {
@@ -721,6 +742,7 @@ func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
 		e.sb.ExpiresAt = prev
 		return time.Time{}, err
 	}
+	s.record(e.sb.ID, EventRenewed, ScopeLifecycle, "", "expires at "+at.Format(time.RFC3339))
 	return at, nil
 }
 

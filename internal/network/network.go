@@ -8,6 +8,18 @@
 //	sandbox netns (bind-mounted at <Config.NetnsDir>/abc):
 //	               lo (up), eth0 (peer end, <IP>/<prefix>), default route via the gateway
 //
+// With Config.Subnet6 set, sandboxes are dual-stack: the bridge also gets
+// the first address of the IPv6 prefix and eth0 the address at the same
+// host offset as its IPv4 one (10.88.0.7 -> fd..::7), with an IPv6 default
+// route. Without it IPv6 is disabled on eth0, so a sandbox has no IPv6
+// path at all (not even link-local).
+//
+// Every host veth is an isolated bridge port: isolated ports cannot
+// exchange frames with each other, only with the bridge itself (the host),
+// so sandboxes on one bridge cannot reach each other at layer 2 whatever
+// their addresses (the host firewall also refuses to route bridge to
+// bridge).
+//
 // Everything is done with netlink and raw syscalls; no `ip` binary is run.
 //
 // State on disk under Config.StateDir survives a crash of the server:
@@ -67,6 +79,11 @@ type Config struct {
 	// Subnet is the IPv4 range sandboxes get addresses from (default
 	// 10.88.0.0/16). The first address is the gateway, set on the bridge.
 	Subnet netip.Prefix `json:"subnet,omitempty"`
+	// Subnet6, if set, makes sandboxes dual-stack: an IPv6 prefix (a ULA
+	// /64 such as fd00:6d6f:6174::/64) whose first address is the IPv6
+	// gateway. It must have at least as many host bits as Subnet. Unset
+	// (the default) disables IPv6 inside sandboxes.
+	Subnet6 netip.Prefix `json:"subnet6,omitempty"`
 	// StateDir holds the persistent IPAM and attachment records (default
 	// /var/lib/moat/network).
 	StateDir string `json:"stateDir,omitempty"`
@@ -95,6 +112,16 @@ func (c *Config) setDefaults() error {
 	if c.Subnet.Bits() > 30 {
 		return fmt.Errorf("network: subnet %s is too small: %w", c.Subnet, errdefs.ErrInvalidArgument)
 	}
+	if c.Subnet6.IsValid() {
+		c.Subnet6 = c.Subnet6.Masked()
+		if !c.Subnet6.Addr().Is6() || c.Subnet6.Addr().Is4In6() {
+			return fmt.Errorf("network: subnet6 %s is not an IPv6 prefix: %w", c.Subnet6, errdefs.ErrInvalidArgument)
+		}
+		if c.Subnet6.Bits() < 48 || 128-c.Subnet6.Bits() < 32-c.Subnet.Bits() {
+			return fmt.Errorf("network: subnet6 %s: want a prefix of /48 or longer with at least as many host bits as %s: %w",
+				c.Subnet6, c.Subnet, errdefs.ErrInvalidArgument)
+		}
+	}
 	if len(c.Bridge) > 15 {
 		return fmt.Errorf("network: bridge name %q longer than 15 bytes: %w", c.Bridge, errdefs.ErrInvalidArgument)
 	}
@@ -116,6 +143,11 @@ type Attachment struct {
 	Gateway netip.Addr `json:"gateway"`
 	// HostVeth is the host-side veth name, a port of the bridge.
 	HostVeth string `json:"hostVeth"`
+	// IP6, PrefixLen6 and Gateway6 are the IPv6 address, prefix length and
+	// default gateway; IP6 is invalid (omitted) when IPv6 is off.
+	IP6        netip.Addr `json:"ip6,omitzero"`
+	PrefixLen6 int        `json:"prefixLen6,omitempty"`
+	Gateway6   netip.Addr `json:"gateway6,omitzero"`
 }
 
 // Manager sets up and tears down sandbox networks. Its methods are safe for
@@ -175,6 +207,34 @@ func (m *Manager) Subnet() netip.Prefix { return m.cfg.Subnet }
 // Gateway returns the bridge address, the sandboxes' default gateway.
 func (m *Manager) Gateway() netip.Addr { return m.gateway }
 
+// Subnet6 returns the sandbox IPv6 range; it is invalid when IPv6 is off.
+func (m *Manager) Subnet6() netip.Prefix { return m.cfg.Subnet6 }
+
+// Gateway6 returns the bridge's IPv6 address; invalid when IPv6 is off.
+func (m *Manager) Gateway6() netip.Addr {
+	if !m.cfg.Subnet6.IsValid() {
+		return netip.Addr{}
+	}
+	return m.cfg.Subnet6.Addr().Next()
+}
+
+// ip6For maps an IPv4 sandbox address to its IPv6 one: the same offset
+// from the start of Subnet6 as ip has from the start of Subnet.
+func (m *Manager) ip6For(ip netip.Addr) netip.Addr {
+	if !m.cfg.Subnet6.IsValid() {
+		return netip.Addr{}
+	}
+	a, b := ip.As4(), m.cfg.Subnet.Addr().As4()
+	off := (uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])) -
+		(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
+	v := m.cfg.Subnet6.Addr().As16()
+	for i := 15; i >= 12; i-- {
+		v[i] |= byte(off)
+		off >>= 8
+	}
+	return netip.AddrFrom16(v)
+}
+
 func (m *Manager) ipDir() string     { return filepath.Join(m.cfg.StateDir, "ips") }
 func (m *Manager) attachDir() string { return filepath.Join(m.cfg.StateDir, "attachments") }
 
@@ -212,6 +272,20 @@ func (m *Manager) ensureBridge() error {
 	}}
 	if err := netlink.AddrReplace(link, addr); err != nil {
 		return fmt.Errorf("network: address bridge %s: %w", m.cfg.Bridge, err)
+	}
+	if m.cfg.Subnet6.IsValid() {
+		// The bridge must never take router advertisements or redirects
+		// from a sandbox (they would install host routes).
+		for _, k := range []string{"accept_ra", "accept_redirects", "disable_ipv6"} {
+			if err := writeSysctl(filepath.Join("/proc/sys/net/ipv6/conf", m.cfg.Bridge, k), "0"); err != nil {
+				return fmt.Errorf("network: bridge %s: %w", m.cfg.Bridge, err)
+			}
+		}
+		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: m.Gateway6().AsSlice(), Mask: net.CIDRMask(m.cfg.Subnet6.Bits(), 128)},
+			Flags: unix.IFA_F_NODAD}
+		if err := netlink.AddrReplace(link, addr6); err != nil {
+			return fmt.Errorf("network: IPv6 address bridge %s: %w", m.cfg.Bridge, err)
+		}
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring up bridge %s: %w", m.cfg.Bridge, err)
@@ -267,6 +341,9 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 		Gateway:   m.gateway,
 		HostVeth:  HostVethName(id),
 	}
+	if m.cfg.Subnet6.IsValid() {
+		a.IP6, a.PrefixLen6, a.Gateway6 = m.ip6For(ip), m.cfg.Subnet6.Bits(), m.Gateway6()
+	}
 	ns, err := createNetns(a.NetnsPath)
 	if err != nil {
 		return Attachment{}, err
@@ -302,6 +379,9 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 		}
 		return fmt.Errorf("network: create veth %s: %w", a.HostVeth, err)
 	}
+	if err := netlink.LinkSetIsolated(veth, true); err != nil {
+		return fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
+	}
 	if err := netlink.LinkSetUp(veth); err != nil {
 		return fmt.Errorf("network: bring up %s: %w", a.HostVeth, err)
 	}
@@ -326,6 +406,23 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 	if err := h.AddrAdd(eth, addr); err != nil {
 		return fmt.Errorf("network: address %s: %w", sandboxIfName, err)
 	}
+	// Before eth0 comes up, so no IPv6 packet (not even a link-local
+	// router solicitation) ever leaves a sandbox without IPv6.
+	ipv6Off := "1"
+	if a.IP6.IsValid() {
+		ipv6Off = "0"
+	}
+	if err := inNetns(ns, func() error {
+		return writeSysctl("/proc/sys/net/ipv6/conf/"+sandboxIfName+"/disable_ipv6", ipv6Off)
+	}); err != nil {
+		return fmt.Errorf("network: sandbox IPv6 setting: %w", err)
+	}
+	if a.IP6.IsValid() {
+		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := h.AddrAdd(eth, addr6); err != nil {
+			return fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
+		}
+	}
 	if err := h.LinkSetUp(eth); err != nil {
 		return fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
 	}
@@ -336,6 +433,54 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 	}
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("network: default route: %w", err)
+	}
+	if a.IP6.IsValid() {
+		route6 := &netlink.Route{
+			LinkIndex: eth.Attrs().Index,
+			Gw:        a.Gateway6.AsSlice(),
+			Dst:       &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
+		}
+		if err := h.RouteAdd(route6); err != nil {
+			return fmt.Errorf("network: IPv6 default route: %w", err)
+		}
+	}
+	return nil
+}
+
+// inNetns runs fn on a locked OS thread switched into ns (for the
+// per-namespace files under /proc/sys/net). A thread that cannot switch
+// back stays locked and is discarded with its goroutine.
+func inNetns(ns netns.NsHandle, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(ferr, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
+}
+
+// writeSysctl writes one /proc/sys value.
+func writeSysctl(path, value string) error {
+	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s: %w", strings.TrimPrefix(path, "/proc/sys/"), err)
 	}
 	return nil
 }
@@ -417,6 +562,12 @@ func (m *Manager) List(ctx context.Context) ([]Attachment, error) {
 // reconcile loads the IPAM files and removes everything that does not
 // belong to a complete attachment.
 func (m *Manager) reconcile(ctx context.Context) error {
+	// A crash between writeJSONAtomic's write and rename leaves a .tmp.
+	if tmps, _ := filepath.Glob(filepath.Join(m.attachDir(), "*.tmp")); len(tmps) > 0 {
+		for _, p := range tmps {
+			os.Remove(p)
+		}
+	}
 	complete := map[string]Attachment{}
 	atts, err := m.List(ctx)
 	if err != nil {
@@ -484,9 +635,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	for _, l := range links {
 		a := l.Attrs()
-		if a.MasterIndex == br.Attrs().Index && l.Type() == "veth" && strings.HasPrefix(a.Name, hostVethPrefix) && !want[a.Name] {
+		if a.MasterIndex != br.Attrs().Index || l.Type() != "veth" || !strings.HasPrefix(a.Name, hostVethPrefix) {
+			continue
+		}
+		if !want[a.Name] {
 			m.log.Info("network: removing orphaned veth", "name", a.Name)
 			netlink.LinkDel(l)
+			continue
+		}
+		// Ports made before isolation existed become isolated too.
+		if err := netlink.LinkSetIsolated(l, true); err != nil {
+			return fmt.Errorf("network: isolate bridge port %s: %w", a.Name, err)
 		}
 	}
 	return nil

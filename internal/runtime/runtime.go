@@ -83,6 +83,20 @@ type Spec struct {
 	// Labels are opaque key/values a backend stores with the sandbox so
 	// that List can return them after a server restart.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Mounts are host directories or files bind-mounted into the sandbox.
+	// The caller (lifecycle) has checked them against the server's
+	// allow-list; backends only check their shape.
+	Mounts []Mount `json:"mounts,omitempty"`
+}
+
+// Mount is a bind mount of a host path into a sandbox.
+type Mount struct {
+	// Source is the absolute, symlink-free host path.
+	Source string `json:"source"`
+	// Destination is the absolute path inside the sandbox.
+	Destination string `json:"destination"`
+	// ReadOnly makes the mount read-only inside the sandbox.
+	ReadOnly bool `json:"readOnly,omitempty"`
 }
 
 // Status is what a backend knows about one sandbox.
@@ -158,4 +172,20 @@ type Snapshotter interface {
 	// Delete; the caller freezes the sandbox (Pauser) while reading it so
 	// that the captured tree is consistent.
 	SnapshotDir(ctx context.Context, id string) (upperDir string, err error)
+}
+
+// LogReader is implemented by backends that keep each sandbox's console
+// output (the agent's and the entrypoint's stdout and stderr).
+type LogReader interface {
+	// Logs returns at most max bytes from the end of the sandbox's output,
+	// and whether older output was left out. ErrNotFound for an unknown ID.
+	Logs(ctx context.Context, id string, max int64) (data []byte, truncated bool, err error)
+}
+
+// LogTrimmer is implemented by backends whose console logs grow without a
+// bound of their own; the lifecycle service calls TrimLogs periodically.
+type LogTrimmer interface {
+	// TrimLogs cuts every sandbox log longer than max down to its last
+	// max/2 bytes.
+	TrimLogs(ctx context.Context, max int64) error
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
+	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/oci"
 )
 
@@ -30,13 +31,19 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 	if err != nil {
 		return backend{}, err
 	}
-	netm, err := network.Open(ctx, network.Config{Bridge: cfg.Bridge, Subnet: subnet,
+	var subnet6 netip.Prefix
+	if cfg.Subnet6 != "" {
+		if subnet6, err = netip.ParsePrefix(cfg.Subnet6); err != nil {
+			return backend{}, err
+		}
+	}
+	netm, err := network.Open(ctx, network.Config{Bridge: cfg.Bridge, Subnet: subnet, Subnet6: subnet6,
 		StateDir: filepath.Join(cfg.Root, "oci", "network"), NetnsDir: filepath.Join(cfg.RunRoot, "netns")}, d.log)
 	if err != nil {
 		return backend{}, fmt.Errorf("network: %w", err)
 	}
 	gw := netm.Gateway()
-	if err := nft.ApplyHost(ctx, nft.HostConfig{Bridge: netm.Bridge(), Subnet: netm.Subnet(), Gateway: gw}); err != nil {
+	if err := nft.ApplyHost(ctx, nft.HostConfig{Bridge: netm.Bridge(), Subnet: netm.Subnet(), Gateway: gw, Subnet6: netm.Subnet6()}); err != nil {
 		return backend{}, fmt.Errorf("host firewall: %w", err)
 	}
 	enf, err := newEnforcer(cfg, netm, d)
@@ -58,11 +65,17 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		}
 	}()
 	imgs := newOCIImages(d.images)
+	disk, err := cfg.diskQuotaBytes()
+	if err != nil {
+		imgs.Close()
+		return backend{}, err
+	}
 	rt, err := oci.New(ctx, oci.Config{
 		Root:         filepath.Join(cfg.Root, "oci"),
 		RunRoot:      cfg.RunRoot,
 		DefaultClass: cfg.RuntimeClass,
 		DNSServers:   []string{gw.String()},
+		Resources:    runtime.Resources{DiskBytes: disk},
 		// Sandbox inits are reparented to the server when runc exits; it
 		// reaps them (PID 1 of a container host may not).
 		Subreaper: true,
@@ -91,7 +104,11 @@ func newEnforcer(cfg Config, netm *network.Manager, d deps) (*egress.Enforcer, e
 		d.log.Warn("no upstream DNS resolvers in /etc/resolv.conf; sandbox DNS will fail", "err", err)
 		ups = []string{"127.0.0.1:53"}
 	}
-	blocked := []netip.Prefix{netm.Subnet(), netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("127.0.0.0/8")}
+	blocked := []netip.Prefix{netm.Subnet(), netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("127.0.0.0/8"),
+		netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("::1/128")}
+	if s6 := netm.Subnet6(); s6.IsValid() {
+		blocked = append(blocked, s6)
+	}
 	blocked = append(blocked, hostAddrs()...)
 	return egress.New(egress.Config{
 		DNS:        netip.AddrPortFrom(netm.Gateway(), 53),

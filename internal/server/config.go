@@ -13,6 +13,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 )
 
 // Config is the configuration of `moat serve`. Defaults are applied by
@@ -48,6 +51,10 @@ type Config struct {
 	Bridge string
 	// Subnet is the sandbox address range. Default 10.88.0.0/16.
 	Subnet string
+	// Subnet6, if set, gives native (oci) sandboxes IPv6 addresses from this
+	// prefix (e.g. a ULA /64 "fd00:6d6f:6174::/64"), NAT66'd like IPv4.
+	// Default "" (off): sandboxes have no IPv6 at all.
+	Subnet6 string
 	// MaxTimeout caps sandbox timeouts (0 = no cap).
 	MaxTimeout time.Duration
 	// LogLevel is debug, info, warn or error. Default info.
@@ -58,9 +65,49 @@ type Config struct {
 	IngressListen string
 	// IngressDomain is the base domain of host routes (optional).
 	IngressDomain string
+	// IngressRouteMode, if set (wildcard, uri or header), makes the
+	// endpoints API answer gateway addresses in upstream's shapes (see
+	// ingress.Endpoints). Default "": the sandboxes' own addresses.
+	IngressRouteMode string
+	// IngressAddress is the gateway as clients reach it (host[:port]).
+	// Default: <IngressDomain>:<port> (wildcard), else the public address's
+	// host, the listen address, or the API request's host, with the
+	// ingress listen port.
+	IngressAddress string
+	// IngressSecureAccessKeys are the OSEP-0011 route-signing secrets,
+	// "a=BASE64,b=BASE64" (default $MOAT_INGRESS_SECURE_ACCESS_KEYS);
+	// they enable signed routes and signed endpoints (?expires=).
+	IngressSecureAccessKeys string
+	// IngressActiveKey is the key id new signatures use (default: the
+	// first key listed).
+	IngressActiveKey string
 	// DNSUpstreams are the resolvers ("host:port") the sandbox DNS proxy
 	// forwards allowed names to. Default: the nameservers of /etc/resolv.conf.
 	DNSUpstreams []string
+	// AllowedRegistries restricts image pulls to matching registries
+	// (image.WithAllowedRegistries patterns: host[:port], *.domain,
+	// loopback). Empty allows any registry.
+	AllowedRegistries []string
+	// AuditLog is the audit log file (one JSON line per mutating API call,
+	// rotated at 64 MiB, 5 kept). Default <Root>/audit.log; "off" disables.
+	AuditLog string
+	// AllowedHostPaths are the host directories host volumes may mount
+	// (prefix match after cleaning and symlink resolution). Default none:
+	// every host volume is refused with VOLUME::HOST_PATH_NOT_ALLOWED.
+	AllowedHostPaths []string
+	// DiskQuota is the default writable-layer size of native sandboxes, a
+	// Kubernetes quantity ("10Gi"); resourceLimits.disk overrides it.
+	// Default "" (unlimited).
+	DiskQuota string
+}
+
+// diskQuotaBytes is DiskQuota in bytes (0 = unlimited).
+func (c *Config) diskQuotaBytes() (int64, error) {
+	if c.DiskQuota == "" || c.DiskQuota == "0" {
+		return 0, nil
+	}
+	r, err := lifecycle.ParseResources(map[string]string{"disk": c.DiskQuota})
+	return r.DiskBytes, err
 }
 
 // Default returns the default configuration.
@@ -102,6 +149,11 @@ func (c *Config) Validate() error {
 	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 28 || p.Bits() < 8 {
 		errs = append(errs, fmt.Errorf("subnet %q: want an IPv4 prefix between /8 and /28", c.Subnet))
 	}
+	if c.Subnet6 != "" {
+		if p, err := netip.ParsePrefix(c.Subnet6); err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() < 48 || p.Bits() > 112 {
+			errs = append(errs, fmt.Errorf("subnet6 %q: want an IPv6 prefix between /48 and /112", c.Subnet6))
+		}
+	}
 	if c.Bridge == "" || len(c.Bridge) > 15 {
 		errs = append(errs, fmt.Errorf("bridge %q: want 1-15 characters", c.Bridge))
 	}
@@ -118,8 +170,27 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("dns-upstream %q: want ip:port", u))
 		}
 	}
+	for _, p := range c.AllowedHostPaths {
+		if !filepath.IsAbs(p) {
+			errs = append(errs, fmt.Errorf("allow-host-path %q must be an absolute path", p))
+		}
+	}
+	if _, err := c.diskQuotaBytes(); err != nil {
+		errs = append(errs, fmt.Errorf("disk-quota: %v", err))
+	}
+	for _, p := range c.AllowedRegistries {
+		if err := image.ValidRegistryPattern(p); err != nil {
+			errs = append(errs, fmt.Errorf("allow-registry: %v", err))
+		}
+	}
+	errs = append(errs, c.validateIngress()...)
 	if c.APIKeyFile == "" {
 		c.APIKeyFile = filepath.Join(c.Root, "api-key")
+	}
+	if c.AuditLog == "" {
+		c.AuditLog = filepath.Join(c.Root, "audit.log")
+	} else if c.AuditLog != "off" && !filepath.IsAbs(c.AuditLog) {
+		errs = append(errs, fmt.Errorf("audit-log %q must be an absolute path or \"off\"", c.AuditLog))
 	}
 	return errors.Join(errs...)
 }

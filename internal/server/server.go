@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
@@ -33,6 +34,8 @@ type Server struct {
 	svc     *lifecycle.Service
 	api     *httpapi.Server
 	apiKey  string
+	signer  *ingress.Signer // OSEP-0011 route keys of the gateway (nil: none)
+	audit   *audit.Log
 	// runCtx lives until Close: background services of the backend.
 	runCtx  context.Context
 	stopRun context.CancelFunc
@@ -74,7 +77,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if s.db, err = store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second); err != nil {
 		return nil, err
 	}
-	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images")); err != nil {
+	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images"), image.WithAllowedRegistries(cfg.AllowedRegistries)); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
 	factory, ok := backends()[cfg.Runtime]
@@ -90,7 +93,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	// GET /metrics (behind the API key); moat_sandboxes is counted at
 	// scrape time, when s.svc is set.
 	reg := metrics.New(metrics.Options{States: func() map[string]int { return stateCounts(s.svc) }, KnownStates: knownStates()})
-	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != ""}, lifecycle.Deps{
+	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths}, lifecycle.Deps{
 		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
 		Committer: be.committer, Metrics: reg,
 	})
@@ -100,7 +103,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
-	s.api = httpapi.New(httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress, Metrics: reg}, s.svc, log)
+	apiCfg := httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress, Metrics: reg}
+	if s.signer, apiCfg.Ingress, err = ingressSetup(cfg); err != nil {
+		return nil, err
+	}
+	if cfg.AuditLog != "" && cfg.AuditLog != "off" {
+		if s.audit, err = audit.Open(cfg.AuditLog, audit.Options{}); err != nil {
+			return nil, err
+		}
+		apiCfg.Audit = s.audit
+	}
+	s.api = httpapi.New(apiCfg, s.svc, log)
 	return s, nil
 }
 
@@ -138,7 +151,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	errc := make(chan error, 2)
 	go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
 	if s.cfg.IngressListen != "" {
-		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain}, ingressResolver{s.svc}, s.log)
+		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain, Signer: s.signer}, ingressResolver{s.svc}, s.log)
 		go func() {
 			if err := gw.Serve(rctx, s.cfg.IngressListen); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("ingress: %w", err)
@@ -193,6 +206,9 @@ func (s *Server) Close() {
 	}
 	if s.db != nil {
 		s.db.Close()
+	}
+	if s.audit != nil {
+		s.audit.Close()
 	}
 }
 

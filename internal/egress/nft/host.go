@@ -21,6 +21,10 @@ type HostConfig struct {
 	// Gateway is the bridge address; sandboxes may reach only its DNS port
 	// (53, udp and tcp) on the host.
 	Gateway netip.Addr
+	// Subnet6 is the sandbox IPv6 range (optional). When set it is
+	// masqueraded like Subnet, and IPv6 forwarding is enabled for packets
+	// arriving on the bridge only (force_forwarding, Linux 6.17+).
+	Subnet6 netip.Prefix
 }
 
 // HostTable is the name of the host table for a bridge (one per bridge, so
@@ -31,11 +35,17 @@ func HostTable(bridge string) string { return "moat-host-" + bridge }
 //   - input: from the bridge only replies and DNS to the gateway are
 //     accepted, so sandboxes cannot reach host services (the moat API
 //     included) through the bridge address or any other host address;
-//   - forward: sandbox traffic may leave, replies may come back;
-//   - postrouting: traffic from the subnet leaving through another
-//     interface is masqueraded (outbound NAT).
+//   - forward: sandbox traffic may leave, replies may come back; nothing is
+//     routed from the bridge back into the bridge (sandbox to sandbox);
+//   - postrouting: traffic from the subnet(s) leaving through another
+//     interface is masqueraded (outbound NAT, NAT66 for Subnet6).
 //
-// It also enables IPv4 forwarding. Per-sandbox egress policy is enforced
+// IPv6 neighbour discovery (router and neighbour solicitations, neighbour
+// advertisements) from the bridge is accepted so dual-stack sandboxes can
+// find their gateway; router advertisements and redirects are not.
+//
+// It also enables IPv4 forwarding and, with Subnet6, IPv6 forwarding for
+// the bridge (see EnableForwarding6). Per-sandbox egress policy is enforced
 // inside each sandbox netns (Firewall), before packets reach the host.
 func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	if cfg.Bridge == "" || !cfg.Subnet.IsValid() || !cfg.Gateway.Is4() {
@@ -43,6 +53,11 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
 		return fmt.Errorf("nft: enable ip_forward: %w", err)
+	}
+	if cfg.Subnet6.IsValid() {
+		if err := EnableForwarding6(cfg.Bridge); err != nil {
+			return err
+		}
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -78,6 +93,9 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 		concat(fromBridge, established, []expr.Any{accept()}),
 		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_UDP, 53), []expr.Any{accept()}),
 		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_TCP, 53), []expr.Any{accept()}),
+		concat(fromBridge, icmp6Type(133), []expr.Any{accept()}), // router solicitation
+		concat(fromBridge, icmp6Type(135), []expr.Any{accept()}), // neighbour solicitation
+		concat(fromBridge, icmp6Type(136), []expr.Any{accept()}), // neighbour advertisement
 		concat(fromBridge, []expr.Any{&expr.Counter{}, drop()}),
 	} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: r})
@@ -86,25 +104,20 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
 	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(fromBridge, toBridge, []expr.Any{&expr.Counter{}, drop()})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(fromBridge, []expr.Any{accept()})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(toBridge, established, []expr.Any{accept()})})
 
-	sub := cfg.Subnet.Masked()
-	mask := netip.PrefixFrom(sub.Addr(), sub.Bits())
-	maskBytes := make([]byte, 4)
-	for i := 0; i < sub.Bits(); i++ {
-		maskBytes[i/8] |= 0x80 >> (i % 8)
+	for _, sub := range []netip.Prefix{cfg.Subnet, cfg.Subnet6} {
+		if !sub.IsValid() {
+			continue
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(saddrIn(sub), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(cfg.Bridge)},
+			&expr.Masq{},
+		})})
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: maskBytes, Xor: []byte{0, 0, 0, 0}},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mask.Addr().AsSlice()},
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(cfg.Bridge)},
-		&expr.Masq{},
-	}})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nft: install host table %s: %w", name, err)
 	}
@@ -125,3 +138,54 @@ func RemoveHost(ctx context.Context, bridge string) error {
 }
 
 func nativeU32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
+
+// EnableForwarding6 lets the host route IPv6 packets that arrive on bridge
+// (net.ipv6.conf.<bridge>.force_forwarding, Linux 6.17+) without turning
+// on forwarding globally, which would make every interface stop accepting
+// router advertisements. Replies entering through the uplink are routed
+// only if the uplink forwards too (all.forwarding or its own
+// force_forwarding): that stays the operator's choice. On kernels without
+// force_forwarding it succeeds only if all.forwarding is already on.
+func EnableForwarding6(bridge string) error {
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+bridge+"/force_forwarding", []byte("1\n"), 0o644)
+	if err == nil {
+		return nil
+	}
+	if b, rerr := os.ReadFile("/proc/sys/net/ipv6/conf/all/forwarding"); rerr == nil && len(b) > 0 && b[0] == '1' {
+		return nil
+	}
+	return fmt.Errorf("nft: enable IPv6 forwarding on %s (needs Linux 6.17+ force_forwarding, or net.ipv6.conf.all.forwarding=1): %w", bridge, err)
+}
+
+// saddrIn matches packets whose source address is in p (the family is
+// checked first: the inet table sees both).
+func saddrIn(p netip.Prefix) []expr.Any {
+	p = p.Masked()
+	proto, off, n := byte(unix.NFPROTO_IPV4), uint32(12), uint32(4)
+	if p.Addr().Is6() {
+		proto, off, n = unix.NFPROTO_IPV6, 8, 16
+	}
+	mask := make([]byte, n)
+	for i := 0; i < p.Bits(); i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
+	}
+}
+
+// icmp6Type matches "icmpv6 type t".
+func icmp6Type(t byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{t}},
+	}
+}

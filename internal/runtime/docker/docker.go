@@ -370,6 +370,11 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
 		}
 	}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) || filepath.Clean(m.Destination) == "/" {
+			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
+		}
+	}
 	for k := range spec.Labels {
 		if k == "" {
 			return invalid("label keys must not be empty")
@@ -487,6 +492,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			Config: map[string]string{"max-size": "10m", "max-file": "1"},
 		},
 		Resources: res,
+	}
+	for _, m := range spec.Mounts {
+		// Host volumes: non-recursive binds, like the native backend.
+		host.Mounts = append(host.Mounts, mount.Mount{
+			Type: mount.TypeBind, Source: m.Source, Target: m.Destination, ReadOnly: m.ReadOnly,
+			BindOptions: &mount.BindOptions{NonRecursive: true, Propagation: mount.PropagationRPrivate},
+		})
 	}
 	netCfg := &network.NetworkingConfig{
 		EndpointsConfig: map[string]*network.EndpointSettings{r.cfg.Network: {}},

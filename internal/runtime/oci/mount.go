@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // mountOverlay mounts lowers (bottom first) with upper/work at target.
@@ -97,4 +99,114 @@ func bindReadOnly(src, target string) error {
 		return fmt.Errorf("remount %s read-only: %w", target, err)
 	}
 	return nil
+}
+
+// volumesDir holds the host-side binds of a sandbox's host volumes.
+const volumesDir = "volumes"
+
+// prepareVolumes bind-mounts each host volume at dir/volumes/<i> and
+// returns the mounts with those paths as sources.
+//
+// Why not hand the host path to the OCI runtime directly: crun makes
+// every bind mount recursive, and runc's "ro" only applies to the top
+// mount, so mounts beneath a host path would show up in the sandbox, and
+// writable even in a read-only volume. A non-recursive bind made here
+// carries no submounts, and it is made read-only (and nosuid, nodev)
+// before any runtime sees it, whichever runtime that is.
+func prepareVolumes(dir string, vols []runtime.Mount) ([]runtime.Mount, error) {
+	if len(vols) == 0 {
+		return nil, nil
+	}
+	base := filepath.Join(dir, volumesDir)
+	if err := os.Mkdir(base, 0o700); err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	out := make([]runtime.Mount, 0, len(vols))
+	for i, v := range vols {
+		st, err := os.Stat(v.Source)
+		if err != nil {
+			return nil, fmt.Errorf("oci: volume %s: %w: %w", v.Source, err, errdefs.ErrInvalidArgument)
+		}
+		target := filepath.Join(base, strconv.Itoa(i))
+		if st.IsDir() {
+			err = os.Mkdir(target, 0o700)
+		} else {
+			var f *os.File
+			if f, err = os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o600); err == nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("oci: %w", err)
+		}
+		if err := unix.Mount(v.Source, target, "", unix.MS_BIND, ""); err != nil {
+			return nil, fmt.Errorf("oci: bind volume %s: %w", v.Source, err)
+		}
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+		if v.ReadOnly {
+			flags |= unix.MS_RDONLY
+		}
+		if err := unix.Mount("", target, "", flags, ""); err != nil {
+			return nil, fmt.Errorf("oci: remount volume %s: %w", v.Source, err)
+		}
+		v.Source = target
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// unmountVolumes undoes prepareVolumes.
+func unmountVolumes(dir string) error {
+	ents, err := os.ReadDir(filepath.Join(dir, volumesDir))
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		if err := unmountAll(filepath.Join(dir, volumesDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists the mount points at or beneath dir. cleanup refuses
+// to remove a sandbox directory that has any: RemoveAll would descend
+// into a host volume and delete host files.
+func mountsUnder(dir string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return []string{"(cannot read mountinfo: " + err.Error() + ")"}
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out
+}
+
+// unescapeMountinfo decodes the octal escapes (\040 etc.) of mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

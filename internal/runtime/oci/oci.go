@@ -6,7 +6,9 @@
 // On-disk layout (Config.Root, default /var/lib/moat/oci):
 //
 //	sandboxes/<id>/state.json   persistent record (spec without token, class, IP, ...)
-//	sandboxes/<id>/upper,work   overlay writable layer
+//	sandboxes/<id>/upper,work   overlay writable layer (no disk quota)
+//	sandboxes/<id>/disk.img     quota filesystem (ext4 file), mounted at disk/
+//	sandboxes/<id>/disk/upper,work  overlay writable layer (disk quota)
 //	sandboxes/<id>/rootfs       overlay mount point (the container root)
 //	sandboxes/<id>/bundle       OCI bundle (config.json)
 //	sandboxes/<id>/files        agent.json, hosts, hostname, resolv.conf
@@ -83,8 +85,9 @@ type Config struct {
 	// sandbox (default os.Executable()).
 	AgentPath string `json:"agentPath,omitempty"`
 	// Resources are the defaults for zero Spec.Resources fields. PidsLimit
-	// defaults to 4096; CPU and memory default to unlimited. DiskBytes is
-	// not enforced by this backend.
+	// defaults to 4096; CPU, memory and disk default to unlimited. A
+	// DiskBytes quota puts the writable layer on a loop-mounted ext4 file
+	// of that size (see disk.go; needs mkfs.ext4 and /dev/loop-control).
 	Resources runtime.Resources `json:"resources"`
 	// Network configures the bridge when Deps.Network is nil. Its StateDir
 	// defaults to Root/network and NetnsDir to RunRoot/netns.
@@ -431,12 +434,25 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 	if res.MemoryBytes != 0 && res.MemoryBytes < 4<<20 {
 		return invalid("memory limit must be at least 4 MiB")
 	}
+	if res.DiskBytes != 0 && res.DiskBytes < minDiskBytes {
+		return invalid("disk limit must be at least 16 MiB")
+	}
 	if spec.WorkingDir != "" && !filepath.IsAbs(spec.WorkingDir) {
 		return invalid("working directory must be absolute")
 	}
 	for k := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
+		}
+	}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) || filepath.Clean(m.Source) != m.Source || !filepath.IsAbs(m.Destination) ||
+			filepath.Clean(m.Destination) != m.Destination || m.Destination == "/" || m.Destination == "/.moat" ||
+			strings.HasPrefix(m.Destination, "/.moat/") || strings.ContainsRune(m.Source+m.Destination, 0) {
+			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
+		}
+		if _, err := os.Stat(m.Source); err != nil {
+			return invalid(fmt.Sprintf("mount source %s: %v", m.Source, err))
 		}
 	}
 	return nil
@@ -490,17 +506,35 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: image %q: %w", spec.Image, err)
 	}
-	for _, d := range []string{"upper", "work", "rootfs", "bundle", "files"} {
+	disk := spec.Resources.DiskBytes
+	if disk == 0 {
+		disk = r.cfg.Resources.DiskBytes
+	}
+	dirs := []string{"rootfs", "bundle", "files"}
+	if disk == 0 {
+		dirs = append(dirs, "upper", "work")
+	}
+	for _, d := range dirs {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return runtime.Status{}, fmt.Errorf("oci: %w", err)
 		}
 	}
-	// The container root must be traversable by non-root users.
-	if err := os.Chmod(filepath.Join(dir, "upper"), 0o755); err != nil {
+	if disk > 0 {
+		if err := setupDisk(dir, disk); err != nil {
+			return runtime.Status{}, err
+		}
+		phase("disk")
+	} else if err := os.Chmod(filepath.Join(dir, "upper"), 0o755); err != nil {
+		// The container root must be traversable by non-root users.
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
 	rootfs := filepath.Join(dir, "rootfs")
-	if err := mountOverlay(img.Layers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+	upper, work := writableDirs(dir)
+	if err := mountOverlay(img.Layers, upper, work, rootfs); err != nil {
+		return runtime.Status{}, err
+	}
+	volumes, err := prepareVolumes(dir, spec.Mounts)
+	if err != nil {
 		return runtime.Status{}, err
 	}
 	phase("mount")
@@ -569,6 +603,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		ResolvConf:   filepath.Join(files, "resolv.conf"),
 		NetnsPath:    att.NetnsPath,
 		Resources:    res,
+		Volumes:      volumes,
 	})
 	data, err := json.Marshal(ociSpec)
 	if err != nil {
@@ -796,9 +831,17 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 			}
 		}
 		if lerr := listed[rec.Class]; lerr != nil && rec.Complete {
-			st := r.status(id, rec, nil, false)
-			st.State, st.Message = runtime.StateUnknown, lerr.Error()
-			out = append(out, st)
+			// `runc list` fails as a whole now and then (seen under churn
+			// right after a crash); one bad answer must not make every
+			// sandbox of the class look dead. Ask about this one alone.
+			c, found, err := r.containerState(ctx, rec.Class, id)
+			if err != nil {
+				st := r.status(id, rec, nil, false)
+				st.State, st.Message = runtime.StateUnknown, fmt.Sprintf("list: %v; state: %v", lerr, err)
+				out = append(out, st)
+				continue
+			}
+			out = append(out, r.status(id, rec, c, found))
 			continue
 		}
 		c, found := containers[rec.Class][id]
@@ -970,7 +1013,16 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	// A container the runtime lost track of (a `run` of a crashed server
+	// that finished late) is still in its cgroups: kill it there.
+	killCgroupProcs(id)
 	if err := unmountAll(filepath.Join(dir, "rootfs")); err != nil {
+		errs = append(errs, err)
+	} else if err := unmountAll(filepath.Join(dir, diskMount)); err != nil {
+		// The loop device of the quota filesystem auto-clears here.
+		errs = append(errs, err)
+	}
+	if err := unmountVolumes(dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := r.net.Teardown(ctx, id); err != nil {
@@ -982,6 +1034,10 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	if len(errs) > 0 {
 		// Keep the directory (and its record) so a later Delete retries.
 		return fmt.Errorf("oci: delete %s: %w", id, errors.Join(errs...))
+	}
+	if left := mountsUnder(dir); len(left) > 0 {
+		// Never RemoveAll through a mount (a host volume above all).
+		return fmt.Errorf("oci: delete %s: still mounted: %v: %w", id, left, errdefs.ErrInternal)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("oci: delete %s: %w", id, err)
@@ -1072,8 +1128,10 @@ func (r *Runtime) recover(ctx context.Context) error {
 			continue
 		}
 		r.log.Info("oci: removing half-created sandbox", "id", id)
-		if err := r.cleanup(ctx, id); err != nil {
-			return err
+		if err := r.cleanupHalfCreated(ctx, id); err != nil {
+			// Its directory stays, so the next start (or a Delete) retries;
+			// refusing to start would strand every healthy sandbox.
+			r.log.Error("oci: could not remove half-created sandbox", "id", id, "err", err)
 		}
 	}
 	for class := range r.classes {

@@ -225,6 +225,13 @@ func assertNoLeaks(t *testing.T, r *Runtime, id string) {
 	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id); len(dirs) > 0 {
 		t.Errorf("cgroups left behind: %v", dirs)
 	}
+	// Loop devices of a disk quota (see disk.go).
+	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, b := range backing {
+		if data, err := os.ReadFile(b); err == nil && strings.HasPrefix(string(data), r.sandboxDir(id)+"/") {
+			t.Errorf("loop device left behind: %s -> %s", b, strings.TrimSpace(string(data)))
+		}
+	}
 }
 
 func TestLimitsAndNoLeaks(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -13,7 +12,7 @@ import (
 var _ runtime.Snapshotter = (*Runtime)(nil)
 
 // SnapshotDir implements runtime.Snapshotter: the overlay upper directory
-// <Root>/sandboxes/<id>/upper. runsc sandboxes are ErrNotImplemented:
+// <Root>/sandboxes/<id>/upper (or disk/upper with a disk quota). runsc sandboxes are ErrNotImplemented:
 // gVisor keeps its own overlay (in memory or in a filestore file), so the
 // host upper directory does not hold the sandbox's writes.
 func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
@@ -28,7 +27,7 @@ func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
 		return "", errdefs.WithPublic(fmt.Errorf("snapshot of runsc sandbox %q: %w", id, errdefs.ErrNotImplemented),
 			"SANDBOX::API_NOT_SUPPORTED", "snapshots are not supported for runsc sandboxes")
 	}
-	upper := filepath.Join(r.sandboxDir(id), "upper")
+	upper, _ := writableDirs(r.sandboxDir(id))
 	fi, err := os.Stat(upper)
 	if err != nil || !fi.IsDir() {
 		return "", fmt.Errorf("sandbox %q has no writable layer: %w", id, errdefs.ErrFailedPrecondition)

@@ -1,0 +1,309 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// LoadBenchOptions configure `moat bench load`.
+type LoadBenchOptions struct {
+	// Server is the base URL of a running server; empty starts one in-process.
+	Server string
+	APIKey string
+	// Image defaults to the in-process busybox image.
+	Image        string
+	RuntimeClass string
+	// Concurrency is the number of create/exec/delete loops (default 8).
+	Concurrency int
+	// Duration is how long to sustain the load (default 1m); Interval is
+	// the reporting period (default 10s).
+	Duration, Interval time.Duration
+	// ServerPID, if set, is the server process whose RSS is reported (read
+	// from /proc/<pid>/status). Otherwise: this process for an in-process
+	// server, else process_resident_memory_bytes from the server's /metrics.
+	ServerPID int
+	// Runtime is the in-process server's backend (default "oci").
+	Runtime string
+}
+
+// loadStats accumulates one interval.
+type loadStats struct {
+	cycles                     int
+	createErr, execErr, delErr int
+	create, cycle              []time.Duration
+	firstErr                   string
+}
+
+// RunLoad sustains create -> first command -> delete cycles at
+// o.Concurrency for o.Duration and prints, per interval: cycles/s, errors,
+// create and cycle p50/p99, the server's RSS and how many sandboxes the
+// server holds; then a summary with the RSS trend (first vs last third).
+func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Logger) error {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Duration <= 0 {
+		o.Duration = time.Minute
+	}
+	if o.Interval <= 0 {
+		o.Interval = 10 * time.Second
+	}
+	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 2 * time.Minute}}
+	image := o.Image
+	rss := func() (int64, bool) { return metricsRSS(ctx, c) }
+	if o.ServerPID > 0 {
+		pid := o.ServerPID
+		rss = func() (int64, bool) { return procRSS(strconv.Itoa(pid)) }
+	}
+	if o.Server == "" {
+		p, err := StartInProcess(ctx, o.Runtime, log)
+		if err != nil {
+			return fmt.Errorf("start in-process server: %w", err)
+		}
+		defer p.Close()
+		c.Base, c.Key = p.URL, p.Key
+		if image == "" {
+			image = p.Image
+		}
+		if o.ServerPID == 0 {
+			rss = func() (int64, bool) { return procRSS("self") }
+		}
+	}
+	if image == "" {
+		return fmt.Errorf("--image is required with --server")
+	}
+	entry := []string{"tail", "-f", "/dev/null"}
+	// Warm-up (image pull), not counted.
+	id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: entry})
+	if err != nil {
+		return fmt.Errorf("warm-up create: %w", err)
+	}
+	c.Delete(ctx, id)
+	base, _ := c.count(ctx)
+
+	fmt.Fprintf(w, "moat bench load: create -> command -> delete, concurrency %d, %s, image %s, runtime class %q\n",
+		o.Concurrency, o.Duration, image, o.RuntimeClass)
+	fmt.Fprintf(w, "%7s %7s %8s %6s %6s %6s %10s %10s %10s %10s %9s %6s\n",
+		"t", "cycles", "cycles/s", "e.crt", "e.exec", "e.del", "crt.p50", "crt.p99", "cyc.p50", "cyc.p99", "rss", "held")
+
+	var (
+		mu  sync.Mutex
+		cur loadStats
+		all loadStats
+	)
+	deadline := time.Now().Add(o.Duration)
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range o.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for lctx.Err() == nil {
+				t0 := time.Now()
+				// The cycle runs to its end (no lctx) so that nothing is
+				// left behind when the deadline passes mid-cycle.
+				id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: entry})
+				t1 := time.Now()
+				var execErr, delErr error
+				if err == nil || id != "" {
+					if err == nil {
+						var ep Endpoint
+						if ep, execErr = c.AgentEndpoint(ctx, id); execErr == nil {
+							var out string
+							if out, execErr = c.Run(ctx, ep, "echo ok"); execErr == nil && out != "ok" {
+								execErr = fmt.Errorf("command printed %q", out)
+							}
+						}
+					}
+					delErr = c.Delete(ctx, id)
+				}
+				t2 := time.Now()
+				mu.Lock()
+				switch {
+				case err != nil:
+					cur.createErr++
+					cur.setErr("create: " + err.Error())
+				case execErr != nil:
+					cur.execErr++
+					cur.setErr("exec: " + execErr.Error())
+				case delErr != nil:
+					cur.delErr++
+					cur.setErr("delete: " + delErr.Error())
+				default:
+					cur.cycles++
+					cur.create = append(cur.create, t1.Sub(t0))
+					cur.cycle = append(cur.cycle, t2.Sub(t0))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+
+	var rssSeries []int64
+	start := time.Now()
+	last := start
+	report := func(final bool) {
+		mu.Lock()
+		s := cur
+		cur = loadStats{}
+		mu.Unlock()
+		now := time.Now()
+		el, span := now.Sub(start), now.Sub(last)
+		last = now
+		r, ok := rss()
+		rssText := "n/a"
+		if ok {
+			rssText = fmt.Sprintf("%.1fMiB", float64(r)/(1<<20))
+			rssSeries = append(rssSeries, r)
+		}
+		held := "?"
+		if n, err := c.count(ctx); err == nil {
+			held = strconv.Itoa(n - base)
+		}
+		cp, yp := Summarize(s.create), Summarize(s.cycle)
+		fmt.Fprintf(w, "%6.0fs %7d %8.2f %6d %6d %6d %10s %10s %10s %10s %9s %6s\n",
+			el.Seconds(), s.cycles, float64(s.cycles)/span.Seconds(), s.createErr, s.execErr, s.delErr,
+			ms(cp.P50), ms(cp.P99), ms(yp.P50), ms(yp.P99), rssText, held)
+		if s.firstErr != "" {
+			fmt.Fprintf(w, "        first error: %s\n", s.firstErr)
+		}
+		all.cycles += s.cycles
+		all.createErr += s.createErr
+		all.execErr += s.execErr
+		all.delErr += s.delErr
+		all.create = append(all.create, s.create...)
+		all.cycle = append(all.cycle, s.cycle...)
+		_ = final
+	}
+	tick := time.NewTicker(o.Interval)
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+			if time.Now().Before(deadline.Add(-o.Interval / 2)) {
+				report(false)
+			}
+		case <-lctx.Done():
+			done = true
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	report(true)
+	wall := time.Since(start)
+
+	fmt.Fprintf(w, "total: %d cycles in %s (%.2f/s), errors create=%d exec=%d delete=%d\n",
+		all.cycles, wall.Round(time.Second), float64(all.cycles)/wall.Seconds(), all.createErr, all.execErr, all.delErr)
+	fmt.Fprintf(w, "create: %s\n", Summarize(all.create))
+	fmt.Fprintf(w, "cycle:  %s\n", Summarize(all.cycle))
+	if n := len(rssSeries); n >= 3 {
+		third := max(1, n/3)
+		first, last := mean(rssSeries[:third]), mean(rssSeries[n-third:])
+		fmt.Fprintf(w, "server RSS: first third mean %.1fMiB, last third mean %.1fMiB (%+.1f%%), min %.1fMiB, max %.1fMiB\n",
+			first/(1<<20), last/(1<<20), 100*(last-first)/first, float64(minOf(rssSeries))/(1<<20), float64(maxOf(rssSeries))/(1<<20))
+	}
+	if n, err := c.count(ctx); err == nil {
+		fmt.Fprintf(w, "sandboxes held by the server after the run: %d (before: %d)\n", n, base)
+	}
+	return nil
+}
+
+func (s *loadStats) setErr(e string) {
+	if s.firstErr == "" {
+		if len(e) > 300 {
+			e = e[:300]
+		}
+		s.firstErr = e
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
+
+func mean(v []int64) float64 {
+	var s float64
+	for _, x := range v {
+		s += float64(x)
+	}
+	return s / float64(len(v))
+}
+
+func minOf(v []int64) int64 {
+	m := v[0]
+	for _, x := range v {
+		m = min(m, x)
+	}
+	return m
+}
+
+func maxOf(v []int64) int64 {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+// count returns how many sandboxes the server lists.
+func (c *Client) count(ctx context.Context) (int, error) {
+	var out struct {
+		Pagination struct{ TotalItems int } `json:"pagination"`
+	}
+	_, err := c.do(ctx, "GET", "/v1/sandboxes?pageSize=1", nil, &out)
+	return out.Pagination.TotalItems, err
+}
+
+// procRSS reads VmRSS of /proc/<pid>/status, in bytes.
+func procRSS(pid string) (int64, bool) {
+	f, err := os.Open("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10, err == nil
+			}
+		}
+	}
+	return 0, false
+}
+
+// metricsRSS scrapes process_resident_memory_bytes from the server's
+// /metrics (absent unless the server exports process metrics).
+func metricsRSS(ctx context.Context, c *Client) (int64, bool) {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.Base+"/metrics", nil)
+	if err != nil {
+		return 0, false
+	}
+	req.Header.Set("OPEN-SANDBOX-API-KEY", c.Key)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	return parseRSSMetric(resp.Body)
+}
+
+func parseRSSMetric(r io.Reader) (int64, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "process_resident_memory_bytes "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int64(f), err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/moat-sandbox/moat/config/crd"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+)
+
+func newControllerCommand() *cobra.Command {
+	var (
+		opts        controller.Options
+		kc          string
+		installCRDs bool
+		logLevel    string
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the Kubernetes controller of Pool and BatchSandbox resources",
+		Long: `Run moat's Kubernetes controller (sandbox.moat.dev/v1alpha1).
+
+Pools keep warm sandbox pods; a BatchSandbox takes its sandboxes from its
+pool in one step, recorded with a single status write, and creates the
+rest cold. Pods get the moat agent from --agent-image through an init
+container (moat controller copy-agent) and run ` + "`moat execd`" + ` as their
+entrypoint.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("log-level %q: %w", logLevel, err)
+			}
+			ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			cfg, err := kubeconfig.Load(kc)
+			if err != nil {
+				return err
+			}
+			if installCRDs {
+				if err := applyCRDs(cmd.Context(), cfg); err != nil {
+					return err
+				}
+			}
+			mgr, err := controller.New(cfg, opts)
+			if err != nil {
+				return err
+			}
+			return mgr.Start(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kc, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	f.StringVar(&opts.AgentImage, "agent-image", envOr("MOAT_AGENT_IMAGE", "moat:latest"), "image holding /moat for the agent init container ($MOAT_AGENT_IMAGE)")
+	f.StringVar(&opts.Namespace, "namespace", "", "watch only this namespace (default all)")
+	f.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect one active replica (a Lease)")
+	f.StringVar(&opts.LeaderElectionNamespace, "leader-elect-namespace", "", "namespace of the election lease")
+	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics here (default off)")
+	f.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz and /readyz here (default off)")
+	f.IntVar(&opts.CreateConcurrency, "create-concurrency", 32, "pod creates/deletes in flight per reconcile")
+	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	cmd.AddCommand(newCopyAgentCommand())
+	return cmd
+}
+
+// newCopyAgentCommand is the agent init container's entrypoint: it copies
+// the running moat binary to DEST (an emptyDir the sandbox container runs
+// it from), so the sandbox image needs no moat of its own.
+func newCopyAgentCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "copy-agent DEST",
+		Short: "Copy this moat binary to DEST (the agent init container's job)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return copySelf(args[0])
+		},
+	}
+}
+
+func copySelf(dest string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dest), ".moat-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dest)
+}
+
+// applyCRDs creates moat's CRDs, or updates them to this binary's version.
+func applyCRDs(ctx context.Context, cfg *rest.Config) error {
+	objs, err := crd.Objects()
+	if err != nil {
+		return err
+	}
+	scheme := controller.Scheme()
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		err := c.Create(ctx, o)
+		if apierrors.IsAlreadyExists(err) {
+			cur := o.DeepCopy()
+			if err = c.Get(ctx, client.ObjectKeyFromObject(o), cur); err == nil {
+				o.ResourceVersion = cur.ResourceVersion
+				err = c.Update(ctx, o)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("install crd %s: %w", o.Name, err)
+		}
+	}
+	return nil
+}

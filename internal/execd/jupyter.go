@@ -1,0 +1,585 @@
+package execd
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// A Jupyter kernel backs a code context when the image has one (see
+// kernelspec.go). The agent starts the kernel itself from its kernelspec
+// with a connection file (tcp on 127.0.0.1, HMAC-SHA256 signed messages)
+// and speaks the Jupyter messaging protocol (v5.3) over ZeroMQ: shell
+// (DEALER) for execute_request/execute_reply, iopub (SUB) for status,
+// stream, execute_result, display_data and error, and control (DEALER) for
+// interrupt_request when the kernelspec asks for message interrupts.
+
+const (
+	jupyterDelim         = "<IDS|MSG>"
+	jupyterVersion       = "5.3"
+	kernelStartTimeout   = 60 * time.Second
+	kernelReplyAfterIdle = 2 * time.Second // wait for execute_reply once iopub is idle
+)
+
+// jmsg is one Jupyter message.
+type jmsg struct {
+	Header   jheader         `json:"header"`
+	Parent   jheader         `json:"parent_header"`
+	Metadata json.RawMessage `json:"metadata"`
+	Content  json.RawMessage `json:"content"`
+	channel  string          // "shell", "iopub" or "control"
+}
+
+type jheader struct {
+	MsgID    string `json:"msg_id,omitempty"`
+	Session  string `json:"session,omitempty"`
+	Username string `json:"username,omitempty"`
+	Date     string `json:"date,omitempty"`
+	MsgType  string `json:"msg_type,omitempty"`
+	Version  string `json:"version,omitempty"`
+}
+
+// kernelClient is the agent's connection to one running kernel.
+type kernelClient struct {
+	key           []byte
+	session       string
+	interruptMode string
+	proc          *Proc
+
+	ctx                   context.Context
+	cancel                context.CancelFunc
+	shell, control, iopub zmq4.Socket
+
+	mu      sync.Mutex
+	waiters map[string]*jwaiter // by request msg_id
+	closed  bool
+}
+
+// jwaiter collects the replies and iopub messages whose parent is one
+// request. Delivery never blocks the socket readers: the queue is
+// unbounded and the consumer is woken through ready.
+type jwaiter struct {
+	mu    sync.Mutex
+	queue []jmsg
+	ready chan struct{} // 1-buffered
+	done  bool          // the kernel is gone
+}
+
+func newWaiter() *jwaiter { return &jwaiter{ready: make(chan struct{}, 1)} }
+
+func (w *jwaiter) push(m jmsg) {
+	w.mu.Lock()
+	w.queue = append(w.queue, m)
+	w.mu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (w *jwaiter) finish() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the queued messages and whether the kernel is gone.
+func (w *jwaiter) take() ([]jmsg, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	q := w.queue
+	w.queue = nil
+	return q, w.done
+}
+
+// connectionFile is the kernel's connection info.
+type connectionFile struct {
+	IP              string `json:"ip"`
+	Transport       string `json:"transport"`
+	ShellPort       int    `json:"shell_port"`
+	IOPubPort       int    `json:"iopub_port"`
+	StdinPort       int    `json:"stdin_port"`
+	ControlPort     int    `json:"control_port"`
+	HBPort          int    `json:"hb_port"`
+	Key             string `json:"key"`
+	SignatureScheme string `json:"signature_scheme"`
+	KernelName      string `json:"kernel_name"`
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1 (the way
+// jupyter_client picks them: bind to port 0, then release).
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// startKernel launches the kernelspec for c and connects to it; it returns
+// once the kernel answers on shell and publishes on iopub.
+func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec) error {
+	ports, err := freePorts(5)
+	if err != nil {
+		return errRuntime(err, "error allocating kernel ports: "+err.Error())
+	}
+	var keyb [32]byte
+	rand.Read(keyb[:])
+	cf := connectionFile{
+		IP: "127.0.0.1", Transport: "tcp",
+		ShellPort: ports[0], IOPubPort: ports[1], StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4],
+		Key: hex.EncodeToString(keyb[:]), SignatureScheme: "hmac-sha256", KernelName: ks.Name,
+	}
+	data, _ := json.Marshal(cf)
+	connPath := filepath.Join(s.dir, "kernel-"+c.id+".json")
+	if err := os.WriteFile(connPath, data, 0o600); err != nil {
+		return errRuntime(err, "")
+	}
+	logPath := filepath.Join(s.dir, "kernel-"+c.id+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return errRuntime(err, "")
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return errRuntime(err, "")
+	}
+	defer devnull.Close()
+	argv := make([]string, len(ks.Argv))
+	for i, a := range ks.Argv {
+		argv[i] = strings.ReplaceAll(a, "{connection_file}", connPath)
+	}
+	var extra []string
+	for k, v := range ks.Env {
+		extra = append(extra, k+"="+v)
+	}
+	proc, err := s.reaper.Start(ProcSpec{
+		Path: argv[0], Args: argv, Env: mergeEnv(s.commandEnv(nil), extra), Dir: c.cwd,
+		Files: []*os.File{devnull, logf, logf},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		return errRuntime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
+	}
+	kctx, cancel := context.WithCancel(s.ctx)
+	k := &kernelClient{
+		key: []byte(cf.Key), session: newID(), interruptMode: ks.InterruptMode, proc: proc,
+		ctx: kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
+	}
+	c.proc, c.kernel = proc, k
+	s.track(func() {
+		<-proc.Done()
+		c.mu.Lock()
+		c.dead = true
+		c.mu.Unlock()
+		k.close()
+	})
+	fail := func(err error) error {
+		proc.Signal(sigKILL)
+		<-proc.Done()
+		tail, _ := os.ReadFile(logPath)
+		if len(tail) > 2048 {
+			tail = tail[len(tail)-2048:]
+		}
+		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
+		if t := strings.TrimSpace(string(tail)); t != "" {
+			msg += "; kernel output: " + t
+		}
+		return errRuntime(err, msg)
+	}
+	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
+	k.shell = zmq4.NewDealer(kctx, sockOpts...)
+	k.control = zmq4.NewDealer(kctx, sockOpts...)
+	k.iopub = zmq4.NewSub(kctx, sockOpts...)
+	startCtx, stop := context.WithTimeout(ctx, kernelStartTimeout)
+	defer stop()
+	ready := make(chan struct{})
+	defer close(ready) // runs before stop
+	go func() {
+		// A startup timeout or a cancelled request unblocks the dials
+		// (the kernel's death does so through k.close).
+		<-startCtx.Done()
+		select {
+		case <-ready:
+		default:
+			cancel()
+		}
+	}()
+	addr := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
+	for _, d := range []struct {
+		sck  zmq4.Socket
+		port int
+	}{{k.iopub, cf.IOPubPort}, {k.shell, cf.ShellPort}, {k.control, cf.ControlPort}} {
+		if err := d.sck.Dial(addr(d.port)); err != nil {
+			if proc.Exited() {
+				err = errors.New("the kernel exited")
+			}
+			return fail(err)
+		}
+	}
+	if err := k.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return fail(err)
+	}
+	s.track(func() { k.readLoop(k.shell, "shell") })
+	s.track(func() { k.readLoop(k.control, "control") })
+	s.track(func() { k.readLoop(k.iopub, "iopub") })
+	if err := k.waitReady(startCtx); err != nil {
+		if proc.Exited() {
+			err = errors.New("the kernel exited")
+		}
+		return fail(err)
+	}
+	return nil
+}
+
+// waitReady sends kernel_info_request until one is answered on shell and
+// its busy/idle status has arrived on iopub, which proves the iopub
+// subscription is live (messages published before it are lost).
+func (k *kernelClient) waitReady(ctx context.Context) error {
+	for {
+		id, w, err := k.request(k.shell, "kernel_info_request", map[string]any{})
+		if err != nil {
+			return err
+		}
+		replied, published := false, false
+		t := time.NewTimer(time.Second)
+	wait:
+		for !(replied && published) {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				k.forget(id)
+				return fmt.Errorf("kernel did not become ready in %s", kernelStartTimeout)
+			case <-t.C:
+				break wait
+			case <-w.ready:
+			}
+			msgs, gone := w.take()
+			for _, m := range msgs {
+				if m.channel == "shell" {
+					replied = true
+				} else if m.channel == "iopub" {
+					published = true
+				}
+			}
+			if gone {
+				t.Stop()
+				k.forget(id)
+				return errors.New("the kernel exited")
+			}
+		}
+		t.Stop()
+		k.forget(id)
+		if replied && published {
+			return nil
+		}
+	}
+}
+
+func (k *kernelClient) close() {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return
+	}
+	k.closed = true
+	ws := k.waiters
+	k.waiters = map[string]*jwaiter{}
+	k.mu.Unlock()
+	k.cancel()
+	for _, s := range []zmq4.Socket{k.shell, k.control, k.iopub} {
+		if s != nil {
+			s.Close()
+		}
+	}
+	for _, w := range ws {
+		w.finish()
+	}
+}
+
+func (k *kernelClient) forget(id string) {
+	k.mu.Lock()
+	delete(k.waiters, id)
+	k.mu.Unlock()
+}
+
+func (k *kernelClient) sign(parts ...[]byte) []byte {
+	mac := hmac.New(sha256.New, k.key)
+	for _, p := range parts {
+		mac.Write(p)
+	}
+	return []byte(hex.EncodeToString(mac.Sum(nil)))
+}
+
+// request sends a message on sck and registers a waiter for its replies.
+func (k *kernelClient) request(sck zmq4.Socket, msgType string, content any) (string, *jwaiter, error) {
+	id := newID()
+	h, _ := json.Marshal(jheader{
+		MsgID: id, Session: k.session, Username: "moat", MsgType: msgType, Version: jupyterVersion,
+		Date: time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"),
+	})
+	parent, meta := []byte("{}"), []byte("{}")
+	body, err := json.Marshal(content)
+	if err != nil {
+		return "", nil, err
+	}
+	w := newWaiter()
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return "", nil, errors.New("the kernel connection is closed")
+	}
+	k.waiters[id] = w
+	k.mu.Unlock()
+	msg := zmq4.NewMsgFrom([]byte(jupyterDelim), k.sign(h, parent, meta, body), h, parent, meta, body)
+	if err := sck.SendMulti(msg); err != nil {
+		k.forget(id)
+		return "", nil, err
+	}
+	return id, w, nil
+}
+
+// readLoop parses and verifies messages from one socket and hands each to
+// the waiter of its parent request; others are dropped.
+func (k *kernelClient) readLoop(sck zmq4.Socket, channel string) {
+	for {
+		raw, err := sck.Recv()
+		if err != nil {
+			if k.ctx.Err() != nil {
+				return
+			}
+			// A broken connection: the kernel is gone or going.
+			k.close()
+			return
+		}
+		m, ok := k.parse(raw.Frames)
+		if !ok {
+			continue
+		}
+		m.channel = channel
+		k.mu.Lock()
+		w := k.waiters[m.Parent.MsgID]
+		k.mu.Unlock()
+		if w != nil {
+			w.push(m)
+		}
+	}
+}
+
+func (k *kernelClient) parse(frames [][]byte) (jmsg, bool) {
+	i := 0
+	for i < len(frames) && string(frames[i]) != jupyterDelim {
+		i++
+	}
+	if len(frames) < i+6 {
+		return jmsg{}, false
+	}
+	sig, h, p, meta, content := frames[i+1], frames[i+2], frames[i+3], frames[i+4], frames[i+5]
+	if !hmac.Equal(bytes.ToLower(sig), k.sign(h, p, meta, content)) {
+		return jmsg{}, false
+	}
+	var m jmsg
+	if json.Unmarshal(h, &m.Header) != nil || json.Unmarshal(p, &m.Parent) != nil {
+		return jmsg{}, false
+	}
+	m.Metadata, m.Content = meta, content
+	return m, true
+}
+
+// interrupt interrupts the running cell: SIGINT to the kernel's process
+// group, or, for interrupt_mode "message", an interrupt_request on control
+// whose interrupt_reply it waits for (bounded by ctx).
+func (k *kernelClient) interrupt(ctx context.Context) error {
+	if k.interruptMode != "message" {
+		k.proc.Signal(syscall.SIGINT)
+		return nil
+	}
+	id, w, err := k.request(k.control, "interrupt_request", map[string]any{})
+	if err != nil {
+		return err
+	}
+	defer k.forget(id)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			return errors.New("the kernel did not answer interrupt_request")
+		case <-w.ready:
+		}
+		msgs, gone := w.take()
+		for _, m := range msgs {
+			if m.Header.MsgType == "interrupt_reply" {
+				return nil
+			}
+		}
+		if gone {
+			return errors.New("the kernel exited")
+		}
+	}
+}
+
+// runKernel executes code in a kernel-backed context and streams events
+// exactly as upstream execd maps Jupyter messages (protocol §2.2): stream
+// -> stdout/stderr with the raw text; execute_result -> execution_count
+// (the kernel's) then result with text/plain renamed to text; display_data
+// -> result; error -> status "error" then error as the last event;
+// otherwise execution_complete once the kernel is idle.
+func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContext, code string, release func()) error {
+	k := c.kernel
+	stream := newEventStream(w)
+	stream.send(Event{Type: evInit, Text: c.id})
+	stream.startPings()
+	defer stream.stopPings()
+	started := time.Now()
+	// stop_on_error is false: the agent runs one cell at a time, and with
+	// true ipykernel answers "aborted" to a request that comes right after
+	// a failed one (it aborts its queue for a moment).
+	id, wt, err := k.request(k.shell, "execute_request", map[string]any{
+		"code": code, "silent": false, "store_history": true, "user_expressions": map[string]any{},
+		"allow_stdin": false, "stop_on_error": false,
+	})
+	if err != nil {
+		stream.send(Event{Type: evStatus, Text: "error"})
+		stream.send(Event{Type: evError, Error: &EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}})
+		return nil
+	}
+	defer k.forget(id)
+
+	var (
+		final     *EventError
+		replied   bool
+		idle      bool
+		cancelled bool
+		afterIdle <-chan time.Time
+	)
+	reqDone := r.Context().Done()
+	for !(replied && idle) {
+		select {
+		case <-wt.ready:
+		case <-reqDone:
+			// The client went away: interrupt the cell and wait for the
+			// kernel to settle so the context is usable again.
+			reqDone = nil
+			cancelled = true
+			s.track(func() { k.interrupt(s.ctx) })
+			continue
+		case <-afterIdle:
+			replied = true // a kernel that never sends execute_reply
+			continue
+		}
+		msgs, gone := wt.take()
+		for _, m := range msgs {
+			switch m.Header.MsgType {
+			case "stream":
+				var st struct{ Name, Text string }
+				json.Unmarshal(m.Content, &st)
+				typ := evStdout
+				if st.Name == "stderr" {
+					typ = evStderr
+				}
+				stream.send(Event{Type: typ, Text: st.Text})
+			case "execute_result", "display_data":
+				var res struct {
+					ExecutionCount int            `json:"execution_count"`
+					Data           map[string]any `json:"data"`
+				}
+				json.Unmarshal(m.Content, &res)
+				results := map[string]any{}
+				for mime, v := range res.Data {
+					if mime == "text/plain" {
+						mime = "text" // upstream's rename (protocol §14.2)
+					}
+					results[mime] = v
+				}
+				if m.Header.MsgType == "execute_result" {
+					stream.send(Event{Type: evExecutionCount, ExecutionCount: res.ExecutionCount})
+				}
+				stream.send(Event{Type: evResult, ExecutionCount: res.ExecutionCount, Results: results})
+			case "error":
+				final = kernelError(m.Content)
+			case "status":
+				var st struct {
+					ExecutionState string `json:"execution_state"`
+				}
+				json.Unmarshal(m.Content, &st)
+				if st.ExecutionState == "idle" && m.channel == "iopub" {
+					idle = true
+					if !replied {
+						afterIdle = time.After(kernelReplyAfterIdle)
+					}
+				}
+			case "execute_reply":
+				replied = true
+				var rep struct {
+					Status string `json:"status"`
+				}
+				json.Unmarshal(m.Content, &rep)
+				switch {
+				case rep.Status == "error" && final == nil:
+					final = kernelError(m.Content)
+				case rep.Status == "aborted" && final == nil:
+					final = &EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
+				}
+			}
+		}
+		if gone {
+			final = &EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + c.language + " Jupyter kernel exited"}}
+			break
+		}
+	}
+	if cancelled && final == nil {
+		final = &EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
+	}
+	k.forget(id)
+	release()
+	if final != nil {
+		stream.send(Event{Type: evStatus, Text: "error"})
+		stream.send(Event{Type: evError, Error: final})
+		return nil
+	}
+	ms := time.Since(started).Milliseconds()
+	stream.send(Event{Type: evExecutionComplete, ExecutionTime: &ms})
+	return nil
+}
+
+func kernelError(content json.RawMessage) *EventError {
+	var e EventError
+	json.Unmarshal(content, &e)
+	if e.Traceback == nil {
+		e.Traceback = []string{}
+	}
+	return &e
+}

@@ -1,0 +1,147 @@
+package execd
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// kernelSpec is a Jupyter kernelspec (<dir>/<name>/kernel.json).
+type kernelSpec struct {
+	Name          string            `json:"-"`
+	Argv          []string          `json:"argv"`
+	Language      string            `json:"language"`
+	Env           map[string]string `json:"env"`
+	InterruptMode string            `json:"interrupt_mode"` // "signal" (default) or "message"
+}
+
+// kernelDirs are the kernelspec directories in Jupyter's search order:
+// $JUPYTER_PATH, the user's data dir, then the system ones.
+func kernelDirs(env []string) []string {
+	var dirs []string
+	for _, p := range filepath.SplitList(lookupEnv(env, "JUPYTER_PATH")) {
+		if p != "" {
+			dirs = append(dirs, filepath.Join(p, "kernels"))
+		}
+	}
+	if d := lookupEnv(env, "JUPYTER_DATA_DIR"); d != "" {
+		dirs = append(dirs, filepath.Join(d, "kernels"))
+	} else if h := lookupEnv(env, "HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, ".local/share/jupyter/kernels"))
+	}
+	return append(dirs, "/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels")
+}
+
+// kernelLanguage maps a kernelspec language to an execd language.
+func kernelLanguage(l string) string {
+	switch l = strings.ToLower(l); l {
+	case "python3", "python":
+		return "python"
+	case "javascript", "js", "node", "nodejs":
+		return "javascript"
+	case "bash", "sh", "shell":
+		return "bash"
+	}
+	return l
+}
+
+// findKernelSpec returns the first usable kernelspec for language in dirs:
+// its argv[0] must resolve on the agent's PATH. As upstream execd does, a
+// kernel named "python3" is used only when no other python kernel exists
+// (images may ship one kernel per Python version next to it).
+func findKernelSpec(dirs []string, language string, env []string) *kernelSpec {
+	var fallback *kernelSpec
+	for _, dir := range dirs {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+		for _, e := range ents {
+			data, err := os.ReadFile(filepath.Join(dir, e.Name(), "kernel.json"))
+			if err != nil {
+				continue
+			}
+			var ks kernelSpec
+			if json.Unmarshal(data, &ks) != nil || len(ks.Argv) == 0 || kernelLanguage(ks.Language) != language {
+				continue
+			}
+			if !strings.Contains(strings.Join(ks.Argv, "\x00"), "{connection_file}") {
+				continue
+			}
+			if !filepath.IsAbs(ks.Argv[0]) {
+				p, err := lookPath(ks.Argv[0], env)
+				if err != nil {
+					continue
+				}
+				ks.Argv[0] = p
+			} else if _, err := os.Stat(ks.Argv[0]); err != nil {
+				continue
+			}
+			ks.Name = e.Name()
+			if ks.Name == "python3" && language == "python" {
+				if fallback == nil {
+					fallback = &ks
+				}
+				continue
+			}
+			return &ks
+		}
+	}
+	return fallback
+}
+
+// ipykernelSpec is the spec of `python3 -m ipykernel_launcher` for an image
+// that has ipykernel importable but no kernelspec installed.
+func ipykernelSpec(ctx context.Context, env []string) *kernelSpec {
+	for _, name := range []string{"python3", "python"} {
+		py, err := lookPath(name, env)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cmd := exec.CommandContext(ctx, py, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('ipykernel_launcher') is None)")
+		cmd.Env = env
+		err = cmd.Run()
+		cancel()
+		if err == nil {
+			return &kernelSpec{Name: "ipykernel", Argv: []string{py, "-m", "ipykernel_launcher", "-f", "{connection_file}"}, Language: "python"}
+		}
+		return nil
+	}
+	return nil
+}
+
+// kernelFor returns the Jupyter kernel to use for language, or nil to use
+// the built-in REPL driver. The answer is cached per language.
+func (s *Server) kernelFor(ctx context.Context, language string) *kernelSpec {
+	if s.opts.NoKernels {
+		return nil
+	}
+	switch language {
+	case "python", "javascript", "bash":
+	default:
+		return nil
+	}
+	s.kernelMu.Lock()
+	defer s.kernelMu.Unlock()
+	if ks, ok := s.kernels[language]; ok {
+		return ks
+	}
+	env := s.commandEnv(nil)
+	dirs := s.opts.KernelDirs
+	if dirs == nil {
+		dirs = kernelDirs(env)
+	}
+	ks := findKernelSpec(dirs, language, env)
+	if ks == nil && language == "python" && s.opts.KernelDirs == nil {
+		ks = ipykernelSpec(ctx, env)
+	}
+	s.kernels[language] = ks
+	return ks
+}

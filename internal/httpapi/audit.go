@@ -1,0 +1,112 @@
+package httpapi
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/audit"
+	"github.com/moat-sandbox/moat/internal/web"
+)
+
+// AuditSink receives one record per audited call (internal/audit.Log).
+type AuditSink interface {
+	Write(audit.Record) error
+}
+
+// audited reports whether a request is recorded in the audit log: every
+// mutating method (POST, PUT, PATCH, DELETE) on every route, including
+// the egress policy API and rejected (401, 404) calls, except the server
+// proxy: it is the data plane (user traffic to sandbox ports), not a
+// control-plane change.
+func audited(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+	default:
+		return false
+	}
+	_, kind := sandboxOfPath(r.URL.Path)
+	return kind != "proxy"
+}
+
+// sandboxOfPath returns the sandbox ID named by an API path and the path
+// element after it ("" if none).
+func sandboxOfPath(path string) (id, kind string) {
+	p := strings.TrimPrefix(path, "/v1")
+	rest, ok := strings.CutPrefix(p, "/sandboxes/")
+	if !ok {
+		return "", ""
+	}
+	parts := strings.SplitN(rest, "/", 3)
+	if parts[0] == "batch" && len(parts) == 1 {
+		return "", ""
+	}
+	if len(parts) >= 2 {
+		kind = parts[1]
+	}
+	return parts[0], kind
+}
+
+// statusRecorder captures the status a handler wrote.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// withAudit records every audited call to sink after it completes. route
+// names the matched route pattern. It must run inside WithRequestID.
+func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !audited(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() {
+			id, _ := sandboxOfPath(r.URL.Path)
+			if id == "" && rec.status/100 == 2 {
+				// A create names its sandbox in Location.
+				if loc := w.Header().Get("Location"); loc != "" {
+					id, _ = sandboxOfPath(loc)
+				}
+			}
+			status := rec.status
+			if status == 0 {
+				status = http.StatusOK
+			}
+			err := sink.Write(audit.Record{
+				Time:       start.UTC(),
+				RequestID:  web.RequestID(r.Context()),
+				RemoteAddr: r.RemoteAddr,
+				Method:     r.Method,
+				Path:       r.URL.Path,
+				Route:      route(r),
+				SandboxID:  id,
+				Status:     status,
+				DurationMS: float64(time.Since(start).Microseconds()) / 1000,
+			})
+			if err != nil {
+				s.log.Error("audit log write failed", "err", err, "method", r.Method, "path", r.URL.Path)
+			}
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}

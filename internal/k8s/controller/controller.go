@@ -1,0 +1,169 @@
+// Package controller is `moat controller`: the reconcilers of the Pool and
+// BatchSandbox resources (api/v1alpha1), on controller-runtime.
+//
+// Pools keep warm sandbox pods. A BatchSandbox is allocated from its pool
+// in memory (the ledger) and recorded with one status write, whatever its
+// size; pods it needs beyond the pool's free ones are created cold. The
+// ledger is rebuilt from the batch statuses, read from the API server, on
+// start, so a restarted controller never hands out a pod twice. One
+// controller process must be active at a time (Options.LeaderElection in
+// a multi-replica deployment).
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	ctrlcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups=sandbox.moat.dev,resources=pools;batchsandboxes,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=sandbox.moat.dev,resources=pools/status;batchsandboxes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Options configure the controller.
+type Options struct {
+	// AgentImage is the default image holding /moat for the agent init
+	// container (a template's AgentImage overrides it). Required.
+	AgentImage string
+	// Namespace restricts the controller to one namespace ("" = all).
+	Namespace string
+	// CreateConcurrency bounds parallel pod creates/deletes per reconcile
+	// (default 32).
+	CreateConcurrency int
+	// BatchWorkers is the number of batches reconciled at once (default 4).
+	BatchWorkers int
+	// LeaderElection makes replicas elect one active controller.
+	LeaderElection bool
+	// LeaderElectionNamespace holds the election lease (default: Namespace,
+	// or "default").
+	LeaderElectionNamespace string
+	// MetricsAddr serves controller-runtime metrics ("" or "0" = off).
+	MetricsAddr string
+	// HealthAddr serves /healthz and /readyz ("" = off).
+	HealthAddr string
+}
+
+// Scheme returns a scheme with the core types and moat's.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err) // static registration; cannot fail
+	}
+	if err := sbv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// New builds a controller manager with the Pool and BatchSandbox
+// reconcilers; run it with Start.
+func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
+	if opts.AgentImage == "" {
+		return nil, fmt.Errorf("controller: agent image is required")
+	}
+	if opts.CreateConcurrency <= 0 {
+		opts.CreateConcurrency = 32
+	}
+	if opts.BatchWorkers <= 0 {
+		opts.BatchWorkers = 4
+	}
+	managed := labels.SelectorFromSet(labels.Set{LabelManaged: "true"})
+	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}}}
+	if opts.Namespace != "" {
+		copts.DefaultNamespaces = map[string]cache.Config{opts.Namespace: {}}
+	}
+	leNS := opts.LeaderElectionNamespace
+	if leNS == "" {
+		leNS = opts.Namespace
+	}
+	if leNS == "" {
+		leNS = "default"
+	}
+	metricsAddr := opts.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = "0"
+	}
+	skipNameValidation := true
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme:                  Scheme(),
+		Cache:                   copts,
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  opts.HealthAddr,
+		LeaderElection:          opts.LeaderElection,
+		LeaderElectionID:        "moat-controller." + sbv1.Group,
+		LeaderElectionNamespace: leNS,
+		// Tests and `moat bench k8s` run several managers in one process.
+		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	led := newLedger()
+	poke := make(chan event.GenericEvent, 1024)
+	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, opts: opts}
+	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, opts: opts, poke: poke}
+
+	podToPool := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if name := o.GetLabels()[sbv1.LabelPool]; name != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+		}
+		return nil
+	})
+	err = ctrl.NewControllerManagedBy(mgr).Named("pool").
+		For(&sbv1.Pool{}).
+		Watches(&corev1.Pod{}, podToPool).
+		WatchesRawSource(source.Channel(poke, &handler.EnqueueRequestForObject{})).
+		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 2}).
+		Complete(pr)
+	if err != nil {
+		return nil, fmt.Errorf("controller: pool: %w", err)
+	}
+	podToBatch := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if name := o.GetLabels()[sbv1.LabelBatch]; name != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+		}
+		if b, ok := led.owner(client.ObjectKeyFromObject(o)); ok {
+			return []reconcile.Request{{NamespacedName: b}}
+		}
+		return nil
+	})
+	err = ctrl.NewControllerManagedBy(mgr).Named("batchsandbox").
+		For(&sbv1.BatchSandbox{}).
+		Watches(&corev1.Pod{}, podToBatch).
+		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: opts.BatchWorkers}).
+		Complete(br)
+	if err != nil {
+		return nil, fmt.Errorf("controller: batchsandbox: %w", err)
+	}
+	if opts.HealthAddr != "" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+	}
+	return mgr, nil
+}

@@ -1,0 +1,370 @@
+// Package k8stest starts a throw-away Kubernetes control plane for tests
+// and `moat bench k8s`: a real kube-apiserver and etcd (envtest), with
+// moat's CRDs installed, plus kwok, which makes pods on fake nodes reach
+// Running (with fake pod IPs: nothing runs, so nothing may be dialled at
+// them). envtest runs no scheduler, so Env binds unscheduled pods to the
+// fake nodes itself.
+//
+// The binaries come from scripts/build-k8s-tools.sh, which builds them
+// from the Go module proxy into ${MOAT_CACHE:-/var/cache/moat}/k8s/<version>;
+// KUBEBUILDER_ASSETS overrides the directory.
+package k8stest
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/moat-sandbox/moat/config/crd"
+)
+
+// K8sVersion is the Kubernetes release the tools are built at.
+const K8sVersion = "v1.37.2"
+
+//go:embed kwok-stages.yaml
+var kwokStages []byte
+
+// AssetsDir is where kube-apiserver, etcd and kwok are looked for.
+func AssetsDir() string {
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+		return d
+	}
+	cache := os.Getenv("MOAT_CACHE")
+	if cache == "" {
+		cache = "/var/cache/moat"
+	}
+	return filepath.Join(cache, "k8s", K8sVersion)
+}
+
+// RequireEnv is the environment variable that turns missing tools from a
+// skip into a failure (`make test` sets it after building them).
+const RequireEnv = "MOAT_REQUIRE_K8S"
+
+// Missing returns the tools absent from AssetsDir (nil: all present).
+func Missing() []string {
+	var out []string
+	for _, b := range []string{"kube-apiserver", "etcd", "kwok"} {
+		if fi, err := os.Stat(filepath.Join(AssetsDir(), b)); err != nil || fi.Mode()&0o111 == 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// Env is a running control plane.
+type Env struct {
+	// Config is an admin client configuration.
+	Config *rest.Config
+	// Kubeconfig is a kubeconfig file for Config (for subprocesses).
+	Kubeconfig string
+	// Nodes are the names of the fake nodes.
+	Nodes []string
+
+	env     *envtest.Environment
+	dir     string
+	kwok    *exec.Cmd
+	kwokOut *os.File
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// Options tune Start.
+type Options struct {
+	// Nodes is the number of fake nodes (default 2).
+	Nodes int
+	// Log receives kwok's output (default: a file in the env's directory).
+	Log io.Writer
+}
+
+// Start brings up the control plane. Stop it with Stop.
+func Start(ctx context.Context, o Options) (_ *Env, err error) {
+	if m := Missing(); len(m) > 0 {
+		return nil, fmt.Errorf("k8stest: %s missing in %s (run scripts/build-k8s-tools.sh)", strings.Join(m, ", "), AssetsDir())
+	}
+	if o.Nodes <= 0 {
+		o.Nodes = 2
+	}
+	crds, err := crd.Objects()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "moat-k8stest-")
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{dir: dir, env: &envtest.Environment{
+		BinaryAssetsDirectory:    AssetsDir(),
+		CRDs:                     crds,
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}}
+	defer func() {
+		if err != nil {
+			e.Stop()
+		}
+	}()
+	if e.Config, err = e.env.Start(); err != nil {
+		return nil, fmt.Errorf("k8stest: start control plane: %w", err)
+	}
+	e.Config.QPS, e.Config.Burst = 1000, 2000
+	user, err := e.env.AddUser(envtest.User{Name: "moat-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return nil, err
+	}
+	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(e.Kubeconfig, kc, 0o600); err != nil {
+		return nil, err
+	}
+	stages := filepath.Join(dir, "kwok.yaml")
+	if err := os.WriteFile(stages, kwokStages, 0o600); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return nil, err
+	}
+	for i := range o.Nodes {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name:        fmt.Sprintf("kwok-node-%d", i),
+			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
+			Labels:      map[string]string{"type": "kwok"},
+		}}
+		if _, err := cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("k8stest: create node: %w", err)
+		}
+		e.Nodes = append(e.Nodes, n.Name)
+	}
+	if err := e.startKwok(stages, o.Log); err != nil {
+		return nil, err
+	}
+	run, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	ready := make(chan error, 1)
+	e.wg.Go(func() { e.bind(run, cs, ready) })
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Env) startKwok(stages string, logw io.Writer) error {
+	if logw == nil {
+		f, err := os.Create(filepath.Join(e.dir, "kwok.log"))
+		if err != nil {
+			return err
+		}
+		e.kwokOut, logw = f, f
+	}
+	e.kwok = exec.Command(filepath.Join(AssetsDir(), "kwok"),
+		"--kubeconfig", e.Kubeconfig,
+		"--config", stages,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+		// Fake addresses in TEST-NET-2: never routed, never dialled.
+		"--cidr=198.51.100.0/24",
+		"--node-ip=198.51.100.1",
+	)
+	e.kwok.Stdout, e.kwok.Stderr = logw, logw
+	if err := e.kwok.Start(); err != nil {
+		return fmt.Errorf("k8stest: start kwok: %w", err)
+	}
+	return nil
+}
+
+// bind assigns unscheduled pods to the fake nodes (round robin): the job
+// of kube-scheduler, which envtest does not run.
+func (e *Env) bind(ctx context.Context, cs kubernetes.Interface, ready chan<- error) {
+	sel := fields.OneTermEqualSelector("spec.nodeName", "").String()
+	next := 0
+	first := true
+	for ctx.Err() == nil {
+		list, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			if first {
+				ready <- err
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		w, err := cs.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			if first {
+				ready <- err
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if first {
+			ready <- nil
+			first = false
+		}
+		for i := range list.Items {
+			e.bindOne(ctx, cs, &list.Items[i], &next)
+		}
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
+				e.bindOne(ctx, cs, p, &next)
+			}
+		}
+		w.Stop()
+	}
+}
+
+func (e *Env) bindOne(ctx context.Context, cs kubernetes.Interface, p *corev1.Pod, next *int) {
+	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil {
+		return
+	}
+	node := e.Nodes[*next%len(e.Nodes)]
+	*next++
+	b := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}
+	// Errors: the pod was deleted meanwhile, or bound by an earlier pass.
+	_ = cs.CoreV1().Pods(p.Namespace).Bind(ctx, b, metav1.CreateOptions{})
+}
+
+// Stop tears everything down.
+func (e *Env) Stop() error {
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Wait()
+	if e.kwok != nil && e.kwok.Process != nil {
+		e.kwok.Process.Kill()
+		e.kwok.Wait()
+	}
+	if e.kwokOut != nil {
+		e.kwokOut.Close()
+	}
+	var err error
+	if e.env != nil && e.env.ControlPlane.APIServer != nil {
+		err = e.env.Stop()
+	}
+	os.RemoveAll(e.dir)
+	return err
+}
+
+// KwokLog returns kwok's output so far (when Options.Log was nil).
+func (e *Env) KwokLog() string {
+	b, _ := os.ReadFile(filepath.Join(e.dir, "kwok.log"))
+	return string(b)
+}
+
+// WriteCounter counts the API writes (every request that is not a GET,
+// LIST or WATCH) made through a rest.Config it wrapped, by "VERB resource".
+type WriteCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// Wrap returns a copy of cfg whose requests are counted.
+func (w *WriteCounter) Wrap(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	prev := c.WrapTransport
+	c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		if prev != nil {
+			rt = prev(rt)
+		}
+		return countingRT{w: w, next: rt}
+	}
+	return c
+}
+
+type countingRT struct {
+	w    *WriteCounter
+	next http.RoundTripper
+}
+
+func (c countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		c.w.add(r.Method + " " + resourceOf(r.URL.Path))
+	}
+	return c.next.RoundTrip(r)
+}
+
+// resourceOf maps /api/v1/namespaces/ns/pods/x/status to "pods/status".
+func resourceOf(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	// Drop the group/version prefix: api/v1 or apis/<group>/<version>.
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		parts = parts[2:]
+	case len(parts) >= 3 && parts[0] == "apis":
+		parts = parts[3:]
+	}
+	if len(parts) >= 2 && parts[0] == "namespaces" {
+		parts = parts[2:]
+	}
+	switch len(parts) {
+	case 0:
+		return "namespaces"
+	case 1, 2:
+		return parts[0]
+	default:
+		return parts[0] + "/" + parts[2]
+	}
+}
+
+func (w *WriteCounter) add(k string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.counts == nil {
+		w.counts = map[string]int{}
+	}
+	w.counts[k]++
+}
+
+// Snapshot returns the counts so far.
+func (w *WriteCounter) Snapshot() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.counts))
+	for k, v := range w.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// Since returns the counts added after snapshot before.
+func (w *WriteCounter) Since(before map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range w.Snapshot() {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// Total sums counts.
+func Total(counts map[string]int) int {
+	n := 0
+	for _, v := range counts {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,52 @@
+package k8stest
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// Main runs a test binary's tests against one shared Env (stored in *env),
+// or skips them all with a message when the tools are missing, unless
+// RequireEnv is set (then it fails).
+func Main(m *testing.M, env **Env) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	if miss := Missing(); len(miss) > 0 {
+		msg := fmt.Sprintf("k8stest: %s not found in %s; build them with scripts/build-k8s-tools.sh (make test does)",
+			strings.Join(miss, ", "), AssetsDir())
+		if os.Getenv(RequireEnv) != "" {
+			fmt.Fprintln(os.Stderr, "FAIL:", msg)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "SKIP:", msg)
+		os.Exit(m.Run())
+	}
+	e, err := Start(context.Background(), Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "k8stest: stop:", err)
+	}
+	os.Exit(code)
+}
+
+// Require skips t when no Env is running (tools missing, or -short).
+func Require(t testing.TB, env *Env) {
+	t.Helper()
+	if env == nil {
+		if testing.Short() {
+			t.Skip("k8stest: skipped in -short mode")
+		}
+		t.Skipf("k8stest: Kubernetes test tools missing in %s (run scripts/build-k8s-tools.sh)", AssetsDir())
+	}
+}

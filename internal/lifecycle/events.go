@@ -1,0 +1,338 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// EventsBucket is the store bucket holding each sandbox's event ring.
+const EventsBucket = "events"
+
+// Event types recorded in a sandbox's event ring.
+const (
+	EventCreated   = "Created"   // accepted, provisioning starts
+	EventStarted   = "Started"   // the agent answered; Running
+	EventPaused    = "Paused"    // frozen
+	EventResumed   = "Resumed"   // thawed
+	EventRenewed   = "Renewed"   // expiry moved
+	EventExpired   = "Expired"   // the TTL ran out; deletion follows
+	EventDeleted   = "Deleted"   // every resource freed
+	EventFailed    = "Failed"    // provisioning failed
+	EventExited    = "Exited"    // the agent process (PID 1) exited
+	EventLost      = "Lost"      // the runtime has no trace of the sandbox
+	EventRecovered = "Recovered" // re-adopted after a server restart
+)
+
+// Event scopes (the Diagnostics API scope the event belongs to).
+const (
+	ScopeLifecycle = "lifecycle" // API-driven transitions
+	ScopeRuntime   = "runtime"   // what the runtime reported on its own
+)
+
+// Event is one entry of a sandbox's event ring.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"`
+	Scope   string    `json:"scope"`
+	Reason  string    `json:"reason,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+// Event ring bounds.
+const (
+	// MaxEventsPerSandbox is the ring size; older events are dropped (and
+	// counted).
+	MaxEventsPerSandbox = 64
+	// EventRetention is how long the events of a deleted sandbox stay
+	// readable.
+	EventRetention = time.Hour
+	// MaxGoneEventLogs caps how many deleted sandboxes keep their events;
+	// the oldest are forgotten first.
+	MaxGoneEventLogs = 4096
+)
+
+// eventRing is the persisted record of one sandbox's events.
+type eventRing struct {
+	Events  []Event `json:"events"`
+	Dropped int     `json:"dropped,omitempty"`
+	// GoneAt is when the sandbox was deleted (zero while it exists).
+	GoneAt time.Time `json:"goneAt,omitzero"`
+}
+
+// eventLog holds every sandbox's ring in memory; dirty rings are written
+// to the store in one transaction by flush (each reaper tick), so events
+// cost no fsync on the request path. A crash loses at most the last tick
+// of events.
+type eventLog struct {
+	mu      sync.Mutex
+	rings   map[string]*eventRing
+	dirty   map[string]bool
+	removed map[string]bool
+}
+
+func newEventLog() *eventLog {
+	return &eventLog{rings: map[string]*eventRing{}, dirty: map[string]bool{}, removed: map[string]bool{}}
+}
+
+// record appends an event to sandbox id's ring.
+func (s *Service) record(id, typ, scope, reason, msg string) {
+	l := s.events
+	if l == nil {
+		return
+	}
+	ev := Event{Time: s.now(), Type: typ, Scope: scope, Reason: reason, Message: msg}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rings[id]
+	if r == nil {
+		r = &eventRing{}
+		l.rings[id] = r
+	}
+	if len(r.Events) >= MaxEventsPerSandbox {
+		n := len(r.Events) - MaxEventsPerSandbox + 1
+		r.Events = append(r.Events[:0], r.Events[n:]...)
+		r.Dropped += n
+	}
+	r.Events = append(r.Events, ev)
+	if typ == EventDeleted {
+		r.GoneAt = ev.Time
+	}
+	l.dirty[id] = true
+	delete(l.removed, id)
+}
+
+// markGone records that sandbox id no longer exists (without an event),
+// so its ring ages out.
+func (s *Service) markGone(id string) {
+	l := s.events
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.rings[id]; r != nil && r.GoneAt.IsZero() {
+		r.GoneAt = s.now()
+		l.dirty[id] = true
+	}
+}
+
+// recordTransition records the event implied by a state change of e from
+// prev; the caller holds e.mu. Transitional states record nothing.
+func (s *Service) recordTransition(e *entry, prev State) {
+	st := e.sb.Status
+	switch st.State {
+	case StateRunning:
+		switch prev {
+		case StatePending:
+			s.record(e.sb.ID, EventStarted, ScopeLifecycle, st.Reason, "")
+		case StateResuming:
+			s.record(e.sb.ID, EventResumed, ScopeLifecycle, st.Reason, "")
+		}
+	case StatePaused:
+		if prev == StatePausing {
+			s.record(e.sb.ID, EventPaused, ScopeLifecycle, st.Reason, "")
+		}
+	case StateFailed:
+		switch st.Reason {
+		case ReasonAgentExited:
+			s.record(e.sb.ID, EventExited, ScopeRuntime, st.Reason, st.Message)
+		case ReasonLost:
+			s.record(e.sb.ID, EventLost, ScopeRuntime, st.Reason, st.Message)
+		default:
+			s.record(e.sb.ID, EventFailed, ScopeLifecycle, st.Reason, st.Message)
+		}
+	case StateTerminated:
+		if st.Reason == ReasonExpired {
+			s.record(e.sb.ID, EventExpired, ScopeLifecycle, st.Reason, "")
+		}
+		s.record(e.sb.ID, EventDeleted, ScopeLifecycle, st.Reason, "")
+	}
+}
+
+// flushEvents writes the dirty rings and prunes old ones. It is called by
+// the reaper and on Close.
+func (s *Service) flushEvents() {
+	l := s.events
+	if l == nil {
+		return
+	}
+	now := s.now()
+	l.mu.Lock()
+	// Prune: rings of sandboxes gone for longer than EventRetention, then
+	// the oldest gone ones beyond MaxGoneEventLogs.
+	var gone []string
+	for id, r := range l.rings {
+		if r.GoneAt.IsZero() {
+			continue
+		}
+		if now.Sub(r.GoneAt) >= EventRetention {
+			delete(l.rings, id)
+			delete(l.dirty, id)
+			l.removed[id] = true
+			continue
+		}
+		gone = append(gone, id)
+	}
+	if len(gone) > MaxGoneEventLogs {
+		sort.Slice(gone, func(i, j int) bool { return l.rings[gone[i]].GoneAt.Before(l.rings[gone[j]].GoneAt) })
+		for _, id := range gone[:len(gone)-MaxGoneEventLogs] {
+			delete(l.rings, id)
+			delete(l.dirty, id)
+			l.removed[id] = true
+		}
+	}
+	put := make(map[string]any, len(l.dirty))
+	for id := range l.dirty {
+		r := l.rings[id]
+		c := *r
+		c.Events = append([]Event(nil), r.Events...)
+		put[id] = &c
+	}
+	removed := l.removed
+	l.dirty, l.removed = map[string]bool{}, map[string]bool{}
+	l.mu.Unlock()
+
+	if len(put) > 0 {
+		if err := s.deps.Store.PutMany(EventsBucket, put); err != nil {
+			s.log.Warn("persist sandbox events", "err", err)
+			s.redirty(put)
+		}
+	}
+	for id := range removed {
+		if err := s.deps.Store.Delete(EventsBucket, id); err != nil {
+			s.log.Warn("prune sandbox events", "id", id, "err", err)
+		}
+	}
+}
+
+// redirty marks rings whose write failed for the next flush.
+func (s *Service) redirty(put map[string]any) {
+	s.events.mu.Lock()
+	defer s.events.mu.Unlock()
+	for id := range put {
+		if _, ok := s.events.rings[id]; ok {
+			s.events.dirty[id] = true
+		}
+	}
+}
+
+// loadEvents reads the persisted rings (at Recover).
+func (s *Service) loadEvents() error {
+	l := s.events
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return s.deps.Store.ForEach(EventsBucket, func(key string, raw []byte) error {
+		var r eventRing
+		if err := json.Unmarshal(raw, &r); err != nil {
+			// A corrupt ring is diagnostics only; drop it.
+			s.log.Warn("drop unreadable event ring", "id", key, "err", err)
+			l.removed[key] = true
+			return nil
+		}
+		l.rings[key] = &r
+		return nil
+	})
+}
+
+// FlushEvents writes pending events to the store (for tests; the reaper
+// does it every tick).
+func (s *Service) FlushEvents() { s.flushEvents() }
+
+// Events returns the recorded events of a sandbox, oldest first, and how
+// many older ones the ring dropped. A deleted sandbox's events stay
+// readable for EventRetention; ErrNotFound once they are gone.
+func (s *Service) Events(ctx context.Context, id string) ([]Event, int, error) {
+	if _, err := s.get(id); err != nil {
+		if !errdefs.IsNotFound(err) || !s.goneEvents(id) {
+			return nil, 0, err
+		}
+	}
+	l := s.events
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rings[id]
+	if r == nil {
+		return nil, 0, nil
+	}
+	return append([]Event(nil), r.Events...), r.Dropped, nil
+}
+
+// goneEvents reports whether a deleted sandbox id still has its events.
+func (s *Service) goneEvents(id string) bool {
+	l := s.events
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rings[id]
+	return r != nil && !r.GoneAt.IsZero()
+}
+
+// Logs returns at most max bytes from the end of the sandbox's console
+// output (agent and entrypoint stdout/stderr), and whether older output
+// was left out. ErrNotImplemented if the runtime keeps no logs.
+func (s *Service) Logs(ctx context.Context, id string, max int64) ([]byte, bool, error) {
+	if _, err := s.get(id); err != nil {
+		return nil, false, err
+	}
+	lr, ok := s.deps.Runtime.(runtime.LogReader)
+	if !ok {
+		return nil, false, errdefs.WithPublic(errdefs.ErrNotImplemented, "DIAGNOSTICS_NOT_IMPLEMENTED",
+			fmt.Sprintf("the %s runtime keeps no sandbox logs", s.deps.Runtime.Name()))
+	}
+	data, truncated, err := lr.Logs(ctx, id, max)
+	if errdefs.IsNotFound(err) {
+		// The sandbox exists but its runtime resources (and log) are gone,
+		// e.g. a Failed sandbox: there is simply no output.
+		return nil, false, nil
+	}
+	return data, truncated, err
+}
+
+// FormatEvents renders events as diagnostic text, one line each:
+// "<RFC3339> <scope> <type> [reason] [message]".
+func FormatEvents(evs []Event) string {
+	var b strings.Builder
+	for _, e := range evs {
+		b.WriteString(e.Time.UTC().Format(time.RFC3339Nano))
+		b.WriteByte(' ')
+		b.WriteString(e.Scope)
+		b.WriteByte(' ')
+		b.WriteString(e.Type)
+		if e.Reason != "" {
+			b.WriteByte(' ')
+			b.WriteString(e.Reason)
+		}
+		if e.Message != "" {
+			b.WriteString(" ")
+			b.WriteString(e.Message)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// MaxLogBytes bounds each sandbox's console log on backends that do not
+// bound it themselves (runtime.LogTrimmer).
+const MaxLogBytes = 8 << 20
+
+// trimLogs asks the runtime to bound its console logs.
+func (s *Service) trimLogs(ctx context.Context) {
+	if t, ok := s.deps.Runtime.(runtime.LogTrimmer); ok {
+		if err := t.TrimLogs(ctx, MaxLogBytes); err != nil {
+			s.log.Warn("trim sandbox logs", "err", err)
+		}
+	}
+}

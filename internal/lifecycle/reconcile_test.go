@@ -1,0 +1,63 @@
+package lifecycle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// blindRuntime answers every List and Status with StateUnknown, as the OCI
+// backend does when its runtime CLI fails.
+type blindRuntime struct{ runtime.Runtime }
+
+func (b blindRuntime) List(ctx context.Context) ([]runtime.Status, error) {
+	l, err := b.Runtime.List(ctx)
+	for i := range l {
+		l[i].State, l[i].Message = runtime.StateUnknown, "runc list: exit status 1"
+	}
+	return l, err
+}
+
+func (b blindRuntime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	st, err := b.Runtime.Status(ctx, id)
+	st.State = runtime.StateUnknown
+	return st, err
+}
+
+// A runtime that cannot tell must not get live sandboxes destroyed, at
+// recovery or by the liveness check (chaos test finding: one failed
+// `runc list` after a crash marked every sandbox Failed and deleted it).
+func TestUnknownRuntimeStateKeepsSandboxes(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	a, _ := h.svc.Create(ctx, req(time.Hour))
+	b, _ := h.svc.Create(ctx, req(time.Hour))
+	svc, err := New(Config{}, Deps{Store: h.db, Runtime: blindRuntime{h.rt}, Images: fakeImages{}, Now: h.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svc.checkLiveness(ctx)
+	for _, id := range []string{a.ID, b.ID} {
+		got, err := svc.Get(ctx, id)
+		if err != nil || got.Status.State != StateRunning {
+			t.Fatalf("%s after an unknown runtime answer: %+v %v", id, got.Status, err)
+		}
+		if st, err := h.rt.Status(ctx, id); err != nil || st.State != runtime.StateRunning {
+			t.Fatalf("%s was torn down in the runtime: %+v %v", id, st, err)
+		}
+	}
+	// A real exit is still noticed.
+	if err := h.rt.Stop(ctx, a.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	svc.deps.Runtime = h.rt
+	svc.checkLiveness(ctx)
+	if got, _ := svc.Get(ctx, a.ID); got.Status.State != StateFailed || got.Status.Reason != ReasonAgentExited {
+		t.Fatalf("exited sandbox: %+v", got.Status)
+	}
+}

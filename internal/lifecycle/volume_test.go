@@ -1,0 +1,147 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// volumeTree is a host layout for the allow-list tests:
+//
+//	<tmp>/allowed/data/        allowed (via --allow-host-path <tmp>/allowed)
+//	<tmp>/allowed/escape  ->   <tmp>/secret (symlink out of the allowed dir)
+//	<tmp>/allowed-evil/        shares the prefix string, not the directory
+//	<tmp>/secret/
+//	<tmp>/link-to-allowed -> <tmp>/allowed
+func volumeTree(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"allowed/data", "allowed-evil", "secret"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(root, "secret"), filepath.Join(root, "allowed", "escape")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "allowed"), filepath.Join(root, "link-to-allowed")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func TestVolumeMounts(t *testing.T) {
+	root := volumeTree(t)
+	allowed := []string{filepath.Join(root, "allowed")}
+	host := func(p string) *HostVolume { return &HostVolume{Path: p} }
+	for _, tc := range []struct {
+		name    string
+		vols    []Volume
+		allowed []string
+		want    []runtime.Mount
+		code    string
+	}{
+		{name: "allowed dir", vols: []Volume{{Name: "data", MountPath: "/data", Host: host(root + "/allowed/data")}},
+			want: []runtime.Mount{{Source: root + "/allowed/data", Destination: "/data"}}},
+		{name: "allowed root itself, read-only", vols: []Volume{{Name: "a", MountPath: "/mnt/a/", ReadOnly: true, Host: host(root + "/allowed")}},
+			want: []runtime.Mount{{Source: root + "/allowed", Destination: "/mnt/a", ReadOnly: true}}},
+		{name: "subPath", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "data", Host: host(root + "/allowed")}},
+			want: []runtime.Mount{{Source: root + "/allowed/data", Destination: "/a"}}},
+		{name: "through a symlink to the allowed dir", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/link-to-allowed/data")}},
+			want: []runtime.Mount{{Source: root + "/allowed/data", Destination: "/a"}}},
+		{name: "allow-list entry behind a symlink", allowed: []string{root + "/link-to-allowed"},
+			vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/data")}},
+			want: []runtime.Mount{{Source: root + "/allowed/data", Destination: "/a"}}},
+		{name: "empty allow-list", allowed: []string{}, vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}},
+			code: codeHostPathNotAllowed},
+		{name: "outside", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/secret")}}, code: codeHostPathNotAllowed},
+		{name: "prefix string only", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed-evil")}}, code: codeHostPathNotAllowed},
+		{name: "dotdot", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/../secret")}}, code: codeHostPathNotAllowed},
+		{name: "symlink out", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/escape")}}, code: codeHostPathNotAllowed},
+		{name: "subPath through symlink out", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "escape", Host: host(root + "/allowed")}}, code: codeHostPathNotAllowed},
+		{name: "subPath dotdot", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "../secret", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+		{name: "missing path", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/nope")}}, code: codeHostPathNotAllowed},
+		{name: "relative path", vols: []Volume{{Name: "a", MountPath: "/a", Host: host("allowed")}}, code: codeHostPathNotAllowed},
+		{name: "relative mountPath", vols: []Volume{{Name: "a", MountPath: "a", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
+		{name: "mount over /", vols: []Volume{{Name: "a", MountPath: "/", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
+		{name: "mount over the agent", vols: []Volume{{Name: "a", MountPath: "/.moat/x/..", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
+		{name: "mount over /proc/sys", vols: []Volume{{Name: "a", MountPath: "/proc/sys", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
+		{name: "bad name", vols: []Volume{{Name: "Data_1", MountPath: "/a", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+		{name: "duplicate name", vols: []Volume{
+			{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}, {Name: "a", MountPath: "/b", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+		{name: "duplicate mountPath", vols: []Volume{
+			{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}, {Name: "b", MountPath: "/a/", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
+		{name: "no backend", vols: []Volume{{Name: "a", MountPath: "/a"}}, code: codeInvalidVolume},
+		{name: "two backends", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed"), PVC: json.RawMessage(`{"claimName":"x"}`)}}, code: codeInvalidVolume},
+		{name: "pvc", vols: []Volume{{Name: "a", MountPath: "/a", PVC: json.RawMessage(`{"claimName":"x"}`)}}, code: "SANDBOX::API_NOT_SUPPORTED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			al := allowed
+			if tc.allowed != nil {
+				al = tc.allowed
+			}
+			got, err := volumeMounts(tc.vols, al, filepath.EvalSymlinks)
+			if tc.code != "" {
+				p, ok := errdefs.PublicOf(err)
+				if !ok || p.Code != tc.code {
+					t.Fatalf("got %v (%v), want code %s", got, err, tc.code)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCreateWithVolumes checks the service end of host volumes: the
+// allow-list is enforced at create and the mounts reach the runtime.
+func TestCreateWithVolumes(t *testing.T) {
+	root := volumeTree(t)
+	h := newHarness(t)
+	ctx := context.Background()
+	var got []runtime.Mount
+	h.hooks.Create = func(s runtime.Spec) error { got = s.Mounts; return nil }
+	raw := []json.RawMessage{json.RawMessage(`{"name":"data","mountPath":"/data","readOnly":true,"host":{"path":"` + root + `/allowed/data"}}`)}
+	vols, err := ParseVolumes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req(time.Hour)
+	r.Volumes, r.HasVolumes = vols, true
+	// The harness service has no allow-list: refused.
+	_, err = h.svc.Create(ctx, r)
+	if p, ok := errdefs.PublicOf(err); !ok || p.Code != codeHostPathNotAllowed || !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("create without an allow-list: %v", err)
+	}
+	svc, err := New(Config{AllowedHostPaths: []string{root + "/allowed"}}, Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := svc.Create(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []runtime.Mount{{Source: root + "/allowed/data", Destination: "/data", ReadOnly: true}}
+	if !slices.Equal(got, want) || !slices.Equal(sb.Mounts, want) {
+		t.Fatalf("runtime got mounts %+v, sandbox %+v; want %+v", got, sb.Mounts, want)
+	}
+	r.Extensions = map[string]string{ExtPoolRef: "p"}
+	if _, err := svc.Create(ctx, r); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("volumes on a pool claim: %v", err)
+	}
+	if _, err := ParseVolumes([]json.RawMessage{json.RawMessage(`{"name":1}`)}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("bad volume JSON: %v", err)
+	}
+}

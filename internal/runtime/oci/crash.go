@@ -1,0 +1,110 @@
+package oci
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Crash recovery helpers: what a SIGKILLed server leaves half-done.
+
+// cleanupHalfCreated removes a sandbox whose Create never completed. The
+// OCI runtime process the dead server started may still be running (it is
+// not killed with the server) and create the container after a first
+// cleanup pass, so cleanup is retried for a few seconds.
+func (r *Runtime) cleanupHalfCreated(ctx context.Context, id string) error {
+	var err error
+	for attempt := range 10 {
+		if err = r.cleanup(ctx, id); err == nil {
+			// The late runtime process may still create the container
+			// once more; one more pass after it had time to finish.
+			if attempt == 0 {
+				time.Sleep(200 * time.Millisecond)
+				if exists(r.sandboxDir(id)) || r.anyState(id) || cgroupsExist(id) {
+					continue
+				}
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// anyState reports whether any OCI runtime holds state for id.
+func (r *Runtime) anyState(id string) bool {
+	for class := range r.classes {
+		if r.hasState(class, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// cgroupDirs returns the cgroup directories of sandbox id (v1 and v2).
+func cgroupDirs(id string) []string {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id)
+	if d := "/sys/fs/cgroup/moat/" + id; exists(d) {
+		dirs = append(dirs, d)
+	}
+	return dirs
+}
+
+func cgroupsExist(id string) bool { return len(cgroupDirs(id)) > 0 }
+
+// cgroupPids lists the processes in the cgroups of sandbox id, nested
+// cgroups included.
+func cgroupPids(id string) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, d := range cgroupDirs(id) {
+		filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
+				return nil
+			}
+			data, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 && !seen[pid] {
+					seen[pid] = true
+					out = append(out, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// killCgroupProcs SIGKILLs every process left in the cgroups of sandbox
+// id (thawing a frozen one first) and waits up to 2s for them to go.
+func killCgroupProcs(id string) {
+	pids := cgroupPids(id)
+	if len(pids) == 0 {
+		return
+	}
+	for _, d := range cgroupDirs(id) {
+		if st := filepath.Join(d, "freezer.state"); exists(st) {
+			os.WriteFile(st, []byte("THAWED"), 0o644)
+		}
+		if fz := filepath.Join(d, "cgroup.freeze"); exists(fz) {
+			os.WriteFile(fz, []byte("0"), 0o644)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for len(pids) > 0 && time.Now().Before(deadline) {
+		for _, pid := range pids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(20 * time.Millisecond)
+		pids = cgroupPids(id)
+	}
+}

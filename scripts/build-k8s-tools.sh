@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Build the Kubernetes test tools moat's envtest-based tests need, from the Go
+# module proxy (no prebuilt binary downloads are reachable from CI):
+#
+#   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver  (K8S_VERSION)
+#   etcd            go.etcd.io/etcd/server/v3              (ETCD_VERSION)
+#   kwok            sigs.k8s.io/kwok/cmd/kwok              (KWOK_VERSION)
+#   controller-gen  sigs.k8s.io/controller-tools/cmd/controller-gen (CONTROLLER_TOOLS_VERSION)
+#
+# Binaries land in ${MOAT_CACHE:-/var/cache/moat}/k8s/<K8S_VERSION>/ (the
+# directory KUBEBUILDER_ASSETS points at). Each is built in its own scratch
+# module and skipped when it already exists, so reruns are instant. A cold
+# kube-apiserver build takes ~15-20 minutes on 2 cores.
+#
+# Usage: scripts/build-k8s-tools.sh [--print-dir]
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+STAGING_VERSION=${STAGING_VERSION:-v0.${K8S_VERSION#v1.}}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.23.0}
+CACHE=${MOAT_CACHE:-/var/cache/moat}
+OUT="$CACHE/k8s/$K8S_VERSION"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+	echo "$OUT"
+	exit 0
+fi
+
+export PATH="/usr/local/go/bin:$PATH"
+export GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0 GOTOOLCHAIN=local
+mkdir -p "$OUT/src"
+
+# One builder at a time (make test may run while a background build is going).
+exec 9>"$OUT/.lock"
+flock 9
+
+log() { echo "build-k8s-tools: $*" >&2; }
+
+# scratch NAME: fresh module directory for one tool.
+scratch() {
+	local d="$OUT/src/$1"
+	rm -rf "$d"
+	mkdir -p "$d"
+	(cd "$d" && go mod init "moat.local/k8stools/$1" >/dev/null 2>&1)
+	echo "$d"
+}
+
+install_bin() { # install_bin TMPFILE NAME
+	chmod 0755 "$1"
+	mv -f "$1" "$OUT/$2"
+	log "built $OUT/$2"
+}
+
+build_controller_gen() {
+	[[ -x "$OUT/controller-gen" ]] && return 0
+	log "building controller-gen $CONTROLLER_TOOLS_VERSION"
+	local d
+	d=$(scratch controller-gen)
+	(
+		cd "$d"
+		go get "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
+		go build -trimpath -o "$d/controller-gen.tmp" sigs.k8s.io/controller-tools/cmd/controller-gen
+	)
+	install_bin "$d/controller-gen.tmp" controller-gen
+}
+
+build_etcd() {
+	[[ -x "$OUT/etcd" ]] && return 0
+	log "building etcd $ETCD_VERSION"
+	local d
+	d=$(scratch etcd)
+	(
+		cd "$d"
+		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+		go build -trimpath -o "$d/etcd.tmp" go.etcd.io/etcd/server/v3
+	)
+	install_bin "$d/etcd.tmp" etcd
+}
+
+build_kwok() {
+	[[ -x "$OUT/kwok" ]] && return 0
+	log "building kwok $KWOK_VERSION"
+	local d
+	d=$(scratch kwok)
+	(
+		cd "$d"
+		go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+		go build -trimpath -o "$d/kwok.tmp" \
+			-ldflags "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION" \
+			sigs.k8s.io/kwok/cmd/kwok
+	)
+	install_bin "$d/kwok.tmp" kwok
+}
+
+build_kube_apiserver() {
+	[[ -x "$OUT/kube-apiserver" ]] && return 0
+	log "building kube-apiserver $K8S_VERSION (staging modules $STAGING_VERSION); this takes a while"
+	local d gomod
+	d=$(scratch kube-apiserver)
+	(
+		cd "$d"
+		# k8s.io/kubernetes replaces every staging module with ./staging/...;
+		# pin each to its published release instead.
+		gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+		[[ -f "$gomod" ]] || { log "cannot read go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+		local args=()
+		while read -r mod; do
+			args+=("-replace=$mod=$mod@$STAGING_VERSION")
+		done < <(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod")
+		((${#args[@]} > 0)) || { log "no staging replaces found in $gomod"; exit 1; }
+		go mod edit "${args[@]}"
+		go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+		go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION"
+		local minor=${K8S_VERSION#v1.}
+		minor=${minor%%.*}
+		go build -trimpath -o "$d/kube-apiserver.tmp" \
+			-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+			k8s.io/kubernetes/cmd/kube-apiserver
+	)
+	install_bin "$d/kube-apiserver.tmp" kube-apiserver
+}
+
+build_controller_gen
+build_etcd
+build_kwok
+build_kube_apiserver
+log "all tools present in $OUT"

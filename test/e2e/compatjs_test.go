@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+// TestCompatJSSDK runs test/compat/js (node:test) against a real `moat
+// serve`: the official OpenSandbox JavaScript SDK, pinned in its
+// package.json, driving the server unchanged (issue #8).
+func TestCompatJSSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed (scripts/install-deps.sh installs it)")
+	}
+	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "js")
+	npmCI(t, dir)
+
+	srv := newServer(t, "moate2j0", "10.235.0.0/16")
+	ref := startRegistry(t)
+	srv.start()
+
+	cmd := exec.Command(node, "--test", "--test-concurrency=1", "--test-reporter=spec", "compat.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"MOAT_URL=http://"+srv.addr,
+		"MOAT_API_KEY="+srv.key,
+		"MOAT_IMAGE="+ref,
+		"NO_COLOR=1",
+	)
+	done := make(chan struct{})
+	var out []byte
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("node --test did not finish in 10 minutes:\n%s", out)
+	}
+	if err != nil {
+		t.Fatalf("node --test failed: %v\n%s", err, out)
+	}
+	// The spec reporter closes with "ℹ pass N" / "ℹ fail N".
+	pass, fail := summary(string(out), "pass"), summary(string(out), "fail")
+	if fail != 0 || pass < 1 {
+		t.Fatalf("node --test: %d passed, %d failed:\n%s", pass, fail, out)
+	}
+	t.Logf("node --test:\n%s", tail(string(out), 4000))
+}
+
+// summary returns N from the reporter's closing "ℹ <what> N" line, or -1.
+func summary(out, what string) int {
+	m := regexp.MustCompile(`(?m)^\s*ℹ ` + what + ` (\d+)\s*$`).FindStringSubmatch(out)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// npmCI installs the locked node_modules unless they are already there at
+// the locked versions, so repeated runs reuse them.
+func npmCI(t *testing.T, dir string) {
+	t.Helper()
+	if lockedModulesPresent(dir) {
+		return
+	}
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Fatal("node is installed but npm is not (scripts/install-deps.sh installs both)")
+	}
+	cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+	}
+	if !lockedModulesPresent(dir) {
+		t.Fatal("npm ci did not install the locked packages")
+	}
+}
+
+// lockedModulesPresent reports whether every package in package-lock.json
+// is installed under node_modules at its locked version.
+func lockedModulesPresent(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
+	if err != nil {
+		return false
+	}
+	var lock struct {
+		Packages map[string]struct{ Version string } `json:"packages"`
+	}
+	if json.Unmarshal(b, &lock) != nil || len(lock.Packages) < 2 {
+		return false
+	}
+	for path, p := range lock.Packages {
+		if path == "" {
+			continue
+		}
+		pb, err := os.ReadFile(filepath.Join(dir, path, "package.json"))
+		if err != nil {
+			return false
+		}
+		var got struct{ Version string }
+		if json.Unmarshal(pb, &got) != nil || got.Version != p.Version {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/internal/egress/nettest"
+)
+
+// Addresses of the fake dual-stack outside host (a netns of the test's
+// own; nothing leaves the machine).
+const (
+	out6Host   = "10.245.0.1"        // host end of the veth
+	out6Subnet = "fd6d:6f61:74:ff::" // /64 of the outside link
+	out6A      = "fd6d:6f61:74:ff::2"
+	out6B      = "fd6d:6f61:74:ff::3"
+)
+
+// outsideHost6 links a new netns to the host by a veth carrying
+// 10.245.0.1/29 and fd6d:6f61:74:ff::1/64 (host side) and ::2, ::3 inside,
+// both serving nettest.Banner on port 7000. The host end forwards IPv6
+// (force_forwarding) so NAT66 replies are routed back to the bridge: the
+// part of an uplink's configuration moat leaves to the operator.
+func outsideHost6(t *testing.T) string {
+	t.Helper()
+	ns := fmt.Sprintf("moat-e2e-out6-%d", os.Getpid())
+	veth := fmt.Sprintf("mo6-%d", os.Getpid()%100000)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	run("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
+	run("addr", "add", out6Host+"/29", "dev", veth)
+	run("-6", "addr", "add", out6Subnet+"1/64", "dev", veth, "nodad")
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+veth+"/force_forwarding", []byte("1"), 0o644); err != nil {
+		t.Fatalf("forwarding on the outside link: %v", err)
+	}
+	run("link", "set", veth, "up")
+	run("-n", ns, "addr", "add", "10.245.0.2/29", "dev", "eth0")
+	run("-n", ns, "-6", "addr", "add", out6A+"/64", "dev", "eth0", "nodad")
+	run("-n", ns, "-6", "addr", "add", out6B+"/64", "dev", "eth0", "nodad")
+	run("-n", ns, "link", "set", "eth0", "up")
+	run("-n", ns, "link", "set", "lo", "up")
+	path := "/run/netns/" + ns
+	nettest.ServeTCP(t, path, "["+out6A+"]:7000")
+	nettest.ServeTCP(t, path, "["+out6B+"]:7000")
+	return path
+}
+
+// TestEgressIPv6 drives IPv6 egress from real dual-stack sandboxes
+// (--subnet6): IPv6 CIDR rules, AAAA answers of the DNS proxy, and direct
+// IPv6 connections; and checks a server without --subnet6 gives sandboxes
+// no IPv6 path at all.
+func TestEgressIPv6(t *testing.T) {
+	dropIdleConns(t)
+	srv := newServer(t, "moate2n0", "10.243.0.0/17")
+	ref := startRegistry(t)
+	outsideHost6(t)
+	records := map[string][]string{
+		"allowed6.test.": {"allowed6.test. 60 IN AAAA " + out6A},
+		"denied6.test.":  {"denied6.test. 60 IN AAAA " + out6A},
+	}
+	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
+	srv.start("--dns-upstream", upstream, "--subnet6", "fd6d:6f61:74:1::/64")
+
+	create := func(s *server, np any) string {
+		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
+		if np != nil {
+			body["networkPolicy"] = np
+		}
+		var c sandboxResp
+		s.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+		t.Cleanup(func() { s.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+		return c.ID
+	}
+	probe := func(addr string) string { return "nc -w 2 " + addr + " 7000" }
+	reached := func(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
+
+	open := create(srv, nil)
+	cidr := create(srv, map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": out6A + "/128"}}})
+	named := create(srv, map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed6.test"}}})
+
+	if got, ok := shell(t, srv, open, "ip -6 addr show dev eth0 2>/dev/null || cat /proc/net/if_inet6"); !ok || !strings.Contains(got, "fd6d") && !strings.Contains(got, "fd6d6f610074") {
+		t.Fatalf("dual-stack sandbox has no IPv6 address: ok=%v %q", ok, got)
+	}
+	// Baselines: without a policy both outside addresses are reachable (NAT66).
+	for _, a := range []string{out6A, out6B} {
+		if got, ok := shell(t, srv, open, probe(a)); !ok || !reached(got) {
+			t.Fatalf("baseline: no-policy sandbox -> %s: ok=%v %q", a, ok, got)
+		}
+	}
+	if got, ok := shell(t, srv, open, "nslookup -type=AAAA denied6.test"); !ok || !strings.Contains(got, out6A) {
+		t.Fatalf("baseline: AAAA through the proxy: ok=%v %q", ok, got)
+	}
+
+	// IPv6 CIDR rule: the allowed address works, another one does not.
+	if got, ok := shell(t, srv, cidr, probe(out6A)); !ok || !reached(got) {
+		t.Fatalf("allowed IPv6 CIDR: ok=%v %q", ok, got)
+	}
+	if got, _ := shell(t, srv, cidr, probe(out6B)); reached(got) {
+		t.Fatalf("denied IPv6 direct connection got through: %q", got)
+	}
+
+	// Names: the AAAA of an allowed name is reachable; a denied name does
+	// not resolve (and is never forwarded); an unresolved address is closed.
+	if got, ok := shell(t, srv, named, probe("allowed6.test")); !ok || !reached(got) {
+		t.Fatalf("AAAA of an allowed name: ok=%v %q", ok, got)
+	}
+	before := queries.Load()
+	if got, ok := shell(t, srv, named, "nslookup -type=AAAA denied6.test"); ok || strings.Contains(got, out6A) {
+		t.Fatalf("AAAA of a denied name resolved: ok=%v %q", ok, got)
+	}
+	if queries.Load() != before {
+		t.Fatal("a denied name was forwarded upstream")
+	}
+	if got, _ := shell(t, srv, named, probe(out6B)); reached(got) {
+		t.Fatalf("direct IPv6 connection to an unresolved address got through: %q", got)
+	}
+
+	// Host services stay closed over IPv6 too (the bridge's IPv6 address).
+	ln, err := net.Listen("tcp6", "[::]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte(nettest.Banner))
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 fd6d:6f61:74:1::1 %d", port)); reached(got) {
+		t.Fatal("a sandbox reached a host service through the bridge's IPv6 address")
+	}
+
+	// Without --subnet6: IPv6 is disabled in the sandbox, nothing gets out.
+	v4 := newServer(t, "moate2n1", "10.244.0.0/17")
+	v4.start("--dns-upstream", upstream)
+	only4 := create(v4, nil)
+	if got, ok := shell(t, v4, only4, "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6"); !ok || strings.TrimSpace(got) != "1" {
+		t.Fatalf("IPv4-only sandbox: disable_ipv6 = %q (ok=%v)", got, ok)
+	}
+	for _, a := range []string{out6A, out6B} {
+		if got, _ := shell(t, v4, only4, probe(a)); reached(got) {
+			t.Fatalf("IPv4-only sandbox reached %s over IPv6: %q", a, got)
+		}
+	}
+}
