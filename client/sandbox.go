@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -100,79 +99,32 @@ type Execution struct {
 // to h until it exits. A non-zero exit is not an error: see ExitCode.
 // Run is never retried.
 func (s *SandboxHandle) Run(ctx context.Context, cmd string, opts RunOptions, h Handlers) (*Execution, error) {
-	in := struct {
-		Command    string            `json:"command"`
-		Cwd        string            `json:"cwd,omitempty"`
-		Background bool              `json:"background,omitempty"`
-		Timeout    int64             `json:"timeout,omitempty"`
-		Envs       map[string]string `json:"envs,omitempty"`
-	}{Command: cmd, Cwd: opts.Cwd, Background: opts.Background, Envs: opts.Env}
-	if opts.Timeout > 0 {
-		in.Timeout = max(1, opts.Timeout.Milliseconds())
-	}
-	b, err := json.Marshal(in)
-	if err != nil {
-		return nil, fmt.Errorf("client: encode command: %w", err)
-	}
-	resp, err := s.agent.do(ctx, &call{method: http.MethodPost, path: "/command", body: b, contentType: "application/json",
-		header: http.Header{"Accept": {"text/event-stream"}}})
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	x := &Execution{ExitCode: -1}
 	var stdout, stderr strings.Builder
-	done := false
-	err = readEvents(resp.Body, func(ev *streamEvent) error {
-		switch ev.Type {
-		case "init":
-			x.ID = ev.Text
-			if h.OnInit != nil {
-				h.OnInit(ev.Text)
-			}
-		case "stdout":
-			stdout.WriteString(ev.Text + "\n")
-			if h.OnStdout != nil {
-				h.OnStdout(ev.Text)
-			}
-		case "stderr":
-			stderr.WriteString(ev.Text + "\n")
-			if h.OnStderr != nil {
-				h.OnStderr(ev.Text)
-			}
-		case "error":
-			e := ev.Error
-			if e == nil {
-				e = &ExecutionError{Value: ev.Text}
-			}
-			x.Error = e
-			if n, err := strconv.Atoi(strings.TrimSpace(e.Value)); err == nil {
-				x.ExitCode = n
-			}
-			if h.OnError != nil {
-				h.OnError(e)
-			}
-			done = true
-		case "execution_complete":
-			if x.Error == nil {
-				x.ExitCode = 0
-			}
-			x.Elapsed = time.Duration(ev.ExecutionTime) * time.Millisecond
-			done = true
+	inner := h
+	inner.OnStdout = func(line string) {
+		stdout.WriteString(line + "\n")
+		if h.OnStdout != nil {
+			h.OnStdout(line)
 		}
-		return nil
-	})
-	x.Stdout, x.Stderr = stdout.String(), stderr.String()
-	if err != nil {
-		return x, fmt.Errorf("client: command stream: %w", err)
 	}
-	if !done {
-		return x, fmt.Errorf("client: command stream ended before completion: %w", io.ErrUnexpectedEOF)
+	inner.OnStderr = func(line string) {
+		stderr.WriteString(line + "\n")
+		if h.OnStderr != nil {
+			h.OnStderr(line)
+		}
 	}
-	if h.OnComplete != nil {
-		h.OnComplete(x)
+	// OnComplete sees the collected output, as before.
+	inner.OnComplete = func(x *Execution) {
+		x.Stdout, x.Stderr = stdout.String(), stderr.String()
+		if h.OnComplete != nil {
+			h.OnComplete(x)
+		}
 	}
-	return x, nil
+	x, err := s.Stream(ctx, cmd, opts, inner)
+	if x != nil {
+		x.Stdout, x.Stderr = stdout.String(), stderr.String()
+	}
+	return x, err
 }
 
 // CommandStatus is the state of a command started by Run.
