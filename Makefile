@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-docker build run test test-short vet bench fmt clean
+.PHONY: help deps deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,14 +21,43 @@ build: ## Build the static moat binary into bin/moat
 run: deps build ## Install deps, build, and run `moat serve` with the native runtime
 	$(BIN) serve --runtime oci --root $(ROOT) --listen $(ADDR)
 
+generate: ## Regenerate internal/gen from api/openapi/*.yaml (oapi-codegen pinned in tools.mod)
+	$(GO) generate ./internal/gen/...
+
+# GEN_SUM fingerprints the generated tree (tracked or not).
+GEN_SUM = find internal/gen -type f -name '*.gen.go' | sort | xargs sha256sum | sha256sum
+
+check-generated: ## Fail if internal/gen is stale against the specs in the working tree
+	@before=$$($(GEN_SUM)); $(MAKE) --no-print-directory generate >/dev/null; \
+	if [ "$$before" != "$$($(GEN_SUM))" ]; then \
+		echo "internal/gen was stale against api/openapi and has been regenerated: review and commit it" >&2; exit 1; fi
+
+verify: generate ## Fail if the generated code or the specs differ from what is committed
+	@if ! git diff --quiet -- internal/gen api/openapi || [ -n "$$(git status --porcelain --untracked-files=all -- internal/gen api/openapi)" ]; then \
+		git status --short -- internal/gen api/openapi >&2; \
+		echo "uncommitted changes in api/openapi or internal/gen after 'make generate': commit the specs together with the regenerated code" >&2; exit 1; fi
+
 vet: ## go vet
 	$(GO) vet ./...
+
+K8S_TOOLS = $(shell bash scripts/build-k8s-tools.sh --print-dir)
+
+deps-k8s: ## Build kube-apiserver, etcd, kwok, controller-gen from the module proxy into the cache (slow once, then instant)
+	@bash scripts/build-k8s-tools.sh
+
+generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) and copy them into the Helm chart
+	$(K8S_TOOLS)/controller-gen object paths=./api/...
+	$(K8S_TOOLS)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(K8S_TOOLS)/controller-gen rbac:roleName=moat-controller paths=./internal/k8s/controller/... output:rbac:artifacts:config=config/rbac
+	cp config/crd/bases/*.yaml deploy/helm/moat/crds/
+	{ sed -n '1,/^rules:/p' deploy/helm/moat/templates/clusterrole.yaml | sed '$$d'; sed -n '/^rules:/,$$p' config/rbac/role.yaml; } > deploy/helm/moat/templates/clusterrole.yaml.tmp
+	mv deploy/helm/moat/templates/clusterrole.yaml.tmp deploy/helm/moat/templates/clusterrole.yaml
 
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-test: deps deps-docker vet build ## Run every test (as root: includes the runtime and end-to-end tests)
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test $(TESTFLAGS) -p 1 ./...
+test: deps deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 $(GO) test $(TESTFLAGS) -p 1 ./...
 	cd client && $(GO) test -count=1 ./...
 
 test-short: ## Unit tests only (no root needed)

@@ -4,6 +4,7 @@
 # Go modules.
 set -euo pipefail
 
+# python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests.
 pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make python3-ipykernel)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -26,6 +26,7 @@ func NewRoot() *cobra.Command {
 		newExecdCommand(),
 		newImageCommand(),
 		newBenchCommand(),
+		newControllerCommand(),
 		newSandboxCommand(),
 		newExecCommand(),
 		newCommandCommand(),

@@ -199,6 +199,9 @@ func (s *Server) removeContext(c *codeContext) {
 		p.Signal(sigKILL)
 		<-p.Done()
 	}
+	if c.kernel != nil {
+		c.kernel.removeFiles()
+	}
 }
 
 func (s *Server) handleDeleteContexts(w http.ResponseWriter, r *http.Request) error {

@@ -160,7 +160,7 @@ func fileError(err error, what string) error {
 		syscall.ETXTBSY, syscall.EBUSY, syscall.EMLINK:
 		return errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrConflict, err), CodeInvalidFile, msg)
 	case syscall.EINVAL, syscall.ENAMETOOLONG, syscall.ELOOP:
-		if strings.Contains(err.Error(), "\x00") || strings.ContainsRune(err.Error(), 0) {
+		if strings.ContainsRune(err.Error(), 0) {
 			msg = what + ": path contains a NUL byte"
 		}
 		return errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), CodeInvalidFile, msg)

@@ -57,6 +57,7 @@ type jheader struct {
 
 // kernelClient is the agent's connection to one running kernel.
 type kernelClient struct {
+	files         []string // connection file and kernel log, removed with the context
 	key           []byte
 	session       string
 	interruptMode string
@@ -195,7 +196,8 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 	}
 	kctx, cancel := context.WithCancel(s.ctx)
 	k := &kernelClient{
-		key: []byte(cf.Key), session: newID(), interruptMode: ks.InterruptMode, proc: proc,
+		files: []string{connPath, logPath},
+		key:   []byte(cf.Key), session: newID(), interruptMode: ks.InterruptMode, proc: proc,
 		ctx: kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
 	}
 	c.proc, c.kernel = proc, k
@@ -213,6 +215,7 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 		if len(tail) > 2048 {
 			tail = tail[len(tail)-2048:]
 		}
+		k.removeFiles()
 		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
 		if t := strings.TrimSpace(string(tail)); t != "" {
 			msg += "; kernel output: " + t
@@ -326,6 +329,14 @@ func (k *kernelClient) close() {
 	}
 	for _, w := range ws {
 		w.finish()
+	}
+}
+
+// removeFiles deletes the connection file and the kernel log; call it once
+// the kernel has exited.
+func (k *kernelClient) removeFiles() {
+	for _, f := range k.files {
+		os.Remove(f)
 	}
 }
 

@@ -3,6 +3,7 @@ package execd
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -197,6 +198,9 @@ func TestJupyterKernelContext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the kernel outlived its context")
 	}
+	if left, _ := filepath.Glob(filepath.Join(e.srv.dir, "kernel-"+id+"*")); len(left) != 0 {
+		t.Fatalf("kernel files left behind: %v", left)
+	}
 }
 
 // TestJupyterDefaultContextAndCancel covers POST /code with a language
@@ -260,6 +264,9 @@ func TestJupyterKernelStartFailure(t *testing.T) {
 	}
 	if cs := e.srv.listContexts(""); len(cs) != 0 {
 		t.Fatalf("a failed context was kept: %v", cs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(e.srv.dir, "kernel-*")); len(left) != 0 {
+		t.Fatalf("kernel files left behind: %v", left)
 	}
 	// python has no kernel in KernelDirs: the built-in driver is used.
 	if _, err := os.Stat("/usr/bin/python3"); err == nil {
@@ -378,5 +385,32 @@ func TestCodeBackToBack(t *testing.T) {
 				resp.Body.Close()
 			}
 		})
+	}
+}
+
+// TestJupyterLargeOutputComplete prints ~6 MB in 200,000 lines from a
+// kernel cell and checks that every line arrives, in order.
+func TestJupyterLargeOutputComplete(t *testing.T) {
+	e := kernelEnv(t)
+	id := e.createContext("python")
+	const n = 200000
+	evs := e.runCode(id, "for i in range("+itoa(n)+"):\n    print(f'{i:08d} abcdefghijklmnopqrstu')")
+	var out strings.Builder
+	for _, ev := range evs {
+		if ev.Type == evStdout {
+			out.WriteString(ev.Text)
+		}
+	}
+	if last := evs[len(evs)-1]; last.Type != evExecutionComplete {
+		t.Fatalf("last event %+v", last)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != n {
+		t.Fatalf("got %d lines, want %d", len(lines), n)
+	}
+	for i, l := range lines {
+		if want := fmt.Sprintf("%08d abcdefghijklmnopqrstu", i); l != want {
+			t.Fatalf("line %d = %q, want %q", i, l, want)
+		}
 	}
 }

@@ -33,11 +33,6 @@ func optString(s string) *string {
 	return &s
 }
 
-// paginationModel is pagination in the generated model's type.
-func paginationModel(p paginationInfo) lifecycleapi.PaginationInfo {
-	return lifecycleapi.PaginationInfo{Page: p.Page, PageSize: p.PageSize, TotalItems: p.TotalItems, TotalPages: p.TotalPages, HasNextPage: p.HasNextPage}
-}
-
 // createSnapshot answers 202 like upstream. moat commits synchronously, so
 // the state is normally already Ready; upstream clients poll
 // GET /snapshots/{id} until Ready, which works unchanged.
@@ -86,7 +81,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	for _, sn := range items {
 		resp.Items = append(resp.Items, snapshotToJSON(sn))
 	}
-	resp.Pagination = paginationModel(pagination(page, size, total))
+	resp.Pagination = pagination(page, size, total)
 	web.WriteJSON(w, http.StatusOK, resp)
 	return nil
 }

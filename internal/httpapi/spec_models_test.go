@@ -80,7 +80,7 @@ func TestHandlersMatchSpecModels(t *testing.T) {
 	expect[lifecycleapi.Snapshot](t, srv, "GET", "/v1/snapshots/"+sn.ID, "", 200)
 	expect[lifecycleapi.ListSnapshotsResponse](t, srv, "GET", "/v1/snapshots?sandboxId="+id, "", 200)
 
-	pool := `{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["sh"],"extensions":{"moat.runtime":"crun"}},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMin":0,"poolMax":2}}`
+	pool := `{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["sh"],"env":{"A":"b"},"extensions":{"other":"v"}},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMin":0,"poolMax":2}}`
 	expect[lifecycleapi.Pool](t, srv, "POST", "/v1/pools", pool, 201)
 	expect[lifecycleapi.Pool](t, srv, "POST", "/v1/pools", `{"name":"fork","template":{"snapshotId":"`+sn.ID+`"},"capacitySpec":{"poolMax":1}}`, 201)
 	expect[lifecycleapi.Pool](t, srv, "GET", "/v1/pools/warm", "", 200)

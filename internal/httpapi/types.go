@@ -4,21 +4,22 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 )
 
 // Wire types of the OpenSandbox Lifecycle API (specs/sandbox-lifecycle.yml).
-// Optional fields are omitted, never null, as server 0.1.9 does.
+// Optional fields are omitted, never null, as server 0.1.9 does. Where a
+// generated model (internal/gen/lifecycleapi, from api/openapi) has the
+// shape the handlers need, the name below is an alias of it; the remaining
+// structs are checked against the models by wire_conformance_test.go.
 
-type imageSpec struct {
-	URI  string     `json:"uri"`
-	Auth *imageAuth `json:"auth,omitempty"`
-}
-
-type imageAuth struct {
-	Username string `json:"username"`
-	Password string `json:"password"`
-}
+type (
+	imageSpec             = lifecycleapi.ImageSpec
+	paginationInfo        = lifecycleapi.PaginationInfo
+	sandboxJSON           = lifecycleapi.Sandbox
+	listSandboxesResponse = lifecycleapi.ListSandboxesResponse
+)
 
 type createSandboxRequest struct {
 	Image          *imageSpec          `json:"image"`
@@ -38,23 +39,13 @@ type createSandboxRequest struct {
 	CredentialProxy json.RawMessage `json:"credentialProxy"`
 }
 
+// sandboxStatus and createSandboxResponse are still built by createResponse
+// in httpapi.go; toJSON uses the generated lifecycleapi.SandboxStatus.
 type sandboxStatus struct {
 	State            string `json:"state"`
 	Reason           string `json:"reason,omitempty"`
 	Message          string `json:"message,omitempty"`
 	LastTransitionAt string `json:"lastTransitionAt,omitempty"`
-}
-
-type sandboxJSON struct {
-	ID         string              `json:"id"`
-	Image      *imageSpec          `json:"image,omitempty"`
-	SnapshotID string              `json:"snapshotId,omitempty"`
-	Platform   *lifecycle.Platform `json:"platform,omitempty"`
-	Status     sandboxStatus       `json:"status"`
-	Metadata   map[string]string   `json:"metadata"`
-	Entrypoint []string            `json:"entrypoint"`
-	ExpiresAt  string              `json:"expiresAt,omitempty"`
-	CreatedAt  string              `json:"createdAt"`
 }
 
 type createSandboxResponse struct {
@@ -65,19 +56,6 @@ type createSandboxResponse struct {
 	ExpiresAt  string              `json:"expiresAt,omitempty"`
 	CreatedAt  string              `json:"createdAt"`
 	Entrypoint []string            `json:"entrypoint"`
-}
-
-type paginationInfo struct {
-	Page        int  `json:"page"`
-	PageSize    int  `json:"pageSize"`
-	TotalItems  int  `json:"totalItems"`
-	TotalPages  int  `json:"totalPages"`
-	HasNextPage bool `json:"hasNextPage"`
-}
-
-type listSandboxesResponse struct {
-	Items      []sandboxJSON  `json:"items"`
-	Pagination paginationInfo `json:"pagination"`
 }
 
 type renewRequest struct {
@@ -106,12 +84,12 @@ func statusJSON(s lifecycle.Status) sandboxStatus {
 func toJSON(sb lifecycle.Sandbox) sandboxJSON {
 	out := sandboxJSON{
 		ID:         sb.ID,
-		SnapshotID: sb.SnapshotID,
-		Platform:   sb.Platform,
-		Status:     statusJSON(sb.Status),
+		SnapshotID: optString(sb.SnapshotID),
+		Platform:   platformModel(sb.Platform),
+		Status:     statusModel(sb.Status),
 		Metadata:   sb.Metadata,
 		Entrypoint: sb.Entrypoint,
-		CreatedAt:  ts(sb.CreatedAt),
+		CreatedAt:  sb.CreatedAt.UTC(),
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]string{}
@@ -123,7 +101,35 @@ func toJSON(sb lifecycle.Sandbox) sandboxJSON {
 		out.Image = &imageSpec{URI: sb.Image}
 	}
 	if sb.ExpiresAt != nil {
-		out.ExpiresAt = ts(*sb.ExpiresAt)
+		at := sb.ExpiresAt.UTC()
+		out.ExpiresAt = &at
+	}
+	return out
+}
+
+// statusModel is statusJSON in the generated model's type.
+func statusModel(s lifecycle.Status) lifecycleapi.SandboxStatus {
+	out := lifecycleapi.SandboxStatus{State: lifecycleapi.SandboxState(s.State), Reason: optString(s.Reason), Message: optString(s.Message)}
+	if !s.LastTransitionAt.IsZero() {
+		at := s.LastTransitionAt.UTC()
+		out.LastTransitionAt = &at
+	}
+	return out
+}
+
+// platformModel omits an unset os or arch instead of writing "".
+func platformModel(p *lifecycle.Platform) *lifecycleapi.Platform {
+	if p == nil {
+		return nil
+	}
+	out := &lifecycleapi.Platform{}
+	if p.OS != "" {
+		os := lifecycleapi.PlatformOs(p.OS)
+		out.Os = &os
+	}
+	if p.Arch != "" {
+		arch := lifecycleapi.PlatformArch(p.Arch)
+		out.Arch = &arch
 	}
 	return out
 }

@@ -62,7 +62,7 @@ func TestWireSnapshotResponses(t *testing.T) {
 		wirecheck.Response[lifecycleapi.Snapshot](t, name+" Snapshot", snapshotToJSON(sn))
 	}
 	list := lifecycleapi.ListSnapshotsResponse{Items: []lifecycleapi.Snapshot{snapshotToJSON(full), snapshotToJSON(minimal)},
-		Pagination: paginationModel(pagination(2, 1, 3))}
+		Pagination: pagination(2, 1, 3)}
 	wirecheck.Response[lifecycleapi.ListSnapshotsResponse](t, "ListSnapshotsResponse", list)
 }
 
@@ -83,4 +83,18 @@ func TestWireRequests(t *testing.T) {
 	wirecheck.Request[batchRequest, lifecycleapi.BatchCreateSandboxRequest](t, "BatchCreateSandboxRequest")
 	wirecheck.Request[renewRequest, lifecycleapi.RenewSandboxExpirationRequest](t, "RenewSandboxExpirationRequest")
 	wirecheck.Request[poolRequest, lifecycleapi.CreatePoolRequest](t, "CreatePoolRequest")
+}
+
+func TestWireStatesAreSpecEnums(t *testing.T) {
+	for _, s := range []lifecycle.State{lifecycle.StatePending, lifecycle.StateRunning, lifecycle.StatePausing, lifecycle.StatePaused,
+		lifecycle.StateResuming, lifecycle.StateStopping, lifecycle.StateTerminated, lifecycle.StateFailed} {
+		if !lifecycleapi.SandboxState(s).Valid() {
+			t.Errorf("sandbox state %s is not in the spec's SandboxState enum", s)
+		}
+	}
+	for _, s := range []lifecycle.SnapshotState{lifecycle.SnapshotCreating, lifecycle.SnapshotDeleting, lifecycle.SnapshotReady, lifecycle.SnapshotFailed} {
+		if !lifecycleapi.SnapshotState(s).Valid() {
+			t.Errorf("snapshot state %s is not in the spec's SnapshotState enum", s)
+		}
+	}
 }

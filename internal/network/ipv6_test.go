@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -143,6 +144,20 @@ func TestDualStackAndIsolation(t *testing.T) {
 			t.Errorf("sandbox A reached sandbox B at %s", addr)
 		}
 	}
+	// Reopening without Subnet6 removes the bridge's IPv6 gateway address.
+	cfg4 := cfg
+	cfg4.Subnet6 = netip.Prefix{}
+	if _, err := Open(ctx, cfg4, nil); err != nil {
+		t.Fatal(err)
+	}
+	br, _ := netlink.LinkByName(cfg.Bridge)
+	if addrs, _ := netlink.AddrList(br, netlink.FAMILY_V6); slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.IsGlobalUnicast() }) {
+		t.Errorf("bridge keeps IPv6 addresses after IPv6 was turned off: %v", addrs)
+	}
+	if _, err := Open(ctx, cfg, nil); err != nil { // and back on
+		t.Fatal(err)
+	}
+
 	// Control: with A's port no longer isolated, the same dials work, so
 	// isolation (not something else) is what blocked them.
 	la, _ := netlink.LinkByName(a.HostVeth)

@@ -286,6 +286,20 @@ func (m *Manager) ensureBridge() error {
 		if err := netlink.AddrReplace(link, addr6); err != nil {
 			return fmt.Errorf("network: IPv6 address bridge %s: %w", m.cfg.Bridge, err)
 		}
+	} else {
+		// IPv6 turned off since an earlier start: drop the old gateway
+		// address (link-local ones stay; sandboxes have IPv6 disabled).
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			return fmt.Errorf("network: list addresses of %s: %w", m.cfg.Bridge, err)
+		}
+		for _, a := range addrs {
+			if a.IP.IsGlobalUnicast() {
+				if err := netlink.AddrDel(link, &a); err != nil {
+					return fmt.Errorf("network: remove IPv6 address %s from %s: %w", a.IPNet, m.cfg.Bridge, err)
+				}
+			}
+		}
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring up bridge %s: %w", m.cfg.Bridge, err)

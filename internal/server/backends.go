@@ -41,6 +41,7 @@ func backends() map[string]factory {
 		},
 	}
 	m["docker"] = newDocker
+	m["kubernetes"] = newKubernetes
 	addPlatformBackends(m)
 	return m
 }

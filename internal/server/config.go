@@ -33,6 +33,9 @@ type Config struct {
 	// Runtime is the backend: "oci" (native, default), "docker" (Docker
 	// Engine API) or "fake" (no processes; dev only).
 	Runtime string
+	// Kubernetes configures Runtime "kubernetes" (sandboxes are
+	// BatchSandboxes served by `moat controller`).
+	Kubernetes KubernetesConfig
 	// DockerHost is the Docker Engine address for Runtime "docker"
 	// (default unix:///var/run/docker.sock).
 	DockerHost string
@@ -137,9 +140,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("run-root %q must be an absolute path", c.RunRoot))
 	}
 	switch c.Runtime {
-	case "oci", "docker", "fake":
+	case "oci", "docker", "fake", "kubernetes":
 	default:
-		errs = append(errs, fmt.Errorf("runtime %q: want oci, docker or fake", c.Runtime))
+		errs = append(errs, fmt.Errorf("runtime %q: want oci, docker, kubernetes or fake", c.Runtime))
 	}
 	switch c.RuntimeClass {
 	case "runc", "crun", "runsc":

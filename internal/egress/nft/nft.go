@@ -6,6 +6,7 @@
 // The ruleset is table "inet moat", chain "output" (filter, hook output,
 // priority 0, policy = the policy's default action):
 //
+//	meta mark set 0x6d6f6174
 //	ct state established,related accept
 //	oifname "lo" accept
 //	icmpv6 type 133-136 accept                          # neighbour discovery
@@ -15,6 +16,16 @@
 //	ip daddr @allow4 accept; ip6 daddr @allow6 accept   # static allow (IP/CIDR rules)
 //	ip daddr @dyn4 accept; ip6 daddr @dyn6 accept       # resolved names, with timeouts
 //	counter <default action>
+//
+// The output hook sees only packets of the kernel's own IP stack. Frames
+// written to an AF_PACKET socket skip it: gVisor's netstack (runsc) sends
+// everything that way. So the same sets and rules are also installed as
+// table "netdev moat" on the egress hook of the sandbox interface (eth0),
+// stateless (netdev has no conntrack): the output chain marks what it
+// lets through (meta mark 0x6d6f6174) and the netdev chain accepts marked
+// packets first, then ARP and anything to the gateway (replies of the
+// sandbox's servers; the host's own table filters those), then the policy.
+// For such senders established connections do not survive a policy change.
 //
 // Static sets are interval sets holding the policy's IP/CIDR rules
 // flattened so that first-match-by-index is preserved (policy.StaticSets).
@@ -52,6 +63,9 @@ const (
 	TableName = "moat"
 	ChainName = "output"
 )
+
+// outputMark is the packet mark the output chain sets ("moat").
+const outputMark = 0x6d6f6174
 
 // Set names.
 const (
@@ -91,6 +105,16 @@ type Config struct {
 	// what AllowResolved added before. Entries with a TTL under a second
 	// are skipped.
 	Resolved []Resolved
+	// Device is the namespace's interface whose egress hook also enforces
+	// the policy (for AF_PACKET senders). Default "eth0".
+	Device string
+}
+
+func (c Config) device() string {
+	if c.Device == "" {
+		return "eth0"
+	}
+	return c.Device
 }
 
 // Resolved is a group of addresses allowed for TTL.
@@ -238,16 +262,17 @@ func (f *Firewall) AllowResolved(ctx context.Context, ips []netip.Addr, ttl time
 	if len(added) == 0 {
 		return nil
 	}
-	t := table()
-	for _, s := range []struct {
-		name string
-		els  []nftables.SetElement
-	}{{setDyn4, v4}, {setDyn6, v6}} {
-		if len(s.els) == 0 {
-			continue
-		}
-		if err := f.conn.SetAddElements(&nftables.Set{Table: t, Name: s.name, HasTimeout: true}, s.els); err != nil {
-			return fmt.Errorf("nft: encode elements: %w", err)
+	for _, t := range []*nftables.Table{table(), netdevTable()} {
+		for _, s := range []struct {
+			name string
+			els  []nftables.SetElement
+		}{{setDyn4, v4}, {setDyn6, v6}} {
+			if len(s.els) == 0 {
+				continue
+			}
+			if err := f.conn.SetAddElements(&nftables.Set{Table: t, Name: s.name, HasTimeout: true}, s.els); err != nil {
+				return fmt.Errorf("nft: encode elements: %w", err)
+			}
 		}
 	}
 	if err := f.conn.Flush(); err != nil {
@@ -270,7 +295,7 @@ func (f *Firewall) AllowResolved(ctx context.Context, ips []netip.Addr, ttl time
 	return nil
 }
 
-// Remove deletes the moat table from the namespace; a missing table is
+// Remove deletes the moat tables from the namespace; a missing table is
 // not an error.
 func (f *Firewall) Remove(ctx context.Context) error {
 	f.mu.Lock()
@@ -278,9 +303,10 @@ func (f *Firewall) Remove(ctx context.Context) error {
 	if err := f.usableLocked(ctx); err != nil {
 		return err
 	}
-	t := table()
-	f.conn.AddTable(t) // makes the delete idempotent
-	f.conn.DelTable(t)
+	for _, t := range []*nftables.Table{table(), netdevTable()} {
+		f.conn.AddTable(t) // makes the delete idempotent
+		f.conn.DelTable(t)
+	}
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("nft: remove table in %s: %w", f.path, err)
 	}
@@ -322,6 +348,15 @@ func table() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
 }
 
+// netdevTable is the twin of table on the sandbox interface's egress hook.
+// The inet output hook sees only packets of the kernel's own IP stack;
+// frames written to an AF_PACKET socket (gVisor's netstack under runsc
+// sends everything that way) skip it but not the device's egress hook
+// (packet sockets with qdisc bypass included, since Linux 6.4).
+func netdevTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyNetdev, Name: TableName}
+}
+
 func keyType(set string) nftables.SetDatatype {
 	switch set {
 	case setDeny6, setAllow6, setDyn6:
@@ -331,10 +366,24 @@ func keyType(set string) nftables.SetDatatype {
 	}
 }
 
-// buildLocked queues the whole replacement batch on f.conn.
+// buildLocked queues the whole replacement batch on f.conn: the inet
+// table on the output hook and its netdev twin on the egress hook of the
+// sandbox interface (see netdevTable), with the same sets and rules.
 func (f *Firewall) buildLocked(cfg Config, dyn map[netip.Addr]time.Time, now time.Time) error {
+	for _, netdev := range []bool{false, true} {
+		if err := f.buildTableLocked(cfg, dyn, now, netdev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, now time.Time, netdev bool) error {
 	c := f.conn
 	t := table()
+	if netdev {
+		t = netdevTable()
+	}
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
@@ -344,10 +393,14 @@ func (f *Firewall) buildLocked(cfg Config, dyn map[netip.Addr]time.Time, now tim
 	if cfg.Policy.Default() == policy.Allow {
 		verdict, chainPolicy = expr.VerdictAccept, nftables.ChainPolicyAccept
 	}
-	chain := c.AddChain(&nftables.Chain{
+	ch := &nftables.Chain{
 		Name: ChainName, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &chainPolicy,
-	})
+	}
+	if netdev {
+		ch.Hooknum, ch.Device = nftables.ChainHookEgress, cfg.device()
+	}
+	chain := c.AddChain(ch)
 
 	static := cfg.Policy.StaticSets()
 	blocked4, blocked6 := blockedRanges(cfg.Blocked)
@@ -388,38 +441,69 @@ func (f *Firewall) buildLocked(cfg Config, dyn map[netip.Addr]time.Time, now tim
 		sets[name] = s
 	}
 
+	fam := familyOf(netdev)
 	var rules [][]expr.Any
-	rules = append(rules,
-		// ct state established,related accept
-		[]expr.Any{
-			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-				Xor:  binaryutil.NativeEndian.PutUint32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
-			accept(),
-		},
+	if netdev {
+		rules = append(rules,
+			// Packets of the kernel's own stack were filtered on the output
+			// hook, which marked them; only unmarked ones (AF_PACKET) go on.
+			[]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+				accept(),
+			})
+	} else {
+		rules = append(rules,
+			// meta mark set <outputMark>: seen by the output hook (the
+			// netdev twin lets these through).
+			[]expr.Any{
+				&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+			},
+			// ct state established,related accept
+			[]expr.Any{
+				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+					Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+					Xor:  binaryutil.NativeEndian.PutUint32(0)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+				accept(),
+			})
+	}
+	dnsIP := cfg.DNS.Addr().Unmap()
+	if netdev {
+		rules = append(rules,
+			// ARP is the IPv4 neighbour discovery.
+			[]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
+				accept(),
+			},
+			// Untracked replies of the sandbox's own servers go to the
+			// gateway (ingress, agent); the host's table filters them.
+			concat(fam.daddrEq(dnsIP), []expr.Any{accept()}),
+		)
+	} else {
 		// oifname "lo" accept
-		[]expr.Any{
+		rules = append(rules, []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
 			accept(),
-		},
+		})
+	}
+	rules = append(rules,
 		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;
 		// without it no IPv6 destination is reachable. It is link-local.
-		[]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+		concat(fam.match(true), []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
 			&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{136}},
 			accept(),
-		},
+		}),
 	)
-	dnsIP := cfg.DNS.Addr().Unmap()
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		rules = append(rules, concat(daddrEq(dnsIP), l4Port(proto, cfg.DNS.Port()), []expr.Any{accept()}))
+		rules = append(rules, concat(fam.daddrEq(dnsIP), l4Port(proto, cfg.DNS.Port()), []expr.Any{accept()}))
 	}
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		for _, port := range []uint16{53, 853} {
@@ -431,14 +515,53 @@ func (f *Firewall) buildLocked(cfg Config, dyn map[netip.Addr]time.Time, now tim
 		v      expr.VerdictKind
 	}{{setDeny4, setDeny6, expr.VerdictDrop}, {setAllow4, setAllow6, expr.VerdictAccept}, {setDyn4, setDyn6, expr.VerdictAccept}} {
 		rules = append(rules,
-			concat(daddr(false), []expr.Any{lookup(sets[sv.v4]), &expr.Verdict{Kind: sv.v}}),
-			concat(daddr(true), []expr.Any{lookup(sets[sv.v6]), &expr.Verdict{Kind: sv.v}}))
+			concat(fam.daddr(false), []expr.Any{lookup(sets[sv.v4]), &expr.Verdict{Kind: sv.v}}),
+			concat(fam.daddr(true), []expr.Any{lookup(sets[sv.v6]), &expr.Verdict{Kind: sv.v}}))
 	}
 	rules = append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
 	for _, exprs := range rules {
 		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
 	}
 	return nil
+}
+
+// family builds the address-family checks of one table: the inet table
+// tests meta nfproto, the netdev one the frame's ethertype.
+type family struct{ netdev bool }
+
+func familyOf(netdev bool) family { return family{netdev} }
+
+func (f family) match(v6 bool) []expr.Any {
+	if f.netdev {
+		eth := uint16(unix.ETH_P_IP)
+		if v6 {
+			eth = unix.ETH_P_IPV6
+		}
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(eth)},
+		}
+	}
+	proto := byte(unix.NFPROTO_IPV4)
+	if v6 {
+		proto = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+func (f family) daddr(v6 bool) []expr.Any {
+	off, n := uint32(16), uint32(4)
+	if v6 {
+		off, n = 24, 16
+	}
+	return append(f.match(v6), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
+}
+
+func (f family) daddrEq(a netip.Addr) []expr.Any {
+	return append(f.daddr(a.Is6()), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()})
 }
 
 func addChunked(c *nftables.Conn, s *nftables.Set, els []nftables.SetElement) error {

@@ -255,7 +255,7 @@ type FileInfo struct {
 	ModifiedAt time.Time    `json:"modified_at"`
 	Owner      string       `json:"owner"`
 	Path       string       `json:"path"`
-	Size       int          `json:"size"`
+	Size       int64        `json:"size"`
 	Type       FileInfoType `json:"type"`
 }
 
@@ -284,13 +284,13 @@ type Language string
 
 // Metrics defines model for Metrics.
 type Metrics struct {
-	CPUCount    float32 `json:"cpu_count"`
-	CPUUsedPct  float32 `json:"cpu_used_pct"`
-	MemTotalMib float32 `json:"mem_total_mib"`
-	MemUsedMib  float32 `json:"mem_used_mib"`
+	CPUCount    float64 `json:"cpu_count"`
+	CPUUsedPct  float64 `json:"cpu_used_pct"`
+	MemTotalMib float64 `json:"mem_total_mib"`
+	MemUsedMib  float64 `json:"mem_used_mib"`
 
 	// Timestamp Unix milliseconds.
-	Timestamp int `json:"timestamp"`
+	Timestamp int64 `json:"timestamp"`
 }
 
 // Permission defines model for Permission.
@@ -338,7 +338,7 @@ type ServerStreamEvent struct {
 	ExecutionCount *int            `json:"execution_count,omitempty"`
 
 	// ExecutionTime Milliseconds (on `execution_complete`).
-	ExecutionTime *int `json:"execution_time,omitempty"`
+	ExecutionTime *int64 `json:"execution_time,omitempty"`
 
 	// Results MIME type → value, with `text/plain` renamed to `text` (on `result`).
 	Results *map[string]interface{} `json:"results,omitempty"`
@@ -348,7 +348,7 @@ type ServerStreamEvent struct {
 	Text *string `json:"text,omitempty"`
 
 	// Timestamp Unix milliseconds.
-	Timestamp *int                  `json:"timestamp,omitempty"`
+	Timestamp *int64                `json:"timestamp,omitempty"`
 	Type      ServerStreamEventType `json:"type"`
 }
 

@@ -253,7 +253,7 @@ type BatchCreateSandboxRequest struct {
 	// - `poolRef`: claim an idle sandbox of this warm pool (see `/pools`); with no idle one it is created cold
 	//   from the pool's template. The claim may set `env`, `metadata`, `timeout` and other extensions; `image`,
 	//   `entrypoint`, `resourceLimits` and `moat.runtime` come from the template and may only repeat it (a
-	//   different value → 400). Unknown pool → 404 `POOL::NOT_FOUND`.
+	//   different value → 400). Unknown pool → 400 `SANDBOX::INVALID_POOL_REF`.
 	// - `access.renew.extend.seconds`: OSEP-0009 renew-on-access, integer string 300–86400; invalid → 400.
 	// - `moat.runtime` (**x-moat**): the OCI runtime for this sandbox, `runc`, `crun` or `runsc` (gVisor).
 	//   A runtime not installed on the host → 400 `SANDBOX::INVALID_PARAMETER`. Omitted → server default.
@@ -274,7 +274,8 @@ type BatchCreateSandboxRequest struct {
 	Platform *Platform `json:"platform,omitempty"`
 
 	// ResourceLimits Kubernetes quantity strings. Keys: `cpu` ("500m"), `memory` ("512Mi"); moat also reads `pids` and
-	// `disk` (alias `ephemeral-storage`). `gpu` accepts only "0".
+	// `disk` (alias `ephemeral-storage`: the writable-layer quota of native sandboxes, at least 16Mi,
+	// default `moat serve --disk-quota`). `gpu` accepts only "0".
 	ResourceLimits *map[string]string `json:"resourceLimits,omitempty"`
 
 	// SecureAccess Kubernetes gateway only upstream. `true` → 501 in moat.
@@ -328,7 +329,7 @@ type CreateSandboxRequest struct {
 	// - `poolRef`: claim an idle sandbox of this warm pool (see `/pools`); with no idle one it is created cold
 	//   from the pool's template. The claim may set `env`, `metadata`, `timeout` and other extensions; `image`,
 	//   `entrypoint`, `resourceLimits` and `moat.runtime` come from the template and may only repeat it (a
-	//   different value → 400). Unknown pool → 404 `POOL::NOT_FOUND`.
+	//   different value → 400). Unknown pool → 400 `SANDBOX::INVALID_POOL_REF`.
 	// - `access.renew.extend.seconds`: OSEP-0009 renew-on-access, integer string 300–86400; invalid → 400.
 	// - `moat.runtime` (**x-moat**): the OCI runtime for this sandbox, `runc`, `crun` or `runsc` (gVisor).
 	//   A runtime not installed on the host → 400 `SANDBOX::INVALID_PARAMETER`. Omitted → server default.
@@ -349,7 +350,8 @@ type CreateSandboxRequest struct {
 	Platform *Platform `json:"platform,omitempty"`
 
 	// ResourceLimits Kubernetes quantity strings. Keys: `cpu` ("500m"), `memory` ("512Mi"); moat also reads `pids` and
-	// `disk` (alias `ephemeral-storage`). `gpu` accepts only "0".
+	// `disk` (alias `ephemeral-storage`: the writable-layer quota of native sandboxes, at least 16Mi,
+	// default `moat serve --disk-quota`). `gpu` accepts only "0".
 	ResourceLimits *map[string]string `json:"resourceLimits,omitempty"`
 
 	// SecureAccess Kubernetes gateway only upstream. `true` → 501 in moat.
@@ -435,7 +437,7 @@ type ErrorResponse struct {
 //   - `poolRef`: claim an idle sandbox of this warm pool (see `/pools`); with no idle one it is created cold
 //     from the pool's template. The claim may set `env`, `metadata`, `timeout` and other extensions; `image`,
 //     `entrypoint`, `resourceLimits` and `moat.runtime` come from the template and may only repeat it (a
-//     different value → 400). Unknown pool → 404 `POOL::NOT_FOUND`.
+//     different value → 400). Unknown pool → 400 `SANDBOX::INVALID_POOL_REF`.
 //   - `access.renew.extend.seconds`: OSEP-0009 renew-on-access, integer string 300–86400; invalid → 400.
 //   - `moat.runtime` (**x-moat**): the OCI runtime for this sandbox, `runc`, `crun` or `runsc` (gVisor).
 //     A runtime not installed on the host → 400 `SANDBOX::INVALID_PARAMETER`. Omitted → server default.
@@ -577,7 +579,7 @@ type PoolTemplate struct {
 	// - `poolRef`: claim an idle sandbox of this warm pool (see `/pools`); with no idle one it is created cold
 	//   from the pool's template. The claim may set `env`, `metadata`, `timeout` and other extensions; `image`,
 	//   `entrypoint`, `resourceLimits` and `moat.runtime` come from the template and may only repeat it (a
-	//   different value → 400). Unknown pool → 404 `POOL::NOT_FOUND`.
+	//   different value → 400). Unknown pool → 400 `SANDBOX::INVALID_POOL_REF`.
 	// - `access.renew.extend.seconds`: OSEP-0009 renew-on-access, integer string 300–86400; invalid → 400.
 	// - `moat.runtime` (**x-moat**): the OCI runtime for this sandbox, `runc`, `crun` or `runsc` (gVisor).
 	//   A runtime not installed on the host → 400 `SANDBOX::INVALID_PARAMETER`. Omitted → server default.
@@ -657,8 +659,12 @@ type SnapshotStatus struct {
 	State  SnapshotState `json:"state"`
 }
 
-// Volume A mount. Exactly one backend (`host`, `pvc`, `ossfs`). moat rejects every volume for now
-// (400 `VOLUME::HOST_PATH_NOT_ALLOWED`).
+// Volume A mount. Exactly one backend (`host`, `pvc`, `ossfs`). moat implements `host` only (`pvc`, `ossfs` →
+// 501 `SANDBOX::API_NOT_SUPPORTED`). A host path is allowed only under a directory the server lists with
+// `--allow-host-path` (after cleaning, `subPath` and symlink resolution); otherwise, or when it does not
+// exist, 400 `VOLUME::HOST_PATH_NOT_ALLOWED`. A bad `mountPath` (relative, `/`, or under `/.moat`,
+// `/proc`, `/sys`, `/dev`, `/etc/hosts|hostname|resolv.conf`) → 400 `VOLUME::INVALID_MOUNT_PATH`; a bad
+// `name` or `subPath` (`..`) → 400 `VOLUME::INVALID_VOLUME`. The bind is non-recursive, nosuid, nodev.
 type Volume struct {
 	Host *struct {
 		Path string `json:"path"`
@@ -766,7 +772,7 @@ type GetDiagnosticLogsParams struct {
 type GetSandboxEndpointParams struct {
 	UseServerProxy *bool `form:"use_server_proxy,omitempty" json:"use_server_proxy,omitempty"`
 
-	// Expires Unix epoch seconds (OSEP-0011 signed route). Not supported by moat.
+	// Expires Unix epoch seconds until which the returned signed route (OSEP-0011) is valid.
 	Expires *string `form:"expires,omitempty" json:"expires,omitempty"`
 }
 

@@ -18,8 +18,9 @@ import (
 // Response checks that v, a value a handler writes, is a valid instance of
 // the generated model type M: it decodes into M with unknown fields
 // disallowed, M encodes back to the same JSON (so no required field is
-// missing and no value changes type), and it carries no null (the specs
-// omit optional fields instead).
+// missing and no value changes type), it carries no null (the specs omit
+// optional fields instead), and every enum-typed value is a member of its
+// enum.
 func Response[M any](t testing.TB, what string, v any) {
 	t.Helper()
 	raw, err := json.Marshal(v)
@@ -45,6 +46,58 @@ func Response[M any](t testing.TB, what string, v any) {
 	for _, p := range Nulls("", a) {
 		t.Errorf("%s: %s is null; the spec omits unset fields", what, p)
 	}
+	for _, p := range BadEnums("", reflect.ValueOf(m)) {
+		t.Errorf("%s: %s is not one of the spec's enum values", what, p)
+	}
+}
+
+// validator is the method oapi-codegen generates on enum types.
+type validator interface{ Valid() bool }
+
+// BadEnums lists the paths (with values) of enum-typed values in v that are
+// not members of their enum.
+func BadEnums(path string, v reflect.Value) []string {
+	if !v.IsValid() {
+		return nil
+	}
+	if v.CanInterface() {
+		if e, ok := v.Interface().(validator); ok && v.Kind() != reflect.Pointer {
+			if !e.Valid() {
+				return []string{fmt.Sprintf("%s = %v", label(path), v.Interface())}
+			}
+			return nil
+		}
+	}
+	var out []string
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			out = append(out, BadEnums(path, v.Elem())...)
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			out = append(out, BadEnums(fmt.Sprintf("%s[%d]", path, i), v.Index(i))...)
+		}
+	case reflect.Map:
+		iter := v.MapRange()
+		for iter.Next() {
+			out = append(out, BadEnums(fmt.Sprintf("%s.%v", path, iter.Key()), iter.Value())...)
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" {
+				name = f.Name
+			}
+			out = append(out, BadEnums(path+"."+name, v.Field(i))...)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Request checks that the hand-written request type H accepts every field of
@@ -211,7 +264,8 @@ func Fill(v reflect.Value) {
 }
 
 // PathSet is the set of JSON paths a type reads or writes: "a", "a.b",
-// "a[]", "a.*" (map values). Opaque marks paths whose type decodes itself.
+// "a[]", "a.*" (map values), in lower case. Opaque marks paths whose type
+// decodes itself.
 type PathSet struct {
 	All, Opaque map[string]bool
 }
@@ -228,6 +282,7 @@ func (s PathSet) Sorted() []string {
 
 // Covers reports whether p is in s or lies under an opaque path of s.
 func (s PathSet) Covers(p string) bool {
+	p = strings.ToLower(p)
 	if s.All[p] {
 		return true
 	}
@@ -292,6 +347,8 @@ func paths(t reflect.Type, prefix string, s PathSet, seen map[reflect.Type]bool)
 			if name == "" {
 				name = f.Name
 			}
+			// encoding/json matches names case-insensitively; so do paths.
+			name = strings.ToLower(name)
 			p := name
 			if prefix != "" {
 				p = prefix + "." + name

@@ -181,9 +181,9 @@ func (e *Env) startKwok(stages string, logw io.Writer) error {
 		"--config", stages,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-		// Fake addresses in TEST-NET-2: never routed, never dialled.
-		"--cidr=198.51.100.0/24",
-		"--node-ip=198.51.100.1",
+		// Fake pod addresses: nothing listens there and nothing may dial them.
+		"--cidr=10.244.0.0/16",
+		"--node-ip=10.244.0.1",
 	)
 	e.kwok.Stdout, e.kwok.Stderr = logw, logw
 	if err := e.kwok.Start(); err != nil {

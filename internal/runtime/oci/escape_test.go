@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
@@ -590,4 +592,23 @@ func TestHostVolumes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDiskQuotaRollback checks that a create failing after the quota
+// filesystem is mounted leaves no mount or loop device, and that a quota
+// below the minimum is refused.
+func TestDiskQuotaRollback(t *testing.T) {
+	e := newEnv(t, "runc", map[string]string{"runc": "runc", "broken": "false"})
+	r := e.open(t)
+	ctx := context.Background()
+	id := runtimetest.NewID("diskrb")
+	_, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, Class: "broken", Resources: runtime.Resources{DiskBytes: 32 << 20}})
+	if !errors.Is(err, errdefs.ErrInternal) {
+		t.Fatalf("Create with a failing runtime = %v", err)
+	}
+	assertNoLeaks(t, r, id)
+	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, Resources: runtime.Resources{DiskBytes: 1 << 20}}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("Create with a 1 MiB quota = %v", err)
+	}
+	assertNoLeaks(t, r, id)
 }

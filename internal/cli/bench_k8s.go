@@ -1,0 +1,28 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/moat-sandbox/moat/internal/k8s/bench"
+)
+
+func newBenchK8sCommand() *cobra.Command {
+	var o bench.Options
+	cmd := &cobra.Command{
+		Use:   "k8s",
+		Short: "wall time and API writes to deliver N sandboxes from a warm Pool and cold",
+		Long: `Starts a throw-away control plane (kube-apiserver and etcd from
+scripts/build-k8s-tools.sh, kwok for fake nodes) and the controller
+in-process, then times one BatchSandbox of N from a warm Pool and one of N
+created cold, counting the controller's API writes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout())
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per batch")
+	f.IntVar(&o.Nodes, "nodes", 4, "fake nodes")
+	return cmd
+}

@@ -1,0 +1,154 @@
+// Package bench is `moat bench k8s`: the wall time and the number of API
+// writes to deliver N sandboxes as one BatchSandbox, from a warm Pool and
+// cold, on a throw-away control plane (kube-apiserver + etcd + kwok, see
+// internal/k8s/k8stest) with the controller running in-process.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+)
+
+// Options tune the benchmark.
+type Options struct {
+	// N is the batch size (default 100).
+	N int
+	// Nodes is the number of fake nodes (default 4).
+	Nodes int
+	// Timeout bounds each phase (default 5m).
+	Timeout time.Duration
+}
+
+// Result is one measured delivery.
+type Result struct {
+	Mode string
+	N    int
+	Wall time.Duration
+	// Writes are the controller's API writes, by "VERB resource".
+	Writes map[string]int
+	// ClientWrites are the writes of the requester (creating the batch).
+	ClientWrites int
+}
+
+func (r Result) String() string {
+	keys := slices.Sorted(maps.Keys(r.Writes))
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Writes[k]))
+	}
+	return fmt.Sprintf("k8s %-4s n=%d  wall=%-9v  controller-writes=%d (%s)  client-writes=%d",
+		r.Mode, r.N, r.Wall.Round(time.Millisecond), k8stest.Total(r.Writes), strings.Join(parts, " "), r.ClientWrites)
+}
+
+// Run measures a warm and a cold batch of o.N and prints one line each.
+func Run(ctx context.Context, o Options, out io.Writer) ([]Result, error) {
+	if o.N <= 0 {
+		o.N = 100
+	}
+	if o.Nodes <= 0 {
+		o.Nodes = 4
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	env, err := k8stest.Start(ctx, k8stest.Options{Nodes: o.Nodes})
+	if err != nil {
+		return nil, err
+	}
+	defer env.Stop()
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	w := &k8stest.WriteCounter{}
+	mgr, err := controller.New(w.Wrap(env.Config), controller.Options{AgentImage: "moat:bench"})
+	if err != nil {
+		return nil, err
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	defer func() { stop(); <-done }()
+
+	ns := "moat-bench"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return nil, err
+	}
+	tpl := sbv1.SandboxTemplate{Image: "busybox:bench", Entrypoint: []string{"sleep", "infinity"}}
+
+	// Warm: fill the pool first (not timed), then claim all of it.
+	start := time.Now()
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
+		Spec: sbv1.PoolSpec{Template: tpl, Min: int32(o.N)}}); err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, o.Timeout, func() (bool, error) {
+		var p sbv1.Pool
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "warm"}, &p)
+		return err == nil && p.Status.Free == int32(o.N) && p.Status.Pending == 0, err
+	}); err != nil {
+		return nil, fmt.Errorf("warming the pool: %w", err)
+	}
+	fmt.Fprintf(out, "k8s pool warm-up of %d pods: %v (not part of the warm figure)\n", o.N, time.Since(start).Round(time.Millisecond))
+	time.Sleep(time.Second) // let the pool's last status write land before counting
+	var results []Result
+	for _, mode := range []string{"warm", "cold"} {
+		b := &sbv1.BatchSandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "batch-" + mode, Finalizers: []string{sbv1.FinalizerRelease}},
+			Spec:       sbv1.BatchSandboxSpec{Replicas: int32(o.N)},
+		}
+		if mode == "warm" {
+			b.Spec.PoolRef = "warm"
+		} else {
+			b.Spec.Template = &tpl
+		}
+		before := w.Snapshot()
+		start := time.Now()
+		if err := c.Create(ctx, b); err != nil {
+			return nil, err
+		}
+		if err := waitFor(ctx, o.Timeout, func() (bool, error) {
+			err := c.Get(ctx, client.ObjectKeyFromObject(b), b)
+			return err == nil && b.Status.Phase == sbv1.BatchRunning, err
+		}); err != nil {
+			return nil, fmt.Errorf("%s batch: %w", mode, err)
+		}
+		wall := time.Since(start)
+		time.Sleep(500 * time.Millisecond) // count writes that trail the allocation too
+		r := Result{Mode: mode, N: o.N, Wall: wall, Writes: w.Since(before), ClientWrites: 1}
+		results = append(results, r)
+		fmt.Fprintln(out, r)
+	}
+	return results, nil
+}
+
+func waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("timed out after %v (last error %v)", timeout, last)
+}

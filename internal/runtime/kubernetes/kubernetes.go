@@ -1,0 +1,390 @@
+// Package kubernetes is the "kubernetes" sandbox backend: every sandbox is
+// a BatchSandbox (sandbox.moat.dev/v1alpha1) of one replica, served by
+// `moat controller` from a Pool or created cold, and its endpoint is the
+// pod IP. The backend keeps no state of its own: List and Status read the
+// BatchSandboxes of its scope, so a restarted server re-adopts them.
+//
+// Mapping: Create = create a Secret with the agent token plus the
+// BatchSandbox; Stop = set spec.stopped (the controller deletes the pod
+// and keeps the record); Delete = delete both and wait until the
+// controller has released the pod. Pause and snapshots are not supported.
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// Labels and annotations the backend puts on its BatchSandboxes.
+const (
+	labelScope      = sbv1.Group + "/server-scope"
+	annoLabels      = sbv1.Group + "/sandbox-labels"
+	annoCreated     = sbv1.Group + "/created-at"
+	annoClass       = sbv1.Group + "/class"
+	tokenSecretSufx = "-agent"
+)
+
+// Config configures the backend.
+type Config struct {
+	// Namespace holds the sandboxes (default "default").
+	Namespace string
+	// Scope separates the sandboxes of servers sharing a namespace
+	// (default "moat").
+	Scope string
+	// Pool, if set, names a Pool the sandboxes are claimed from; a
+	// sandbox whose spec differs from the pool's template is created cold.
+	Pool string
+	// AgentImage overrides the controller's --agent-image (optional).
+	AgentImage string
+	// Classes are accepted Spec.Class values, each used as the pod's
+	// runtimeClassName (e.g. "gvisor"). Empty: only the default class.
+	Classes []string
+	// DeleteTimeout bounds how long Delete waits for the controller to
+	// release the pod (default 60s).
+	DeleteTimeout time.Duration
+}
+
+// Runtime is the kubernetes backend.
+type Runtime struct {
+	c   client.Client
+	cfg Config
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New connects to the cluster of rc.
+func New(rc *rest.Config, cfg Config) (*Runtime, error) {
+	if cfg.Namespace == "" {
+		cfg.Namespace = "default"
+	}
+	if cfg.Scope == "" {
+		cfg.Scope = "moat"
+	}
+	if cfg.DeleteTimeout == 0 {
+		cfg.DeleteTimeout = 60 * time.Second
+	}
+	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
+	}
+	return &Runtime{c: c, cfg: cfg}, nil
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "kubernetes" }
+
+// Capabilities implements runtime.Runtime.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Classes: slices.Clone(r.cfg.Classes)}
+}
+
+// Namespace is the namespace holding the sandboxes.
+func (r *Runtime) Namespace() string { return r.cfg.Namespace }
+
+// Close releases nothing (the client has no background work).
+func (r *Runtime) Close() error { return nil }
+
+var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$`)
+
+func invalid(msg string) error { return errdefs.Invalid("INVALID_ARGUMENT", msg) }
+
+func (r *Runtime) validate(spec runtime.Spec) error {
+	switch {
+	case !idPattern.MatchString(spec.ID):
+		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
+	case spec.Image == "":
+		return invalid("image is required")
+	case spec.Class != "" && !slices.Contains(r.cfg.Classes, spec.Class):
+		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
+	case spec.Resources.CPUMillis < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.PidsLimit < 0 || spec.Resources.DiskBytes < 0:
+		return invalid("resource limits must not be negative")
+	case spec.WorkingDir != "" && !strings.HasPrefix(spec.WorkingDir, "/"):
+		return invalid("working directory must be absolute")
+	case len(spec.Mounts) > 0:
+		// Host paths of the server mean nothing on a cluster node.
+		return invalid("host mounts are not supported by the kubernetes runtime")
+	}
+	for k := range spec.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
+		}
+	}
+	return nil
+}
+
+// classify maps an API error to an errdefs class.
+func classify(what string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s: %w", what, errdefs.ErrNotFound)
+	case apierrors.IsAlreadyExists(err):
+		return fmt.Errorf("%s: %w", what, errdefs.ErrAlreadyExists)
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		return fmt.Errorf("%s: %w: %v", what, errdefs.ErrInvalidArgument, err)
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("%s: %w: %v", what, errdefs.ErrConflict, err)
+	default:
+		return fmt.Errorf("%s: %w: %v", what, errdefs.ErrUnavailable, err)
+	}
+}
+
+func (r *Runtime) template(spec runtime.Spec) sbv1.SandboxTemplate {
+	t := sbv1.SandboxTemplate{
+		Image:      spec.Image,
+		Entrypoint: spec.Entrypoint,
+		Env:        maps.Clone(spec.Env),
+		WorkingDir: spec.WorkingDir,
+		AgentImage: r.cfg.AgentImage,
+		Labels:     map[string]string{labelScope: r.cfg.Scope},
+	}
+	if spec.Class != "" {
+		t.RuntimeClassName = spec.Class
+	}
+	if spec.AgentToken != "" {
+		t.AgentTokenSecret = spec.ID + tokenSecretSufx
+	}
+	lim := corev1.ResourceList{}
+	if spec.Resources.CPUMillis > 0 {
+		lim[corev1.ResourceCPU] = *resource.NewMilliQuantity(spec.Resources.CPUMillis, resource.DecimalSI)
+	}
+	if spec.Resources.MemoryBytes > 0 {
+		lim[corev1.ResourceMemory] = *resource.NewQuantity(spec.Resources.MemoryBytes, resource.BinarySI)
+	}
+	if spec.Resources.DiskBytes > 0 {
+		lim[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(spec.Resources.DiskBytes, resource.BinarySI)
+	}
+	// PidsLimit is a node (kubelet) setting in Kubernetes; not per pod.
+	if len(lim) > 0 {
+		t.Resources = corev1.ResourceRequirements{Limits: lim, Requests: lim}
+	}
+	return t
+}
+
+// Create implements runtime.Runtime.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Status, err error) {
+	if err := r.validate(spec); err != nil {
+		return runtime.Status{}, err
+	}
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: spec.ID}
+	var existing sbv1.BatchSandbox
+	switch err := r.c.Get(ctx, key, &existing); {
+	case err == nil:
+		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
+	case !apierrors.IsNotFound(err):
+		return runtime.Status{}, classify("sandbox "+spec.ID, err)
+	}
+	labels, err := json.Marshal(spec.Labels)
+	if err != nil {
+		return runtime.Status{}, invalid("labels: " + err.Error())
+	}
+	created := time.Now().UTC().Truncate(time.Microsecond)
+	tpl := r.template(spec)
+	b := &sbv1.BatchSandbox{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: r.cfg.Namespace, Name: spec.ID,
+			Labels:      map[string]string{labelScope: r.cfg.Scope},
+			Annotations: map[string]string{annoLabels: string(labels), annoCreated: created.Format(time.RFC3339Nano), annoClass: spec.Class},
+			// Set here so the controller need not add it (one write less).
+			Finalizers: []string{sbv1.FinalizerRelease},
+		},
+		Spec: sbv1.BatchSandboxSpec{Replicas: 1, Template: &tpl},
+	}
+	if r.cfg.Pool != "" {
+		var pool sbv1.Pool
+		err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: r.cfg.Pool}, &pool)
+		if err == nil && poolServes(pool.Spec.Template, tpl) {
+			// Served warm; env the pool's pods lack forces a cold pod
+			// (the controller creates claims with an Env patch cold).
+			b.Spec.PoolRef = r.cfg.Pool
+			if extra := envDiff(pool.Spec.Template.Env, tpl.Env); len(extra) > 0 {
+				b.Spec.Patches = []sbv1.SandboxPatch{{Env: extra}}
+			}
+		}
+	}
+	if err := r.c.Create(ctx, b); err != nil {
+		return runtime.Status{}, classify("create sandbox "+spec.ID, err)
+	}
+	if spec.AgentToken != "" {
+		owner := metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))
+		sec := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: tpl.AgentTokenSecret,
+				Labels: map[string]string{labelScope: r.cfg.Scope}, OwnerReferences: []metav1.OwnerReference{*owner}},
+			StringData: map[string]string{"token": spec.AgentToken},
+		}
+		if err := r.c.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
+			r.Delete(context.WithoutCancel(ctx), spec.ID)
+			return runtime.Status{}, classify("create agent token secret", err)
+		}
+	}
+	return runtime.Status{ID: spec.ID, State: runtime.StateCreating, Class: spec.Class, CreatedAt: created, Labels: spec.Labels}, nil
+}
+
+func (r *Runtime) get(ctx context.Context, id string) (*sbv1.BatchSandbox, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	var b sbv1.BatchSandbox
+	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}, &b); err != nil {
+		return nil, classify("sandbox "+id, err)
+	}
+	if b.Labels[labelScope] != r.cfg.Scope {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return &b, nil
+}
+
+// status maps a BatchSandbox to a runtime status.
+func status(b *sbv1.BatchSandbox) runtime.Status {
+	st := runtime.Status{ID: b.Name, State: runtime.StateCreating, Class: b.Annotations[annoClass]}
+	st.CreatedAt, _ = time.Parse(time.RFC3339Nano, b.Annotations[annoCreated])
+	if st.CreatedAt.IsZero() {
+		st.CreatedAt = b.CreationTimestamp.UTC()
+	}
+	if s := b.Annotations[annoLabels]; s != "" && s != "null" {
+		json.Unmarshal([]byte(s), &st.Labels)
+	}
+	switch {
+	case b.DeletionTimestamp != nil, b.Spec.Stopped && b.Status.Phase == sbv1.BatchStopped:
+		st.State = runtime.StateStopped
+	case b.Spec.Stopped:
+		st.State, st.Message = runtime.StateCreating, "stopping"
+	case b.Status.Phase == sbv1.BatchFailed:
+		st.State, st.Message = runtime.StateUnknown, b.Status.Message
+	case len(b.Status.Sandboxes) > 0 && b.Status.Sandboxes[0].Gone:
+		st.State, st.Message = runtime.StateStopped, "pod gone"
+	case len(b.Status.Sandboxes) > 0 && b.Status.Sandboxes[0].Ready:
+		st.State, st.IP = runtime.StateRunning, b.Status.Sandboxes[0].IP
+	}
+	return st
+}
+
+// Status implements runtime.Runtime.
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	b, err := r.get(ctx, id)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	return status(b), nil
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
+	var list sbv1.BatchSandboxList
+	if err := r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
+		return nil, classify("list sandboxes", err)
+	}
+	out := make([]runtime.Status, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, status(&list.Items[i]))
+	}
+	return out, nil
+}
+
+// Stop implements runtime.Runtime: the controller deletes the pod (the
+// kubelet gives it its termination grace) and keeps the record.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	b, err := r.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if b.Spec.Stopped || b.DeletionTimestamp != nil {
+		return nil
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"stopped":true}}`))
+	if err := r.c.Patch(ctx, b, patch); err != nil {
+		return classify("stop sandbox "+id, err)
+	}
+	return nil
+}
+
+// Delete implements runtime.Runtime. It waits (up to DeleteTimeout) until
+// the controller has released the pod and the BatchSandbox is gone, so the
+// ID can be reused at once.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !idPattern.MatchString(id) {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: id + tokenSecretSufx}}
+	if err := r.c.Delete(ctx, sec); err != nil && !apierrors.IsNotFound(err) {
+		return classify("delete agent token secret", err)
+	}
+	b, err := r.get(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := r.c.Delete(ctx, b, client.Preconditions{UID: &b.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return classify("delete sandbox "+id, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeleteTimeout)
+	defer cancel()
+	for {
+		var cur sbv1.BatchSandbox
+		err := r.c.Get(ctx, key, &cur)
+		if apierrors.IsNotFound(err) || (err == nil && cur.UID != b.UID) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("delete sandbox %s: %w: the controller has not released it in %v", id, errdefs.ErrUnavailable, r.cfg.DeleteTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Endpoint implements runtime.Runtime: the pod IP (reachable from a server
+// running in the cluster network).
+func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, error) {
+	st, err := r.Status(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if st.State != runtime.StateRunning || st.IP == "" {
+		return "", fmt.Errorf("sandbox %s is %s: %w", id, st.State, errdefs.ErrFailedPrecondition)
+	}
+	return st.IP + ":" + strconv.Itoa(port), nil
+}
+
+// poolServes reports whether a pool pod made from pt can stand in for a
+// sandbox of template t (same image, command and limits).
+func poolServes(pt, t sbv1.SandboxTemplate) bool {
+	return pt.Image == t.Image && slices.Equal(pt.Entrypoint, t.Entrypoint) && pt.WorkingDir == t.WorkingDir &&
+		pt.RuntimeClassName == t.RuntimeClassName && pt.Resources.Limits.Cpu().Equal(*t.Resources.Limits.Cpu()) &&
+		pt.Resources.Limits.Memory().Equal(*t.Resources.Limits.Memory()) && pt.AgentTokenSecret == t.AgentTokenSecret
+}
+
+// envDiff returns the entries of want that have lacks or differs in.
+func envDiff(have, want map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			out[k] = v
+		}
+	}
+	return out
+}

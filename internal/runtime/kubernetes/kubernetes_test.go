@@ -1,0 +1,206 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
+	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+)
+
+var env *k8stest.Env
+
+func TestMain(m *testing.M) { k8stest.Main(m, &env) }
+
+var nsSeq atomic.Int32
+
+// startController runs `moat controller` in-process for the test.
+func startController(t *testing.T) {
+	t.Helper()
+	mgr, err := controller.New(env.Config, controller.Options{AgentImage: "moat:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("rt%d", nsSeq.Add(1))
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func newRuntime(t *testing.T, ns string) *kubernetes.Runtime {
+	t.Helper()
+	rt, err := kubernetes.New(env.Config, kubernetes.Config{Namespace: ns, Classes: []string{"gvisor"}, DeleteTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// TestConformance runs the runtime conformance suite with NoAgent: on
+// kwok's fake nodes pods reach Running with an IP but no container runs,
+// so the agent checks (/ping through Endpoint) cannot pass, and the pod
+// IPs are fake addresses nothing may dial. Every lifecycle, error-class,
+// validation, recovery and concurrency check runs.
+func TestConformance(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
+		return newRuntime(t, namespace(t))
+	}, runtimetest.Options{
+		Image:   "busybox:test",
+		NoAgent: true,
+		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
+			// A new backend over the same namespace (the server restarted).
+			return newRuntime(t, rt.(*kubernetes.Runtime).Namespace())
+		},
+	})
+}
+
+func adminClient(t *testing.T) client.Client {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func waitRunning(t *testing.T, rt runtime.Runtime, id string) runtime.Status {
+	t.Helper()
+	return runtimetest.WaitState(t, context.Background(), rt, id, runtime.StateRunning, 30*time.Second)
+}
+
+// TestPodSpec: the sandbox's pod carries the spec: token from a Secret,
+// limits, runtime class, entrypoint under the agent.
+func TestPodSpec(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	rt := newRuntime(t, ns)
+	ctx := context.Background()
+	spec := runtime.Spec{ID: "spec-1", Image: "busybox:test", Class: "gvisor", AgentToken: "tok",
+		Entrypoint: []string{"sleep", "1000"}, Env: map[string]string{"X": "y"},
+		Resources: runtime.Resources{CPUMillis: 250, MemoryBytes: 64 << 20}}
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
+	st := waitRunning(t, rt, spec.ID)
+	ep, err := rt.Endpoint(ctx, spec.ID, runtime.AgentPort)
+	if err != nil || ep != st.IP+":44772" {
+		t.Errorf("Endpoint = %q, %v (ip %s)", ep, err, st.IP)
+	}
+	c := adminClient(t)
+	var b sbv1.BatchSandbox
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: spec.ID}, &b); err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.Status.Sandboxes[0].Pod}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	main := pod.Spec.Containers[0]
+	if got := fmt.Sprint(main.Command); got != "[/opt/moat/moat execd --port 44772 -- sleep 1000]" {
+		t.Errorf("command = %s", got)
+	}
+	if pod.Spec.RuntimeClassName == nil || *pod.Spec.RuntimeClassName != "gvisor" {
+		t.Errorf("runtimeClassName = %v", pod.Spec.RuntimeClassName)
+	}
+	if main.Resources.Limits.Cpu().MilliValue() != 250 || main.Resources.Limits.Memory().Value() != 64<<20 {
+		t.Errorf("limits = %v", main.Resources.Limits)
+	}
+	var tokenRef string
+	for _, e := range main.Env {
+		if e.Name == "EXECD_ACCESS_TOKEN" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			tokenRef = e.ValueFrom.SecretKeyRef.Name
+		}
+	}
+	var sec corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tokenRef}, &sec); err != nil || string(sec.Data["token"]) != "tok" {
+		t.Errorf("token secret %q: %v %v", tokenRef, err, sec.Data)
+	}
+	if err := rt.Delete(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tokenRef}, &sec); err == nil {
+		t.Errorf("token secret %s left after Delete", tokenRef)
+	}
+}
+
+// TestPoolBacked: with Config.Pool, a sandbox equal to the pool template
+// is a warm pool pod; one with extra env is created cold.
+func TestPoolBacked(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	c := adminClient(t)
+	ctx := context.Background()
+	tpl := sbv1.SandboxTemplate{Image: "busybox:test"}
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
+		Spec: sbv1.PoolSpec{Template: tpl, Min: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := kubernetes.New(env.Config, kubernetes.Config{Namespace: ns, Pool: "warm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the pool to be warm.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var p sbv1.Pool
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "warm"}, &p); err == nil && p.Status.Free == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pool not warm")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, tc := range []struct {
+		id   string
+		env  map[string]string
+		want sbv1.Source
+	}{{"warm-1", nil, sbv1.SourcePool}, {"cold-1", map[string]string{"K": "v"}, sbv1.SourceCold}} {
+		if _, err := rt.Create(ctx, runtime.Spec{ID: tc.id, Image: "busybox:test", Env: tc.env}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Delete(context.Background(), tc.id) })
+		waitRunning(t, rt, tc.id)
+		var b sbv1.BatchSandbox
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tc.id}, &b); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Status.Sandboxes[0].Source; got != tc.want {
+			t.Errorf("%s: source %s, want %s", tc.id, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package e2e
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/internal/egress/nettest"
+)
+
+// TestEgressRunsc checks the egress policy holds for gVisor sandboxes,
+// whose netstack sends every frame through an AF_PACKET socket and so
+// skips the netns output hook: the policy is enforced again on eth0's
+// egress hook (IPv4 and IPv6, names through the DNS proxy).
+func TestEgressRunsc(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("runsc not installed")
+	}
+	dropIdleConns(t)
+	srv := newServer(t, "moate2n2", "10.243.128.0/17")
+	ref := startRegistry(t)
+	ns := outsideHost6(t)
+	nettest.ServeTCP(t, ns, "10.245.0.2:7000")
+	upstream, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{"ok.test.": {"ok.test. 60 IN A 10.245.0.2"}})
+	srv.start("--subnet6", "fd6d:6f61:74:2::/64", "--runtime-class", "runsc", "--dns-upstream", upstream)
+	create := func(np any) string {
+		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
+		if np != nil {
+			body["networkPolicy"] = np
+		}
+		var c sandboxResp
+		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+		return c.ID
+	}
+	probe := func(addr string) string { return "nc -w 2 " + addr + " 7000" }
+	reached := func(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
+
+	open := create(nil)
+	for _, a := range []string{"10.245.0.2", out6B} {
+		if got, ok := shell(t, srv, open, probe(a)); !ok || !reached(got) {
+			t.Fatalf("baseline: runsc sandbox without policy -> %s: ok=%v %q", a, ok, got)
+		}
+	}
+	deny := create(map[string]any{"defaultAction": "deny"})
+	for _, a := range []string{"10.245.0.2", out6B} {
+		if got, _ := shell(t, srv, deny, probe(a)); reached(got) {
+			t.Fatalf("deny-all runsc sandbox reached %s: %q", a, got)
+		}
+	}
+	allow := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{
+		{"action": "allow", "target": "ok.test"}, {"action": "allow", "target": out6A}}})
+	for _, a := range []string{"ok.test", out6A} {
+		if got, ok := shell(t, srv, allow, probe(a)); !ok || !reached(got) {
+			t.Fatalf("runsc sandbox, allowed %s: ok=%v %q", a, ok, got)
+		}
+	}
+	if got, _ := shell(t, srv, allow, probe(out6B)); reached(got) {
+		t.Fatalf("runsc sandbox reached a denied IPv6 address: %q", got)
+	}
+}
