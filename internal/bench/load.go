@@ -39,7 +39,7 @@ type LoadBenchOptions struct {
 type loadStats struct {
 	cycles                     int
 	createErr, execErr, delErr int
-	create, cycle              []time.Duration
+	create, cycle, exec, del   []time.Duration
 	firstErr                   string
 }
 
@@ -115,6 +115,7 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 				id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: entry})
 				t1 := time.Now()
 				var execErr, delErr error
+				var t15 time.Time
 				if err == nil || id != "" {
 					if err == nil {
 						var ep Endpoint
@@ -125,6 +126,7 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 							}
 						}
 					}
+					t15 = time.Now()
 					delErr = c.Delete(ctx, id)
 				}
 				t2 := time.Now()
@@ -143,6 +145,8 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 					cur.cycles++
 					cur.create = append(cur.create, t1.Sub(t0))
 					cur.cycle = append(cur.cycle, t2.Sub(t0))
+					cur.exec = append(cur.exec, t15.Sub(t1))
+					cur.del = append(cur.del, t2.Sub(t15))
 				}
 				mu.Unlock()
 			}
@@ -183,6 +187,8 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 		all.delErr += s.delErr
 		all.create = append(all.create, s.create...)
 		all.cycle = append(all.cycle, s.cycle...)
+		all.exec = append(all.exec, s.exec...)
+		all.del = append(all.del, s.del...)
 		_ = final
 	}
 	tick := time.NewTicker(o.Interval)
@@ -204,6 +210,8 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 	fmt.Fprintf(w, "total: %d cycles in %s (%.2f/s), errors create=%d exec=%d delete=%d\n",
 		all.cycles, wall.Round(time.Second), float64(all.cycles)/wall.Seconds(), all.createErr, all.execErr, all.delErr)
 	fmt.Fprintf(w, "create: %s\n", Summarize(all.create))
+	fmt.Fprintf(w, "exec:   %s\n", Summarize(all.exec))
+	fmt.Fprintf(w, "delete: %s\n", Summarize(all.del))
 	fmt.Fprintf(w, "cycle:  %s\n", Summarize(all.cycle))
 	if n := len(rssSeries); n >= 3 {
 		third := max(1, n/3)

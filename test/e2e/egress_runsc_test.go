@@ -58,4 +58,19 @@ func TestEgressRunsc(t *testing.T) {
 	if got, _ := shell(t, srv, allow, probe(out6B)); reached(got) {
 		t.Fatalf("runsc sandbox reached a denied IPv6 address: %q", got)
 	}
+
+	// Without --subnet6 a runsc sandbox has no IPv6 path either.
+	v4 := newServer(t, "moate2n3", "10.244.128.0/17")
+	v4.start("--runtime-class", "runsc", "--dns-upstream", upstream)
+	var c sandboxResp
+	v4.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref},
+		"entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}, &c)
+	if got, ok := shell(t, v4, c.ID, probe("10.245.0.2")); !ok || !reached(got) {
+		t.Fatalf("baseline: IPv4-only runsc sandbox over IPv4: ok=%v %q", ok, got)
+	}
+	for _, a := range []string{out6A, out6B} {
+		if got, _ := shell(t, v4, c.ID, probe(a)); reached(got) {
+			t.Fatalf("IPv4-only runsc sandbox reached %s over IPv6: %q", a, got)
+		}
+	}
 }

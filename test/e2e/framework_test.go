@@ -75,6 +75,9 @@ func newServer(t *testing.T, bridge, subnet string) *server {
 		t.Fatal(err)
 	}
 	s.logf = lf
+	// Sandbox IPs are reused across tests: a keep-alive connection to a
+	// sandbox of an earlier test must never be reused for a new one.
+	dropIdleConns(t)
 	t.Cleanup(func() {
 		s.deleteAll()
 		s.stop()

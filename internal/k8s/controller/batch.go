@@ -37,6 +37,8 @@ type batchReconciler struct {
 	mu sync.Mutex
 	// created are cold pods created but maybe not yet in the cache.
 	created map[types.NamespacedName]time.Time
+	// wrote are the batches whose status this process has written.
+	wrote map[types.UID]bool
 }
 
 // recentlyCreated reports whether the controller created pod in the last
@@ -290,7 +292,9 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, claims
 	}
 	createErr := r.createCold(ctx, b, pool, claims, pods)
 	claims, changed := refresh(claims, pods)
-	if changed || !statusMatches(b, claims) {
+	// The ledger holds what was last written; the cached status may lag
+	// behind it, and writing from a stale copy would only conflict.
+	if changed || (len(b.Status.Sandboxes) == 0 && b.Status.ObservedGeneration == 0 && !r.written(b)) {
 		if err := r.writeStatus(ctx, b, claims); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -369,19 +373,29 @@ func summarize(b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) sbv1.BatchSand
 	return st
 }
 
-func statusMatches(b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) bool {
-	want := summarize(b, claims)
-	got := b.Status
-	return got.Phase == want.Phase && got.Ready == want.Ready && got.Allocated == want.Allocated &&
-		got.ObservedGeneration == want.ObservedGeneration && slices.Equal(got.Sandboxes, want.Sandboxes)
-}
-
 // writeStatus records claims as the batch's status: the one write that
 // makes an allocation durable. It fails on a conflict (stale cache), so
 // the caller can undo the allocation and retry.
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) error {
 	b.Status = summarize(b, claims)
-	return r.c.Status().Update(ctx, b)
+	if err := r.c.Status().Update(ctx, b); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.wrote == nil {
+		r.wrote = map[types.UID]bool{}
+	}
+	r.wrote[b.UID] = true
+	r.mu.Unlock()
+	return nil
+}
+
+// written reports whether this process wrote b's status (an adopted
+// record was written by an earlier one).
+func (r *batchReconciler) written(b *sbv1.BatchSandbox) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.wrote[b.UID]
 }
 
 func (r *batchReconciler) fail(ctx context.Context, b *sbv1.BatchSandbox, msg string) (reconcile.Result, error) {

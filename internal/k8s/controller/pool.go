@@ -30,6 +30,8 @@ type poolReconciler struct {
 	// inflight are pods created but not yet seen in the cache, per pool,
 	// so a lagging cache does not make the pool create them again.
 	inflight map[types.NamespacedName]map[string]time.Time
+	// lastStatus is the status this process last wrote, per pool.
+	lastStatus map[types.UID]sbv1.PoolStatus
 }
 
 // inflightTTL bounds how long a created pod counts as pending without
@@ -123,9 +125,24 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		Allocated:          int32(allocated),
 		Pending:            int32(len(pending) + inflight),
 	}
-	if st != pool.Status {
+	r.mu.Lock()
+	last, wrote := r.lastStatus[pool.UID]
+	r.mu.Unlock()
+	// Compare with what this process last wrote too: the cached pool may
+	// not show it yet, and a write from that stale copy would conflict.
+	if st != pool.Status && (!wrote || st != last) {
 		pool.Status = st
-		if err := r.c.Status().Update(ctx, &pool); err != nil && !apierrors.IsConflict(err) {
+		switch err := r.c.Status().Update(ctx, &pool); {
+		case err == nil:
+			r.mu.Lock()
+			if r.lastStatus == nil {
+				r.lastStatus = map[types.UID]sbv1.PoolStatus{}
+			}
+			r.lastStatus[pool.UID] = st
+			r.mu.Unlock()
+		case apierrors.IsConflict(err):
+			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+		default:
 			errs = append(errs, err)
 		}
 	}

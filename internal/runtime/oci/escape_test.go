@@ -474,6 +474,7 @@ func TestEscape(t *testing.T) {
 			}
 			e := &escEnv{r: r, class: class, canary: canary, secret: secret, hostPid: os.Getpid()}
 			e.id = escSandbox(t, ctx, r, runtime.Resources{PidsLimit: escPids})
+			defer assertOneMountNamespace(t)
 			for _, a := range attacks {
 				t.Run(a.name, func(t *testing.T) {
 					ae := *e
@@ -519,6 +520,23 @@ func TestEscape(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// assertOneMountNamespace checks that every thread of the test process is
+// in the host mount namespace: a thread parked in runscStart's private
+// namespace would pin copies of sandbox mounts and loop devices.
+func assertOneMountNamespace(t *testing.T) {
+	t.Helper()
+	want, err := os.Readlink("/proc/thread-self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		if got, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/mnt"); err == nil && got != want {
+			t.Errorf("thread %s is in mount namespace %s, not the host's %s", task.Name(), got, want)
+		}
 	}
 }
 

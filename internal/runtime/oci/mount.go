@@ -174,7 +174,8 @@ func unmountVolumes(dir string) error {
 // to remove a sandbox directory that has any: RemoveAll would descend
 // into a host volume and delete host files.
 func mountsUnder(dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	// thread-self: the namespace this thread (and RemoveAll) sees.
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return []string{"(cannot read mountinfo: " + err.Error() + ")"}
 	}

@@ -93,9 +93,22 @@ func runscStart(netnsPath string, start func() error) error {
 				return fmt.Errorf("runsc: sandbox netns: %w", err)
 			}
 			defer target.Close()
+			hostMnt, err := os.Open("/proc/thread-self/ns/mnt")
+			if err != nil {
+				return fmt.Errorf("runsc: %w", err)
+			}
+			defer hostMnt.Close()
 			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
 				return fmt.Errorf("runsc: unshare mount namespace: %w", err)
 			}
+			// Go does not end a locked thread that is the main thread: it
+			// parks it for good. Left in the private namespace, that thread
+			// would pin a copy of every host mount of the moment (sandbox
+			// roots, quota filesystems and their loop devices, volume
+			// binds) for the life of the process. Return it to the host's
+			// mount namespace once runsc has started; the private namespace
+			// then dies with its last user.
+			defer unix.Setns(int(hostMnt.Fd()), unix.CLONE_NEWNS)
 			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 				return fmt.Errorf("runsc: make mounts private: %w", err)
 			}
