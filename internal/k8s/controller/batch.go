@@ -37,8 +37,6 @@ type batchReconciler struct {
 	mu sync.Mutex
 	// created are cold pods created but maybe not yet in the cache.
 	created map[types.NamespacedName]time.Time
-	// wrote are the batches whose status this process has written.
-	wrote map[types.UID]bool
 }
 
 // recentlyCreated reports whether the controller created pod in the last
@@ -294,7 +292,7 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, claims
 	claims, changed := refresh(claims, pods)
 	// The ledger holds what was last written; the cached status may lag
 	// behind it, and writing from a stale copy would only conflict.
-	if changed || (len(b.Status.Sandboxes) == 0 && b.Status.ObservedGeneration == 0 && !r.written(b)) {
+	if changed {
 		if err := r.writeStatus(ctx, b, claims); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -378,24 +376,7 @@ func summarize(b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) sbv1.BatchSand
 // the caller can undo the allocation and retry.
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) error {
 	b.Status = summarize(b, claims)
-	if err := r.c.Status().Update(ctx, b); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	if r.wrote == nil {
-		r.wrote = map[types.UID]bool{}
-	}
-	r.wrote[b.UID] = true
-	r.mu.Unlock()
-	return nil
-}
-
-// written reports whether this process wrote b's status (an adopted
-// record was written by an earlier one).
-func (r *batchReconciler) written(b *sbv1.BatchSandbox) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.wrote[b.UID]
+	return r.c.Status().Update(ctx, b)
 }
 
 func (r *batchReconciler) fail(ctx context.Context, b *sbv1.BatchSandbox, msg string) (reconcile.Result, error) {

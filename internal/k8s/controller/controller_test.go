@@ -169,11 +169,11 @@ func TestPoolWarmsToMin(t *testing.T) {
 			t.Errorf("pod %s spec: init %+v main %+v", p.Name, p.Spec.InitContainers, p.Spec.Containers[0])
 		}
 	}
-	// Scaling min up grows the pool; max caps it.
+	// Raising the buffer grows the pool; max caps it.
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		t.Fatal(err)
 	}
-	pool.Spec.Min = 20
+	pool.Spec.Buffer = 20
 	if err := c.Update(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestPoolWarmsToMin(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		t.Fatal(err)
 	}
-	pool.Spec.Min, pool.Spec.Max = 3, 0
+	pool.Spec.Min, pool.Spec.Buffer, pool.Spec.Max = 3, 0, 0
 	if err := c.Update(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
