@@ -222,6 +222,9 @@ func createResponse(sb lifecycle.Sandbox) createSandboxResponse {
 	if resp.Metadata == nil {
 		resp.Metadata = map[string]string{}
 	}
+	if resp.Entrypoint == nil {
+		resp.Entrypoint = []string{} // the wire never carries null
+	}
 	if sb.ExpiresAt != nil {
 		resp.ExpiresAt = ts(*sb.ExpiresAt)
 	}

@@ -36,13 +36,6 @@ func minimalSandbox() lifecycle.Sandbox {
 func TestWireSandboxResponses(t *testing.T) {
 	for name, sb := range map[string]lifecycle.Sandbox{"full": fullSandbox(), "minimal": minimalSandbox()} {
 		wirecheck.Response[lifecycleapi.Sandbox](t, name+" Sandbox", toJSON(sb))
-		// createResponse (httpapi.go) writes "entrypoint": null for a nil
-		// entrypoint, unlike toJSON; the service never creates a sandbox
-		// without one (an image needs it, a snapshot restore defaults it),
-		// so the minimal case sets one here.
-		if sb.Entrypoint == nil {
-			sb.Entrypoint = []string{"tail", "-f", "/dev/null"}
-		}
 		wirecheck.Response[lifecycleapi.CreateSandboxResponse](t, name+" CreateSandboxResponse", createResponse(sb))
 	}
 	list := listSandboxesResponse{Items: []sandboxJSON{toJSON(fullSandbox()), toJSON(minimalSandbox())}, Pagination: pagination(1, 2, 3)}
