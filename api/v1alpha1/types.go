@@ -69,7 +69,7 @@ type SandboxTemplate struct {
 
 // PoolSpec sizes a pool of warm sandbox pods.
 //
-// +kubebuilder:validation:XValidation:rule="self.max == 0 || self.min <= self.max",message="min must not exceed max"
+// +kubebuilder:validation:XValidation:rule="!has(self.max) || self.max == 0 || !has(self.min) || self.min <= self.max",message="min must not exceed max"
 type PoolSpec struct {
 	// Template is the pod of every sandbox in the pool.
 	Template SandboxTemplate `json:"template"`
@@ -131,10 +131,11 @@ type PoolList struct {
 	Items           []Pool `json:"items"`
 }
 
-// SandboxPatch changes one claim of a batch. Labels and Annotations are
-// recorded with the claim (in the batch status) and, for a pod created
-// cold, set on the pod; Env can only be applied at pod creation, so a
-// claim whose patch sets Env is always created cold.
+// SandboxPatch changes one claim of a batch. Labels and Annotations are set
+// on the pod of a claim created cold; for a claim served warm they stay in
+// this spec only (relabelling warm pods would cost one write per pod). Env
+// can only be applied at pod creation, so a claim whose patch sets Env is
+// always created cold.
 type SandboxPatch struct {
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`

@@ -130,6 +130,10 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 					delErr = c.Delete(ctx, id)
 				}
 				t2 := time.Now()
+				if err != nil || execErr != nil || delErr != nil {
+					// Do not spin on a server that is down.
+					time.Sleep(100 * time.Millisecond)
+				}
 				mu.Lock()
 				switch {
 				case err != nil:

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/moat-sandbox/moat/internal/k8s/bench"
 )
@@ -17,6 +19,7 @@ in-process, then times one BatchSandbox of N from a warm Pool and one of N
 created cold, counting the controller's API writes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			ctrllog.SetLogger(logr.Discard())
 			_, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout())
 			return err
 		},

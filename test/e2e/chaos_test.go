@@ -328,6 +328,10 @@ func TestChaosKillDuringChurn(t *testing.T) {
 		}
 		book.errors = nil
 		nAlive := len(book.alive)
+		aliveIDs := make([]string, 0, nAlive)
+		for id := range book.alive {
+			aliveIDs = append(aliveIDs, id)
+		}
 		// Re-adopted sandboxes must work, not just be listed: run a
 		// command in a few of them.
 		var sample []string
@@ -338,6 +342,18 @@ func TestChaosKillDuringChurn(t *testing.T) {
 			sample = append(sample, id)
 		}
 		book.mu.Unlock()
+		// No address may be handed out twice across a crash (IPAM).
+		byAddr := map[string]string{}
+		for _, id := range aliveIDs {
+			var ep endpointResp
+			if code, body, _ := srv.do("GET", "/v1/sandboxes/"+id+"/endpoints/44772", nil); code == 200 {
+				json.Unmarshal(body, &ep)
+				if other, dup := byAddr[ep.Endpoint]; dup {
+					t.Errorf("round %d: sandboxes %s and %s share the address %s", round, other, id, ep.Endpoint)
+				}
+				byAddr[ep.Endpoint] = id
+			}
+		}
 		for _, id := range sample {
 			var ep endpointResp
 			srv.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/44772", nil, &ep)

@@ -37,6 +37,8 @@ type batchReconciler struct {
 	mu sync.Mutex
 	// created are cold pods created but maybe not yet in the cache.
 	created map[types.NamespacedName]time.Time
+	// lastWrite is when each batch's status was last written.
+	lastWrite map[types.UID]time.Time
 }
 
 // recentlyCreated reports whether the controller created pod in the last
@@ -160,7 +162,7 @@ func (r *batchReconciler) allocate(ctx context.Context, b *sbv1.BatchSandbox) (r
 	claims, undo, fresh := r.ledger.allocate(key, b.Spec.Replicas, free,
 		func(i int32) bool { return pool != nil && len(patchOf(b, i).Env) == 0 },
 		func(i int32) sbv1.SandboxStatus {
-			return sbv1.SandboxStatus{Index: i, Pod: coldPodName(b.Name, i), Source: sbv1.SourceCold}
+			return sbv1.SandboxStatus{Index: i, Pod: coldPodName(b.Name, b.UID, i), Source: sbv1.SourceCold}
 		},
 		func(i int32, pod string) sbv1.SandboxStatus {
 			return sbv1.SandboxStatus{Index: i, Pod: pod, Source: sbv1.SourcePool}
@@ -293,12 +295,23 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, claims
 	// The ledger holds what was last written; the cached status may lag
 	// behind it, and writing from a stale copy would only conflict.
 	if changed {
+		// Readiness of a cold batch trickles in pod by pod: coalesce it
+		// into at most one write per statusInterval until all are ready.
+		if wait := r.untilNextWrite(b.UID); wait > 0 && summarize(b, claims).Phase != sbv1.BatchRunning && createErr == nil {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
 		if err := r.writeStatus(ctx, b, claims); err != nil {
 			return reconcile.Result{}, err
 		}
 		r.ledger.update(client.ObjectKeyFromObject(b), claims)
 	}
 	if createErr != nil {
+		// Surface why (e.g. a rejected pod spec) and retry with backoff.
+		if msg := createErr.Error(); b.Status.Message != msg {
+			b.Status = summarize(b, claims)
+			b.Status.Message = msg
+			_ = r.c.Status().Update(ctx, b)
+		}
 		return reconcile.Result{}, createErr
 	}
 	return r.expiry(b), nil
@@ -376,7 +389,36 @@ func summarize(b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) sbv1.BatchSand
 // the caller can undo the allocation and retry.
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) error {
 	b.Status = summarize(b, claims)
-	return r.c.Status().Update(ctx, b)
+	if err := r.c.Status().Update(ctx, b); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.lastWrite == nil {
+		r.lastWrite = map[types.UID]time.Time{}
+	}
+	r.lastWrite[b.UID] = time.Now()
+	r.mu.Unlock()
+	return nil
+}
+
+// statusInterval is the least time between two readiness writes of a
+// batch that is not complete yet.
+const statusInterval = 250 * time.Millisecond
+
+// untilNextWrite is how long a batch's next readiness write must wait.
+func (r *batchReconciler) untilNextWrite(uid types.UID) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for u, t := range r.lastWrite {
+		if time.Since(t) > inflightTTL {
+			delete(r.lastWrite, u)
+		}
+	}
+	t, ok := r.lastWrite[uid]
+	if !ok {
+		return 0
+	}
+	return statusInterval - time.Since(t)
 }
 
 func (r *batchReconciler) fail(ctx context.Context, b *sbv1.BatchSandbox, msg string) (reconcile.Result, error) {

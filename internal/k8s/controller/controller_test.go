@@ -22,7 +22,7 @@ import (
 
 var env *k8stest.Env
 
-func TestMain(m *testing.M) { k8stest.Main(m, &env) }
+func TestMain(m *testing.M) { k8stest.Main(m, &env, k8stest.Options{}) }
 
 var nsSeq atomic.Int32
 
@@ -191,6 +191,15 @@ func TestPoolWarmsToMin(t *testing.T) {
 		n := len(pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "warm"}))
 		return n == 3, fmt.Sprint(n)
 	})
+	// Deleting the pool deletes its free pods, then the pool itself.
+	if err := c.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pool and its pods gone", func() (bool, string) {
+		n := len(pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "warm"}))
+		err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool)
+		return n == 0 && apierrors.IsNotFound(err), fmt.Sprintf("%d pods, get: %v", n, err)
+	})
 }
 
 // TestWarmBatchWrites: a batch of N from a warm pool is recorded with O(1)
@@ -273,9 +282,10 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := waitBatch(t, c, ns, "a")
+	aPods := claimPods(a)
 	stop()
 
-	startController(t, ns)
+	_, stop2 := startController(t, ns)
 	// Several batches at once race for the 6 free pods.
 	for _, name := range []string{"b1", "b2", "b3"} {
 		if err := c.Create(ctx, newBatch(ns, name, "p", 3)); err != nil {
@@ -283,7 +293,7 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 		}
 	}
 	owner := map[string]string{}
-	for _, x := range claimPods(a) {
+	for _, x := range aPods {
 		owner[x] = "a"
 	}
 	pool, cold := 0, 0
@@ -314,6 +324,30 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 		}
 		return p.Status.Allocated == 10 && p.Status.Free == 0, fmt.Sprintf("%+v", p.Status)
 	})
+
+	// A batch deleted while no controller runs keeps its pods (finalizer)
+	// until the next controller releases them; they never rejoin the pool.
+	stop2()
+	if err := c.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(a), a); err != nil || a.DeletionTimestamp == nil {
+		t.Fatalf("batch a without a controller: %v (deletion %v)", err, a.DeletionTimestamp)
+	}
+	startController(t, ns)
+	eventually(t, 30*time.Second, "batch a released", func() (bool, string) {
+		err := c.Get(ctx, client.ObjectKeyFromObject(a), a)
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	// The pool refills to min with new pods only.
+	waitPoolFree(t, c, ns, "p", 4)
+	live := pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "p"})
+	for _, x := range aPods {
+		if live[x] != nil {
+			t.Errorf("released pod %s still live", x)
+		}
+	}
 }
 
 // TestColdBatch: without a pool every claim gets a pod of its own, with

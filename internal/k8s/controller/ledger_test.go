@@ -17,7 +17,7 @@ func allocN(l *ledger, batch string, n int32, free []string) ([]sbv1.SandboxStat
 	claims, undo, _ := l.allocate(types.NamespacedName{Namespace: "ns", Name: batch}, n, free,
 		func(int32) bool { return true },
 		func(i int32) sbv1.SandboxStatus {
-			return sbv1.SandboxStatus{Index: i, Pod: coldPodName(batch, i), Source: sbv1.SourceCold}
+			return sbv1.SandboxStatus{Index: i, Pod: coldPodName(batch, "u1", i), Source: sbv1.SourceCold}
 		},
 		func(i int32, pod string) sbv1.SandboxStatus {
 			return sbv1.SandboxStatus{Index: i, Pod: pod, Source: sbv1.SourcePool}

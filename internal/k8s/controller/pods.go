@@ -9,9 +9,11 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
@@ -149,8 +151,14 @@ func podDone(p *corev1.Pod) bool {
 	return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// coldPodName is the deterministic name of claim i's cold pod, so that a
-// create repeated after a controller restart finds the pod it made before.
-func coldPodName(batch string, i int32) string {
-	return podName(batch, fmt.Sprintf("c%d", i))
+// coldPodName is the deterministic name of claim i's cold pod in the
+// batch incarnation uid, so that a create repeated after a controller
+// restart finds the pod it made before, while a batch re-created under the
+// same name never meets the terminating pods of its predecessor.
+func coldPodName(batch string, uid types.UID, i int32) string {
+	u := strings.ReplaceAll(string(uid), "-", "")
+	if len(u) > 6 {
+		u = u[:6]
+	}
+	return podName(batch, fmt.Sprintf("%s-%d", u, i))
 }

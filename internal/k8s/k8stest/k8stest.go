@@ -1,9 +1,10 @@
 // Package k8stest starts a throw-away Kubernetes control plane for tests
 // and `moat bench k8s`: a real kube-apiserver and etcd (envtest), with
 // moat's CRDs installed, plus kwok, which makes pods on fake nodes reach
-// Running (with fake pod IPs: nothing runs, so nothing may be dialled at
-// them). envtest runs no scheduler, so Env binds unscheduled pods to the
-// fake nodes itself.
+// Running. No container runs: pod IPs are fake addresses nothing may dial,
+// unless Options.Agents gives pods loopback IPs with stand-in agents.
+// envtest runs no scheduler, so Env binds unscheduled pods to the fake
+// nodes itself.
 //
 // The binaries come from scripts/build-k8s-tools.sh, which builds them
 // from the Go module proxy into ${MOAT_CACHE:-/var/cache/moat}/k8s/<version>;
@@ -90,6 +91,11 @@ type Options struct {
 	Nodes int
 	// Log receives kwok's output (default: a file in the env's directory).
 	Log io.Writer
+	// Agents gives pods loopback IPs (127.64.0.0/16) and serves a stand-in
+	// agent on each running pod's IP (see agents), so that tests can go
+	// through the agent path. Without it pod IPs are fake addresses in
+	// 10.244.0.0/16 that nothing may dial.
+	Agents bool
 }
 
 // Start brings up the control plane. Stop it with Stop.
@@ -155,7 +161,7 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 		}
 		e.Nodes = append(e.Nodes, n.Name)
 	}
-	if err := e.startKwok(stages, o.Log); err != nil {
+	if err := e.startKwok(stages, o.Log, o.Agents); err != nil {
 		return nil, err
 	}
 	run, cancel := context.WithCancel(context.Background())
@@ -165,10 +171,14 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	if err := <-ready; err != nil {
 		return nil, err
 	}
+	if o.Agents {
+		a := &agents{cs: cs, serving: map[string]*agent{}}
+		e.wg.Go(func() { a.run(run) })
+	}
 	return e, nil
 }
 
-func (e *Env) startKwok(stages string, logw io.Writer) error {
+func (e *Env) startKwok(stages string, logw io.Writer, loopback bool) error {
 	if logw == nil {
 		f, err := os.Create(filepath.Join(e.dir, "kwok.log"))
 		if err != nil {
@@ -176,14 +186,18 @@ func (e *Env) startKwok(stages string, logw io.Writer) error {
 		}
 		e.kwokOut, logw = f, f
 	}
+	// Fake pod addresses: nothing listens there and nothing may dial them.
+	cidr, nodeIP := "10.244.0.0/16", "10.244.0.1"
+	if loopback {
+		cidr, nodeIP = agentCIDR, "127.64.0.1"
+	}
 	e.kwok = exec.Command(filepath.Join(AssetsDir(), "kwok"),
 		"--kubeconfig", e.Kubeconfig,
 		"--config", stages,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-		// Fake pod addresses: nothing listens there and nothing may dial them.
-		"--cidr=10.244.0.0/16",
-		"--node-ip=10.244.0.1",
+		"--cidr="+cidr,
+		"--node-ip="+nodeIP,
 	)
 	e.kwok.Stdout, e.kwok.Stderr = logw, logw
 	if err := e.kwok.Start(); err != nil {

@@ -7,13 +7,17 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// Main runs a test binary's tests against one shared Env (stored in *env),
-// or skips them all with a message when the tools are missing, unless
-// RequireEnv is set (then it fails).
-func Main(m *testing.M, env **Env) {
+// Main runs a test binary's tests against one shared Env started with o
+// (stored in *env), or skips them all with a message when the tools are
+// missing, unless RequireEnv is set (then it fails).
+func Main(m *testing.M, env **Env, o Options) {
 	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
 	if testing.Short() {
 		os.Exit(m.Run())
 	}
@@ -27,7 +31,7 @@ func Main(m *testing.M, env **Env) {
 		fmt.Fprintln(os.Stderr, "SKIP:", msg)
 		os.Exit(m.Run())
 	}
-	e, err := Start(context.Background(), Options{})
+	e, err := Start(context.Background(), o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		os.Exit(1)

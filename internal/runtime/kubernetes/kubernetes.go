@@ -13,6 +13,7 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -62,6 +63,9 @@ type Config struct {
 	// DeleteTimeout bounds how long Delete waits for the controller to
 	// release the pod (default 60s).
 	DeleteTimeout time.Duration
+	// CreateTimeout bounds how long Create waits for the pod to run,
+	// scheduling and image pull included (default 5m).
+	CreateTimeout time.Duration
 }
 
 // Runtime is the kubernetes backend.
@@ -82,6 +86,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.DeleteTimeout == 0 {
 		cfg.DeleteTimeout = 60 * time.Second
+	}
+	if cfg.CreateTimeout == 0 {
+		cfg.CreateTimeout = 5 * time.Minute
 	}
 	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
@@ -238,7 +245,40 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			return runtime.Status{}, classify("create agent token secret", err)
 		}
 	}
-	return runtime.Status{ID: spec.ID, State: runtime.StateCreating, Class: spec.Class, CreatedAt: created, Labels: spec.Labels}, nil
+	// The contract: Create returns once the agent process has started,
+	// i.e. once the pod runs (scheduling and image pull included).
+	st, err := r.waitRunning(ctx, spec.ID)
+	if err != nil {
+		r.Delete(context.WithoutCancel(ctx), spec.ID)
+		return runtime.Status{}, err
+	}
+	return st, nil
+}
+
+// waitRunning polls the sandbox until its pod runs, up to CreateTimeout.
+func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+	defer cancel()
+	var last runtime.Status
+	for {
+		b, err := r.get(ctx, id)
+		if err == nil {
+			last = status(b)
+			switch last.State {
+			case runtime.StateRunning:
+				return last, nil
+			case runtime.StateStopped, runtime.StateUnknown:
+				return runtime.Status{}, fmt.Errorf("sandbox %s: %w: pod %s (%s)", id, errdefs.ErrFailedPrecondition, last.State, last.Message)
+			}
+		} else if !errors.Is(err, errdefs.ErrUnavailable) {
+			return runtime.Status{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return runtime.Status{}, fmt.Errorf("sandbox %s: %w: not running after %v (%s)", id, errdefs.ErrUnavailable, r.cfg.CreateTimeout, last.Message)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 func (r *Runtime) get(ctx context.Context, id string) (*sbv1.BatchSandbox, error) {
@@ -276,6 +316,8 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 		st.State, st.Message = runtime.StateStopped, "pod gone"
 	case len(b.Status.Sandboxes) > 0 && b.Status.Sandboxes[0].Ready:
 		st.State, st.IP = runtime.StateRunning, b.Status.Sandboxes[0].IP
+	default:
+		st.Message = b.Status.Message
 	}
 	return st
 }
@@ -303,20 +345,40 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 }
 
 // Stop implements runtime.Runtime: the controller deletes the pod (the
-// kubelet gives it its termination grace) and keeps the record.
+// kubelet gives it its termination grace) and keeps the record; Stop
+// returns when that is done (bounded by grace plus DeleteTimeout).
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
 	b, err := r.get(ctx, id)
 	if err != nil {
 		return err
 	}
-	if b.Spec.Stopped || b.DeletionTimestamp != nil {
+	if b.DeletionTimestamp != nil {
 		return nil
 	}
-	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"stopped":true}}`))
-	if err := r.c.Patch(ctx, b, patch); err != nil {
-		return classify("stop sandbox "+id, err)
+	if !b.Spec.Stopped {
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"stopped":true}}`))
+		if err := r.c.Patch(ctx, b, patch); err != nil {
+			return classify("stop sandbox "+id, err)
+		}
 	}
-	return nil
+	// Return once the controller has released the pod, like the other
+	// backends return once the process is gone.
+	ctx, cancel := context.WithTimeout(ctx, grace+r.cfg.DeleteTimeout)
+	defer cancel()
+	for {
+		b, err := r.get(ctx, id)
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		if err == nil && status(b).State == runtime.StateStopped {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stop sandbox %s: %w: the controller has not stopped it", id, errdefs.ErrUnavailable)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Delete implements runtime.Runtime. It waits (up to DeleteTimeout) until

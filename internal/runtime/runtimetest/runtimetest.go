@@ -36,10 +36,6 @@ type Options struct {
 	Reopen func(t *testing.T, rt runtime.Runtime) runtime.Runtime
 	// AgentTimeout bounds the wait for the agent's /ping (default 10s).
 	AgentTimeout time.Duration
-	// NoAgent skips every check that talks to the agent, for backends
-	// whose sandboxes run no process the test can reach (the kubernetes
-	// backend on kwok's fake nodes). Everything else still runs.
-	NoAgent bool
 }
 
 // Token is the agent token the suite sets on every sandbox.
@@ -173,14 +169,6 @@ func PingAgent(ctx context.Context, rt runtime.Runtime, id string, timeout time.
 	return fmt.Errorf("agent of %s at %s not ready after %v: %w", id, ep, timeout, last)
 }
 
-// waitAgent is WaitAgent unless Options.NoAgent.
-func (s *suite) waitAgent(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) {
-	t.Helper()
-	if !s.opts.NoAgent {
-		WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
-	}
-}
-
 func listHas(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) (runtime.Status, bool) {
 	t.Helper()
 	list, err := rt.List(ctx)
@@ -213,7 +201,7 @@ func (s *suite) lifecycle(t *testing.T) {
 	if caps := rt.Capabilities(); s.opts.Class != "" && !slices.Contains(caps.Classes, s.opts.Class) {
 		t.Errorf("Capabilities().Classes = %v does not offer %q", caps.Classes, s.opts.Class)
 	}
-	s.waitAgent(t, ctx, rt, id)
+	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
 
 	if ls, ok := listHas(t, ctx, rt, id); !ok {
 		t.Errorf("List does not contain %s", id)
@@ -226,7 +214,7 @@ func (s *suite) lifecycle(t *testing.T) {
 	}
 	// The failed duplicate must not have damaged the original.
 	WaitState(t, ctx, rt, id, runtime.StateRunning, time.Second)
-	s.waitAgent(t, ctx, rt, id)
+	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
 
 	if p, ok := rt.(runtime.Pauser); ok && rt.Capabilities().Pause {
 		if err := p.Pause(ctx, id); err != nil {
@@ -243,7 +231,7 @@ func (s *suite) lifecycle(t *testing.T) {
 		if err := p.Resume(ctx, id); !errdefs.IsFailedPrecondition(err) {
 			t.Errorf("Resume of running = %v, want ErrFailedPrecondition", err)
 		}
-		s.waitAgent(t, ctx, rt, id)
+		WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
 	} else if rt.Capabilities().Pause {
 		t.Error("Capabilities().Pause is true but the backend is not a runtime.Pauser")
 	}
@@ -371,7 +359,7 @@ func (s *suite) recover(t *testing.T) {
 	if st, ok := listHas(t, ctx, rt2, stopped); !ok || st.State != runtime.StateStopped {
 		t.Errorf("after restart, stopped sandbox: %+v (found %v)", st, ok)
 	}
-	s.waitAgent(t, ctx, rt2, id)
+	WaitAgent(t, ctx, rt2, id, s.opts.AgentTimeout)
 	if _, err := rt2.Create(ctx, s.spec(id)); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("Create of a recovered ID = %v, want ErrAlreadyExists", err)
 	}
@@ -418,7 +406,7 @@ func (s *suite) concurrent(t *testing.T) {
 			t.Errorf("agent endpoint %s given to two sandboxes", ep)
 		}
 		endpoints[ep] = true
-		s.waitAgent(t, ctx, rt, id)
+		WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
 	}
 	for i := range n {
 		wg.Go(func() { errs[i] = rt.Delete(ctx, ids[i]) })

@@ -1,0 +1,137 @@
+package k8stest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// agentCIDR is the pod address range with Options.Agents: loopback, so
+// the stand-in agents can listen on the pod IPs and tests may dial them.
+const agentCIDR = "127.64.0.0/16"
+
+// AgentPort is the port of the stand-in agents (moat execd's).
+const AgentPort = 44772
+
+// agents plays the kubelet's part for the agent: for every running pod
+// with an IP it serves a stand-in of `moat execd` on podIP:44772 that
+// answers GET /ping (checking X-EXECD-ACCESS-TOKEN against the pod's
+// EXECD_ACCESS_TOKEN, read from its Secret like the kubelet would) and
+// POST /moat/v1/env. It stops serving when the pod goes away.
+type agents struct {
+	cs kubernetes.Interface
+
+	mu      sync.Mutex
+	serving map[string]*agent // by pod IP
+}
+
+type agent struct {
+	uid types.UID
+	srv *http.Server
+}
+
+func (a *agents) run(ctx context.Context) {
+	defer a.closeAll()
+	for ctx.Err() == nil {
+		a.sync(ctx)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (a *agents) sync(ctx context.Context) {
+	list, err := a.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	want := map[string]*corev1.Pod{}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+			want[p.Status.PodIP] = p
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for ip, ag := range a.serving {
+		if p, ok := want[ip]; !ok || p.UID != ag.uid {
+			ag.srv.Close()
+			delete(a.serving, ip)
+		}
+	}
+	for ip, p := range want {
+		if _, ok := a.serving[ip]; ok {
+			continue
+		}
+		token, ok := a.token(ctx, p)
+		if !ok {
+			continue // its Secret is not there yet: retry
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(AgentPort)))
+		if err != nil {
+			continue // the previous owner of the IP is still closing
+		}
+		srv := &http.Server{Handler: stubAgent(token), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		a.serving[ip] = &agent{uid: p.UID, srv: srv}
+	}
+}
+
+// token resolves the EXECD_ACCESS_TOKEN of p's first container.
+func (a *agents) token(ctx context.Context, p *corev1.Pod) (string, bool) {
+	if len(p.Spec.Containers) == 0 {
+		return "", true
+	}
+	for _, e := range p.Spec.Containers[0].Env {
+		if e.Name != "EXECD_ACCESS_TOKEN" {
+			continue
+		}
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			return e.Value, true
+		}
+		ref := e.ValueFrom.SecretKeyRef
+		s, err := a.cs.CoreV1().Secrets(p.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			return "", false
+		}
+		return string(s.Data[ref.Key]), true
+	}
+	return "", true
+}
+
+func (a *agents) closeAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for ip, ag := range a.serving {
+		ag.srv.Close()
+		delete(a.serving, ip)
+	}
+}
+
+// stubAgent answers like the agent's /ping and claim-time env routes.
+func stubAgent(token string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token != "" && r.Header.Get("X-EXECD-ACCESS-TOKEN") != token {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		switch {
+		case r.URL.Path == "/ping":
+		case r.URL.Path == "/moat/v1/env" && r.Method == http.MethodPost:
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+}
