@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	goruntime "runtime"
 	"sort"
@@ -190,3 +191,36 @@ func (p Percentiles) String() string {
 }
 
 func nproc() int { return goruntime.NumCPU() }
+
+// Target is where a benchmark runs: a server by URL, or (Server empty) a
+// throw-away in-process server with a busybox image.
+type Target struct {
+	// Server is the base URL of a running server; empty starts one in-process.
+	Server string
+	APIKey string
+	// Image defaults to the in-process busybox image.
+	Image string
+}
+
+// connect returns a client for t, the image to use, and a function that
+// stops the in-process server if one was started. runtimeName is the
+// in-process server's backend ("" = oci).
+func (t Target) connect(ctx context.Context, runtimeName string, timeout time.Duration, log *slog.Logger) (*Client, string, func(), error) {
+	c := &Client{Base: t.Server, Key: t.APIKey, HTTP: &http.Client{Timeout: timeout}}
+	if t.Server != "" {
+		if t.Image == "" {
+			return nil, "", nil, fmt.Errorf("--image is required with --server")
+		}
+		return c, t.Image, func() {}, nil
+	}
+	p, err := StartInProcess(ctx, runtimeName, log)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("start in-process server: %w", err)
+	}
+	c.Base, c.Key = p.URL, p.Key
+	image := t.Image
+	if image == "" {
+		image = p.Image
+	}
+	return c, image, p.Close, nil
+}

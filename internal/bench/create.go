@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,11 +18,7 @@ import (
 
 // CreateBenchOptions configure `moat bench create`.
 type CreateBenchOptions struct {
-	// Server is the base URL of a running server; empty starts one in-process.
-	Server string
-	APIKey string
-	// Image defaults to a busybox image served by an in-process registry.
-	Image string
+	Target
 	// Classes are the runtime classes to measure (each gets N sandboxes).
 	Classes []string
 	// N is the number of sandboxes per class; Concurrency how many at once.
@@ -127,22 +122,11 @@ func RunCreate(ctx context.Context, o CreateBenchOptions, w io.Writer, log *slog
 	if len(o.Classes) == 0 {
 		o.Classes = []string{""}
 	}
-	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 2 * time.Minute}}
-	image := o.Image
-	if o.Server == "" {
-		p, err := StartInProcess(ctx, o.Runtime, log)
-		if err != nil {
-			return fmt.Errorf("start in-process server: %w", err)
-		}
-		defer p.Close()
-		c.Base, c.Key = p.URL, p.Key
-		if image == "" {
-			image = p.Image
-		}
+	c, image, stop, err := o.connect(ctx, o.Runtime, 2*time.Minute, log)
+	if err != nil {
+		return err
 	}
-	if image == "" {
-		return fmt.Errorf("--image is required with --server")
-	}
+	defer stop()
 	// Warm-up: the first create pulls the image; it is not counted.
 	id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.Classes[0], Entrypoint: []string{"tail", "-f", "/dev/null"}})
 	if err != nil {

@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 )
 
 // ForkBenchOptions configure `moat bench fork`.
 type ForkBenchOptions struct {
-	Server, APIKey, Image string
+	Target
 	// N is how many sandboxes to fork from one snapshot, cold (one batch
 	// with snapshotId) and warm (one batch claim from a fork pool).
 	N            int
@@ -26,19 +25,11 @@ type ForkBenchOptions struct {
 // snapshotId) and from a warm fork pool (a pool whose template is the
 // snapshot; the batch is one claim). Each phase checks the marker in a fork.
 func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Logger) error {
-	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 10 * time.Minute}}
-	image := o.Image
-	if o.Server == "" {
-		p, err := StartInProcess(ctx, "oci", log)
-		if err != nil {
-			return fmt.Errorf("start in-process server: %w", err)
-		}
-		defer p.Close()
-		c.Base, c.Key = p.URL, p.Key
-		if image == "" {
-			image = p.Image
-		}
+	c, image, stop, err := o.connect(ctx, "oci", 10*time.Minute, log)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	var all []string
 	cleanup := func() {
 		for _, id := range all {

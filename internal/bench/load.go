@@ -16,11 +16,7 @@ import (
 
 // LoadBenchOptions configure `moat bench load`.
 type LoadBenchOptions struct {
-	// Server is the base URL of a running server; empty starts one in-process.
-	Server string
-	APIKey string
-	// Image defaults to the in-process busybox image.
-	Image        string
+	Target
 	RuntimeClass string
 	// Concurrency is the number of create/exec/delete loops (default 8).
 	Concurrency int
@@ -57,26 +53,18 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 	if o.Interval <= 0 {
 		o.Interval = 10 * time.Second
 	}
-	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 2 * time.Minute}}
-	image := o.Image
+	c, image, stop, err := o.connect(ctx, o.Runtime, 2*time.Minute, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	rss := func() (int64, bool) { return metricsRSS(ctx, c) }
-	if o.ServerPID > 0 {
+	switch {
+	case o.ServerPID > 0:
 		pid := o.ServerPID
 		rss = func() (int64, bool) { return procRSS(strconv.Itoa(pid)) }
-	}
-	if o.Server == "" {
-		p, err := StartInProcess(ctx, o.Runtime, log)
-		if err != nil {
-			return fmt.Errorf("start in-process server: %w", err)
-		}
-		defer p.Close()
-		c.Base, c.Key = p.URL, p.Key
-		if image == "" {
-			image = p.Image
-		}
-		if o.ServerPID == 0 {
-			rss = func() (int64, bool) { return procRSS("self") }
-		}
+	case o.Server == "":
+		rss = func() (int64, bool) { return procRSS("self") }
 	}
 	if image == "" {
 		return fmt.Errorf("--image is required with --server")

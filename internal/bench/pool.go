@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -15,7 +14,7 @@ import (
 
 // PoolBenchOptions configure `moat bench pool`.
 type PoolBenchOptions struct {
-	Server, APIKey, Image string
+	Target
 	// Claims is how many single warm claims to time; Batch the size of the
 	// batch delivered from a warm pool; Cold how many sandboxes to create
 	// cold in one batch (0 skips it).
@@ -90,19 +89,11 @@ func memAvailable() (int64, error) {
 // RunPool prints warm-claim latency, batch delivery from a warm pool, cold
 // batch creation, and idle host memory per sandbox.
 func RunPool(ctx context.Context, o PoolBenchOptions, w io.Writer, log *slog.Logger) error {
-	c := &Client{Base: o.Server, Key: o.APIKey, HTTP: &http.Client{Timeout: 10 * time.Minute}}
-	image := o.Image
-	if o.Server == "" {
-		p, err := StartInProcess(ctx, "oci", log)
-		if err != nil {
-			return fmt.Errorf("start in-process server: %w", err)
-		}
-		defer p.Close()
-		c.Base, c.Key = p.URL, p.Key
-		if image == "" {
-			image = p.Image
-		}
+	c, image, stop, err := o.connect(ctx, "oci", 10*time.Minute, log)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	var all []string
 	defer func() {
 		for _, id := range all {

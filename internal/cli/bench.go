@@ -24,21 +24,15 @@ through the agent, then deletes them. Without --server, an in-process
 server with a throw-away state directory is started on loopback, with a
 busybox image (from the host's busybox-static) in a loopback registry.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.APIKey == "" {
-				o.APIKey = os.Getenv("MOAT_API_KEY")
-			}
+		RunE: benchRun(&o.Target, func(cmd *cobra.Command, log *slog.Logger) error {
 			if classes != "" {
 				o.Classes = strings.Split(classes, ",")
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			return bench.RunCreate(cmd.Context(), o, cmd.OutOrStdout(), log)
-		},
+		}),
 	}
+	benchTargetFlags(create, &o.Target)
 	f := create.Flags()
-	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
-	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
-	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
 	f.StringVar(&classes, "runtime-class", "runc,crun", "comma-separated runtime classes to measure")
 	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker (use --runtime-class docker)")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
@@ -53,18 +47,12 @@ func newBenchPoolCommand() *cobra.Command {
 		Use:   "pool",
 		Short: "warm claim p50/p99, batch from a warm pool, cold batch, memory per sandbox",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.APIKey == "" {
-				o.APIKey = os.Getenv("MOAT_API_KEY")
-			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		RunE: benchRun(&o.Target, func(cmd *cobra.Command, log *slog.Logger) error {
 			return bench.RunPool(cmd.Context(), o, cmd.OutOrStdout(), log)
-		},
+		}),
 	}
+	benchTargetFlags(cmd, &o.Target)
 	f := cmd.Flags()
-	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
-	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
-	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
 	f.StringVar(&o.RuntimeClass, "runtime-class", "crun", "runtime class of the pool sandboxes")
 	f.IntVar(&o.Claims, "claims", 100, "single warm claims to time")
 	f.IntVar(&o.Batch, "batch", 100, "size of the batch from a warm pool")
@@ -83,18 +71,12 @@ the server's RSS (from /proc/<--server-pid>/status; this process for the
 in-process server; else process_resident_memory_bytes from /metrics) and
 how many sandboxes the server holds, then a summary with the RSS trend.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.APIKey == "" {
-				o.APIKey = os.Getenv("MOAT_API_KEY")
-			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		RunE: benchRun(&o.Target, func(cmd *cobra.Command, log *slog.Logger) error {
 			return bench.RunLoad(cmd.Context(), o, cmd.OutOrStdout(), log)
-		},
+		}),
 	}
+	benchTargetFlags(cmd, &o.Target)
 	f := cmd.Flags()
-	f.StringVar(&o.Server, "server", "", "base URL of a running server (default: start one in-process)")
-	f.StringVar(&o.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
-	f.StringVar(&o.Image, "image", "", "image reference (default: in-process busybox)")
 	f.StringVar(&o.RuntimeClass, "runtime-class", "", "runtime class (default: the server's)")
 	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", 8, "create/exec/delete loops at once")
@@ -102,4 +84,23 @@ how many sandboxes the server holds, then a summary with the RSS trend.`,
 	f.DurationVar(&o.Interval, "interval", 10*time.Second, "reporting interval")
 	f.IntVar(&o.ServerPID, "server-pid", 0, "PID of a local server, for its RSS")
 	return cmd
+}
+
+// benchTargetFlags binds the flags every bench verb shares to t.
+func benchTargetFlags(cmd *cobra.Command, t *bench.Target) {
+	f := cmd.Flags()
+	f.StringVar(&t.Server, "server", "", "base URL of a running server (default: start one in-process)")
+	f.StringVar(&t.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
+	f.StringVar(&t.Image, "image", "", "image reference (default: in-process busybox)")
+}
+
+// benchRun adapts a bench runner to cobra's RunE: the API key defaults to
+// $MOAT_API_KEY and the in-process server logs warnings to stderr.
+func benchRun(t *bench.Target, run func(cmd *cobra.Command, log *slog.Logger) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		if t.APIKey == "" {
+			t.APIKey = os.Getenv("MOAT_API_KEY")
+		}
+		return run(cmd, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	}
 }
