@@ -10,7 +10,7 @@ TESTFLAGS ?= -count=1 -timeout 45m
 .PHONY: help deps deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
 
 help: ## List targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 deps: ## Install the Debian packages moat needs (root, idempotent)
 	@bash scripts/install-deps.sh

@@ -54,3 +54,19 @@ func Require(t testing.TB, env *Env) {
 		t.Skipf("k8stest: Kubernetes test tools missing in %s (run scripts/build-k8s-tools.sh)", AssetsDir())
 	}
 }
+
+// RequireTools skips t when the tools are missing (failing instead when
+// RequireEnv is set), for tests that Start their own Env.
+func RequireTools(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("k8stest: skipped in -short mode")
+	}
+	if miss := Missing(); len(miss) > 0 {
+		msg := fmt.Sprintf("k8stest: %s not found in %s (run scripts/build-k8s-tools.sh)", strings.Join(miss, ", "), AssetsDir())
+		if os.Getenv(RequireEnv) != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
