@@ -198,7 +198,7 @@ func (s *server) do(method, path string, body any, hdr ...string) (int, []byte, 
 			req.Header.Set(hdr[i], hdr[i+1])
 		}
 	}
-	resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+	resp, err := (&http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	if err != nil {
 		s.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -241,7 +241,11 @@ func runCommand(t *testing.T, base string, hdr map[string]string, command string
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+	// No keep-alive: sandbox addresses are reused after deletes (and across
+	// server crashes in the chaos test), and an idle connection to a
+	// deleted sandbox must never carry a command for its successor.
+	hc := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatalf("POST /command: %v", err)
 	}
