@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime/pprof"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -47,17 +46,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
-	// TEMP-STALL-DEBUG
-	dbg := make(chan os.Signal, 1)
-	signal.Notify(dbg, syscall.SIGPWR)
-	go func() {
-		for range dbg {
-			if f, err := os.Create("/tmp/execd-goroutines.txt"); err == nil {
-				pprof.Lookup("goroutine").WriteTo(f, 2)
-				f.Close()
-			}
-		}
-	}()
 	defer signal.Stop(sigs)
 
 	srv, err := NewServer(Options{

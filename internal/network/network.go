@@ -34,6 +34,7 @@
 package network
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -266,6 +267,9 @@ func (m *Manager) ensureBridge() error {
 	if _, ok := link.(*netlink.Bridge); !ok {
 		return fmt.Errorf("network: %s exists and is a %s, not a bridge: %w", m.cfg.Bridge, link.Type(), errdefs.ErrFailedPrecondition)
 	}
+	if err := pinBridgeMAC(link); err != nil {
+		return err
+	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{
 		IP:   m.gateway.AsSlice(),
 		Mask: net.CIDRMask(m.cfg.Subnet.Bits(), 32),
@@ -303,6 +307,32 @@ func (m *Manager) ensureBridge() error {
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring up bridge %s: %w", m.cfg.Bridge, err)
+	}
+	return nil
+}
+
+// pinBridgeMAC gives the bridge a fixed MAC address unless one was set
+// already. Left alone, Linux gives a bridge the lowest MAC of its ports, so
+// its (the gateway's) MAC changes whenever a sandbox's veth joins or
+// leaves; sandboxes that resolved the gateway earlier then send to a MAC
+// nobody owns until their ARP entry expires, and TCP backoff stretches
+// that into replies delayed by seconds to minutes. The current address is
+// kept when there is one, so sandboxes of a running server are unaffected.
+func pinBridgeMAC(link netlink.Link) error {
+	name := link.Attrs().Name
+	const netAddrSet = "3" // NET_ADDR_SET: the address was set explicitly
+	if t, err := os.ReadFile(filepath.Join("/sys/class/net", name, "addr_assign_type")); err == nil && strings.TrimSpace(string(t)) == netAddrSet {
+		return nil
+	}
+	mac := link.Attrs().HardwareAddr
+	if len(mac) != 6 || bytes.Equal(mac, make(net.HardwareAddr, 6)) {
+		// No ports: derive a stable, locally administered unicast address.
+		sum := sha256.Sum256([]byte("moat-bridge/" + name))
+		mac = net.HardwareAddr(sum[:6])
+		mac[0] = mac[0]&0xfe | 0x02
+	}
+	if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+		return fmt.Errorf("network: set MAC address of bridge %s: %w", name, err)
 	}
 	return nil
 }
