@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -64,5 +65,50 @@ func TestBridgeMACStable(t *testing.T) {
 	}
 	if got := bridgeMAC(t, br); got != want {
 		t.Fatalf("bridge MAC after ensureBridge again = %s, want %s", got, want)
+	}
+}
+
+// TestSetupForgetsStaleNeighbor: an address handed out again must not keep
+// the host's neighbor entry of its previous owner (a MAC that is gone), or
+// the host's first packets to the new sandbox are lost until it expires.
+func TestSetupForgetsStaleNeighbor(t *testing.T) {
+	m := openTest(t, testConfig(t, 24))
+	ctx := context.Background()
+	a, err := m.Setup(ctx, "neigh-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, "neigh-0"); err != nil {
+		t.Fatal(err)
+	}
+	br, err := netlink.LinkByName(m.Bridge())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Plant a stale entry on every address the next Setup might get.
+	stale, _ := net.ParseMAC("02:00:5e:00:53:01")
+	ip := a.IP
+	for range 16 {
+		n := &netlink.Neigh{LinkIndex: br.Attrs().Index, IP: net.IP(ip.AsSlice()), HardwareAddr: stale,
+			State: netlink.NUD_REACHABLE, Family: netlink.FAMILY_V4}
+		if err := netlink.NeighSet(n); err != nil {
+			t.Fatal(err)
+		}
+		ip = ip.Next()
+	}
+	b, err := m.Setup(ctx, "neigh-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Teardown(ctx, "neigh-1")
+	a.IP = b.IP
+	list, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list {
+		if e.IP.Equal(net.IP(a.IP.AsSlice())) && e.HardwareAddr.String() == stale.String() {
+			t.Fatalf("stale neighbor entry for %s survived Setup: %+v", a.IP, e)
+		}
 	}
 }

@@ -396,10 +396,33 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 	if err := m.plumb(a, ns); err != nil {
 		return Attachment{}, err
 	}
+	m.forgetNeighbors(a)
 	if err := writeJSONAtomic(filepath.Join(m.attachDir(), id+".json"), a); err != nil {
 		return Attachment{}, fmt.Errorf("network: record attachment: %w", err)
 	}
 	return a, nil
+}
+
+// forgetNeighbors drops the host's neighbor (ARP/NDP) entries for a's
+// addresses on the bridge. Addresses are reused after a delete (or a
+// crash), and an entry left from the previous owner points at a MAC that
+// no longer exists: the host's first packets to the new sandbox would go
+// nowhere until the entry expired (tens of seconds), which is longer than
+// the agent-ready timeout.
+func (m *Manager) forgetNeighbors(a Attachment) {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return
+	}
+	for _, ip := range []netip.Addr{a.IP, a.IP6} {
+		if !ip.IsValid() {
+			continue
+		}
+		n := &netlink.Neigh{LinkIndex: br.Attrs().Index, IP: net.IP(ip.AsSlice())}
+		if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
+			m.log.Debug("network: forget neighbor", "ip", ip, "err", err)
+		}
+	}
 }
 
 // plumb creates the veth pair and configures both ends.
