@@ -102,9 +102,28 @@ func killCgroupProcs(id string) {
 	deadline := time.Now().Add(2 * time.Second)
 	for len(pids) > 0 && time.Now().Before(deadline) {
 		for _, pid := range pids {
-			unix.Kill(pid, unix.SIGKILL)
+			killInCgroup(pid, id)
 		}
 		time.Sleep(20 * time.Millisecond)
 		pids = cgroupPids(id)
 	}
+}
+
+// killInCgroup SIGKILLs pid only if it is still a process of sandbox id.
+// A listed pid may exit (its zombie is listed until reaped) and be reused
+// by an unrelated process, for example the agent of a sandbox being
+// created at the same time, before the signal is sent: the pidfd pins one
+// process, and the cgroup check after opening it makes sure that process
+// belongs to id.
+func killInCgroup(pid int, id string) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone
+	}
+	defer unix.Close(fd)
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil || !strings.Contains(string(data), "/moat/"+id+"\n") && !strings.Contains(string(data), "/moat/"+id+"/") {
+		return // reused by a process of another cgroup
+	}
+	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 }
