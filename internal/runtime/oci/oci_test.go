@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -404,37 +403,7 @@ func benchmarkCreate(b *testing.B, class string) {
 		b.Fatal(err)
 	}
 	defer r.Close()
-	ctx := context.Background()
-	var lat, startLat []time.Duration
-	var del time.Duration
-	for i := 0; b.Loop(); i++ {
-		id := fmt.Sprintf("bench-%d", i)
-		start := time.Now()
-		if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, AgentToken: runtimetest.Token}); err != nil {
-			b.Fatal(err)
-		}
-		startLat = append(startLat, time.Since(start))
-		if err := runtimetest.PingAgent(ctx, r, id, 10*time.Second); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(start))
-		b.StopTimer()
-		ds := time.Now()
-		if err := r.Delete(ctx, id); err != nil {
-			b.Fatal(err)
-		}
-		del += time.Since(ds)
-		b.StartTimer()
-	}
-	pct := func(d []time.Duration, p int) float64 {
-		s := slices.Clone(d)
-		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-		return float64(s[(len(s)-1)*p/100].Microseconds()) / 1000
-	}
-	b.ReportMetric(pct(lat, 50), "ping-p50-ms")
-	b.ReportMetric(pct(lat, 90), "ping-p90-ms")
-	b.ReportMetric(pct(startLat, 50), "create-p50-ms")
-	b.ReportMetric(float64(del.Microseconds())/1000/float64(len(lat)), "delete-ms")
+	runtimetest.BenchmarkCreate(b, r, testImage)
 }
 
 // BenchmarkCreateRunc measures Create until the agent answers /ping.
