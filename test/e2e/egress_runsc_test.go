@@ -16,7 +16,6 @@ func TestEgressRunsc(t *testing.T) {
 	if _, err := exec.LookPath("runsc"); err != nil {
 		t.Skip("runsc not installed")
 	}
-	dropIdleConns(t)
 	srv := newServer(t, "moate2n2", "10.243.128.0/17")
 	ref := startRegistry(t)
 	ns := outsideHost6(t)

@@ -297,3 +297,12 @@ func assertCompleted(t *testing.T, evs []event) {
 		t.Fatalf("stream does not end with execution_complete: %+v", evs)
 	}
 }
+
+// dropIdleConns closes the test process's kept-alive HTTP connections: a
+// sandbox address reused from an earlier test (or -count run) would
+// otherwise get a pooled connection of a dead sandbox, which the new one
+// resets.
+func dropIdleConns(t *testing.T) {
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
+}

@@ -61,7 +61,6 @@ func outsideHost6(t *testing.T) string {
 // IPv6 connections; and checks a server without --subnet6 gives sandboxes
 // no IPv6 path at all.
 func TestEgressIPv6(t *testing.T) {
-	dropIdleConns(t)
 	srv := newServer(t, "moate2n0", "10.243.0.0/17")
 	ref := startRegistry(t)
 	outsideHost6(t)

@@ -11,20 +11,10 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 )
 
-// dropIdleConns closes the test process's kept-alive HTTP connections: a
-// sandbox address reused from an earlier test (or -count run) would
-// otherwise get a pooled connection of a dead sandbox, which the new one
-// resets.
-func dropIdleConns(t *testing.T) {
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
-}
-
 // TestSandboxIsolation checks that sandboxes on one bridge cannot reach
 // each other (IPv4 or IPv6, any port), while the host, the ingress
 // gateway and the DNS proxy on the bridge still work.
 func TestSandboxIsolation(t *testing.T) {
-	dropIdleConns(t)
 	srv := newServer(t, "moate2n2", "10.243.128.0/17")
 	ref := startRegistry(t)
 	gw := freePort(t)
