@@ -303,7 +303,9 @@ func TestChaosKillDuringChurn(t *testing.T) {
 				// cause is not found yet; it stays visible in the log.
 				t.Logf("round %d: KNOWN ISSUE: sandbox %s created %s before the kill is %s (%s) after the restart",
 					round, id, killAt.Sub(book.createdAt[id]).Round(time.Millisecond), sb.Status.State, sb.Status.Message)
+				logSandboxFiles(t, srv, id)
 			case sb.Status.State != "Running":
+				logSandboxFiles(t, srv, id)
 				t.Errorf("round %d: sandbox %s is %s (%s: %s) after the restart, want Running", round, id, sb.Status.State, sb.Status.Reason, sb.Status.Message)
 			}
 		}
@@ -463,4 +465,20 @@ func assertServerClean(t *testing.T, srv *server) {
 // justBeforeKill reports whether created is at most one second before kill.
 func justBeforeKill(created, kill time.Time) bool {
 	return !created.IsZero() && !kill.IsZero() && kill.Sub(created) <= time.Second
+}
+
+// logSandboxFiles logs what the oci backend kept of sandbox id (its
+// console log, record and exit file), which the test's temporary server
+// root takes away when the test ends.
+func logSandboxFiles(t *testing.T, srv *server, id string) {
+	t.Helper()
+	dir := filepath.Join(srv.root, "oci", "sandboxes", id)
+	for _, name := range []string{"agent.log", "state.json", "exit", "pid"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Logf("sandbox %s %s: %v", id, name, err)
+			continue
+		}
+		t.Logf("sandbox %s %s:\n%s", id, name, data)
+	}
 }
