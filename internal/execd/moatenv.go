@@ -41,3 +41,26 @@ func (s *Server) handleSetEnv(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusOK)
 	return nil
 }
+
+// setTokenRequest is the body of POST /moat/v1/token.
+type setTokenRequest struct {
+	Token string `json:"token"`
+}
+
+// handleSetToken is a moat extension: it replaces the access token (the
+// request itself is authorized by the current one). The lifecycle server
+// calls it right after restoring a sandbox from a memory snapshot, whose
+// agent still holds the snapshotted sandbox's token. Requests already
+// admitted are not affected.
+func (s *Server) handleSetToken(w http.ResponseWriter, r *http.Request) error {
+	var req setTokenRequest
+	if err := web.DecodeJSON(r, &req, false); err != nil {
+		return errdefs.WithPublic(err, CodeInvalidRequestBody, "invalid JSON body")
+	}
+	if len(req.Token) < 16 || len(req.Token) > 256 || strings.IndexFunc(req.Token, func(c rune) bool { return c <= ' ' || c > '~' }) >= 0 {
+		return errBody("token must be 16 to 256 printable ASCII characters")
+	}
+	s.token.Store(&req.Token)
+	w.WriteHeader(http.StatusOK)
+	return nil
+}

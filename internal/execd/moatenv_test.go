@@ -1,6 +1,9 @@
 package execd
 
 import (
+	"bytes"
+	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -23,5 +26,47 @@ func TestSetEnvAppliesToLaterCommands(t *testing.T) {
 	for _, bad := range []any{map[string]any{"envs": map[string]string{"A=B": "x"}}, "not an object"} {
 		code, body := e.call("POST", "/moat/v1/env", bad)
 		wantError(t, code, body, 400, CodeInvalidRequestBody)
+	}
+}
+
+func TestSetTokenReplacesTheAccessToken(t *testing.T) {
+	e := newTestEnv(t, func(o *Options) { o.Token = "old-token-0123456789" })
+	ping := func(tok string) int {
+		req, _ := http.NewRequest("GET", e.ts.URL+"/ping", nil)
+		req.Header.Set(TokenHeader, tok)
+		resp, err := e.ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	set := func(auth string, body any) int {
+		data, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", e.ts.URL+"/moat/v1/token", bytes.NewReader(data))
+		req.Header.Set(TokenHeader, auth)
+		resp, err := e.ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := set("wrong", map[string]string{"token": "new-token-0123456789"}); got != 401 {
+		t.Fatalf("set with a wrong token: %d, want 401", got)
+	}
+	for _, bad := range []string{"", "short", "has space 0123456789", strings.Repeat("x", 257)} {
+		if got := set("old-token-0123456789", map[string]string{"token": bad}); got != 400 {
+			t.Errorf("set token %q: %d, want 400", bad, got)
+		}
+	}
+	if got := set("old-token-0123456789", map[string]string{"token": "new-token-0123456789"}); got != 200 {
+		t.Fatalf("set: %d", got)
+	}
+	if got := ping("old-token-0123456789"); got != 401 {
+		t.Errorf("old token after rotation: %d, want 401", got)
+	}
+	if got := ping("new-token-0123456789"); got != 200 {
+		t.Errorf("new token: %d, want 200", got)
 	}
 }

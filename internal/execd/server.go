@@ -23,6 +23,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -104,6 +105,10 @@ type Server struct {
 
 	envMu sync.RWMutex // guards opts.BaseEnv, which POST /moat/v1/env extends
 
+	// token is the access token ("" = no auth); POST /moat/v1/token
+	// replaces it.
+	token atomic.Pointer[string]
+
 	kernelMu sync.Mutex
 	kernels  map[string]*kernelSpec // by language; nil entry = none (guarded by kernelMu)
 }
@@ -144,6 +149,7 @@ func NewServer(opts Options) (*Server, error) {
 		contexts: make(map[string]*codeContext),
 		kernels:  make(map[string]*kernelSpec),
 	}
+	s.token.Store(&opts.Token)
 	s.handler = s.routes()
 	return s, nil
 }
@@ -218,6 +224,7 @@ func (s *Server) routes() http.Handler {
 	s.fileRoutes(h)
 	s.extraRoutes(h, mux)
 	h("POST /moat/v1/env", s.handleSetEnv)
+	h("POST /moat/v1/token", s.handleSetToken)
 
 	mux.Handle("/", a.Handle(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.WithPublic(errdefs.ErrNotFound, CodeUnknown, "route not found: "+r.Method+" "+r.URL.Path)
@@ -228,13 +235,14 @@ func (s *Server) routes() http.Handler {
 // auth enforces the access token on every route when one is configured.
 // The comparison is constant-time.
 func (s *Server) auth(next http.Handler) http.Handler {
-	if s.opts.Token == "" {
-		return next
-	}
-	want := []byte(s.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get(TokenHeader))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		want := *s.token.Load()
+		if want == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got := r.Header.Get(TokenHeader)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusUnauthorized)
 			io.WriteString(w, unauthorizedBody)

@@ -289,3 +289,28 @@ func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// rotateToken gives the agent of a sandbox restored from a memory
+// snapshot its own access token (the moat extension POST /moat/v1/token,
+// authorized by the token the agent was checkpointed with). Until then
+// the restored agent accepts only the source's token, which the server
+// never shows to clients of the restored sandbox.
+func (s *Service) rotateToken(ctx context.Context, id, old, token string) error {
+	ep, err := s.deps.Runtime.Endpoint(ctx, id, runtime.AgentPort)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(map[string]string{"token": token})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/moat/v1/token", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-EXECD-ACCESS-TOKEN", old)
+	resp, err := s.deps.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("rotate token of %s: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("rotate token of %s: agent status %d: %w", id, resp.StatusCode, errdefs.ErrUnavailable)
+	}
+	return nil
+}

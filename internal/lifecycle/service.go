@@ -279,12 +279,26 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 		return Sandbox{}, errdefs.Invalid(codeInvalid, "image and snapshotId are mutually exclusive")
 	}
 	entrypoint := req.Entrypoint
+	var memory *Snapshot
 	if req.SnapshotID != "" {
-		if _, err := s.readySnapshot(req.SnapshotID); err != nil {
+		sn, err := s.readySnapshot(req.SnapshotID)
+		if err != nil {
 			return Sandbox{}, err
 		}
 		if len(entrypoint) == 0 {
 			entrypoint = defaultSnapshotEntrypoint
+		}
+		if sn.Kind == SnapshotMemory {
+			// The restored sandbox continues the source's processes: it
+			// runs the source's entrypoint whatever the request says.
+			memory = &sn
+			entrypoint = sn.Entrypoint
+			if len(req.Volumes) > 0 || req.HasVolumes {
+				return Sandbox{}, errdefs.Invalid(codeInvalidVolume, "volumes cannot be added to a sandbox restored from a memory snapshot")
+			}
+			if c, ok := req.Extensions[ExtRuntimeClass]; ok && c != sn.Class {
+				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: snapshot %s holds a %s sandbox's memory and restores only with runtime %s", ExtRuntimeClass, sn.ID, sn.Class, sn.Class))
+			}
 		}
 	}
 	if req.Image != "" && len(req.Entrypoint) == 0 {
@@ -382,6 +396,13 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 			// Handled by createFromPool before validation.
 		}
 	}
+	if memory != nil {
+		if s.checkpointer(memory.Class) == nil {
+			return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+				fmt.Sprintf("snapshot %s holds process memory, which runtime %s of this server cannot restore", memory.ID, memory.Class))
+		}
+		sb.Class = memory.Class
+	}
 	if req.Timeout > 0 {
 		exp := now.Add(req.Timeout)
 		sb.ExpiresAt = &exp
@@ -427,6 +448,17 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 		Labels:     map[string]string{"moat.dev/sandbox": sb.ID},
 		Mounts:     sb.Mounts,
 	}
+	// A sandbox from a memory snapshot is restored: its agent answers
+	// with the source's token until rotateToken gives it its own.
+	readyToken := sb.AgentToken
+	var memory bool
+	if sb.SnapshotID != "" {
+		s.snapMu.Lock()
+		if sn := s.snaps[sb.SnapshotID]; sn != nil && sn.Kind == SnapshotMemory {
+			memory, readyToken, spec.Checkpoint = true, sn.AgentToken, sn.ID
+		}
+		s.snapMu.Unlock()
+	}
 	st, err := s.deps.Runtime.Create(ctx, spec)
 	if err != nil {
 		s.cleanupFailed(ctx, sb.ID)
@@ -446,10 +478,21 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 			return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
 		}
 	}
-	if err := s.waitAgent(ctx, sb.ID, sb.AgentToken); err != nil {
+	if err := s.waitAgent(ctx, sb.ID, readyToken); err != nil {
 		s.cleanupFailed(ctx, sb.ID)
 		s.fail(e, ReasonAgentTimeout, "the sandbox agent did not become ready")
 		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the sandbox agent did not become ready")
+	}
+	if memory {
+		err := s.rotateToken(ctx, sb.ID, readyToken, sb.AgentToken)
+		if err == nil && len(sb.Env) > 0 {
+			err = s.applyEnv(ctx, []*entry{e}, sb.Env)
+		}
+		if err != nil {
+			s.cleanupFailed(ctx, sb.ID)
+			s.fail(e, ReasonProvisionFailed, "the restored sandbox agent could not be configured")
+			return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the restored sandbox agent could not be configured")
+		}
 	}
 	s.setState(e, StateRunning, ReasonRunning, "")
 	if err := s.persist(e); err != nil {

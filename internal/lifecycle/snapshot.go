@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -89,7 +90,24 @@ type Snapshot struct {
 	Image string `json:"image"`
 	// BaseImage is the image the source sandbox ran.
 	BaseImage string `json:"baseImage,omitempty"`
+	// Kind is SnapshotMemory when the snapshot holds the source's running
+	// processes (a runtime checkpoint named by the snapshot ID) besides
+	// its filesystem; empty for a filesystem snapshot.
+	Kind string `json:"kind,omitempty"`
+	// Class, Entrypoint and AgentToken are the source's (memory
+	// snapshots): a restored sandbox runs that class and entrypoint, and
+	// its agent starts out with that token until the server rotates it.
+	// The token never leaves the server (the API types omit it).
+	Class      string   `json:"class,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	AgentToken string   `json:"agentToken,omitempty"`
 }
+
+// SnapshotMemory is Snapshot.Kind of a snapshot with process memory.
+const SnapshotMemory = "memory"
+
+// memorySnapshotMessage tells a memory snapshot from a filesystem one.
+const memorySnapshotMessage = "memory and filesystem (gVisor checkpoint)"
 
 // SnapshotFilter selects snapshots; empty fields match everything.
 type SnapshotFilter struct {
@@ -180,6 +198,18 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 	sn := &Snapshot{ID: id, SandboxID: sandboxID, Name: name, CreatedAt: now,
 		Image: snapshotImagePrefix + id, BaseImage: imageRef(&e.sb),
 		Status: SnapshotStatus{State: SnapshotCreating, Reason: ReasonSnapshotAccepted, LastTransitionAt: now}}
+	cp := s.checkpointer(e.sb.Class)
+	if cp != nil {
+		// A memory snapshot continues processes, so it needs running ones
+		// (runsc checkpoints a frozen sandbox as frozen forever).
+		if st != StateRunning {
+			return Snapshot{}, errdefs.WithPublic(
+				fmt.Errorf("memory snapshot of sandbox %s in state %s: %w", sandboxID, st, errdefs.ErrFailedPrecondition),
+				"SNAPSHOT::INVALID_SOURCE_STATE", fmt.Sprintf("sandbox %s is %s; %s sandboxes are snapshotted with their memory and must be Running (resume it first)", sandboxID, st, e.sb.Class))
+		}
+		sn.Kind, sn.Class, sn.AgentToken = SnapshotMemory, e.sb.Class, e.sb.AgentToken
+		sn.Entrypoint = append([]string(nil), e.sb.Entrypoint...)
+	}
 	if err := s.deps.Store.Put(SnapshotBucket, id, sn); err != nil {
 		return Snapshot{}, fmt.Errorf("persist snapshot %s: %w", id, err)
 	}
@@ -188,13 +218,21 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 	s.snapMu.Unlock()
 
 	// The commit must end in a definite state even if the client leaves.
-	cerr := s.capture(context.WithoutCancel(ctx), snapper, sandboxID, st == StateRunning, sn)
+	var cerr error
+	if cp != nil {
+		cerr = s.captureMemory(context.WithoutCancel(ctx), cp, sandboxID, sn)
+	} else {
+		cerr = s.capture(context.WithoutCancel(ctx), snapper, sandboxID, st == StateRunning, sn)
+	}
 
 	s.snapMu.Lock()
 	if cerr != nil {
 		sn.Status = SnapshotStatus{State: SnapshotFailed, Reason: ReasonSnapshotCaptureFailed, Message: "the snapshot could not be captured", LastTransitionAt: s.now()}
 	} else {
 		sn.Status = SnapshotStatus{State: SnapshotReady, Reason: ReasonSnapshotReady, LastTransitionAt: s.now()}
+		if sn.Kind == SnapshotMemory {
+			sn.Status.Message = memorySnapshotMessage
+		}
 	}
 	out := *sn
 	s.snapMu.Unlock()
@@ -232,6 +270,38 @@ func (s *Service) capture(ctx context.Context, snapper runtime.Snapshotter, id s
 		}()
 	}
 	if _, err := s.deps.Committer.Commit(ctx, upper, sn.BaseImage, sn.Image); err != nil {
+		return fmt.Errorf("commit snapshot %s of %s: %w", sn.ID, id, err)
+	}
+	return nil
+}
+
+// checkpointer returns the runtime's Checkpointer if it can checkpoint
+// sandboxes of class, else nil.
+func (s *Service) checkpointer(class string) runtime.Checkpointer {
+	cp, ok := s.deps.Runtime.(runtime.Checkpointer)
+	if !ok || !cp.CanCheckpoint(class) {
+		return nil
+	}
+	return cp
+}
+
+// captureMemory checkpoints the sandbox's processes (the runtime keeps
+// the sandbox running) and records an image for the restored sandboxes'
+// root filesystem: the source's image plus an empty layer, since the
+// checkpoint holds the writable layer. The caller holds the entry.
+func (s *Service) captureMemory(ctx context.Context, cp runtime.Checkpointer, id string, sn *Snapshot) error {
+	if err := cp.Checkpoint(ctx, id, sn.ID); err != nil {
+		return fmt.Errorf("checkpoint %s for snapshot %s: %w", id, sn.ID, err)
+	}
+	empty, err := os.MkdirTemp("", "moat-snapshot-")
+	if err == nil {
+		defer os.Remove(empty)
+		_, err = s.deps.Committer.Commit(ctx, empty, sn.BaseImage, sn.Image)
+	}
+	if err != nil {
+		if rerr := cp.RemoveCheckpoint(ctx, sn.ID); rerr != nil {
+			s.log.Error("remove checkpoint of failed snapshot", "id", sn.ID, "err", rerr)
+		}
 		return fmt.Errorf("commit snapshot %s of %s: %w", sn.ID, id, err)
 	}
 	return nil
@@ -386,6 +456,14 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 		if err := s.deps.Committer.Remove(ctx, sn.Image); err != nil && !errdefs.IsNotFound(err) {
 			restore()
 			return fmt.Errorf("remove snapshot image %s: %w", sn.Image, err)
+		}
+	}
+	// Every snapshot may have a checkpoint: a failed or interrupted
+	// memory snapshot can leave a partial one (removal is idempotent).
+	if cp, ok := s.deps.Runtime.(runtime.Checkpointer); ok {
+		if err := cp.RemoveCheckpoint(ctx, id); err != nil {
+			restore()
+			return fmt.Errorf("remove snapshot checkpoint %s: %w", id, err)
 		}
 	}
 	if err := s.deps.Store.Delete(SnapshotBucket, id); err != nil {

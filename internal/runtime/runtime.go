@@ -87,6 +87,14 @@ type Spec struct {
 	// The caller (lifecycle) has checked them against the server's
 	// allow-list; backends only check their shape.
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Checkpoint, when set, names a checkpoint (Checkpointer) to restore
+	// instead of starting a fresh agent: the sandbox continues the
+	// checkpointed processes, with their memory and writable layer. Image
+	// must hold the checkpointed sandbox's root filesystem; Entrypoint and
+	// WorkingDir are ignored (the checkpointed ones are running), Mounts
+	// must be empty, and the restored agent still holds the checkpointed
+	// sandbox's access token (AgentToken is not applied).
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // Mount is a bind mount of a host path into a sandbox.
@@ -172,6 +180,21 @@ type Snapshotter interface {
 	// Delete; the caller freezes the sandbox (Pauser) while reading it so
 	// that the captured tree is consistent.
 	SnapshotDir(ctx context.Context, id string) (upperDir string, err error)
+}
+
+// Checkpointer is implemented by backends that can save a running
+// sandbox's memory and process state and start new sandboxes from it
+// (Spec.Checkpoint): a fork of running processes.
+type Checkpointer interface {
+	// CanCheckpoint reports whether sandboxes of class can be checkpointed.
+	CanCheckpoint(class string) bool
+	// Checkpoint saves the state of running sandbox id as checkpoint name
+	// (an ID, see package doc). The sandbox keeps running. ErrNotImplemented
+	// if its class cannot be checkpointed; ErrAlreadyExists if name is taken.
+	Checkpoint(ctx context.Context, id, name string) error
+	// RemoveCheckpoint deletes checkpoint name; an unknown name is not an
+	// error.
+	RemoveCheckpoint(ctx context.Context, name string) error
 }
 
 // LogReader is implemented by backends that keep each sandbox's console

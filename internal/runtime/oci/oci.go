@@ -183,6 +183,9 @@ type Runtime struct {
 	log     *slog.Logger
 	classes map[string]string // available class -> binary path
 	kinds   map[string]string // available class -> "runc", "crun" or "runsc" (binary base name)
+	// checkpointable are the runsc classes whose release can checkpoint
+	// (see checkpoint.go).
+	checkpointable map[string]bool
 
 	reapMu   sync.Mutex
 	reapPids map[int]string // container init pid -> sandbox id
@@ -220,15 +223,16 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		return nil, fmt.Errorf("oci: agent binary: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	r := &Runtime{
-		cfg:        cfg,
-		images:     deps.Images,
-		net:        deps.Network,
-		log:        deps.Logger,
-		classes:    map[string]string{},
-		kinds:      map[string]string{},
-		reapPids:   map[int]string{},
-		helpers:    map[int]uint64{},
-		runscInits: map[int]bool{},
+		cfg:            cfg,
+		images:         deps.Images,
+		net:            deps.Network,
+		log:            deps.Logger,
+		classes:        map[string]string{},
+		kinds:          map[string]string{},
+		checkpointable: map[string]bool{},
+		reapPids:       map[int]string{},
+		helpers:        map[int]uint64{},
+		runscInits:     map[int]bool{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -256,6 +260,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 			kind = real
 		}
 		r.kinds[class] = filepath.Base(kind)
+		if r.kinds[class] == runscKind && runscCanCheckpoint(ctx, p) {
+			r.checkpointable[class] = true
+		}
 	}
 	for class, p := range r.classes {
 		target := filepath.Join(cfg.RunRoot, "bin", class)
@@ -420,6 +427,11 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 	}
 	if spec.Image == "" {
 		return invalid("image is required")
+	}
+	if spec.Checkpoint != "" {
+		if err := r.validateRestore(spec); err != nil {
+			return err
+		}
 	}
 	if spec.Class == "" {
 		spec.Class = r.cfg.DefaultClass
@@ -605,6 +617,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		Resources:    res,
 		Volumes:      volumes,
 	})
+	if spec.Checkpoint != "" {
+		if err := r.restoreProcess(spec.Checkpoint, ociSpec.Process); err != nil {
+			return runtime.Status{}, err
+		}
+	}
 	data, err := json.Marshal(ociSpec)
 	if err != nil {
 		return runtime.Status{}, err
@@ -625,6 +642,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	// One `run --detach` is a single exec of the runtime, measurably faster
 	// than `create` followed by `start`.
 	run := func() error {
+		if spec.Checkpoint != "" {
+			return r.restore(ctx, spec.Class, id, bundle, spec.Checkpoint, fileIO{logf}, pidFile)
+		}
 		_, err := rc.Run(ctx, id, bundle, &gorunc.CreateOpts{
 			IO:      fileIO{logf},
 			PidFile: pidFile,
