@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
+.PHONY: help deps deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,8 +18,16 @@ deps: ## Install the Debian packages moat needs (root, idempotent)
 build: ## Build the static moat binary into bin/moat
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/moat
 
-run: deps build ## Install deps, build, and run `moat serve` with the native runtime
-	$(BIN) serve --runtime oci --root $(ROOT) --listen $(ADDR)
+# RUNSC_DIR holds a current gVisor runsc built from the module proxy; it is
+# put first on PATH so that the runsc class can take memory snapshots
+# (Debian 12's runsc cannot checkpoint a networked sandbox).
+RUNSC_DIR = $(shell bash scripts/build-runsc.sh --print-dir)
+
+deps-runsc: ## Build a current gVisor runsc from the module proxy into the cache (about 75 s once, then instant)
+	@bash scripts/build-runsc.sh
+
+run: deps deps-runsc build ## Install deps, build, and run `moat serve` with the native runtime
+	PATH=$(RUNSC_DIR):$$PATH $(BIN) serve --runtime oci --root $(ROOT) --listen $(ADDR)
 
 generate: ## Regenerate internal/gen from api/openapi/*.yaml (oapi-codegen pinned in tools.mod)
 	$(GO) generate ./internal/gen/...
@@ -56,8 +64,8 @@ generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) an
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-test: deps deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
-	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 $(GO) test $(TESTFLAGS) -p 1 ./...
+test: deps deps-runsc deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
+	PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 $(GO) test $(TESTFLAGS) -p 1 ./...
 	cd client && $(GO) test -count=1 ./...
 
 test-short: ## Unit tests only (no root needed)

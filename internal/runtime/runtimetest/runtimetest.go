@@ -60,6 +60,7 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("Recover", s.recover)
 	t.Run("Concurrent", s.concurrent)
 	t.Run("StopRunningWithoutGrace", s.stopNoGrace)
+	t.Run("Checkpoint", s.checkpoint)
 }
 
 type suite struct {
@@ -440,5 +441,81 @@ func (s *suite) stopNoGrace(t *testing.T) {
 	WaitState(t, ctx, rt, id, runtime.StateStopped, 5*time.Second)
 	if err := rt.Delete(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkpoint checks runtime.Checkpointer: a class that cannot checkpoint
+// says so (ErrNotImplemented); one that can leaves the source running and
+// restores the checkpoint into new sandboxes, as often as asked.
+func (s *suite) checkpoint(t *testing.T) {
+	rt := s.newRuntime(t)
+	cp, ok := rt.(runtime.Checkpointer)
+	if !ok {
+		t.Skipf("%s does not implement runtime.Checkpointer", rt.Name())
+	}
+	ctx := ctxFor(t)
+	src := NewID("ckpt-src")
+	s.create(t, ctx, rt, src)
+	WaitAgent(t, ctx, rt, src, s.opts.AgentTimeout)
+	name := NewID("ckpt")
+	t.Cleanup(func() { cp.RemoveCheckpoint(context.Background(), name) })
+	if !cp.CanCheckpoint(s.opts.Class) {
+		if err := cp.Checkpoint(ctx, src, name); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Fatalf("Checkpoint with class %q that cannot checkpoint: %v, want ErrNotImplemented", s.opts.Class, err)
+		}
+		return
+	}
+	if err := cp.Checkpoint(ctx, NewID("missing"), name); !errdefs.IsNotFound(err) {
+		t.Errorf("Checkpoint of an unknown sandbox: %v, want ErrNotFound", err)
+	}
+	if err := cp.Checkpoint(ctx, src, name); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	if err := cp.Checkpoint(ctx, src, name); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("second Checkpoint under the same name: %v, want ErrAlreadyExists", err)
+	}
+	// The source keeps running.
+	if st, err := rt.Status(ctx, src); err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("source after Checkpoint: %+v %v", st, err)
+	}
+	WaitAgent(t, ctx, rt, src, s.opts.AgentTimeout)
+	srcSt, _ := rt.Status(ctx, src)
+	var ips []string
+	for range 2 {
+		id := NewID("ckpt-dst")
+		spec := s.spec(id)
+		spec.Checkpoint = name
+		spec.AgentToken = "" // the restored agent holds the source's token
+		st, err := rt.Create(ctx, spec)
+		if err != nil {
+			t.Fatalf("Create from checkpoint: %v", err)
+		}
+		t.Cleanup(func() { rt.Delete(context.Background(), id) })
+		if st.State != runtime.StateRunning || (st.IP != "" && st.IP == srcSt.IP) {
+			t.Fatalf("restored sandbox %+v (source IP %s)", st, srcSt.IP)
+		}
+		ips = append(ips, st.IP)
+		// The restored agent answers with the source's token.
+		WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
+	}
+	if ips[0] != "" && ips[0] == ips[1] {
+		t.Errorf("two restores share the address %s", ips[0])
+	}
+	WaitAgent(t, ctx, rt, src, s.opts.AgentTimeout)
+	if err := cp.RemoveCheckpoint(ctx, name); err != nil {
+		t.Fatalf("RemoveCheckpoint: %v", err)
+	}
+	if err := cp.RemoveCheckpoint(ctx, name); err != nil {
+		t.Errorf("RemoveCheckpoint of a removed checkpoint: %v", err)
+	}
+	id := NewID("ckpt-gone")
+	spec := s.spec(id)
+	spec.Checkpoint = name
+	if _, err := rt.Create(ctx, spec); err == nil {
+		rt.Delete(context.Background(), id)
+		t.Fatal("Create from a removed checkpoint succeeded")
+	}
+	if _, err := rt.Status(ctx, id); !errdefs.IsNotFound(err) {
+		t.Errorf("a failed restore left sandbox %s behind: %v", id, err)
 	}
 }
