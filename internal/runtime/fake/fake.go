@@ -9,6 +9,7 @@ package fake
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -46,6 +47,10 @@ type Runtime struct {
 type state struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	// checkpointable enables runtime.Checkpointer (SetCheckpointable);
+	// checkpoints maps a checkpoint name to the source's agent token.
+	checkpointable bool
+	checkpoints    map[string]string
 }
 
 type sandbox struct {
@@ -53,14 +58,16 @@ type sandbox struct {
 	upper   string // SnapshotDir, made on first use
 	status  runtime.Status
 	srv     *httptest.Server
+	agent   *fakeAgent
 	paused  bool
 	created time.Time
 }
 
 var (
-	_ runtime.Runtime     = (*Runtime)(nil)
-	_ runtime.Pauser      = (*Runtime)(nil)
-	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Runtime      = (*Runtime)(nil)
+	_ runtime.Pauser       = (*Runtime)(nil)
+	_ runtime.Snapshotter  = (*Runtime)(nil)
+	_ runtime.Checkpointer = (*Runtime)(nil)
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
@@ -124,24 +131,117 @@ func validate(spec *runtime.Spec) error {
 	return nil
 }
 
-// agentServer answers /ping (and POST /moat/v1/env) like the agent, with
-// its token check.
-func agentServer(token string) *httptest.Server {
+// fakeAgent is the state of a fake sandbox's agent.
+type fakeAgent struct {
+	mu    sync.Mutex
+	token string
+	env   map[string]string // from POST /moat/v1/env
+}
+
+// agentServer answers /ping, POST /moat/v1/env and POST /moat/v1/token
+// like the agent, with its token check.
+func agentServer(a *fakeAgent) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if token != "" && req.Header.Get("X-EXECD-ACCESS-TOKEN") != token {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.token != "" && req.Header.Get("X-EXECD-ACCESS-TOKEN") != a.token {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
 		switch {
 		case req.URL.Path == "/ping":
 		case req.URL.Path == "/moat/v1/env" && req.Method == http.MethodPost:
-			// The agent's claim-time env extension; the fake accepts any body.
+			var body struct{ Envs map[string]string }
+			json.NewDecoder(req.Body).Decode(&body)
+			if a.env == nil {
+				a.env = map[string]string{}
+			}
+			maps.Copy(a.env, body.Envs)
+		case req.URL.Path == "/moat/v1/token" && req.Method == http.MethodPost:
+			var body struct{ Token string }
+			if err := json.NewDecoder(req.Body).Decode(&body); err != nil || body.Token == "" {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			a.token = body.Token
 		default:
 			http.NotFound(w, req)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	}))
+}
+
+// AgentState reports a sandbox's agent token and the env it was given
+// through POST /moat/v1/env.
+func (r *Runtime) AgentState(id string) (token string, env map[string]string, err error) {
+	r.st.mu.Lock()
+	sb, err := r.get(id)
+	r.st.mu.Unlock()
+	if err != nil {
+		return "", nil, err
+	}
+	sb.agent.mu.Lock()
+	defer sb.agent.mu.Unlock()
+	return sb.agent.token, maps.Clone(sb.agent.env), nil
+}
+
+// SetCheckpointable turns runtime.Checkpointer support on or off (off by
+// default, like a backend without it).
+func (r *Runtime) SetCheckpointable(on bool) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	r.st.checkpointable = on
+}
+
+// CanCheckpoint implements runtime.Checkpointer.
+func (r *Runtime) CanCheckpoint(class string) bool {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	return r.st.checkpointable && (class == "" || class == Class)
+}
+
+// Checkpoint implements runtime.Checkpointer: it remembers the source's
+// agent token, which a restored agent starts with.
+func (r *Runtime) Checkpoint(ctx context.Context, id, name string) error {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	if !r.st.checkpointable {
+		return fmt.Errorf("fake: checkpoint: %w", errdefs.ErrNotImplemented)
+	}
+	sb, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if sb.status.State != runtime.StateRunning {
+		return fmt.Errorf("fake: checkpoint of %s sandbox: %w", sb.status.State, errdefs.ErrFailedPrecondition)
+	}
+	if _, ok := r.st.checkpoints[name]; ok {
+		return fmt.Errorf("checkpoint %q: %w", name, errdefs.ErrAlreadyExists)
+	}
+	if r.st.checkpoints == nil {
+		r.st.checkpoints = map[string]string{}
+	}
+	sb.agent.mu.Lock()
+	r.st.checkpoints[name] = sb.agent.token
+	sb.agent.mu.Unlock()
+	return nil
+}
+
+// RemoveCheckpoint implements runtime.Checkpointer.
+func (r *Runtime) RemoveCheckpoint(ctx context.Context, name string) error {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	delete(r.st.checkpoints, name)
+	return nil
+}
+
+// HasCheckpoint reports whether checkpoint name exists.
+func (r *Runtime) HasCheckpoint(name string) bool {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	_, ok := r.st.checkpoints[name]
+	return ok
 }
 
 // Create implements runtime.Runtime.
@@ -159,8 +259,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status
 	if _, ok := r.st.sandboxes[spec.ID]; ok {
 		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
-	srv := agentServer(spec.AgentToken)
-	sb := &sandbox{spec: spec, srv: srv, created: time.Now().UTC()}
+	agent := &fakeAgent{token: spec.AgentToken}
+	if spec.Checkpoint != "" {
+		tok, ok := r.st.checkpoints[spec.Checkpoint]
+		if !ok {
+			return runtime.Status{}, fmt.Errorf("checkpoint %q: %w", spec.Checkpoint, errdefs.ErrFailedPrecondition)
+		}
+		agent.token = tok
+	}
+	srv := agentServer(agent)
+	sb := &sandbox{spec: spec, srv: srv, agent: agent, created: time.Now().UTC()}
 	sb.status = runtime.Status{
 		ID:        spec.ID,
 		State:     runtime.StateRunning,
