@@ -54,12 +54,26 @@ func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Log
 	if _, err := c.Run(ctx, ep, "echo forked-"+src+" > /marker"); err != nil {
 		return fmt.Errorf("write marker: %w", err)
 	}
+	// An idle background process: a memory snapshot (gVisor) keeps it
+	// running in the forks, a filesystem snapshot does not. (A busy one
+	// would load every fork and measure the CPU, not the fork.)
+	if _, err := c.Run(ctx, ep, "sleep 86399 </dev/null >/dev/null 2>&1 &"); err != nil {
+		return fmt.Errorf("start background process: %w", err)
+	}
 	t0 := time.Now()
-	var sn struct{ ID string }
+	var sn struct {
+		ID     string
+		Status struct{ Message string }
+	}
 	if _, err := c.do(ctx, "POST", "/v1/sandboxes/"+src+"/snapshots", map[string]string{"name": "bench-fork"}, &sn); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	fmt.Fprintf(w, "  snapshot of a running sandbox: %s\n", time.Since(t0).Round(100*time.Microsecond))
+	memory := strings.Contains(sn.Status.Message, "memory")
+	kind := "filesystem"
+	if memory {
+		kind = "memory + filesystem"
+	}
+	fmt.Fprintf(w, "  snapshot (%s) of a running sandbox: %s\n", kind, time.Since(t0).Round(100*time.Microsecond))
 	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/snapshots/"+sn.ID, nil, nil)
 	ext := map[string]string{}
 	if o.RuntimeClass != "" {
@@ -79,6 +93,12 @@ func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Log
 		}
 		if strings.TrimSpace(out) != "forked-"+src {
 			return fmt.Errorf("fork %s sees marker %q", ids[len(ids)-1], out)
+		}
+		if memory {
+			out, err := c.Run(ctx, ep, "ps -o args | grep -c '^sleep 86399'")
+			if err != nil || strings.TrimSpace(out) != "1" {
+				return fmt.Errorf("fork %s: the source's background process is not running: %q %v", ids[len(ids)-1], out, err)
+			}
 		}
 		return nil
 	}
