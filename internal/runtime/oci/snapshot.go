@@ -14,7 +14,8 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 // SnapshotDir implements runtime.Snapshotter: the overlay upper directory
 // <Root>/sandboxes/<id>/upper (or disk/upper with a disk quota). runsc sandboxes are ErrNotImplemented:
 // gVisor keeps its own overlay (in memory or in a filestore file), so the
-// host upper directory does not hold the sandbox's writes.
+// host upper directory does not hold the sandbox's writes; they are
+// snapshotted with Checkpoint instead (checkpoint.go).
 func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
 	if !idPattern.MatchString(id) {
 		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
@@ -25,7 +26,7 @@ func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
 	}
 	if r.kinds[rec.Class] == "runsc" {
 		return "", errdefs.WithPublic(fmt.Errorf("snapshot of runsc sandbox %q: %w", id, errdefs.ErrNotImplemented),
-			"SANDBOX::API_NOT_SUPPORTED", "snapshots are not supported for runsc sandboxes")
+			"SANDBOX::API_NOT_SUPPORTED", fmt.Sprintf("runsc sandboxes are snapshotted with their memory, which this runsc release cannot do (gVisor 0.0~%d or later can)", minCheckpointRunsc))
 	}
 	upper, _ := writableDirs(r.sandboxDir(id))
 	fi, err := os.Stat(upper)
