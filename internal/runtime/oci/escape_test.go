@@ -244,12 +244,39 @@ var attacks = []attack{
 	{
 		name: "sys-and-cgroup-writes",
 		cmd:  func(*escEnv) string { return "/escprobe sysfs" },
-		check: func(t *testing.T, e *escEnv, _ agentResult, _ any) {
-			if got := readTrim(t, cgroupFile(e.id, "pids", "pids.max")); got != strconv.Itoa(escPids) {
+		// Current runsc (not 20221219) mounts the Sentry's own cgroupfs at
+		// /sys/fs/cgroup: a read-only tmpfs with a writable bind of the
+		// container's cgroup of each controller over it (runsc/boot/vfs.go
+		// mountCgroupSubmounts), the spec's "ro" only reaching the tmpfs.
+		// The Sentry keeps those files in memory and never writes a host
+		// cgroup (pkg/sentry/fsimpl/cgroupfs makes no host calls); the probe
+		// shows a gVisor-only "job" controller, pids.max "max" where the host
+		// has escPids, and the host's RAM as memory limit. The check below
+		// proves the writes did not reach the host: the probe leaves its
+		// values (pids.max 4194304, memory limit 1 PiB, a child cgroup) in
+		// place, and the host's files must not show them.
+		harmlessIn: map[string][]string{"runsc": {
+			"write-/sys/fs/cgroup/pids/pids.max", "write-/sys/fs/cgroup/memory/memory.limit_in_bytes",
+			"raise-pids.max", "set-memory.limit", "mkdir-cgroup",
+		}},
+		before: func(t *testing.T, e *escEnv) any {
+			return readTrim(t, cgroupFile(e.id, "memory", "memory.limit_in_bytes"))
+		},
+		check: func(t *testing.T, e *escEnv, _ agentResult, before any) {
+			pidsMax := cgroupFile(e.id, "pids", "pids.max")
+			t.Logf("host: pids.max %s, memory.limit_in_bytes %s", readTrim(t, pidsMax), before)
+			if got := readTrim(t, pidsMax); got != strconv.Itoa(escPids) {
 				t.Errorf("sandbox pids.max on the host = %s, want %d", got, escPids)
+				os.WriteFile(pidsMax, []byte(strconv.Itoa(escPids)), 0)
+			}
+			memLimit := cgroupFile(e.id, "memory", "memory.limit_in_bytes")
+			if got := readTrim(t, memLimit); got != before.(string) {
+				t.Errorf("sandbox memory.limit_in_bytes on the host: %s -> %s (the probe writes %s)", before, got, escMarkerMemLimit)
+				os.WriteFile(memLimit, []byte(before.(string)), 0)
 			}
 			if _, err := os.Stat(cgroupFile(e.id, "pids", "escape")); err == nil {
 				t.Errorf("sandbox created a cgroup on the host")
+				os.Remove(cgroupFile(e.id, "pids", "escape"))
 			}
 		},
 	},
@@ -324,6 +351,15 @@ var attacks = []attack{
 		name:     "chroot-and-pivot",
 		cmd:      func(e *escEnv) string { return fmt.Sprintf("/escprobe chroot %s %s", e.canary, e.secret) },
 		harmless: []string{"chroot-subdir", "chroot-dotdot"},
+		// Current runsc mounts the container rootfs over an empty read-only
+		// tmpfs, the root of the Sentry's mount namespace (runsc/boot/vfs.go
+		// createMountNamespace). The breakout's chdir("..") stops there:
+		// outside the sandbox root, but on that placeholder (the probe logs
+		// a tmpfs, read-only, no entries; mountinfo "/ / ro - tmpfs"), which
+		// holds nothing of the host. breakout-root-has-entries (the landing
+		// root must be empty) and read-host-path-after-breakout (the host
+		// canary) stay escapes on every tier.
+		harmlessIn: map[string][]string{"runsc": {"escape-left-sandbox-root"}},
 	},
 	{
 		name: "proc-1-root",
@@ -444,6 +480,10 @@ var attacks = []attack{
 		},
 	},
 }
+
+// escMarkerMemLimit is the memory.limit_in_bytes the probe's sysfs
+// attack writes (markerMemLimit in testdata/escprobe): 1 PiB.
+const escMarkerMemLimit = "1125899906842624"
 
 // escDisk is the disk quota of the disk-fill attack.
 const escDisk = 64 << 20

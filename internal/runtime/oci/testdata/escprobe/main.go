@@ -11,13 +11,16 @@
 // UTS namespace, are harmless when allowed). Attempts that would change
 // the host if they succeeded are written so that success is harmless:
 // sysctls are written back with their current value, sysrq gets 'h'
-// (print help), modules are garbage, devices are opened read-only and
-// packets are never sent.
+// (print help), modules are garbage, devices are opened read-only,
+// packets are never sent, and cgroup writes only aim at the sandbox's own
+// cgroup (the suite checks and undoes them on the host). Lines starting
+// with "INFO" only describe what the probe sees, for the log.
 package main
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -204,7 +207,53 @@ func readSome(path string) error {
 	return nil
 }
 
+// markerMemLimit is the memory.limit_in_bytes the sysfs attack writes
+// (1 PiB), so the suite can tell on the host whether the write landed.
+const markerMemLimit = "1125899906842624"
+
+// readValue returns a file's trimmed content, or the read error.
+func readValue(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return strconv.Quote(strings.TrimSpace(string(data)))
+}
+
+// cgroupInfo prints which cgroups the sandbox sees: its /proc/self/cgroup,
+// the mounts at /sys/fs/cgroup and the limits it reads there, so the log
+// shows whether they are the host's (compare the host's values the suite
+// logs) or the Sentry's own cgroupfs under gVisor.
+func cgroupInfo() {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	fmt.Printf("INFO /proc/self/cgroup: %s\n", oneLine(data, err))
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		fmt.Printf("INFO mountinfo: %v\n", err)
+	}
+	for line := range strings.SplitSeq(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], "/sys/fs/cgroup") {
+			fmt.Printf("INFO mount: %s\n", line)
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup/pids", &st); err == nil {
+		fmt.Printf("INFO statfs /sys/fs/cgroup/pids: type %#x flags %#x\n", st.Type, st.Flags)
+	}
+	fmt.Printf("INFO sandbox reads pids.max=%s memory.limit_in_bytes=%s\n",
+		readValue("/sys/fs/cgroup/pids/pids.max"), readValue("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+}
+
+// oneLine joins a file's lines with "; " (or returns the read error).
+func oneLine(data []byte, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return strings.Join(strings.Split(strings.TrimSpace(string(data)), "\n"), "; ")
+}
+
 func sysfs() {
+	cgroupInfo()
 	for _, p := range []string{
 		"/sys/kernel/uevent_helper",
 		"/sys/kernel/mm/transparent_hugepage/enabled",
@@ -218,16 +267,32 @@ func sysfs() {
 		}
 		writeSame("write-"+p, p)
 	}
-	// Raising our own pids limit would defeat the fork bomb guard.
-	if _, err := os.Stat("/sys/fs/cgroup/pids/pids.max"); err == nil {
-		err := os.WriteFile("/sys/fs/cgroup/pids/pids.max", []byte("max"), 0)
-		report("raise-pids.max", err, "pids limit lifted")
+	// Raising our own pids limit would defeat the fork bomb guard (the
+	// suite checks the host's pids.max afterwards).
+	const pidsMax = "/sys/fs/cgroup/pids/pids.max"
+	if _, err := os.Stat(pidsMax); err == nil {
+		err := os.WriteFile(pidsMax, []byte("max"), 0)
+		if err != nil {
+			// gVisor's cgroupfs (2026) refuses "max" (it compares its whole
+			// scratch page, not the bytes written); try the numeric
+			// maximum (4M, Linux's PID_MAX_LIMIT) too.
+			if os.WriteFile(pidsMax, []byte("4194304"), 0) == nil {
+				err = nil
+			}
+		}
+		report("raise-pids.max", err, "pids limit lifted; the sandbox now reads "+readValue(pidsMax))
+	}
+	// A value the host can recognize: a 1 PiB limit is no limit on any
+	// host. It is left in place (as are the raised pids.max and the child
+	// cgroup), so that the suite's host-side check sees a write that
+	// landed; the suite undoes it there.
+	const memLimit = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+	if _, err := os.Stat(memLimit); err == nil {
+		err := os.WriteFile(memLimit, []byte(markerMemLimit), 0)
+		report("set-memory.limit", err, "memory limit set; the sandbox now reads "+readValue(memLimit))
 	}
 	err := os.Mkdir("/sys/fs/cgroup/pids/escape", 0o755)
 	report("mkdir-cgroup", err, "created a child cgroup")
-	if err == nil {
-		os.Remove("/sys/fs/cgroup/pids/escape")
-	}
 }
 
 // devices tries to create and open host block/char devices.
@@ -476,8 +541,21 @@ func hostname(name string) {
 // chroot runs the classic chroot-breakout (chroot into a subdirectory,
 // then chdir("..") past it) and checks where it lands; pivot_root and
 // the namespace-entering calls are tried too.
+//
+// Where it lands decides: under runc and crun the sandbox root is the root
+// of the mount namespace, so leaving it (escape-left-sandbox-root) can
+// only mean reaching the host's tree. gVisor mounts the container rootfs
+// over an empty read-only tmpfs of the Sentry's (the mount namespace root,
+// runsc/boot/vfs.go createMountNamespace), so there chdir("..") may land
+// on that placeholder: out of the sandbox root, yet on nothing. Hence
+// breakout-root-has-entries: whatever the process lands on must be empty,
+// and read-host-path-after-breakout: the host canary must stay out of
+// reach.
 func chroot(path, secret string) {
 	os.MkdirAll("/tmp/jail", 0o755)
+	// Opened before the breakout, so that its mountinfo stays readable
+	// where /proc is not mounted.
+	proc, perr := os.Open("/proc/self")
 	err := unix.Chroot("/tmp/jail")
 	report("chroot-subdir", err, "chroot allowed (inside the sandbox root)")
 	if err == nil {
@@ -486,11 +564,42 @@ func chroot(path, secret string) {
 		}
 		err = unix.Chroot(".")
 		report("chroot-dotdot", err, "chroot(.) after chdir(..)")
-		if _, serr := os.Stat("/escprobe"); serr != nil {
+		_, serr := os.Stat("/escprobe")
+		left := serr != nil
+		if left {
 			fmt.Printf("ALLOWED escape-left-sandbox-root: /escprobe not visible after the breakout\n")
 		} else {
 			fmt.Printf("BLOCKED escape-left-sandbox-root: still in the sandbox root\n")
 		}
+		var names []string
+		ents, rerr := os.ReadDir("/")
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		var st unix.Statfs_t
+		unix.Statfs("/", &st)
+		where := fmt.Sprintf("statfs type %#x flags %#x", st.Type, st.Flags)
+		fmt.Printf("INFO root after the breakout: %s; entries %q (%v)\n", where, names, rerr)
+		if perr == nil {
+			mi, err := unix.Openat(int(proc.Fd()), "mountinfo", unix.O_RDONLY, 0)
+			if err == nil {
+				f := os.NewFile(uintptr(mi), "mountinfo")
+				data, err := io.ReadAll(f)
+				f.Close()
+				fmt.Printf("INFO mountinfo after the breakout: %s\n", oneLine(data, err))
+			}
+		}
+		switch {
+		case !left:
+			err = fmt.Errorf("still in the sandbox root")
+		case rerr != nil:
+			err = fmt.Errorf("cannot list the new root: %w", rerr)
+		case len(names) == 0:
+			err = fmt.Errorf("landed on an empty directory (%s)", where)
+		default:
+			err = nil
+		}
+		report("breakout-root-has-entries", err, fmt.Sprintf("landed on %q (%s)", names, where))
 		tryRead("read-host-path-after-breakout", path, secret)
 	}
 	os.MkdirAll("/tmp/newroot/old", 0o755)
