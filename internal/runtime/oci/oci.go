@@ -1059,10 +1059,24 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 		// Never RemoveAll through a mount (a host volume above all).
 		return fmt.Errorf("oci: delete %s: still mounted: %v: %w", id, left, errdefs.ErrInternal)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := removeDirRetry(dir); err != nil {
 		return fmt.Errorf("oci: delete %s: %w", id, err)
 	}
 	return nil
+}
+
+// removeDirRetry is os.RemoveAll retried a few times on ENOTEMPTY: a
+// runsc helper that is exiting (seen under heavy load) can still create a
+// file in the sandbox directory while it is being removed.
+func removeDirRetry(dir string) error {
+	var err error
+	for i := range 5 {
+		if err = os.RemoveAll(dir); err == nil || !errors.Is(err, unix.ENOTEMPTY) {
+			return err
+		}
+		time.Sleep(time.Duration(50<<i) * time.Millisecond)
+	}
+	return err
 }
 
 func (r *Runtime) deleteContainer(ctx context.Context, class, id string) error {
