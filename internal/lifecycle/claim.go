@@ -267,23 +267,7 @@ func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ep, err := s.deps.Runtime.Endpoint(ctx, e.sb.ID, runtime.AgentPort)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/moat/v1/env", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-EXECD-ACCESS-TOKEN", e.sb.AgentToken)
-			resp, err := s.deps.HTTP.Do(req)
-			if err != nil {
-				errs[i] = fmt.Errorf("set env on %s: %v: %w", e.sb.ID, err, errdefs.ErrUnavailable)
-				return
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				errs[i] = fmt.Errorf("set env on %s: agent status %d: %w", e.sb.ID, resp.StatusCode, errdefs.ErrUnavailable)
-			}
+			errs[i] = s.postAgent(ctx, e.sb.ID, e.sb.AgentToken, "/moat/v1/env", "set env on", body)
 		}()
 	}
 	wg.Wait()
@@ -296,21 +280,27 @@ func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string
 // the restored agent accepts only the source's token, which the server
 // never shows to clients of the restored sandbox.
 func (s *Service) rotateToken(ctx context.Context, id, old, token string) error {
+	body, _ := json.Marshal(map[string]string{"token": token})
+	return s.postAgent(ctx, id, old, "/moat/v1/token", "rotate token of", body)
+}
+
+// postAgent POSTs a JSON body to a moat extension path of sandbox id's
+// agent with token and wants 200; what names the action in errors.
+func (s *Service) postAgent(ctx context.Context, id, token, path, what string, body []byte) error {
 	ep, err := s.deps.Runtime.Endpoint(ctx, id, runtime.AgentPort)
 	if err != nil {
 		return err
 	}
-	body, _ := json.Marshal(map[string]string{"token": token})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/moat/v1/token", bytes.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-EXECD-ACCESS-TOKEN", old)
+	req.Header.Set("X-EXECD-ACCESS-TOKEN", token)
 	resp, err := s.deps.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("rotate token of %s: %v: %w", id, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("%s %s: %v: %w", what, id, err, errdefs.ErrUnavailable)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("rotate token of %s: agent status %d: %w", id, resp.StatusCode, errdefs.ErrUnavailable)
+		return fmt.Errorf("%s %s: agent status %d: %w", what, id, resp.StatusCode, errdefs.ErrUnavailable)
 	}
 	return nil
 }

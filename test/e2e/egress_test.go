@@ -48,11 +48,19 @@ func outsideHost(t *testing.T, n int) (string, string) {
 // exited 0.
 func shell(t *testing.T, srv *server, id, cmd string) (string, bool) {
 	t.Helper()
-	var ep endpointResp
-	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/44772", nil, &ep)
-	evs := runCommand(t, "http://"+ep.Endpoint, ep.Headers, cmd)
+	base, hdr := srv.agent(id)
+	evs := runCommand(t, base, hdr, cmd)
 	ok := len(evs) > 0 && evs[len(evs)-1].Type == "execution_complete"
 	return stdoutOf(evs), ok
+}
+
+// agent returns the base URL of sandbox id's execd and the headers to
+// send it, from the endpoints API.
+func (s *server) agent(id string) (string, map[string]string) {
+	s.t.Helper()
+	var ep endpointResp
+	s.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/44772", nil, &ep)
+	return "http://" + ep.Endpoint, ep.Headers
 }
 
 func TestEgressPolicyAndHostProtection(t *testing.T) {

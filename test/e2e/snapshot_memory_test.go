@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,11 +27,6 @@ func TestMemorySnapshotFork(t *testing.T) {
 		"entrypoint": []string{"sleep", "3600"},
 		"timeout":    600,
 	}, &src)
-	agent := func(id string) (string, map[string]string) {
-		var ep endpointResp
-		srv.mustJSON(200, "GET", fmt.Sprintf("/v1/sandboxes/%s/endpoints/44772", id), nil, &ep)
-		return "http://" + ep.Endpoint, ep.Headers
-	}
 	counter := func(id string) int {
 		t.Helper()
 		out, ok := shell(t, srv, id, "cat /tmp/counter")
@@ -90,12 +84,12 @@ func TestMemorySnapshotFork(t *testing.T) {
 	if len(batch.Items) != 2 {
 		t.Fatalf("batch returned %d sandboxes", len(batch.Items))
 	}
-	srcBase, srcHdr := agent(src.ID)
+	srcBase, srcHdr := srv.agent(src.ID)
 	for _, f := range batch.Items {
 		if f.Status.State != "Running" || strings.Join(f.Entrypoint, " ") != "sleep 3600" {
 			t.Fatalf("fork %+v", f)
 		}
-		base, hdr := agent(f.ID)
+		base, hdr := srv.agent(f.ID)
 		if base == srcBase {
 			t.Fatalf("fork %s has the source's address %s", f.ID, base)
 		}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 )
@@ -30,12 +29,7 @@ func TestSnapshotFork(t *testing.T) {
 		"entrypoint": []string{"tail", "-f", "/dev/null"},
 		"timeout":    600,
 	}, &src)
-	agent := func(id string) (string, map[string]string) {
-		var ep endpointResp
-		srv.mustJSON(200, "GET", fmt.Sprintf("/v1/sandboxes/%s/endpoints/44772", id), nil, &ep)
-		return "http://" + ep.Endpoint, ep.Headers
-	}
-	base, hdr := agent(src.ID)
+	base, hdr := srv.agent(src.ID)
 	evs := runCommand(t, base, hdr, "mkdir -p /work && echo forked-state > /work/state.txt && rm /etc/motd 2>/dev/null; echo ok")
 	assertCompleted(t, evs)
 
@@ -68,7 +62,7 @@ func TestSnapshotFork(t *testing.T) {
 		if f.Status.State != "Running" || strings.Join(f.Entrypoint, " ") != "tail -f /dev/null" {
 			t.Fatalf("fork %+v", f)
 		}
-		b, h := agent(f.ID)
+		b, h := srv.agent(f.ID)
 		evs := runCommand(t, b, h, "cat /work/state.txt; test -e /etc/motd && echo motd-present; echo $((1+1))")
 		assertCompleted(t, evs)
 		if out := stdoutOf(evs); out != "forked-state\n2" {
