@@ -8,13 +8,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/execd/proc"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
@@ -35,14 +33,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pid1 := os.Getpid() == 1
-	reaper := NewReaper(pid1, log)
+	reaper := proc.NewReaper(pid1, log)
 	reaperDone := make(chan struct{})
 	go func() { defer close(reaperDone); reaper.Run(ctx) }()
 	defer func() { cancel(); <-reaperDone }()
 
 	// The token must not leak into children; they get the filtered env.
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
-	baseEnv := childEnv(os.Environ())
+	baseEnv := proc.ChildEnv(os.Environ())
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -65,7 +63,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
 
-	var entry *Proc
+	var entry *proc.Proc
 	var entryDone <-chan struct{}
 	if len(cfg.Entrypoint) > 0 {
 		entry, err = startEntrypoint(reaper, cfg.Entrypoint, baseEnv)
@@ -102,7 +100,7 @@ loop:
 			}
 		case <-entryDone:
 			entryDone = nil
-			log.Info("entrypoint exited", "pid", entry.Pid, "status", describeStatus(entry.Status()))
+			log.Info("entrypoint exited", "pid", entry.Pid, "status", proc.DescribeStatus(entry.Status()))
 			if terminating {
 				break loop
 			}
@@ -121,35 +119,16 @@ loop:
 }
 
 // startEntrypoint starts argv with the agent's stdio in a new process group.
-func startEntrypoint(r *Reaper, argv []string, env []string) (*Proc, error) {
+func startEntrypoint(r *proc.Reaper, argv []string, env []string) (*proc.Proc, error) {
 	path := argv[0]
-	if lp, err := lookPath(path, env); err == nil {
+	if lp, err := proc.LookPath(path, env); err == nil {
 		path = lp
 	}
-	return r.Start(ProcSpec{
+	return r.Start(proc.Spec{
 		Path:  path,
 		Args:  argv,
 		Env:   env,
 		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
-}
-
-// lookPath resolves name against the PATH in env (names with a slash are
-// used as they are).
-func lookPath(name string, env []string) (string, error) {
-	if strings.Contains(name, "/") {
-		return name, nil
-	}
-	path := lookupEnv(env, "PATH")
-	if path == "" {
-		path = defaultPath
-	}
-	for _, dir := range filepath.SplitList(path) {
-		p := filepath.Join(dir, name)
-		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%q not found in PATH: %w", name, exec.ErrNotFound)
 }

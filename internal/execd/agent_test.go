@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
@@ -89,7 +92,7 @@ func startAgent(t *testing.T, newPIDNS bool, token string, entry ...string) *age
 	}
 }
 
-func (a *agentProc) run(t *testing.T, token, command string) []Event {
+func (a *agentProc) run(t *testing.T, token, command string) []wire.Event {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"command": command})
 	req, _ := http.NewRequest("POST", a.url+"/command", bytes.NewReader(body))
@@ -100,7 +103,7 @@ func (a *agentProc) run(t *testing.T, token, command string) []Event {
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
-	return readEvents(t, data)
+	return exectest.ReadEvents(t, data)
 }
 
 func (a *agentProc) wait(t *testing.T, d time.Duration) error {
@@ -168,7 +171,7 @@ func TestAgentPID1Reaping(t *testing.T) {
 			defer wg.Done()
 			evs := a.run(t, "", fmt.Sprintf("sleep 0.0%d; exit %d", i%10, i+1))
 			last := evs[len(evs)-1]
-			if last.Type != evError || last.Error.EValue != strconv.Itoa(i+1) {
+			if last.Type != wire.EvError || last.Error.EValue != strconv.Itoa(i+1) {
 				t.Errorf("command %d: last = %+v", i, last)
 			}
 		}()
@@ -205,29 +208,6 @@ func zombieChildren(t *testing.T, ppid int) []int {
 		}
 	}
 	return out
-}
-
-// TestReaperDispatch checks the per-process mode directly; the reap-all
-// mode is covered by TestAgentPID1Reaping (it must own all children of its
-// process, so it runs in a separate agent process).
-func TestReaperDispatch(t *testing.T) {
-	r := NewReaper(false, nil)
-	devnull, _ := os.Open(os.DevNull)
-	defer devnull.Close()
-	for _, code := range []int{0, 1, 42} {
-		p, err := r.Start(ProcSpec{Path: "/bin/sh", Args: []string{"sh", "-c", fmt.Sprintf("exit %d", code)},
-			Files: []*os.File{devnull, devnull, devnull}, Sys: &syscall.SysProcAttr{Setpgid: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, err := p.Wait(context.Background())
-		if err != nil || exitCode(ws) != code {
-			t.Fatalf("exit %d: got %v %v", code, ws, err)
-		}
-	}
-	if _, err := r.Start(ProcSpec{Path: "/nonexistent", Args: []string{"x"}}); err == nil {
-		t.Fatal("start of a missing binary succeeded")
-	}
 }
 
 func TestParseArgs(t *testing.T) {
@@ -267,7 +247,7 @@ func TestParseArgs(t *testing.T) {
 			t.Errorf("ParseArgs(%q) succeeded", bad)
 		}
 	}
-	if got := childEnv([]string{"A=1", "EXECD_ACCESS_TOKEN=x", "MOAT_X=2", "B=3"}); strings.Join(got, ",") != "A=1,B=3" {
+	if got := proc.ChildEnv([]string{"A=1", "EXECD_ACCESS_TOKEN=x", "MOAT_X=2", "B=3"}); strings.Join(got, ",") != "A=1,B=3" {
 		t.Fatalf("childEnv = %v", got)
 	}
 }

@@ -11,16 +11,20 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/code"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
 )
 
 func benchServer(b *testing.B) *httptest.Server {
 	b.Helper()
-	srv, err := NewServer(Options{BaseEnv: childEnv(os.Environ()), StateDir: b.TempDir(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := NewServer(Options{BaseEnv: proc.ChildEnv(os.Environ()), StateDir: b.TempDir(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,7 +74,10 @@ func BenchmarkStreamThroughput(b *testing.B) {
 // same `bash -c true` started and waited for directly, without HTTP. The
 // agent's exec overhead is the difference of the two.
 func BenchmarkForkExecBare(b *testing.B) {
-	shell := findShell(os.Environ())
+	shell, err := exec.LookPath("bash")
+	if err != nil {
+		b.Fatal(err)
+	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		b.Fatal(err)
@@ -157,10 +164,10 @@ func BenchmarkDownload(b *testing.B) {
 func BenchmarkCodeRoundTrip(b *testing.B) {
 	for _, kernel := range []bool{false, true} {
 		b.Run(map[bool]string{false: "builtin", true: "ipykernel"}[kernel], func(b *testing.B) {
-			if kernel && findKernelSpec(kernelDirs(os.Environ()), "python", os.Environ()) == nil {
+			if kernel && code.FindKernelSpec(code.KernelDirs(os.Environ()), "python", os.Environ()) == nil {
 				b.Skip("no Jupyter python kernel")
 			}
-			srv, err := NewServer(Options{BaseEnv: childEnv(os.Environ()), StateDir: b.TempDir(), NoKernels: !kernel,
+			srv, err := NewServer(Options{BaseEnv: proc.ChildEnv(os.Environ()), StateDir: b.TempDir(), NoKernels: !kernel,
 				Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				b.Fatal(err)
@@ -176,7 +183,7 @@ func BenchmarkCodeRoundTrip(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var info codeContextInfo
+			var info code.ContextInfo
 			json.NewDecoder(resp.Body).Decode(&info)
 			resp.Body.Close()
 			body := []byte(`{"context":{"id":"` + info.ID + `"},"code":"1"}`)

@@ -1,7 +1,6 @@
 package execd
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
@@ -14,13 +13,16 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-var hex32 = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	"github.com/moat-sandbox/moat/internal/execd/command"
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
+)
 
 func TestPing(t *testing.T) {
 	e := newTestEnv(t)
-	st, body := e.call("GET", "/ping", nil)
+	st, body := e.Call("GET", "/ping", nil)
 	if st != 200 || len(body) != 0 {
 		t.Fatalf("ping = %d %q", st, body)
 	}
@@ -59,7 +61,7 @@ func TestAuth(t *testing.T) {
 
 func TestCommandForegroundExactFraming(t *testing.T) {
 	e := newTestEnv(t)
-	resp := e.do("POST", "/command", map[string]any{"command": "echo hi; exit 0"})
+	resp := e.Do("POST", "/command", map[string]any{"command": "echo hi; exit 0"})
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	for k, v := range map[string]string{
@@ -77,8 +79,8 @@ func TestCommandForegroundExactFraming(t *testing.T) {
 	if m == nil {
 		t.Fatalf("stream:\n%s", body)
 	}
-	st, sb := e.call("GET", "/command/status/"+string(m[1]), nil)
-	var status commandStatus
+	st, sb := e.Call("GET", "/command/status/"+string(m[1]), nil)
+	var status command.Status
 	if err := json.Unmarshal(sb, &status); err != nil || st != 200 {
 		t.Fatalf("status %d %s", st, sb)
 	}
@@ -93,9 +95,9 @@ func TestCommandLineSplitting(t *testing.T) {
 	var out, errs []string
 	for _, ev := range evs {
 		switch ev.Type {
-		case evStdout:
+		case wire.EvStdout:
 			out = append(out, ev.Text)
-		case evStderr:
+		case wire.EvStderr:
 			errs = append(errs, ev.Text)
 		}
 	}
@@ -107,47 +109,20 @@ func TestCommandLineSplitting(t *testing.T) {
 	}
 }
 
-func TestLineSplitterTable(t *testing.T) {
-	for i, tc := range []struct {
-		chunks []string
-		want   []string
-	}{
-		0: {[]string{"a\nb"}, []string{"a", "b"}},
-		1: {[]string{"a\r", "\nb\n"}, []string{"a", "b"}},
-		2: {[]string{"\n\n"}, []string{"\n", "\n"}},
-		3: {[]string{"ab", "cd\r\r\n"}, []string{"abcd", "\n"}},
-		4: {[]string{""}, nil},
-	} {
-		l := &lineSplitter{typ: evStdout}
-		var out []byte
-		for _, c := range tc.chunks {
-			out = l.write(out, []byte(c))
-		}
-		out = l.flush(out)
-		var got []string
-		for _, ev := range readEvents(t, out) {
-			got = append(got, ev.Text)
-		}
-		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
-			t.Errorf("%d: got %q, want %q", i, got, tc.want)
-		}
-	}
-}
-
 func TestCommandNonZeroExit(t *testing.T) {
 	e := newTestEnv(t)
 	evs := e.runStream(map[string]any{"command": "echo oops >&2; exit 3"})
 	last := evs[len(evs)-1]
-	if last.Type != evError || last.Error == nil || last.Error.EName != "CommandExecError" || last.Error.EValue != "3" ||
+	if last.Type != wire.EvError || last.Error == nil || last.Error.EName != "CommandExecError" || last.Error.EValue != "3" ||
 		len(last.Error.Traceback) != 1 || last.Error.Traceback[0] != "exit status 3" {
 		t.Fatalf("last event = %+v", last)
 	}
 	for _, ev := range evs {
-		if ev.Type == evExecutionComplete {
+		if ev.Type == wire.EvExecutionComplete {
 			t.Fatal("execution_complete after a non-zero exit")
 		}
 	}
-	if evs[1].Type != evStderr || evs[1].Text != "oops" {
+	if evs[1].Type != wire.EvStderr || evs[1].Text != "oops" {
 		t.Fatalf("events = %+v", evs)
 	}
 }
@@ -155,7 +130,7 @@ func TestCommandNonZeroExit(t *testing.T) {
 func TestCommandStartFailure(t *testing.T) {
 	e := newTestEnv(t)
 	evs := e.runStream(map[string]any{"command": "true", "cwd": "/nonexistent/dir"})
-	if len(evs) != 2 || evs[0].Type != evInit || evs[1].Type != evError || !strings.Contains(evs[1].Error.EValue, "/nonexistent/dir") {
+	if len(evs) != 2 || evs[0].Type != wire.EvInit || evs[1].Type != wire.EvError || !strings.Contains(evs[1].Error.EValue, "/nonexistent/dir") {
 		t.Fatalf("events = %+v", evs)
 	}
 }
@@ -168,18 +143,18 @@ func TestCommandRequestErrors(t *testing.T) {
 		status       int
 		code         string
 	}{
-		{"POST", "/command", "{bad json", 400, CodeInvalidRequestBody},
-		{"POST", "/command", "", 400, CodeInvalidRequestBody},
-		{"POST", "/command", map[string]any{"command": ""}, 400, CodeInvalidRequestBody},
-		{"POST", "/command", map[string]any{"command": "true", "gid": 1}, 400, CodeInvalidRequestBody},
-		{"POST", "/command", map[string]any{"command": "true", "timeout": -1}, 400, CodeInvalidRequestBody},
-		{"DELETE", "/command", nil, 400, CodeMissingQuery},
-		{"DELETE", "/command?id=nope", nil, 404, CodeContextNotFound},
-		{"GET", "/command/status/nope", nil, 404, CodeContextNotFound},
-		{"GET", "/command/nope/logs", nil, 404, CodeContextNotFound},
+		{"POST", "/command", "{bad json", 400, wire.CodeInvalidRequestBody},
+		{"POST", "/command", "", 400, wire.CodeInvalidRequestBody},
+		{"POST", "/command", map[string]any{"command": ""}, 400, wire.CodeInvalidRequestBody},
+		{"POST", "/command", map[string]any{"command": "true", "gid": 1}, 400, wire.CodeInvalidRequestBody},
+		{"POST", "/command", map[string]any{"command": "true", "timeout": -1}, 400, wire.CodeInvalidRequestBody},
+		{"DELETE", "/command", nil, 400, wire.CodeMissingQuery},
+		{"DELETE", "/command?id=nope", nil, 404, wire.CodeContextNotFound},
+		{"GET", "/command/status/nope", nil, 404, wire.CodeContextNotFound},
+		{"GET", "/command/nope/logs", nil, 404, wire.CodeContextNotFound},
 	} {
-		st, body := e.call(tc.method, tc.path, tc.body)
-		t.Run(tc.method+tc.path, func(t *testing.T) { wantError(t, st, body, tc.status, tc.code) })
+		st, body := e.Call(tc.method, tc.path, tc.body)
+		t.Run(tc.method+tc.path, func(t *testing.T) { exectest.WantError(t, st, body, tc.status, tc.code) })
 	}
 }
 
@@ -191,7 +166,7 @@ func TestCommandCwdEnvAndEnvFile(t *testing.T) {
 	e := newTestEnv(t, func(o *Options) {
 		o.EnvFile = envFile
 		o.BaseEnv = append(o.BaseEnv, "EXECD_SECRET=x")
-		o.BaseEnv = childEnv(o.BaseEnv)
+		o.BaseEnv = proc.ChildEnv(o.BaseEnv)
 	})
 	dir := t.TempDir()
 	evs := e.runStream(map[string]any{
@@ -210,13 +185,13 @@ func TestCommandLargeOutputByteExact(t *testing.T) {
 	const lines = 140000
 	cmd := fmt.Sprintf(`head -c %d /dev/zero | tr '\0' 'a' | fold -w 75 | awk '{print NR $0}'`, lines*75)
 	evs := e.runStream(map[string]any{"command": cmd})
-	if evs[len(evs)-1].Type != evExecutionComplete {
+	if evs[len(evs)-1].Type != wire.EvExecutionComplete {
 		t.Fatalf("last = %+v", evs[len(evs)-1])
 	}
 	var got bytes.Buffer
 	n := 0
 	for _, ev := range evs {
-		if ev.Type == evStdout {
+		if ev.Type == wire.EvStdout {
 			n++
 			want := strconv.Itoa(n) + strings.Repeat("a", 75)
 			if ev.Text != want {
@@ -231,7 +206,7 @@ func TestCommandLargeOutputByteExact(t *testing.T) {
 	}
 	// The logs endpoint has the same bytes.
 	id := evs[0].Text
-	st, logs := e.call("GET", "/command/"+id+"/logs", nil)
+	st, logs := e.Call("GET", "/command/"+id+"/logs", nil)
 	if st != 200 || sha256.Sum256(logs) != sha256.Sum256(got.Bytes()) {
 		t.Fatalf("logs: status %d, %d bytes vs %d", st, len(logs), got.Len())
 	}
@@ -239,23 +214,23 @@ func TestCommandLargeOutputByteExact(t *testing.T) {
 
 func TestCommandStreamsAsProduced(t *testing.T) {
 	e := newTestEnv(t)
-	resp := e.do("POST", "/command", map[string]any{"command": "echo first; sleep 2; echo second"})
+	resp := e.Do("POST", "/command", map[string]any{"command": "echo first; sleep 2; echo second"})
 	defer resp.Body.Close()
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
+	sr := exectest.NewStreamReader(t, resp.Body)
 	start := time.Now()
-	if ev := sr.next(); ev.Type != evInit {
+	if ev := sr.Next(); ev.Type != wire.EvInit {
 		t.Fatalf("first = %+v", ev)
 	}
-	if ev := sr.next(); ev.Text != "first" {
+	if ev := sr.Next(); ev.Text != "first" {
 		t.Fatalf("second = %+v", ev)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("first line took %v: output is not streamed", d)
 	}
-	if ev := sr.next(); ev.Text != "second" {
+	if ev := sr.Next(); ev.Text != "second" {
 		t.Fatalf("third = %+v", ev)
 	}
-	if ev := sr.next(); ev.Type != evExecutionComplete {
+	if ev := sr.Next(); ev.Type != wire.EvExecutionComplete {
 		t.Fatalf("fourth = %+v", ev)
 	}
 }
@@ -267,7 +242,7 @@ func TestCommandEndsWhileGrandchildHoldsPipe(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("stream took %v; must end when the shell exits", d)
 	}
-	if len(evs) != 3 || evs[1].Text != "started" || evs[2].Type != evExecutionComplete {
+	if len(evs) != 3 || evs[1].Text != "started" || evs[2].Type != wire.EvExecutionComplete {
 		t.Fatalf("events = %+v", evs)
 	}
 	// The orphaned sleep is killed by Server.Close in cleanup (goleak
@@ -282,33 +257,33 @@ func TestCommandTimeout(t *testing.T) {
 		t.Fatalf("timeout not enforced: %v", d)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != evError || last.Error.EValue != "-1" || last.Error.Traceback[0] != "signal: killed" {
+	if last.Type != wire.EvError || last.Error.EValue != "-1" || last.Error.Traceback[0] != "signal: killed" {
 		t.Fatalf("last = %+v", last)
 	}
 }
 
 func TestCommandInterrupt(t *testing.T) {
 	e := newTestEnv(t)
-	resp := e.do("POST", "/command", map[string]any{"command": "trap 'echo term; exit 143' TERM; echo ready; while :; do sleep 0.05; done"})
+	resp := e.Do("POST", "/command", map[string]any{"command": "trap 'echo term; exit 143' TERM; echo ready; while :; do sleep 0.05; done"})
 	defer resp.Body.Close()
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	id := sr.next().Text
-	if ev := sr.next(); ev.Text != "ready" {
+	sr := exectest.NewStreamReader(t, resp.Body)
+	id := sr.Next().Text
+	if ev := sr.Next(); ev.Text != "ready" {
 		t.Fatalf("got %+v", ev)
 	}
-	st, body := e.call("DELETE", "/command?id="+id, nil)
+	st, body := e.Call("DELETE", "/command?id="+id, nil)
 	if st != 200 {
 		t.Fatalf("delete: %d %s", st, body)
 	}
-	var last Event
+	var last wire.Event
 	for {
-		ev := sr.next()
+		ev := sr.Next()
 		last = ev
-		if ev.Type == evError || ev.Type == evExecutionComplete {
+		if ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
 			break
 		}
 	}
-	if last.Type != evError || last.Error.EValue != "143" {
+	if last.Type != wire.EvError || last.Error.EValue != "143" {
 		t.Fatalf("last = %+v", last)
 	}
 }
@@ -316,15 +291,15 @@ func TestCommandInterrupt(t *testing.T) {
 func TestCommandClientDisconnectKills(t *testing.T) {
 	e := newTestEnv(t)
 	marker := t.TempDir() + "/alive"
-	resp := e.do("POST", "/command", map[string]any{"command": "echo go; sleep 1; touch " + marker})
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	id := sr.next().Text
-	sr.next()
+	resp := e.Do("POST", "/command", map[string]any{"command": "echo go; sleep 1; touch " + marker})
+	sr := exectest.NewStreamReader(t, resp.Body)
+	id := sr.Next().Text
+	sr.Next()
 	resp.Body.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, body := e.call("GET", "/command/status/"+id, nil)
-		var st commandStatus
+		_, body := e.Call("GET", "/command/status/"+id, nil)
+		var st command.Status
 		json.Unmarshal(body, &st)
 		if !st.Running {
 			if st.ExitCode == nil || *st.ExitCode != -1 {
@@ -346,32 +321,32 @@ func TestCommandClientDisconnectKills(t *testing.T) {
 func TestCommandBackgroundAndLogsCursor(t *testing.T) {
 	e := newTestEnv(t)
 	evs := e.runStream(map[string]any{"command": "echo one; echo two >&2; sleep 0.3; echo three", "background": true})
-	if len(evs) != 2 || evs[0].Type != evInit || !hex32.MatchString(evs[0].Text) || evs[1].Type != evExecutionComplete {
+	if len(evs) != 2 || evs[0].Type != wire.EvInit || !exectest.Hex32.MatchString(evs[0].Text) || evs[1].Type != wire.EvExecutionComplete {
 		t.Fatalf("events = %+v", evs)
 	}
 	id := evs[0].Text
 	waitFinished(t, e, id)
-	resp := e.do("GET", "/command/"+id+"/logs", nil)
+	resp := e.Do("GET", "/command/"+id+"/logs", nil)
 	all, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if string(all) != "one\ntwo\nthree\n" || resp.Header.Get("EXECD-COMMANDS-TAIL-CURSOR") != "14" ||
 		resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" {
 		t.Fatalf("logs %q cursor %q", all, resp.Header.Get("EXECD-COMMANDS-TAIL-CURSOR"))
 	}
-	resp = e.do("GET", "/command/"+id+"/logs?cursor=8", nil)
+	resp = e.Do("GET", "/command/"+id+"/logs?cursor=8", nil)
 	tail, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if string(tail) != "three\n" || resp.Header.Get("EXECD-COMMANDS-TAIL-CURSOR") != "14" {
 		t.Fatalf("tail %q", tail)
 	}
-	resp = e.do("GET", "/command/"+id+"/logs?cursor=999", nil)
+	resp = e.Do("GET", "/command/"+id+"/logs?cursor=999", nil)
 	tail, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if len(tail) != 0 || resp.Header.Get("EXECD-COMMANDS-TAIL-CURSOR") != "14" {
 		t.Fatalf("past-end %q %q", tail, resp.Header.Get("EXECD-COMMANDS-TAIL-CURSOR"))
 	}
-	st, body := e.call("GET", "/command/"+id+"/logs?cursor=x", nil)
-	wantError(t, st, body, 400, CodeInvalidRequestBody)
+	st, body := e.Call("GET", "/command/"+id+"/logs?cursor=x", nil)
+	exectest.WantError(t, st, body, 400, wire.CodeInvalidRequestBody)
 }
 
 func TestCommandBackgroundExitCodeAndKill(t *testing.T) {
@@ -382,7 +357,7 @@ func TestCommandBackgroundExitCodeAndKill(t *testing.T) {
 		t.Fatalf("status = %+v", st)
 	}
 	id = e.runStream(map[string]any{"command": "sleep 30", "background": true})[0].Text
-	if code, _ := e.call("DELETE", "/command?id="+id, nil); code != 200 {
+	if code, _ := e.Call("DELETE", "/command?id="+id, nil); code != 200 {
 		t.Fatal(code)
 	}
 	st = waitFinished(t, e, id)
@@ -430,12 +405,12 @@ func TestCommandGrace(t *testing.T) {
 	}
 }
 
-func waitFinished(t *testing.T, e *testEnv, id string) commandStatus {
+func waitFinished(t *testing.T, e *testEnv, id string) command.Status {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		code, body := e.call("GET", "/command/status/"+id, nil)
-		var st commandStatus
+		code, body := e.Call("GET", "/command/status/"+id, nil)
+		var st command.Status
 		if err := json.Unmarshal(body, &st); err != nil || code != 200 {
 			t.Fatalf("status %d %s", code, body)
 		}
@@ -446,18 +421,5 @@ func waitFinished(t *testing.T, e *testEnv, id string) commandStatus {
 			t.Fatalf("command %s still running", id)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
-	for i, s := range []string{"", "plain", `q"b\s`, "\x00\x01\x1f\t\n\r\b\f", "héllo ✓", "bad\xff\xfeutf8", "\u2028\u2029", "<&>", strings.Repeat("ab\x7f", 10)} {
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		enc.Encode(s)
-		want := strings.TrimSuffix(buf.String(), "\n")
-		if got := string(appendJSONString(nil, s)); got != want {
-			t.Errorf("%d: got %s, want %s", i, got, want)
-		}
 	}
 }

@@ -151,16 +151,3 @@ func classifyOSError(err error) error {
 	}
 	return fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
 }
-
-// childEnv returns environ minus the agent's own variables (EXECD_*,
-// MOAT_*), which children must not inherit (the access token in particular).
-func childEnv(environ []string) []string {
-	out := make([]string, 0, len(environ))
-	for _, kv := range environ {
-		if strings.HasPrefix(kv, "EXECD_") || strings.HasPrefix(kv, "MOAT_") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
-}

@@ -8,57 +8,60 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/metrics"
+	"github.com/moat-sandbox/moat/internal/execd/pty"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 func TestSessionPersistsEnvAndCwd(t *testing.T) {
 	e := newTestEnv(t)
-	st, b := e.call("POST", "/session", "")
+	st, b := e.Call("POST", "/session", "")
 	var cr struct {
 		SessionID string `json:"session_id"`
 	}
 	json.Unmarshal(b, &cr)
-	if st != 200 || !hex32.MatchString(cr.SessionID) {
+	if st != 200 || !exectest.Hex32.MatchString(cr.SessionID) {
 		t.Fatalf("create: %d %s", st, b)
 	}
 	dir := t.TempDir()
-	run := func(cmd string) []Event {
-		resp := e.do("POST", "/session/"+cr.SessionID+"/run", map[string]any{"command": cmd})
+	run := func(cmd string) []wire.Event {
+		resp := e.Do("POST", "/session/"+cr.SessionID+"/run", map[string]any{"command": cmd})
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(resp.Body)
-		return readEvents(t, data)
+		return exectest.ReadEvents(t, data)
 	}
-	if evs := run("export FOO=bar; cd " + dir + "; echo err >&2"); evs[0].Text != cr.SessionID || evs[1].Type != evStdout || evs[1].Text != "err" ||
-		evs[len(evs)-1].Type != evExecutionComplete {
+	if evs := run("export FOO=bar; cd " + dir + "; echo err >&2"); evs[0].Text != cr.SessionID || evs[1].Type != wire.EvStdout || evs[1].Text != "err" ||
+		evs[len(evs)-1].Type != wire.EvExecutionComplete {
 		t.Fatalf("run 1: %+v", evs)
 	}
 	evs := run("echo $FOO; pwd; exit 4")
-	if evs[1].Text != "bar" || evs[2].Text != dir || evs[3].Type != evError || evs[3].Error.EValue != "4" {
+	if evs[1].Text != "bar" || evs[2].Text != dir || evs[3].Type != wire.EvError || evs[3].Error.EValue != "4" {
 		t.Fatalf("run 2: %+v", evs)
 	}
 	if evs := run("echo $FOO"); evs[1].Text != "bar" {
 		t.Fatalf("env lost after exit: %+v", evs)
 	}
-	st, b = e.call("POST", "/session/"+cr.SessionID+"/run", "{}")
-	wantError(t, st, b, 400, CodeInvalidRequestBody)
-	if st, _ := e.call("DELETE", "/session/"+cr.SessionID, nil); st != 200 {
+	st, b = e.Call("POST", "/session/"+cr.SessionID+"/run", "{}")
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidRequestBody)
+	if st, _ := e.Call("DELETE", "/session/"+cr.SessionID, nil); st != 200 {
 		t.Fatal(st)
 	}
-	st, b = e.call("DELETE", "/session/"+cr.SessionID, nil)
-	wantError(t, st, b, 404, CodeContextNotFound)
-	st, b = e.call("POST", "/session/nope/run", map[string]any{"command": "true"})
-	wantError(t, st, b, 404, CodeContextNotFound)
+	st, b = e.Call("DELETE", "/session/"+cr.SessionID, nil)
+	exectest.WantError(t, st, b, 404, wire.CodeContextNotFound)
+	st, b = e.Call("POST", "/session/nope/run", map[string]any{"command": "true"})
+	exectest.WantError(t, st, b, 404, wire.CodeContextNotFound)
 }
 
 func TestMetrics(t *testing.T) {
 	e := newTestEnv(t)
-	st, b := e.call("GET", "/metrics", nil)
-	var m Metrics
+	st, b := e.Call("GET", "/metrics", nil)
+	var m metrics.Metrics
 	if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.CPUCount <= 0 || m.MemTotalMiB <= 0 || m.MemUsedMiB <= 0 ||
 		m.CPUUsedPct < 0 || m.CPUUsedPct > 100 || time.Since(time.UnixMilli(m.Timestamp)) > time.Minute {
 		t.Fatalf("metrics: %d %s", st, b)
@@ -145,7 +148,7 @@ func TestProxy(t *testing.T) {
 
 func TestPTY(t *testing.T) {
 	e := newTestEnv(t)
-	resp := e.do("POST", "/pty", map[string]any{"cwd": t.TempDir()})
+	resp := e.Do("POST", "/pty", map[string]any{"cwd": t.TempDir()})
 	var cr struct {
 		SessionID string `json:"session_id"`
 	}
@@ -170,14 +173,14 @@ func TestPTY(t *testing.T) {
 	if _, r2, err := websocket.Dial(ctx, wsURL, nil); err == nil || r2 == nil || r2.StatusCode != 409 {
 		t.Fatalf("second client: %v %v", r2, err)
 	}
-	c.Write(ctx, websocket.MessageBinary, append([]byte{frameStdin}, "echo pty-$((6*7))\n"...))
+	c.Write(ctx, websocket.MessageBinary, append([]byte{pty.FrameStdin}, "echo pty-$((6*7))\n"...))
 	var out strings.Builder
 	for !strings.Contains(out.String(), "pty-42") {
 		typ, msg, err := c.Read(ctx)
 		if err != nil {
 			t.Fatalf("read: %v (so far %q)", err, out.String())
 		}
-		if typ == websocket.MessageBinary && msg[0] == frameStdout {
+		if typ == websocket.MessageBinary && msg[0] == pty.FrameStdout {
 			out.Write(msg[1:])
 		}
 	}
@@ -189,7 +192,7 @@ func TestPTY(t *testing.T) {
 	for {
 		_, _, err := c.Read(ctx)
 		if err != nil {
-			if websocket.CloseStatus(err) != closeTakenOver {
+			if websocket.CloseStatus(err) != pty.CloseTakenOver {
 				t.Fatalf("old client closed with %v", err)
 			}
 			break
@@ -197,15 +200,15 @@ func TestPTY(t *testing.T) {
 	}
 	c2.Read(ctx) // connected
 	typ, msg, err := c2.Read(ctx)
-	if err != nil || typ != websocket.MessageBinary || msg[0] != frameReplay || binary.BigEndian.Uint64(msg[1:9]) != 0 ||
+	if err != nil || typ != websocket.MessageBinary || msg[0] != pty.FrameReplay || binary.BigEndian.Uint64(msg[1:9]) != 0 ||
 		!strings.Contains(string(msg[9:]), "pty-42") {
 		t.Fatalf("replay: %v %q %v", typ, msg, err)
 	}
-	st, b := e.call("GET", "/pty/"+cr.SessionID, nil)
+	st, b := e.Call("GET", "/pty/"+cr.SessionID, nil)
 	if st != 200 || !strings.Contains(string(b), `"running":true`) {
 		t.Fatalf("status: %s", b)
 	}
-	c2.Write(ctx, websocket.MessageBinary, append([]byte{frameStdin}, "exit 3\n"...))
+	c2.Write(ctx, websocket.MessageBinary, append([]byte{pty.FrameStdin}, "exit 3\n"...))
 	for {
 		typ, msg, err := c2.Read(ctx)
 		if err != nil {
@@ -221,92 +224,9 @@ func TestPTY(t *testing.T) {
 			break
 		}
 	}
-	if st, _ := e.call("DELETE", "/pty/"+cr.SessionID, nil); st != 200 {
+	if st, _ := e.Call("DELETE", "/pty/"+cr.SessionID, nil); st != 200 {
 		t.Fatal(st)
 	}
-	st, b = e.call("GET", "/pty/"+cr.SessionID, nil)
-	wantError(t, st, b, 404, CodeContextNotFound)
-}
-
-// TestCodeContexts covers the built-in REPL drivers (Jupyter kernels are
-// off here; jupyter_test.go covers them).
-func TestCodeContexts(t *testing.T) {
-	e := newTestEnv(t, func(o *Options) { o.NoKernels = true })
-	langs := []string{"bash"}
-	for _, l := range []struct{ lang, bin string }{{"python", "python3"}, {"javascript", "node"}} {
-		if _, err := exec.LookPath(l.bin); err == nil {
-			langs = append(langs, l.lang)
-		}
-	}
-	cells := map[string][3]string{ // define, use (prints 42), error
-		"bash":       {"x=41", "echo $((x+1))", ""},
-		"python":     {"x = 41", "print(x + 1)\nx + 1", "1/0"},
-		"javascript": {"var x = 41", "console.log(x + 1); x + 1", "null.f()"},
-	}
-	for _, lang := range langs {
-		t.Run(lang, func(t *testing.T) {
-			st, b := e.call("POST", "/code/context", map[string]any{"language": lang})
-			var info codeContextInfo
-			json.Unmarshal(b, &info)
-			if st != 200 || info.Language != lang || !hex32.MatchString(info.ID) {
-				t.Fatalf("create: %d %s", st, b)
-			}
-			run := func(code string) []Event {
-				resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"id": info.ID}, "code": code})
-				defer resp.Body.Close()
-				data, _ := io.ReadAll(resp.Body)
-				return readEvents(t, data)
-			}
-			c := cells[lang]
-			if evs := run(c[0]); evs[0].Text != info.ID || evs[len(evs)-1].Type != evExecutionComplete {
-				t.Fatalf("define: %+v", evs)
-			}
-			evs := run(c[1])
-			var stdout string
-			var result any
-			for _, ev := range evs {
-				if ev.Type == evStdout {
-					stdout += ev.Text
-				}
-				if ev.Type == evResult {
-					result = ev.Results["text"]
-				}
-			}
-			if stdout != "42\n" || evs[len(evs)-1].Type != evExecutionComplete {
-				t.Fatalf("use: %+v", evs)
-			}
-			if lang != "bash" && result != "42" {
-				t.Fatalf("result = %v (%+v)", result, evs)
-			}
-			if c[2] != "" {
-				evs := run(c[2])
-				last := evs[len(evs)-1]
-				if last.Type != evError || last.Error.EName == "" || evs[len(evs)-2].Type != evStatus {
-					t.Fatalf("error: %+v", evs)
-				}
-			}
-			st, b = e.call("GET", "/code/contexts?language="+lang, nil)
-			if st != 200 || !strings.Contains(string(b), info.ID) {
-				t.Fatalf("list: %s", b)
-			}
-			if st, _ := e.call("DELETE", "/code/contexts/"+info.ID, nil); st != 200 {
-				t.Fatal(st)
-			}
-			st, b = e.call("GET", "/code/contexts/"+info.ID, nil)
-			wantError(t, st, b, 404, CodeContextNotFound)
-		})
-	}
-	st, b := e.call("POST", "/code/context", map[string]any{"language": "cobol"})
-	wantError(t, st, b, 400, CodeInvalidRequestBody)
-	st, b = e.call("POST", "/code", map[string]any{"code": ""})
-	wantError(t, st, b, 400, CodeInvalidRequestBody)
-	st, b = e.call("DELETE", "/code", nil)
-	wantError(t, st, b, 400, CodeMissingQuery)
-	// No language: a shell command.
-	resp := e.do("POST", "/code", map[string]any{"code": "echo plain"})
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if evs := readEvents(t, data); evs[1].Text != "plain" {
-		t.Fatalf("command language: %+v", evs)
-	}
+	st, b = e.Call("GET", "/pty/"+cr.SessionID, nil)
+	exectest.WantError(t, st, b, 404, wire.CodeContextNotFound)
 }

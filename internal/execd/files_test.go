@@ -13,6 +13,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/files"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // uploadBody builds the multipart body the Go SDK sends: per file a
@@ -75,7 +79,7 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("uploaded file: %v %v", fi, err)
 	}
-	resp := e.do("GET", "/files/download?path="+dst, nil)
+	resp := e.Do("GET", "/files/download?path="+dst, nil)
 	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !bytes.Equal(got, data) || resp.Header.Get("Content-Type") != "application/octet-stream" ||
@@ -137,21 +141,21 @@ func TestUploadPairsInOrder(t *testing.T) {
 func TestUploadErrors(t *testing.T) {
 	e := newTestEnv(t)
 	st, b := e.upload("application/json", []byte("{}"))
-	wantError(t, st, b, 400, CodeInvalidFile)
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidFile)
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
 	w, _ := mw.CreateFormFile("metadata", "metadata")
 	w.Write([]byte("not json"))
 	mw.Close()
 	st, b = e.upload(mw.FormDataContentType(), buf.Bytes())
-	wantError(t, st, b, 400, CodeInvalidFileMetadata)
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidFileMetadata)
 	buf.Reset()
 	mw = multipart.NewWriter(&buf)
 	w, _ = mw.CreateFormFile("metadata", "metadata")
 	w.Write([]byte(`{"path":"/tmp/never"}`))
 	mw.Close()
 	st, b = e.upload(mw.FormDataContentType(), buf.Bytes())
-	wantError(t, st, b, 400, CodeInvalidFile)
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidFile)
 }
 
 func TestFileOperations(t *testing.T) {
@@ -160,28 +164,28 @@ func TestFileOperations(t *testing.T) {
 	f := filepath.Join(dir, "f.txt")
 	writeFile(f, "hello world hello")
 
-	st, b := e.call("GET", "/files/info?path="+f, nil)
-	var infos map[string]FileInfo
+	st, b := e.Call("GET", "/files/info?path="+f, nil)
+	var infos map[string]files.FileInfo
 	json.Unmarshal(b, &infos)
 	if st != 200 || infos[f].Type != "file" || infos[f].Size != 17 || infos[f].Mode != 644 || infos[f].Owner == "" {
 		t.Fatalf("info: %d %s", st, b)
 	}
 	for _, key := range []string{"path", "type", "size", "modified_at", "created_at", "owner", "group", "mode"} {
 		if !bytes.Contains(b, []byte(`"`+key+`":`)) {
-			t.Errorf("FileInfo lacks %q: %s", key, b)
+			t.Errorf("files.FileInfo lacks %q: %s", key, b)
 		}
 	}
-	st, b = e.call("GET", "/files/info?path="+dir+"/missing", nil)
-	wantError(t, st, b, 404, CodeFileNotFound)
+	st, b = e.Call("GET", "/files/info?path="+dir+"/missing", nil)
+	exectest.WantError(t, st, b, 404, wire.CodeFileNotFound)
 
-	if st, b = e.call("POST", "/files/permissions", map[string]any{f: map[string]any{"mode": 600}}); st != 200 {
+	if st, b = e.Call("POST", "/files/permissions", map[string]any{f: map[string]any{"mode": 600}}); st != 200 {
 		t.Fatalf("chmod: %d %s", st, b)
 	}
 	if fi, _ := os.Stat(f); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode = %v", fi.Mode())
 	}
 
-	st, b = e.call("POST", "/files/replace?verbose=true", map[string]any{f: map[string]string{"old": "hello", "new": "bye"}})
+	st, b = e.Call("POST", "/files/replace?verbose=true", map[string]any{f: map[string]string{"old": "hello", "new": "bye"}})
 	if st != 200 || string(bytes.TrimSpace(b)) != fmt.Sprintf(`{"%s":{"replacedCount":2}}`, f) {
 		t.Fatalf("replace: %d %s", st, b)
 	}
@@ -191,20 +195,20 @@ func TestFileOperations(t *testing.T) {
 	if fi, _ := os.Stat(f); fi.Mode().Perm() != 0o600 {
 		t.Fatal("replace changed the mode")
 	}
-	st, b = e.call("POST", "/files/replace", map[string]any{f: map[string]string{"old": "", "new": "x"}})
-	wantError(t, st, b, 400, CodeInvalidRequestBody)
+	st, b = e.Call("POST", "/files/replace", map[string]any{f: map[string]string{"old": "", "new": "x"}})
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidRequestBody)
 
 	g := filepath.Join(dir, "sub/g.txt")
-	if st, b = e.call("POST", "/files/mv", []map[string]string{{"src": f, "dest": g}}); st != 200 {
+	if st, b = e.Call("POST", "/files/mv", []map[string]string{{"src": f, "dest": g}}); st != 200 {
 		t.Fatalf("mv: %d %s", st, b)
 	}
 	if !fileExists(g) || fileExists(f) {
 		t.Fatal("mv did not move")
 	}
-	st, b = e.call("POST", "/files/mv", []map[string]string{{"src": f, "dest": g}})
-	wantError(t, st, b, 404, CodeFileNotFound)
+	st, b = e.Call("POST", "/files/mv", []map[string]string{{"src": f, "dest": g}})
+	exectest.WantError(t, st, b, 404, wire.CodeFileNotFound)
 
-	if st, b = e.call("POST", "/directories", map[string]any{dir + "/d1/d2": map[string]any{"mode": 700}}); st != 200 {
+	if st, b = e.Call("POST", "/directories", map[string]any{dir + "/d1/d2": map[string]any{"mode": 700}}); st != 200 {
 		t.Fatalf("mkdir: %d %s", st, b)
 	}
 	if fi, err := os.Stat(dir + "/d1/d2"); err != nil || fi.Mode().Perm() != 0o700 {
@@ -213,22 +217,22 @@ func TestFileOperations(t *testing.T) {
 	writeFile(dir+"/d1/d2/deep.py", "x")
 	os.Symlink(dir+"/sub", dir+"/link")
 
-	st, b = e.call("GET", "/files/search?path="+dir+"&pattern=*.txt", nil)
-	var found []FileInfo
+	st, b = e.Call("GET", "/files/search?path="+dir+"&pattern=*.txt", nil)
+	var found []files.FileInfo
 	json.Unmarshal(b, &found)
 	if st != 200 || len(found) != 1 || found[0].Path != g {
 		t.Fatalf("search: %d %s", st, b)
 	}
-	st, b = e.call("GET", "/files/search?path="+dir, nil)
+	st, b = e.Call("GET", "/files/search?path="+dir, nil)
 	json.Unmarshal(b, &found)
 	if len(found) != 2 {
 		t.Fatalf("search **: %s", b)
 	}
-	st, b = e.call("GET", "/files/search", nil)
-	wantError(t, st, b, 400, CodeMissingQuery)
+	st, b = e.Call("GET", "/files/search", nil)
+	exectest.WantError(t, st, b, 400, wire.CodeMissingQuery)
 
-	st, b = e.call("GET", "/directories/list?path="+dir, nil)
-	var list []FileInfo
+	st, b = e.Call("GET", "/directories/list?path="+dir, nil)
+	var list []files.FileInfo
 	json.Unmarshal(b, &list)
 	var names []string
 	for _, fi := range list {
@@ -237,61 +241,24 @@ func TestFileOperations(t *testing.T) {
 	if st != 200 || strings.Join(names, ",") != "d1:directory,link:symlink,sub:directory" {
 		t.Fatalf("list: %d %v", st, names)
 	}
-	st, b = e.call("GET", "/directories/list?path="+dir+"&depth=3", nil)
+	st, b = e.Call("GET", "/directories/list?path="+dir+"&depth=3", nil)
 	json.Unmarshal(b, &list)
 	if len(list) != 6 { // d1, d1/d2, d1/d2/deep.py, link, sub, sub/g.txt
 		t.Fatalf("depth 3: %s", b)
 	}
-	st, b = e.call("GET", "/directories/list?path="+dir+"/link", nil)
-	wantError(t, st, b, 400, CodeInvalidFile)
+	st, b = e.Call("GET", "/directories/list?path="+dir+"/link", nil)
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidFile)
 
-	st, b = e.call("DELETE", "/files?path="+dir+"/d1", nil)
-	wantError(t, st, b, 400, CodeInvalidFile)
-	if st, _ = e.call("DELETE", "/files?path="+g, nil); st != 200 || fileExists(g) {
+	st, b = e.Call("DELETE", "/files?path="+dir+"/d1", nil)
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidFile)
+	if st, _ = e.Call("DELETE", "/files?path="+g, nil); st != 200 || fileExists(g) {
 		t.Fatal("delete file")
 	}
-	if st, _ = e.call("DELETE", "/directories?path="+dir+"/d1", nil); st != 200 || fileExists(dir+"/d1") {
+	if st, _ = e.Call("DELETE", "/directories?path="+dir+"/d1", nil); st != 200 || fileExists(dir+"/d1") {
 		t.Fatal("delete dir")
 	}
-	st, b = e.call("DELETE", "/directories", nil)
-	wantError(t, st, b, 400, CodeMissingQuery)
-	st, b = e.call("POST", "/directories", "{")
-	wantError(t, st, b, 400, CodeInvalidRequestBody)
-}
-
-func TestExpandPath(t *testing.T) {
-	env := []string{"HOME=/home/u", "W=/work"}
-	for i, tc := range []struct{ in, want string }{
-		0: {"~/x", "/home/u/x"},
-		1: {"$HOME/y", "/home/u/y"},
-		2: {"${W}/z", "/work/z"},
-		3: {"/a/../b", "/b"},
-		4: {"~", "/home/u"},
-	} {
-		if got := expandPath(tc.in, env); got != tc.want {
-			t.Errorf("%d: expandPath(%q) = %q, want %q", i, tc.in, got, tc.want)
-		}
-	}
-}
-
-func TestParseMode(t *testing.T) {
-	for i, tc := range []struct {
-		in   int
-		want os.FileMode
-		ok   bool
-	}{
-		0: {755, 0o755, true},
-		1: {644, 0o644, true},
-		2: {0, 0o640, true},
-		3: {789, 0, false},
-		4: {4755, 0o755 | os.ModeSetuid, true},
-	} {
-		got, err := parseMode(tc.in, 0o640)
-		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
-			t.Errorf("%d: parseMode(%d) = %v, %v", i, tc.in, got, err)
-		}
-		if tc.ok && tc.in != 0 && formatMode(got) != tc.in {
-			t.Errorf("%d: formatMode = %d", i, formatMode(got))
-		}
-	}
+	st, b = e.Call("DELETE", "/directories", nil)
+	exectest.WantError(t, st, b, 400, wire.CodeMissingQuery)
+	st, b = e.Call("POST", "/directories", "{")
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidRequestBody)
 }

@@ -17,6 +17,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/command"
+	"github.com/moat-sandbox/moat/internal/execd/files"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // fuzzEnv is an agent whose file operations are confined (by the harness)
@@ -72,7 +76,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 // inBox reports whether the agent resolves p to a path inside the box. The
 // harness only sends such paths, so a change outside is an agent bug.
 func (e *fuzzEnv) inBox(p string) bool {
-	fp := e.srv.expand(p)
+	fp := e.srv.run.Expand(p)
 	return fp == e.box || strings.HasPrefix(fp, e.box+"/")
 }
 
@@ -146,9 +150,9 @@ func FuzzCommandBody(f *testing.F) {
 	e := newFuzzEnv(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		body = bytes.ReplaceAll(body, []byte("BOX"), []byte(e.box))
-		var req runCommandRequest
+		var req command.RunRequest
 		probe, _ := http.NewRequest("POST", "/", bytes.NewReader(body))
-		if decodeBody(probe, &req, false) == nil {
+		if wire.DecodeBody(probe, &req, false) == nil {
 			if !slices.Contains(harmless, req.Command) && req.Command != "" {
 				return
 			}
@@ -208,7 +212,7 @@ func FuzzUpload(f *testing.F) {
 		meta1 = strings.ReplaceAll(meta1, "BOX", e.box)
 		meta2 = strings.ReplaceAll(meta2, "BOX", e.box)
 		for _, m := range []string{meta1, meta2} {
-			var fm fileMetadata
+			var fm files.Metadata
 			if json.NewDecoder(io.LimitReader(strings.NewReader(m), 1<<20)).Decode(&fm) == nil && fm.Path != "" && !e.inBox(fm.Path) {
 				return
 			}

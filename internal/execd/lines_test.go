@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // TestDownloadLineRange covers the line-based read of GET /files/download
@@ -56,8 +58,8 @@ func TestDownloadLineRange(t *testing.T) {
 		}
 	}
 	for _, q := range []string{"&offset=0&limit=1", "&offset=1&limit=0", "&offset=x&limit=1", "&offset=1", "&limit=1", "&offset=-1&limit=2"} {
-		if code, _, body := get(q); code != 400 || !strings.Contains(body, CodeInvalidRequestBody) {
-			t.Errorf("%s: %d %s, want 400 %s", q, code, body, CodeInvalidRequestBody)
+		if code, _, body := get(q); code != 400 || !strings.Contains(body, wire.CodeInvalidRequestBody) {
+			t.Errorf("%s: %d %s, want 400 %s", q, code, body, wire.CodeInvalidRequestBody)
 		}
 	}
 	if code, _, _ := get("&offset=1&limit=1", "Range", "bytes=0-1"); code != 400 {

@@ -5,15 +5,9 @@ import (
 	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/web"
 )
-
-// baseEnv returns the environment children inherit (a copy).
-func (s *Server) baseEnv() []string {
-	s.envMu.RLock()
-	defer s.envMu.RUnlock()
-	return append([]string(nil), s.opts.BaseEnv...)
-}
 
 // setEnvRequest is the body of POST /moat/v1/env.
 type setEnvRequest struct {
@@ -26,18 +20,16 @@ type setEnvRequest struct {
 func (s *Server) handleSetEnv(w http.ResponseWriter, r *http.Request) error {
 	var req setEnvRequest
 	if err := web.DecodeJSON(r, &req, false); err != nil {
-		return errdefs.WithPublic(err, CodeInvalidRequestBody, "invalid JSON body")
+		return errdefs.WithPublic(err, wire.CodeInvalidRequestBody, "invalid JSON body")
 	}
 	var add []string
 	for k, v := range req.Envs {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return errBody("invalid env variable %q", k)
+			return wire.BadBody("invalid env variable %q", k)
 		}
 		add = append(add, k+"="+v)
 	}
-	s.envMu.Lock()
-	s.opts.BaseEnv = mergeEnv(s.opts.BaseEnv, add)
-	s.envMu.Unlock()
+	s.run.AddEnv(add)
 	w.WriteHeader(http.StatusOK)
 	return nil
 }
@@ -55,10 +47,10 @@ type setTokenRequest struct {
 func (s *Server) handleSetToken(w http.ResponseWriter, r *http.Request) error {
 	var req setTokenRequest
 	if err := web.DecodeJSON(r, &req, false); err != nil {
-		return errdefs.WithPublic(err, CodeInvalidRequestBody, "invalid JSON body")
+		return errdefs.WithPublic(err, wire.CodeInvalidRequestBody, "invalid JSON body")
 	}
 	if len(req.Token) < 16 || len(req.Token) > 256 || strings.IndexFunc(req.Token, func(c rune) bool { return c <= ' ' || c > '~' }) >= 0 {
-		return errBody("token must be 16 to 256 printable ASCII characters")
+		return wire.BadBody("token must be 16 to 256 printable ASCII characters")
 	}
 	s.token.Store(&req.Token)
 	w.WriteHeader(http.StatusOK)

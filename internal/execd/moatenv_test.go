@@ -6,11 +6,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 func TestSetEnvAppliesToLaterCommands(t *testing.T) {
 	e := newTestEnv(t)
-	if code, body := e.call("POST", "/moat/v1/env", map[string]any{"envs": map[string]string{"CLAIMED": "yes", "PATH": "/claimed:/usr/bin:/bin"}}); code != 200 {
+	if code, body := e.Call("POST", "/moat/v1/env", map[string]any{"envs": map[string]string{"CLAIMED": "yes", "PATH": "/claimed:/usr/bin:/bin"}}); code != 200 {
 		t.Fatalf("set env: %d %s", code, body)
 	}
 	evs := e.runStream(map[string]any{"command": "echo $CLAIMED $PATH"})
@@ -24,8 +27,8 @@ func TestSetEnvAppliesToLaterCommands(t *testing.T) {
 		t.Fatalf("command saw %q", got)
 	}
 	for _, bad := range []any{map[string]any{"envs": map[string]string{"A=B": "x"}}, "not an object"} {
-		code, body := e.call("POST", "/moat/v1/env", bad)
-		wantError(t, code, body, 400, CodeInvalidRequestBody)
+		code, body := e.Call("POST", "/moat/v1/env", bad)
+		exectest.WantError(t, code, body, 400, wire.CodeInvalidRequestBody)
 	}
 }
 

@@ -9,6 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/execd/code"
+	"github.com/moat-sandbox/moat/internal/execd/command"
+	"github.com/moat-sandbox/moat/internal/execd/files"
+	"github.com/moat-sandbox/moat/internal/execd/metrics"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/gen/execdapi"
 	"github.com/moat-sandbox/moat/internal/gen/wirecheck"
 )
@@ -21,35 +26,35 @@ func TestWireTypesMatchSpec(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 6, 7, 891_000_000, time.UTC)
 	t1 := t0.Add(time.Second)
 	zero, three := int64(0), 3
-	for name, ev := range map[string]Event{
-		"init":               {Type: evInit, Text: "abc"},
-		"stdout":             {Type: evStdout, Text: "line", Timestamp: 1767323045000},
-		"execution_count":    {Type: evExecutionCount, ExecutionCount: 2},
-		"result":             {Type: evResult, ExecutionCount: 2, Results: map[string]any{"text": "3", "image/png": "AAAA"}},
-		"execution_complete": {Type: evExecutionComplete, ExecutionTime: &zero, Timestamp: 1},
-		"error":              {Type: evError, Error: &EventError{EName: "CommandExecError", EValue: "1", Traceback: []string{"exit status 1"}}},
-		"ping":               {Type: evPing, Text: "pong"},
+	for name, ev := range map[string]wire.Event{
+		"init":               {Type: wire.EvInit, Text: "abc"},
+		"stdout":             {Type: wire.EvStdout, Text: "line", Timestamp: 1767323045000},
+		"execution_count":    {Type: wire.EvExecutionCount, ExecutionCount: 2},
+		"result":             {Type: wire.EvResult, ExecutionCount: 2, Results: map[string]any{"text": "3", "image/png": "AAAA"}},
+		"execution_complete": {Type: wire.EvExecutionComplete, ExecutionTime: &zero, Timestamp: 1},
+		"error":              {Type: wire.EvError, Error: &wire.EventError{EName: "CommandExecError", EValue: "1", Traceback: []string{"exit status 1"}}},
+		"ping":               {Type: wire.EvPing, Text: "pong"},
 	} {
 		wirecheck.Response[execdapi.ServerStreamEvent](t, name+" event", ev)
 	}
-	wirecheck.Response[execdapi.CommandStatus](t, "running CommandStatus", commandStatus{ID: "c1", Content: "sleep 1", Running: true, StartedAt: t0})
+	wirecheck.Response[execdapi.CommandStatus](t, "running CommandStatus", command.Status{ID: "c1", Content: "sleep 1", Running: true, StartedAt: t0})
 	wirecheck.Response[execdapi.CommandStatus](t, "finished CommandStatus",
-		commandStatus{ID: "c1", Content: "false", ExitCode: &three, Error: "exit status 3", StartedAt: t0, FinishedAt: &t1})
-	wirecheck.Response[execdapi.CodeContext](t, "CodeContext", codeContextInfo{ID: "x1", Language: "python", Cwd: "/tmp"})
-	wirecheck.Response[execdapi.CodeContext](t, "CodeContext without cwd", codeContextInfo{ID: "x1", Language: "python"})
-	wirecheck.Response[execdapi.Metrics](t, "Metrics", Metrics{CPUCount: 2, CPUUsedPct: 12.345678901234, MemTotalMiB: 1024.5, MemUsedMiB: 3.25, Timestamp: 1767323045123})
-	wirecheck.Response[execdapi.FileInfo](t, "FileInfo", FileInfo{Path: "/a", Type: "file", Size: 1 << 40, ModifiedAt: t0, CreatedAt: t1, Owner: "root", Group: "root", Mode: 644})
+		command.Status{ID: "c1", Content: "false", ExitCode: &three, Error: "exit status 3", StartedAt: t0, FinishedAt: &t1})
+	wirecheck.Response[execdapi.CodeContext](t, "CodeContext", code.ContextInfo{ID: "x1", Language: "python", Cwd: "/tmp"})
+	wirecheck.Response[execdapi.CodeContext](t, "CodeContext without cwd", code.ContextInfo{ID: "x1", Language: "python"})
+	wirecheck.Response[execdapi.Metrics](t, "Metrics", metrics.Metrics{CPUCount: 2, CPUUsedPct: 12.345678901234, MemTotalMiB: 1024.5, MemUsedMiB: 3.25, Timestamp: 1767323045123})
+	wirecheck.Response[execdapi.FileInfo](t, "files.FileInfo", files.FileInfo{Path: "/a", Type: "file", Size: 1 << 40, ModifiedAt: t0, CreatedAt: t1, Owner: "root", Group: "root", Mode: 644})
 
-	for _, code := range []string{CodeInvalidRequestBody, CodeMissingQuery, CodeRuntimeError, CodeInvalidFile, CodeInvalidFileContent,
-		CodeInvalidFileMetadata, CodeFileNotFound, CodeUnknown, CodeContextNotFound, CodeNotSupported, "ALREADY_CONNECTED"} {
+	for _, code := range []string{wire.CodeInvalidRequestBody, wire.CodeMissingQuery, wire.CodeRuntimeError, wire.CodeInvalidFile, wire.CodeInvalidFileContent,
+		wire.CodeInvalidFileMetadata, wire.CodeFileNotFound, wire.CodeUnknown, wire.CodeContextNotFound, wire.CodeNotSupported, "ALREADY_CONNECTED"} {
 		if !execdapi.ErrorResponseCode(code).Valid() {
 			t.Errorf("error code %s is not in the spec's ErrorResponse.code enum", code)
 		}
 	}
 
-	wirecheck.Request[runCommandRequest, execdapi.RunCommandRequest](t, "RunCommandRequest")
-	wirecheck.Request[permission, execdapi.Permission](t, "Permission")
-	wirecheck.Request[fileMetadata, execdapi.FileMetadata](t, "FileMetadata")
+	wirecheck.Request[command.RunRequest, execdapi.RunCommandRequest](t, "RunCommandRequest")
+	wirecheck.Request[files.Permission, execdapi.Permission](t, "Permission")
+	wirecheck.Request[files.Metadata, execdapi.FileMetadata](t, "FileMetadata")
 }
 
 // frames splits an execd stream into its JSON events.
@@ -78,12 +83,12 @@ func TestHandlersMatchSpecModels(t *testing.T) {
 		}
 	}
 
-	st, body := e.call("POST", "/command", map[string]any{"command": "echo out; echo err >&2; exit 3"})
+	st, body := e.Call("POST", "/command", map[string]any{"command": "echo out; echo err >&2; exit 3"})
 	expect("foreground command", st, 200, body)
 	for i, f := range frames(t, body) {
 		wirecheck.Response[execdapi.ServerStreamEvent](t, "foreground event "+itoa(i), f)
 	}
-	st, body = e.call("POST", "/command", map[string]any{"command": "true", "background": true, "envs": map[string]string{"A": "b"}})
+	st, body = e.Call("POST", "/command", map[string]any{"command": "true", "background": true, "envs": map[string]string{"A": "b"}})
 	expect("background command", st, 200, body)
 	var id string
 	for _, f := range frames(t, body) {
@@ -96,7 +101,7 @@ func TestHandlersMatchSpecModels(t *testing.T) {
 		t.Fatalf("no init event in %s", body)
 	}
 	waitFinished(t, e, id)
-	st, body = e.call("GET", "/command/status/"+id, nil)
+	st, body = e.Call("GET", "/command/status/"+id, nil)
 	expect("command status", st, 200, body)
 	wirecheck.Response[execdapi.CommandStatus](t, "GET /command/status", json.RawMessage(body))
 
@@ -105,27 +110,27 @@ func TestHandlersMatchSpecModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := url.QueryEscape
-	st, body = e.call("GET", "/files/info?path="+q(filepath.Join(dir, "f.txt"))+"&path="+q(dir), nil)
+	st, body = e.Call("GET", "/files/info?path="+q(filepath.Join(dir, "f.txt"))+"&path="+q(dir), nil)
 	expect("files info", st, 200, body)
 	wirecheck.Response[map[string]execdapi.FileInfo](t, "GET /files/info", json.RawMessage(body))
-	st, body = e.call("GET", "/directories/list?path="+q(dir), nil)
+	st, body = e.Call("GET", "/directories/list?path="+q(dir), nil)
 	expect("directory list", st, 200, body)
 	wirecheck.Response[[]execdapi.FileInfo](t, "GET /directories/list", json.RawMessage(body))
-	st, body = e.call("GET", "/files/search?path="+q(dir)+"&pattern="+q("*.txt"), nil)
+	st, body = e.Call("GET", "/files/search?path="+q(dir)+"&pattern="+q("*.txt"), nil)
 	expect("files search", st, 200, body)
 	wirecheck.Response[[]execdapi.FileInfo](t, "GET /files/search", json.RawMessage(body))
 
-	st, body = e.call("GET", "/metrics", nil)
+	st, body = e.Call("GET", "/metrics", nil)
 	expect("metrics", st, 200, body)
 	wirecheck.Response[execdapi.Metrics](t, "GET /metrics", json.RawMessage(body))
-	st, body = e.call("GET", "/code/contexts", nil)
+	st, body = e.Call("GET", "/code/contexts", nil)
 	expect("code contexts", st, 200, body)
 	wirecheck.Response[[]execdapi.CodeContext](t, "GET /code/contexts", json.RawMessage(body))
 
-	st, body = e.call("GET", "/files/info?path="+q(filepath.Join(dir, "missing")), nil)
+	st, body = e.Call("GET", "/files/info?path="+q(filepath.Join(dir, "missing")), nil)
 	expect("missing file", st, 404, body)
 	wirecheck.Response[execdapi.ErrorResponse](t, "404 /files/info", json.RawMessage(body))
-	st, body = e.call("POST", "/command", "{")
+	st, body = e.Call("POST", "/command", "{")
 	expect("bad body", st, 400, body)
 	wirecheck.Response[execdapi.ErrorResponse](t, "400 /command", json.RawMessage(body))
 	wirecheck.Response[execdapi.UnauthorizedResponse](t, "401 body", json.RawMessage(unauthorizedBody))

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // TestStreamsNeverLoseOutput runs 100 foreground commands at once, each
@@ -97,15 +99,15 @@ func checkStream(e *testEnv, i, lines int) error {
 			want.Write(append(line, '\n'))
 			continue
 		}
-		var ev Event
+		var ev wire.Event
 		if err := json.Unmarshal(frame, &ev); err != nil {
 			return fmt.Errorf("bad frame %q: %v", frame, err)
 		}
 		switch ev.Type {
-		case evInit:
+		case wire.EvInit:
 			id = ev.Text
-		case evPing:
-		case evExecutionComplete:
+		case wire.EvPing:
+		case wire.EvExecutionComplete:
 			if n != lines {
 				return fmt.Errorf("got %d lines, want %d", n, lines)
 			}

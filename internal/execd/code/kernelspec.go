@@ -1,4 +1,4 @@
-package execd
+package code
 
 import (
 	"context"
@@ -9,10 +9,12 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/proc"
 )
 
-// kernelSpec is a Jupyter kernelspec (<dir>/<name>/kernel.json).
-type kernelSpec struct {
+// KernelSpec is a Jupyter kernelspec (<dir>/<name>/kernel.json).
+type KernelSpec struct {
 	Name          string            `json:"-"`
 	Argv          []string          `json:"argv"`
 	Language      string            `json:"language"`
@@ -20,18 +22,18 @@ type kernelSpec struct {
 	InterruptMode string            `json:"interrupt_mode"` // "signal" (default) or "message"
 }
 
-// kernelDirs are the kernelspec directories in Jupyter's search order:
+// KernelDirs are the kernelspec directories in Jupyter's search order:
 // $JUPYTER_PATH, the user's data dir, then the system ones.
-func kernelDirs(env []string) []string {
+func KernelDirs(env []string) []string {
 	var dirs []string
-	for _, p := range filepath.SplitList(lookupEnv(env, "JUPYTER_PATH")) {
+	for _, p := range filepath.SplitList(proc.LookupEnv(env, "JUPYTER_PATH")) {
 		if p != "" {
 			dirs = append(dirs, filepath.Join(p, "kernels"))
 		}
 	}
-	if d := lookupEnv(env, "JUPYTER_DATA_DIR"); d != "" {
+	if d := proc.LookupEnv(env, "JUPYTER_DATA_DIR"); d != "" {
 		dirs = append(dirs, filepath.Join(d, "kernels"))
-	} else if h := lookupEnv(env, "HOME"); h != "" {
+	} else if h := proc.LookupEnv(env, "HOME"); h != "" {
 		dirs = append(dirs, filepath.Join(h, ".local/share/jupyter/kernels"))
 	}
 	return append(dirs, "/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels")
@@ -50,12 +52,12 @@ func kernelLanguage(l string) string {
 	return l
 }
 
-// findKernelSpec returns the first usable kernelspec for language in dirs:
+// FindKernelSpec returns the first usable kernelspec for language in dirs:
 // its argv[0] must resolve on the agent's PATH. As upstream execd does, a
 // kernel named "python3" is used only when no other python kernel exists
 // (images may ship one kernel per Python version next to it).
-func findKernelSpec(dirs []string, language string, env []string) *kernelSpec {
-	var fallback *kernelSpec
+func FindKernelSpec(dirs []string, language string, env []string) *KernelSpec {
+	var fallback *KernelSpec
 	for _, dir := range dirs {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
@@ -67,7 +69,7 @@ func findKernelSpec(dirs []string, language string, env []string) *kernelSpec {
 			if err != nil {
 				continue
 			}
-			var ks kernelSpec
+			var ks KernelSpec
 			if json.Unmarshal(data, &ks) != nil || len(ks.Argv) == 0 || kernelLanguage(ks.Language) != language {
 				continue
 			}
@@ -75,7 +77,7 @@ func findKernelSpec(dirs []string, language string, env []string) *kernelSpec {
 				continue
 			}
 			if !filepath.IsAbs(ks.Argv[0]) {
-				p, err := lookPath(ks.Argv[0], env)
+				p, err := proc.LookPath(ks.Argv[0], env)
 				if err != nil {
 					continue
 				}
@@ -98,9 +100,9 @@ func findKernelSpec(dirs []string, language string, env []string) *kernelSpec {
 
 // ipykernelSpec is the spec of `python3 -m ipykernel_launcher` for an image
 // that has ipykernel importable but no kernelspec installed.
-func ipykernelSpec(ctx context.Context, env []string) *kernelSpec {
+func ipykernelSpec(ctx context.Context, env []string) *KernelSpec {
 	for _, name := range []string{"python3", "python"} {
-		py, err := lookPath(name, env)
+		py, err := proc.LookPath(name, env)
 		if err != nil {
 			continue
 		}
@@ -110,7 +112,7 @@ func ipykernelSpec(ctx context.Context, env []string) *kernelSpec {
 		err = cmd.Run()
 		cancel()
 		if err == nil {
-			return &kernelSpec{Name: "ipykernel", Argv: []string{py, "-m", "ipykernel_launcher", "-f", "{connection_file}"}, Language: "python"}
+			return &KernelSpec{Name: "ipykernel", Argv: []string{py, "-m", "ipykernel_launcher", "-f", "{connection_file}"}, Language: "python"}
 		}
 		return nil
 	}
@@ -119,7 +121,7 @@ func ipykernelSpec(ctx context.Context, env []string) *kernelSpec {
 
 // kernelFor returns the Jupyter kernel to use for language, or nil to use
 // the built-in REPL driver. The answer is cached per language.
-func (s *Server) kernelFor(ctx context.Context, language string) *kernelSpec {
+func (s *Service) kernelFor(ctx context.Context, language string) *KernelSpec {
 	if s.opts.NoKernels {
 		return nil
 	}
@@ -133,12 +135,12 @@ func (s *Server) kernelFor(ctx context.Context, language string) *kernelSpec {
 	if ks, ok := s.kernels[language]; ok {
 		return ks
 	}
-	env := s.commandEnv(nil)
+	env := s.run.Env(nil)
 	dirs := s.opts.KernelDirs
 	if dirs == nil {
-		dirs = kernelDirs(env)
+		dirs = KernelDirs(env)
 	}
-	ks := findKernelSpec(dirs, language, env)
+	ks := FindKernelSpec(dirs, language, env)
 	if ks == nil && language == "python" && s.opts.KernelDirs == nil {
 		ks = ipykernelSpec(ctx, env)
 	}

@@ -1,4 +1,4 @@
-package execd
+package code
 
 // Built-in REPL drivers for /code when no Jupyter server is configured.
 // Each reads one JSON request per line ({"code": ...}) from fd 4 and writes

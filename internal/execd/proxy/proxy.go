@@ -1,6 +1,8 @@
-package execd
+// Package proxy is the agent's port proxy, /proxy/{port}/{path...}.
+package proxy
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -9,17 +11,26 @@ import (
 	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-// handleProxy reverse-proxies /proxy/{port}/{path...} to
+// Handler reverse-proxies /proxy/{port}/{path...} to
 // 127.0.0.1:{port}/{path...} inside the sandbox: HTTP, streamed responses
 // (flushed immediately) and WebSocket upgrades. The agent token header is
 // stripped so it never reaches the user's server.
-func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) error {
+type Handler struct {
+	// Log receives proxy errors at debug level.
+	Log *slog.Logger
+	// TokenHeader is removed from every proxied request.
+	TokenHeader string
+}
+
+// Serve proxies one request or WebSocket.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request) error {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		return errdefs.Invalid(CodeInvalidRequestBody, "invalid port "+strconv.Quote(r.PathValue("port")))
+		return errdefs.Invalid(wire.CodeInvalidRequestBody, "invalid port "+strconv.Quote(r.PathValue("port")))
 	}
 	target := &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
 	rest := "/" + r.PathValue("path")
@@ -36,14 +47,22 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) error {
 			}
 			pr.Out.Host = r.Host
 			pr.SetXForwarded()
-			pr.Out.Header.Del(TokenHeader)
+			pr.Out.Header.Del(h.TokenHeader)
 		},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			s.log.Debug("proxy error", "port", port, "err", err)
-			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: CodeRuntimeError, Message: "error proxying to port " + strconv.Itoa(port) + ": " + err.Error()})
+			h.Log.Debug("proxy error", "port", port, "err", err)
+			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: wire.CodeRuntimeError, Message: "error proxying to port " + strconv.Itoa(port) + ": " + err.Error()})
 		},
 	}
 	rp.ServeHTTP(w, r)
 	return nil
+}
+
+// Routes are the port proxy routes (every method).
+func (h *Handler) Routes() []wire.Route {
+	return []wire.Route{
+		{Pattern: "/proxy/{port}/{path...}", Handler: h.Serve},
+		{Pattern: "/proxy/{port}", Handler: h.Serve},
+	}
 }

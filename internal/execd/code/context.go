@@ -1,4 +1,8 @@
-package execd
+// Package code is the agent's code interpreter service (POST /code and
+// /code/context): stateful contexts, each backed by the image's Jupyter
+// kernel for the language (jupyter.go, kernelspec.go) or by a built-in
+// driver (drivers.go), and the events their executions stream.
+package code
 
 import (
 	"bufio"
@@ -14,7 +18,50 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
+
+// Options configure a Service.
+type Options struct {
+	// NoKernels makes contexts always use the built-in drivers, even when
+	// the image has Jupyter kernels.
+	NoKernels bool
+	// KernelDirs overrides the kernelspec search path (nil = Jupyter's:
+	// $JUPYTER_PATH, ~/.local/share, /usr/local/share, /usr/share); a
+	// non-nil list also disables the plain `python3 -m ipykernel_launcher`
+	// probe.
+	KernelDirs []string
+}
+
+// ScriptRunner runs code that names no language as a foreground shell
+// command (the commands service).
+type ScriptRunner interface {
+	RunScript(w http.ResponseWriter, r *http.Request, script string) error
+}
+
+// Service serves /code.
+type Service struct {
+	run   *proc.Runner
+	shell ScriptRunner
+	opts  Options
+
+	mu       sync.Mutex
+	contexts map[string]*codeContext // guarded by mu
+
+	kernelMu sync.Mutex
+	kernels  map[string]*KernelSpec // by language; nil entry = none (guarded by kernelMu)
+}
+
+// New returns a Service that starts interpreters through run and hands
+// language-less code to shell.
+func New(run *proc.Runner, shell ScriptRunner, opts Options) *Service {
+	return &Service{
+		run: run, shell: shell, opts: opts,
+		contexts: make(map[string]*codeContext),
+		kernels:  make(map[string]*KernelSpec),
+	}
+}
 
 // codeContext is a stateful interpreter (POST /code/context) run by one of
 // the built-in drivers (repl_drivers.go). It runs one execution at a time.
@@ -22,7 +69,7 @@ type codeContext struct {
 	id, language, cwd string
 
 	mu       sync.Mutex // guards below
-	proc     *Proc
+	proc     *proc.Proc
 	busy     bool
 	dead     bool
 	req      *os.File      // driver fd 4
@@ -33,60 +80,60 @@ type codeContext struct {
 	kernel   *kernelClient // set when a Jupyter kernel backs the context
 }
 
-func (c *codeContext) process() *Proc {
+func (c *codeContext) process() *proc.Proc {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.proc
 }
 
-// codeContextInfo is the context JSON shape.
-type codeContextInfo struct {
+// ContextInfo is the context JSON shape.
+type ContextInfo struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd,omitempty"`
 }
 
 // interpreter returns the argv of the driver for language.
-func (s *Server) interpreter(language, stateDir string) ([]string, error) {
-	env := s.baseEnv()
+func (s *Service) interpreter(language, stateDir string) ([]string, error) {
+	env := s.run.BaseEnv()
 	switch language {
 	case "python":
 		for _, name := range []string{"python3", "python"} {
-			if p, err := lookPath(name, env); err == nil {
+			if p, err := proc.LookPath(name, env); err == nil {
 				return []string{p, "-u", "-c", pythonDriver}, nil
 			}
 		}
-		return nil, errdefs.WithPublic(errdefs.ErrFailedPrecondition, CodeRuntimeError, "language runtime not available: python3 is not installed in this image")
+		return nil, errdefs.WithPublic(errdefs.ErrFailedPrecondition, wire.CodeRuntimeError, "language runtime not available: python3 is not installed in this image")
 	case "javascript":
 		for _, name := range []string{"node", "nodejs"} {
-			if p, err := lookPath(name, env); err == nil {
+			if p, err := proc.LookPath(name, env); err == nil {
 				return []string{p, "-e", nodeDriver}, nil
 			}
 		}
-		return nil, errdefs.WithPublic(errdefs.ErrFailedPrecondition, CodeRuntimeError, "language runtime not available: node is not installed in this image")
+		return nil, errdefs.WithPublic(errdefs.ErrFailedPrecondition, wire.CodeRuntimeError, "language runtime not available: node is not installed in this image")
 	case "bash":
-		return []string{s.shell, "-c", bashDriver}, nil
+		return []string{s.run.Shell(), "-c", bashDriver}, nil
 	case "typescript", "java", "go", "sql":
-		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, CodeRuntimeError,
+		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, wire.CodeRuntimeError,
 			"language runtime server not configured, please check your image runtime (built-in interpreters: bash, python, javascript)")
 	default:
-		return nil, errdefs.Invalid(CodeInvalidRequestBody, "unknown language "+fmt.Sprintf("%q", language))
+		return nil, errdefs.Invalid(wire.CodeInvalidRequestBody, "unknown language "+fmt.Sprintf("%q", language))
 	}
 }
 
 // startContext starts c's interpreter: the image's Jupyter kernel for the
 // language if it has one (kernelspec.go), else the built-in driver.
-func (s *Server) startContext(ctx context.Context, c *codeContext) error {
+func (s *Service) startContext(ctx context.Context, c *codeContext) error {
 	if ks := s.kernelFor(ctx, c.language); ks != nil {
 		return s.startKernel(ctx, c, ks)
 	}
-	argv, err := s.interpreter(c.language, s.dir)
+	argv, err := s.interpreter(c.language, s.run.Dir())
 	if err != nil {
 		return err
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	defer devnull.Close()
 	var toClose []*os.File
@@ -102,11 +149,11 @@ func (s *Server) startContext(ctx context.Context, c *codeContext) error {
 	ctlR, ctlW := pipe()
 	reqR, reqW := pipe()
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	toClose = append(toClose, outW, errW, ctlW, reqR)
-	proc, err := s.reaper.Start(ProcSpec{
-		Path: argv[0], Args: argv, Env: s.commandEnv(nil), Dir: c.cwd,
+	proc, err := s.run.Start(proc.Spec{
+		Path: argv[0], Args: argv, Env: s.run.Env(nil), Dir: c.cwd,
 		Files: []*os.File{devnull, outW, errW, ctlW, reqR},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
@@ -118,13 +165,13 @@ func (s *Server) startContext(ctx context.Context, c *codeContext) error {
 		errR.Close()
 		ctlR.Close()
 		reqW.Close()
-		return errRuntime(err, "error starting "+c.language+" interpreter: "+err.Error())
+		return wire.Runtime(err, "error starting "+c.language+" interpreter: "+err.Error())
 	}
 	c.proc, c.req, c.ctlFile, c.ctl = proc, reqW, ctlR, bufio.NewReaderSize(ctlR, 64<<10)
 	c.out, c.err = newSyncPipe(outR), newSyncPipe(errR)
-	s.track(c.out.run)
-	s.track(c.err.run)
-	s.track(func() {
+	s.run.Go(c.out.run)
+	s.run.Go(c.err.run)
+	s.run.Go(func() {
 		<-proc.Done()
 		c.mu.Lock()
 		c.dead = true
@@ -135,12 +182,12 @@ func (s *Server) startContext(ctx context.Context, c *codeContext) error {
 	return nil
 }
 
-func (s *Server) createContext(ctx context.Context, language, cwd string) (*codeContext, error) {
-	c := &codeContext{id: newID(), language: language}
+func (s *Service) createContext(ctx context.Context, language, cwd string) (*codeContext, error) {
+	c := &codeContext{id: wire.NewID(), language: language}
 	if cwd != "" {
-		c.cwd = s.expand(cwd)
+		c.cwd = s.run.Expand(cwd)
 		if st, err := os.Stat(c.cwd); err != nil || !st.IsDir() {
-			return nil, errBody("cwd %s is not a directory", c.cwd)
+			return nil, wire.BadBody("cwd %s is not a directory", c.cwd)
 		}
 	}
 	if err := s.startContext(ctx, c); err != nil {
@@ -152,25 +199,26 @@ func (s *Server) createContext(ctx context.Context, language, cwd string) (*code
 	return c, nil
 }
 
-func (s *Server) handleCreateContext(w http.ResponseWriter, r *http.Request) error {
+// CreateContext serves POST /code/context.
+func (s *Service) CreateContext(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		Language string `json:"language"`
 		Cwd      string `json:"cwd"`
 	}
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := wire.DecodeBody(r, &req, false); err != nil {
 		return err
 	}
 	if req.Language == "" {
-		return errBody("language is required")
+		return wire.BadBody("language is required")
 	}
 	c, err := s.createContext(r.Context(), req.Language, req.Cwd)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, codeContextInfo{ID: c.id, Language: c.language, Cwd: c.cwd})
+	return wire.WriteJSON(w, ContextInfo{ID: c.id, Language: c.language, Cwd: c.cwd})
 }
 
-func (s *Server) listContexts(language string) []*codeContext {
+func (s *Service) listContexts(language string) []*codeContext {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*codeContext
@@ -183,20 +231,21 @@ func (s *Server) listContexts(language string) []*codeContext {
 	return out
 }
 
-func (s *Server) handleListContexts(w http.ResponseWriter, r *http.Request) error {
-	out := []codeContextInfo{}
+// ListContexts serves GET /code/contexts[?language=].
+func (s *Service) ListContexts(w http.ResponseWriter, r *http.Request) error {
+	out := []ContextInfo{}
 	for _, c := range s.listContexts(r.URL.Query().Get("language")) {
-		out = append(out, codeContextInfo{ID: c.id, Language: c.language})
+		out = append(out, ContextInfo{ID: c.id, Language: c.language})
 	}
-	return writeJSON(w, out)
+	return wire.WriteJSON(w, out)
 }
 
-func (s *Server) removeContext(c *codeContext) {
+func (s *Service) removeContext(c *codeContext) {
 	s.mu.Lock()
 	delete(s.contexts, c.id)
 	s.mu.Unlock()
 	if p := c.process(); p != nil {
-		p.Signal(sigKILL)
+		p.Signal(syscall.SIGKILL)
 		<-p.Done()
 	}
 	if c.kernel != nil {
@@ -204,10 +253,11 @@ func (s *Server) removeContext(c *codeContext) {
 	}
 }
 
-func (s *Server) handleDeleteContexts(w http.ResponseWriter, r *http.Request) error {
+// DeleteContexts serves DELETE /code/contexts?language=: it deletes every context of the language.
+func (s *Service) DeleteContexts(w http.ResponseWriter, r *http.Request) error {
 	lang := r.URL.Query().Get("language")
 	if lang == "" {
-		return errMissingQuery("language")
+		return wire.MissingQuery("language")
 	}
 	for _, c := range s.listContexts(lang) {
 		s.removeContext(c)
@@ -216,25 +266,27 @@ func (s *Server) handleDeleteContexts(w http.ResponseWriter, r *http.Request) er
 	return nil
 }
 
-func (s *Server) getContext(id string) (*codeContext, error) {
+func (s *Service) getContext(id string) (*codeContext, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, ok := s.contexts[id]
 	if !ok {
-		return nil, errContextNotFound("context", id)
+		return nil, wire.ContextNotFound("context", id)
 	}
 	return c, nil
 }
 
-func (s *Server) handleGetContext(w http.ResponseWriter, r *http.Request) error {
+// GetContext serves GET /code/contexts/{id}.
+func (s *Service) GetContext(w http.ResponseWriter, r *http.Request) error {
 	c, err := s.getContext(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, codeContextInfo{ID: c.id, Language: c.language, Cwd: c.cwd})
+	return wire.WriteJSON(w, ContextInfo{ID: c.id, Language: c.language, Cwd: c.cwd})
 }
 
-func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) error {
+// DeleteContext serves DELETE /code/contexts/{id}: it kills the interpreter.
+func (s *Service) DeleteContext(w http.ResponseWriter, r *http.Request) error {
 	c, err := s.getContext(r.PathValue("id"))
 	if err != nil {
 		return err
@@ -244,11 +296,11 @@ func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-// handleInterruptCode sends SIGINT to the context's interpreter group.
-func (s *Server) handleInterruptCode(w http.ResponseWriter, r *http.Request) error {
+// Interrupt serves DELETE /code?id=: it sends SIGINT to the context's interpreter group.
+func (s *Service) Interrupt(w http.ResponseWriter, r *http.Request) error {
 	id := r.URL.Query().Get("id")
 	if id == "" {
-		return errMissingQuery("id")
+		return wire.MissingQuery("id")
 	}
 	c, err := s.getContext(id)
 	if err != nil {
@@ -256,7 +308,7 @@ func (s *Server) handleInterruptCode(w http.ResponseWriter, r *http.Request) err
 	}
 	if c.kernel != nil {
 		if err := c.kernel.interrupt(r.Context()); err != nil {
-			return errRuntime(err, "error interrupting the kernel: "+err.Error())
+			return wire.Runtime(err, "error interrupting the kernel: "+err.Error())
 		}
 	} else if p := c.process(); p != nil {
 		p.Signal(syscall.SIGINT)
@@ -267,7 +319,7 @@ func (s *Server) handleInterruptCode(w http.ResponseWriter, r *http.Request) err
 
 // defaultContext returns (creating it lazily) the default context of a
 // language: the oldest one.
-func (s *Server) defaultContext(ctx context.Context, language string) (*codeContext, error) {
+func (s *Service) defaultContext(ctx context.Context, language string) (*codeContext, error) {
 	if cs := s.listContexts(language); len(cs) > 0 {
 		return cs[0], nil
 	}
@@ -283,10 +335,10 @@ type driverMsg struct {
 	Traceback []string          `json:"traceback"`
 }
 
-// handleRunCode executes code in a context and streams Jupyter-shaped
+// Run serves POST /code: it executes code in a context and streams Jupyter-shaped
 // events: init(context id), stdout/stderr (raw text), execution_count +
 // result for a value, then execution_complete, or status + error.
-func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
+func (s *Service) Run(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		Context *struct {
 			ID       string `json:"id"`
@@ -294,11 +346,11 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 		} `json:"context"`
 		Code string `json:"code"`
 	}
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := wire.DecodeBody(r, &req, false); err != nil {
 		return err
 	}
 	if req.Code == "" {
-		return errBody("code is required")
+		return wire.BadBody("code is required")
 	}
 	var c *codeContext
 	var err error
@@ -309,13 +361,7 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 		c, err = s.defaultContext(r.Context(), req.Context.Language)
 	default:
 		// No language: run as a shell command, like POST /command.
-		cmd := &command{id: newID(), content: req.Code, startedAt: time.Now()}
-		cmd.logPath = filepath.Join(s.dir, cmd.id+".output")
-		logf, err := os.OpenFile(cmd.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-		if err != nil {
-			return errRuntime(err, "")
-		}
-		return s.runForeground(w, r, cmd, logf, s.commandEnv(nil), nil, "", 0)
+		return s.shell.RunScript(w, r, req.Code)
 	}
 	if err != nil {
 		return err
@@ -323,11 +369,11 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	c.mu.Lock()
 	if c.busy {
 		c.mu.Unlock()
-		return errRuntime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
+		return wire.Runtime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
 	}
 	if c.dead {
 		c.mu.Unlock()
-		return errRuntime(fmt.Errorf("%w: interpreter exited", errdefs.ErrFailedPrecondition), "context interpreter has exited; create a new context")
+		return wire.Runtime(fmt.Errorf("%w: interpreter exited", errdefs.ErrFailedPrecondition), "context interpreter has exited; create a new context")
 	}
 	c.busy = true
 	c.runs++
@@ -348,28 +394,28 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	}
 	code := req.Code
 	if c.language == "bash" {
-		cell := filepath.Join(s.dir, fmt.Sprintf("cell-%s-%d.sh", c.id, n))
+		cell := filepath.Join(s.run.Dir(), fmt.Sprintf("cell-%s-%d.sh", c.id, n))
 		if err := os.WriteFile(cell, []byte(code+"\n"), 0o600); err != nil {
-			return errRuntime(err, "")
+			return wire.Runtime(err, "")
 		}
 		defer os.Remove(cell)
 		code = cell
 	}
 	line, _ := json.Marshal(map[string]string{"code": code})
 	started := time.Now()
-	stream := newEventStream(w)
-	stream.send(Event{Type: evInit, Text: c.id})
-	stream.startPings()
-	defer stream.stopPings()
-	c.out.setSink(func(b []byte) { stream.send(Event{Type: evStdout, Text: string(b)}) })
-	c.err.setSink(func(b []byte) { stream.send(Event{Type: evStderr, Text: string(b)}) })
+	stream := wire.NewStream(w)
+	stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
+	stream.StartPings()
+	defer stream.StopPings()
+	c.out.setSink(func(b []byte) { stream.Send(wire.Event{Type: wire.EvStdout, Text: string(b)}) })
+	c.err.setSink(func(b []byte) { stream.Send(wire.Event{Type: wire.EvStderr, Text: string(b)}) })
 	detach := func() {
 		c.out.setSink(nil)
 		c.err.setSink(nil)
 	}
 	if _, err := c.req.Write(append(line, '\n')); err != nil {
 		detach()
-		stream.send(Event{Type: evError, Error: &EventError{EName: "RuntimeError", EValue: "interpreter is not running", Traceback: []string{err.Error()}}})
+		stream.Send(wire.Event{Type: wire.EvError, Error: &wire.EventError{EName: "RuntimeError", EValue: "interpreter is not running", Traceback: []string{err.Error()}}})
 		return nil
 	}
 
@@ -393,11 +439,11 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 		}
 	}()
 
-	var final Event
+	var final wire.Event
 	for {
 		raw, err := c.ctl.ReadBytes('\n')
 		if err != nil {
-			final = Event{Type: evError, Error: &EventError{EName: "RuntimeError", EValue: "interpreter exited", Traceback: []string{"the " + c.language + " interpreter exited"}}}
+			final = wire.Event{Type: wire.EvError, Error: &wire.EventError{EName: "RuntimeError", EValue: "interpreter exited", Traceback: []string{"the " + c.language + " interpreter exited"}}}
 			break
 		}
 		var m driverMsg
@@ -406,9 +452,9 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 		}
 		switch m.Type {
 		case "stdout":
-			stream.send(Event{Type: evStdout, Text: m.Text})
+			stream.Send(wire.Event{Type: wire.EvStdout, Text: m.Text})
 		case "stderr":
-			stream.send(Event{Type: evStderr, Text: m.Text})
+			stream.Send(wire.Event{Type: wire.EvStderr, Text: m.Text})
 		case "result":
 			results := map[string]any{}
 			for k, v := range m.Data {
@@ -417,14 +463,14 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 				}
 				results[k] = v
 			}
-			stream.send(Event{Type: evExecutionCount, ExecutionCount: n})
-			stream.send(Event{Type: evResult, ExecutionCount: n, Results: results})
+			stream.Send(wire.Event{Type: wire.EvExecutionCount, ExecutionCount: n})
+			stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: n, Results: results})
 		case "error":
-			final = Event{Type: evError, Error: &EventError{EName: m.EName, EValue: m.EValue, Traceback: m.Traceback}}
+			final = wire.Event{Type: wire.EvError, Error: &wire.EventError{EName: m.EName, EValue: m.EValue, Traceback: m.Traceback}}
 		case "done":
 			if final.Type == "" {
 				ms := time.Since(started).Milliseconds()
-				final = Event{Type: evExecutionComplete, ExecutionTime: &ms}
+				final = wire.Event{Type: wire.EvExecutionComplete, ExecutionTime: &ms}
 			}
 		}
 		if m.Type == "done" {
@@ -437,9 +483,9 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) error {
 	unwatch()
 	detach()
 	release()
-	if final.Type == evError {
-		stream.send(Event{Type: evStatus, Text: "error"})
+	if final.Type == wire.EvError {
+		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
 	}
-	stream.send(final)
+	stream.Send(final)
 	return nil
 }

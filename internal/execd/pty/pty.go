@@ -1,4 +1,9 @@
-package execd
+// Package pty is the agent's terminal service: POST /pty creates a session
+// whose shell starts on the first WebSocket attach (GET /pty/{id}/ws), in a
+// pseudo-terminal or, with ?pty=0, on pipes. Output is kept in a bounded
+// replay buffer addressed by absolute offsets so a client can resume with
+// ?since=; one client holds a session at a time (?takeover=1 replaces it).
+package pty
 
 import (
 	"context"
@@ -15,27 +20,47 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/creack/pty"
+	creackpty "github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-// PTY frame bytes (protocol §2.5).
+// WebSocket binary frame type bytes (protocol §2.5).
 const (
-	frameStdin  = 0x00
-	frameStdout = 0x01
-	frameStderr = 0x02
-	frameReplay = 0x03
+	FrameStdin  = 0x00
+	FrameStdout = 0x01
+	FrameStderr = 0x02
+	FrameReplay = 0x03
+)
 
+// CloseTakenOver is the WebSocket close code sent to a client whose
+// session another client took over (?takeover=1).
+const CloseTakenOver = websocket.StatusCode(4001)
+
+const (
 	ptyReplayBytes   = 1 << 20 // replay buffer kept per session
 	ptyPingInterval  = 30 * time.Second
 	ptyWriteTimeout  = 10 * time.Second
-	closeTakenOver   = websocket.StatusCode(4001)
 	ptyReadLimit     = 1 << 20
 	defaultTermValue = "xterm-256color"
 )
+
+// Service serves /pty.
+type Service struct {
+	run *proc.Runner
+
+	mu       sync.Mutex
+	sessions map[string]*ptySession // guarded by mu
+}
+
+// New returns a Service that starts its shells through run.
+func New(run *proc.Runner) *Service {
+	return &Service{run: run, sessions: make(map[string]*ptySession)}
+}
 
 // ptySession is an interactive shell driven over one WebSocket at a time.
 // The shell starts on the first attach (in PTY mode, or pipe mode with
@@ -47,7 +72,7 @@ type ptySession struct {
 	mu       sync.Mutex
 	started  bool
 	pipeMode bool
-	proc     *Proc
+	proc     *proc.Proc
 	ptmx     *os.File // PTY mode
 	stdin    *os.File
 	replay   []byte // the last ≤ ptyReplayBytes bytes of output
@@ -78,70 +103,67 @@ func (c *ptyConn) writeJSON(v any) error {
 	return c.write(websocket.MessageText, b)
 }
 
-func (p *ptySession) process() *Proc {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.proc
-}
-
-func (s *Server) handleCreatePTY(w http.ResponseWriter, r *http.Request) error {
+// Create serves POST /pty.
+func (s *Service) Create(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		Cwd     string `json:"cwd"`
 		Command string `json:"command"`
 	}
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := wire.DecodeBody(r, &req, true); err != nil {
 		return err
 	}
-	p := &ptySession{id: newID(), command: req.Command, exitCh: make(chan struct{})}
+	p := &ptySession{id: wire.NewID(), command: req.Command, exitCh: make(chan struct{})}
 	if req.Cwd != "" {
-		p.cwd = s.expand(req.Cwd)
+		p.cwd = s.run.Expand(req.Cwd)
 		if st, err := os.Stat(p.cwd); err != nil || !st.IsDir() {
-			return errBody("cwd %s is not a directory", p.cwd)
+			return wire.BadBody("cwd %s is not a directory", p.cwd)
 		}
 	}
 	s.mu.Lock()
-	s.ptys[p.id] = p
+	s.sessions[p.id] = p
 	s.mu.Unlock()
 	web.WriteJSON(w, http.StatusCreated, map[string]string{"session_id": p.id})
 	return nil
 }
 
-func (s *Server) getPTY(id string) (*ptySession, error) {
+func (s *Service) get(id string) (*ptySession, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, ok := s.ptys[id]
+	p, ok := s.sessions[id]
 	if !ok {
-		return nil, errContextNotFound("pty session", id)
+		return nil, wire.ContextNotFound("pty session", id)
 	}
 	return p, nil
 }
 
-func (s *Server) handleGetPTY(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.getPTY(r.PathValue("id"))
+// Get serves GET /pty/{id}: whether the shell runs and the output offset.
+func (s *Service) Get(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return writeJSON(w, map[string]any{"session_id": p.id, "running": p.started && !p.exited, "output_offset": p.total})
+	return wire.WriteJSON(w, map[string]any{"session_id": p.id, "running": p.started && !p.exited, "output_offset": p.total})
 }
 
-func (s *Server) handleDeletePTY(w http.ResponseWriter, r *http.Request) error {
+// Delete serves DELETE /pty/{id}: it kills the shell and closes the socket.
+func (s *Service) Delete(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	s.mu.Lock()
-	p, ok := s.ptys[id]
-	delete(s.ptys, id)
+	p, ok := s.sessions[id]
+	delete(s.sessions, id)
 	s.mu.Unlock()
 	if !ok {
-		return errContextNotFound("pty session", id)
+		return wire.ContextNotFound("pty session", id)
 	}
 	p.mu.Lock()
-	proc, conn, started := p.proc, p.conn, p.started
+	pr, conn, started := p.proc, p.conn, p.started
 	p.mu.Unlock()
-	if proc != nil {
-		proc.Signal(sigKILL)
+	if pr != nil {
+		pr.Signal(syscall.SIGKILL)
 	}
-	if started && proc != nil {
+	if started && pr != nil {
 		<-p.exitCh
 	}
 	if conn != nil {
@@ -151,18 +173,18 @@ func (s *Server) handleDeletePTY(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// start launches the shell. Preconditions: p.mu held, !p.started.
-func (s *Server) startPTYLocked(p *ptySession, pipeMode bool) error {
-	shell := s.shell
+// startLocked launches the shell. Preconditions: p.mu held, !p.started.
+func (s *Service) startLocked(p *ptySession, pipeMode bool) error {
+	shell := s.run.Shell()
 	args := []string{filepath.Base(shell), "-i"}
 	if p.command != "" {
 		args = []string{filepath.Base(shell), "-c", p.command}
 	}
-	env := s.commandEnv(nil)
-	if lookupEnv(env, "TERM") == "" {
+	env := s.run.Env(nil)
+	if proc.LookupEnv(env, "TERM") == "" {
 		env = append(env, "TERM="+defaultTermValue)
 	}
-	spec := ProcSpec{Path: shell, Args: args, Env: env, Dir: p.cwd}
+	spec := proc.Spec{Path: shell, Args: args, Env: env, Dir: p.cwd}
 	var outs []*os.File // read ends: stdout[, stderr]
 	var closeAfter []*os.File
 	if pipeMode {
@@ -184,18 +206,18 @@ func (s *Server) startPTYLocked(p *ptySession, pipeMode bool) error {
 		p.stdin = inW
 		outs = []*os.File{outR, errR}
 	} else {
-		ptmx, tty, err := pty.Open()
+		ptmx, tty, err := creackpty.Open()
 		if err != nil {
 			return err
 		}
-		pty.Setsize(ptmx, &pty.Winsize{Rows: 24, Cols: 80})
+		creackpty.Setsize(ptmx, &creackpty.Winsize{Rows: 24, Cols: 80})
 		spec.Files = []*os.File{tty, tty, tty}
 		spec.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 		closeAfter = []*os.File{tty}
 		p.ptmx, p.stdin = ptmx, ptmx
 		outs = []*os.File{ptmx}
 	}
-	proc, err := s.reaper.Start(spec)
+	pr, err := s.run.Start(spec)
 	for _, f := range closeAfter {
 		f.Close()
 	}
@@ -206,18 +228,18 @@ func (s *Server) startPTYLocked(p *ptySession, pipeMode bool) error {
 		p.stdin.Close()
 		return err
 	}
-	p.started, p.pipeMode, p.proc = true, pipeMode, proc
+	p.started, p.pipeMode, p.proc = true, pipeMode, pr
 	var wg sync.WaitGroup
 	for i, f := range outs {
-		kind := byte(frameStdout)
+		kind := byte(FrameStdout)
 		if i == 1 {
-			kind = frameStderr
+			kind = FrameStderr
 		}
 		wg.Add(1)
-		s.track(func() { defer wg.Done(); p.pump(f, kind) })
+		s.run.Go(func() { defer wg.Done(); p.pump(f, kind) })
 	}
-	s.track(func() {
-		<-proc.Done()
+	s.run.Go(func() {
+		<-pr.Done()
 		if pipeMode {
 			// A grandchild may hold the pipes; give readers a moment.
 			for _, f := range outs {
@@ -226,7 +248,7 @@ func (s *Server) startPTYLocked(p *ptySession, pipeMode bool) error {
 		}
 		wg.Wait()
 		p.mu.Lock()
-		p.exited, p.exitCode = true, exitCode(proc.Status())
+		p.exited, p.exitCode = true, proc.ExitCode(pr.Status())
 		conn := p.conn
 		code := p.exitCode
 		p.stdin.Close()
@@ -271,8 +293,9 @@ type ptyError struct {
 	Message string `json:"message"`
 }
 
-func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.getPTY(r.PathValue("id"))
+// Attach serves GET /pty/{id}/ws, the WebSocket (protocol §2.5).
+func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -283,7 +306,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 	if v := q.Get("since"); v != "" {
 		since, err = strconv.ParseInt(v, 10, 64)
 		if err != nil || since < 0 {
-			return errdefs.Invalid(CodeInvalidRequestBody, "since must be a non-negative integer")
+			return errdefs.Invalid(wire.CodeInvalidRequestBody, "since must be a non-negative integer")
 		}
 	}
 	p.mu.Lock()
@@ -299,7 +322,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 		}
 		go func() {
 			old.writeJSON(ptyError{Type: "error", Code: "TAKEN_OVER", Message: "session taken over by another client"})
-			old.ws.Close(closeTakenOver, "TAKEN_OVER")
+			old.ws.Close(CloseTakenOver, "TAKEN_OVER")
 		}()
 	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
@@ -319,7 +342,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 		return nil
 	}
 	if !p.started {
-		if err := s.startPTYLocked(p, pipeMode); err != nil {
+		if err := s.startLocked(p, pipeMode); err != nil {
 			p.mu.Unlock()
 			c.writeJSON(ptyError{Type: "error", Code: "START_FAILED", Message: err.Error()})
 			ws.Close(websocket.StatusInternalError, "START_FAILED")
@@ -337,7 +360,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 		from := max(since, start)
 		if from < p.total {
 			frame := make([]byte, 9, 9+p.total-from)
-			frame[0] = frameReplay
+			frame[0] = FrameReplay
 			binary.BigEndian.PutUint64(frame[1:], uint64(from))
 			frame = append(frame, p.replay[from-start:]...)
 			c.write(websocket.MessageBinary, frame)
@@ -387,7 +410,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 			return nil
 		}
 		if typ == websocket.MessageBinary {
-			if len(data) == 0 || data[0] != frameStdin {
+			if len(data) == 0 || data[0] != FrameStdin {
 				c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "binary frames must start with 0x00"})
 				continue
 			}
@@ -409,7 +432,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 		switch msg.Type {
 		case "resize":
 			if p.ptmx != nil && msg.Cols > 0 && msg.Rows > 0 {
-				pty.Setsize(p.ptmx, &pty.Winsize{Cols: msg.Cols, Rows: msg.Rows})
+				creackpty.Setsize(p.ptmx, &creackpty.Winsize{Cols: msg.Cols, Rows: msg.Rows})
 			}
 		case "signal":
 			sig := signalByName(msg.Signal)
@@ -430,7 +453,7 @@ func (s *Server) handlePTYWebSocket(w http.ResponseWriter, r *http.Request) erro
 // mode) or the shell's process group.
 func (p *ptySession) signal(sig syscall.Signal) {
 	p.mu.Lock()
-	ptmx, proc := p.ptmx, p.proc
+	ptmx, pr := p.ptmx, p.proc
 	p.mu.Unlock()
 	if ptmx != nil {
 		if pg, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPGRP); err == nil && pg > 0 {
@@ -439,8 +462,8 @@ func (p *ptySession) signal(sig syscall.Signal) {
 			}
 		}
 	}
-	if proc != nil {
-		proc.Signal(sig)
+	if pr != nil {
+		pr.Signal(sig)
 	}
 }
 

@@ -1,4 +1,4 @@
-package execd
+package command
 
 import (
 	"errors"

@@ -1,4 +1,9 @@
-package execd
+// Package proc is the agent's process runner: it starts every child
+// process, collects exit statuses (as PID 1 it reaps every orphan too), and
+// holds what all services share about children: the shell, the base
+// environment (extended by POST /moat/v1/env), path expansion, the private
+// state directory and the shutdown that kills every process group.
+package proc
 
 import (
 	"context"
@@ -9,6 +14,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
@@ -47,9 +53,9 @@ func NewReaper(reapAll bool, log *slog.Logger) *Reaper {
 	return &Reaper{reapAll: reapAll, log: log, waiters: make(map[int]*Proc)}
 }
 
-// ProcSpec describes a process to start. Path must be absolute (or relative
+// Spec describes a process to start. Path must be absolute (or relative
 // to Dir); Files are the child's fds 0, 1, 2, ... (nil entries are closed).
-type ProcSpec struct {
+type Spec struct {
 	Path  string
 	Args  []string
 	Env   []string
@@ -105,8 +111,30 @@ func (p *Proc) Signal(sig syscall.Signal) {
 	}
 }
 
+// Stop sends SIGTERM to p's group, then SIGKILL after grace, and waits
+// (bounded by ctx) for the process to be reaped.
+func (p *Proc) Stop(ctx context.Context, grace time.Duration) {
+	p.Signal(syscall.SIGTERM)
+	if p.Exited() {
+		return
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.Done():
+		return
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	p.Signal(syscall.SIGKILL)
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+	}
+}
+
 // Start starts a process described by spec.
-func (r *Reaper) Start(spec ProcSpec) (*Proc, error) {
+func (r *Reaper) Start(spec Spec) (*Proc, error) {
 	attr := &os.ProcAttr{Dir: spec.Dir, Env: spec.Env, Files: spec.Files, Sys: spec.Sys}
 	r.startMu.RLock()
 	op, err := os.StartProcess(spec.Path, spec.Args, attr)
@@ -182,7 +210,7 @@ func (r *Reaper) sweep() {
 		delete(r.waiters, pid)
 		r.mu.Unlock()
 		if p == nil {
-			r.log.Debug("reaped orphan", "pid", pid, "status", describeStatus(ws))
+			r.log.Debug("reaped orphan", "pid", pid, "status", DescribeStatus(ws))
 			continue
 		}
 		p.status = ws
@@ -190,19 +218,19 @@ func (r *Reaper) sweep() {
 	}
 }
 
-// exitCode maps a wait status to the exit code reported by the API: the
+// ExitCode maps a wait status to the exit code reported by the API: the
 // exit status, or -1 if the process was killed by a signal (as Go's
 // ProcessState.ExitCode does, which OpenSandbox reports).
-func exitCode(ws syscall.WaitStatus) int {
+func ExitCode(ws syscall.WaitStatus) int {
 	if ws.Exited() {
 		return ws.ExitStatus()
 	}
 	return -1
 }
 
-// describeStatus renders ws like exec.ExitError: "exit status N" or
+// DescribeStatus renders ws like exec.ExitError: "exit status N" or
 // "signal: killed".
-func describeStatus(ws syscall.WaitStatus) string {
+func DescribeStatus(ws syscall.WaitStatus) string {
 	switch {
 	case ws.Exited():
 		return fmt.Sprintf("exit status %d", ws.ExitStatus())

@@ -1,4 +1,4 @@
-package execd
+package files
 
 import (
 	"bufio"
@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // lineRange is the line-based read of GET /files/download: `offset` is the
@@ -24,18 +26,18 @@ func parseLineRange(r *http.Request) (lineRange, bool, error) {
 		return lineRange{}, false, nil
 	}
 	if off == "" || lim == "" {
-		return lineRange{}, true, errBody("both offset and limit must be provided together for line-based reading")
+		return lineRange{}, true, wire.BadBody("both offset and limit must be provided together for line-based reading")
 	}
 	o, err := strconv.Atoi(off)
 	if err != nil || o < 1 {
-		return lineRange{}, true, errBody("offset must be a positive integer (1-based)")
+		return lineRange{}, true, wire.BadBody("offset must be a positive integer (1-based)")
 	}
 	l, err := strconv.Atoi(lim)
 	if err != nil || l < 1 {
-		return lineRange{}, true, errBody("limit must be a positive integer")
+		return lineRange{}, true, wire.BadBody("limit must be a positive integer")
 	}
 	if r.Header.Get("Range") != "" {
-		return lineRange{}, true, errBody("offset/limit cannot be combined with a Range header")
+		return lineRange{}, true, wire.BadBody("offset/limit cannot be combined with a Range header")
 	}
 	return lineRange{offset: o, limit: l}, true, nil
 }

@@ -1,16 +1,20 @@
-package execd
+package code
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/exectest"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // kernelEnv is a test agent that uses the host's real ipykernel (Debian
@@ -18,7 +22,7 @@ import (
 // when no python kernelspec is installed.
 func kernelEnv(t *testing.T) *testEnv {
 	t.Helper()
-	if findKernelSpec(kernelDirs(os.Environ()), "python", os.Environ()) == nil {
+	if FindKernelSpec(KernelDirs(os.Environ()), "python", os.Environ()) == nil {
 		t.Skip("no Jupyter python kernel on this host (apt-get install python3-ipykernel)")
 	}
 	return newTestEnv(t)
@@ -26,25 +30,25 @@ func kernelEnv(t *testing.T) *testEnv {
 
 func (e *testEnv) createContext(lang string) string {
 	e.t.Helper()
-	st, b := e.call("POST", "/code/context", map[string]any{"language": lang})
-	var info codeContextInfo
-	if json.Unmarshal(b, &info); st != 200 || !hex32.MatchString(info.ID) {
+	st, b := e.Call("POST", "/code/context", map[string]any{"language": lang})
+	var info ContextInfo
+	if json.Unmarshal(b, &info); st != 200 || !exectest.Hex32.MatchString(info.ID) {
 		e.t.Fatalf("create %s context: %d %s", lang, st, b)
 	}
 	return info.ID
 }
 
-func (e *testEnv) runCode(id, code string) []Event {
+func (e *testEnv) runCode(id, code string) []wire.Event {
 	e.t.Helper()
-	resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": code})
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": code})
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 {
 		e.t.Fatalf("run %q: %d %s", code, resp.StatusCode, data)
 	}
-	var out []Event
-	for _, ev := range readEvents(e.t, data) {
-		if ev.Type != evPing {
+	var out []wire.Event
+	for _, ev := range exectest.ReadEvents(e.t, data) {
+		if ev.Type != wire.EvPing {
 			out = append(out, ev)
 		}
 	}
@@ -52,9 +56,9 @@ func (e *testEnv) runCode(id, code string) []Event {
 }
 
 // resultText is the text of the result event, if any.
-func resultText(evs []Event) any {
+func resultText(evs []wire.Event) any {
 	for _, ev := range evs {
-		if ev.Type == evResult {
+		if ev.Type == wire.EvResult {
 			return ev.Results["text"]
 		}
 	}
@@ -63,7 +67,7 @@ func resultText(evs []Event) any {
 
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
-func eventTypes(evs []Event) string {
+func eventTypes(evs []wire.Event) string {
 	var ts []string
 	for _, ev := range evs {
 		ts = append(ts, ev.Type)
@@ -78,7 +82,7 @@ func eventTypes(evs []Event) string {
 func TestJupyterKernelContext(t *testing.T) {
 	e := kernelEnv(t)
 	id := e.createContext("python")
-	c, err := e.srv.getContext(id)
+	c, err := e.svc.getContext(id)
 	if err != nil || c.kernel == nil {
 		t.Fatalf("context is not kernel-backed: %v", err)
 	}
@@ -124,23 +128,23 @@ func TestJupyterKernelContext(t *testing.T) {
 	}
 
 	// Output is streamed as it is printed, not at the end.
-	resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"id": id},
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id},
 		"code": "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.4)"})
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	if ev := sr.next(); ev.Type != evInit {
+	sr := exectest.NewStreamReader(t, resp.Body)
+	if ev := sr.Next(); ev.Type != wire.EvInit {
 		t.Fatalf("first = %+v", ev)
 	}
-	first := sr.next()
+	first := sr.Next()
 	gotFirst := time.Now()
-	if first.Type != evStdout || first.Text != "0\n" {
-		t.Fatalf("first output = %+v, then %+v", first, sr.next())
+	if first.Type != wire.EvStdout || first.Text != "0\n" {
+		t.Fatalf("first output = %+v, then %+v", first, sr.Next())
 	}
 	for {
-		ev := sr.next()
-		if ev.Type == evExecutionComplete {
+		ev := sr.Next()
+		if ev.Type == wire.EvExecutionComplete {
 			break
 		}
-		if ev.Type != evStdout {
+		if ev.Type != wire.EvStdout {
 			t.Fatalf("streaming: %+v", ev)
 		}
 	}
@@ -150,25 +154,25 @@ func TestJupyterKernelContext(t *testing.T) {
 	resp.Body.Close()
 
 	// Interrupt a busy loop.
-	resp = e.do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "y = 0\nwhile True:\n    y += 1"})
-	sr = &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	if ev := sr.next(); ev.Type != evInit {
+	resp = e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "y = 0\nwhile True:\n    y += 1"})
+	sr = exectest.NewStreamReader(t, resp.Body)
+	if ev := sr.Next(); ev.Type != wire.EvInit {
 		t.Fatalf("first = %+v", ev)
 	}
 	time.Sleep(500 * time.Millisecond)
 	// A second execution while busy is refused.
-	st, b := e.call("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "1"})
-	wantError(t, st, b, 409, CodeRuntimeError)
-	if st, b := e.call("DELETE", "/code?id="+id, nil); st != 200 {
+	st, b := e.Call("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "1"})
+	exectest.WantError(t, st, b, 409, wire.CodeRuntimeError)
+	if st, b := e.Call("DELETE", "/code?id="+id, nil); st != 200 {
 		t.Fatalf("interrupt: %d %s", st, b)
 	}
-	done := make(chan []Event, 1)
+	done := make(chan []wire.Event, 1)
 	go func() {
-		var evs []Event
+		var evs []wire.Event
 		for {
-			ev := sr.next()
+			ev := sr.Next()
 			evs = append(evs, ev)
-			if ev.Type == evError || ev.Type == evExecutionComplete {
+			if ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
 				done <- evs
 				return
 			}
@@ -177,7 +181,7 @@ func TestJupyterKernelContext(t *testing.T) {
 	select {
 	case evs := <-done:
 		last := evs[len(evs)-1]
-		if last.Type != evError || last.Error.EName != "KeyboardInterrupt" {
+		if last.Type != wire.EvError || last.Error.EName != "KeyboardInterrupt" {
 			t.Fatalf("interrupted run: %+v", evs)
 		}
 	case <-time.After(30 * time.Second):
@@ -190,7 +194,7 @@ func TestJupyterKernelContext(t *testing.T) {
 
 	// Deleting the context ends the kernel.
 	proc := c.process()
-	if st, _ := e.call("DELETE", "/code/contexts/"+id, nil); st != 200 {
+	if st, _ := e.Call("DELETE", "/code/contexts/"+id, nil); st != 200 {
 		t.Fatal(st)
 	}
 	select {
@@ -198,7 +202,7 @@ func TestJupyterKernelContext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the kernel outlived its context")
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.srv.dir, "kernel-"+id+"*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "kernel-"+id+"*")); len(left) != 0 {
 		t.Fatalf("kernel files left behind: %v", left)
 	}
 }
@@ -208,23 +212,23 @@ func TestJupyterKernelContext(t *testing.T) {
 // mid-cell: the kernel is interrupted and the context stays usable.
 func TestJupyterDefaultContextAndCancel(t *testing.T) {
 	e := kernelEnv(t)
-	run := func(code string) []Event {
-		resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"language": "python"}, "code": code})
+	run := func(code string) []wire.Event {
+		resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"language": "python"}, "code": code})
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(resp.Body)
-		return readEvents(t, data)
+		return exectest.ReadEvents(t, data)
 	}
 	if evs := run("z = 6 * 7\nz"); resultText(evs) != "42" {
 		t.Fatalf("default context: %+v", evs)
 	}
-	cs := e.srv.listContexts("python")
+	cs := e.svc.listContexts("python")
 	if len(cs) != 1 || cs[0].kernel == nil {
 		t.Fatalf("contexts: %v", cs)
 	}
-	resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"language": "python"}, "code": "import time\nprint('go', flush=True)\ntime.sleep(60)"})
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	sr.next()
-	if ev := sr.next(); ev.Type != evStdout {
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"language": "python"}, "code": "import time\nprint('go', flush=True)\ntime.sleep(60)"})
+	sr := exectest.NewStreamReader(t, resp.Body)
+	sr.Next()
+	if ev := sr.Next(); ev.Type != wire.EvStdout {
 		t.Fatalf("got %+v", ev)
 	}
 	resp.Body.Close() // the client goes away
@@ -257,21 +261,21 @@ func TestJupyterKernelStartFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newTestEnv(t, func(o *Options) { o.KernelDirs = []string{dir} })
-	st, b := e.call("POST", "/code/context", map[string]any{"language": "bash"})
-	wantError(t, st, b, 500, CodeRuntimeError)
+	st, b := e.Call("POST", "/code/context", map[string]any{"language": "bash"})
+	exectest.WantError(t, st, b, 500, wire.CodeRuntimeError)
 	if !strings.Contains(string(b), "kernel says no") {
 		t.Fatalf("error lacks the kernel's output: %s", b)
 	}
-	if cs := e.srv.listContexts(""); len(cs) != 0 {
+	if cs := e.svc.listContexts(""); len(cs) != 0 {
 		t.Fatalf("a failed context was kept: %v", cs)
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.srv.dir, "kernel-*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "kernel-*")); len(left) != 0 {
 		t.Fatalf("kernel files left behind: %v", left)
 	}
 	// python has no kernel in KernelDirs: the built-in driver is used.
 	if _, err := os.Stat("/usr/bin/python3"); err == nil {
 		id := e.createContext("python")
-		if c, _ := e.srv.getContext(id); c.kernel != nil {
+		if c, _ := e.svc.getContext(id); c.kernel != nil {
 			t.Fatal("python context uses a kernel that KernelDirs does not list")
 		}
 	}
@@ -291,16 +295,16 @@ func TestFindKernelSpec(t *testing.T) {
 	write("no-conn", `{"argv":["/bin/sh"],"language":"bash"}`)
 	write("bad", `{not json`)
 	env := []string{"PATH=/usr/bin:/bin"}
-	ks := findKernelSpec([]string{dir}, "python", env)
+	ks := FindKernelSpec([]string{dir}, "python", env)
 	if ks == nil || ks.Name != "py311" || !filepath.IsAbs(ks.Argv[0]) {
 		t.Fatalf("python: %+v (want py311 over python3, argv[0] resolved)", ks)
 	}
 	os.RemoveAll(filepath.Join(dir, "py311"))
-	if ks := findKernelSpec([]string{dir}, "python", env); ks == nil || ks.Name != "python3" {
+	if ks := FindKernelSpec([]string{dir}, "python", env); ks == nil || ks.Name != "python3" {
 		t.Fatalf("python fallback: %+v", ks)
 	}
 	for _, lang := range []string{"javascript", "bash"} {
-		if ks := findKernelSpec([]string{dir, filepath.Join(dir, "nope")}, lang, env); ks != nil {
+		if ks := FindKernelSpec([]string{dir, filepath.Join(dir, "nope")}, lang, env); ks != nil {
 			t.Fatalf("%s: unusable spec chosen: %+v", lang, ks)
 		}
 	}
@@ -310,7 +314,7 @@ func TestFindKernelSpec(t *testing.T) {
 // is interrupted with interrupt_request on the control channel; DELETE
 // /code answers 200 only once the kernel's interrupt_reply has arrived.
 func TestJupyterMessageInterrupt(t *testing.T) {
-	sys := findKernelSpec(kernelDirs(os.Environ()), "python", os.Environ())
+	sys := FindKernelSpec(KernelDirs(os.Environ()), "python", os.Environ())
 	if sys == nil {
 		t.Skip("no Jupyter python kernel on this host (apt-get install python3-ipykernel)")
 	}
@@ -323,22 +327,22 @@ func TestJupyterMessageInterrupt(t *testing.T) {
 	}
 	e := newTestEnv(t, func(o *Options) { o.KernelDirs = []string{dir} })
 	id := e.createContext("python")
-	c, _ := e.srv.getContext(id)
+	c, _ := e.svc.getContext(id)
 	if c.kernel == nil || c.kernel.interruptMode != "message" {
 		t.Fatal("context does not use the message-interrupt kernel")
 	}
-	resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "while True:\n    pass"})
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "while True:\n    pass"})
 	defer resp.Body.Close()
-	sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-	sr.next()
+	sr := exectest.NewStreamReader(t, resp.Body)
+	sr.Next()
 	time.Sleep(300 * time.Millisecond)
-	if st, b := e.call("DELETE", "/code?id="+id, nil); st != 200 {
+	if st, b := e.Call("DELETE", "/code?id="+id, nil); st != 200 {
 		t.Fatalf("interrupt: %d %s", st, b)
 	}
-	done := make(chan Event, 1)
+	done := make(chan wire.Event, 1)
 	go func() {
 		for {
-			if ev := sr.next(); ev.Type == evError || ev.Type == evExecutionComplete {
+			if ev := sr.Next(); ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
 				done <- ev
 				return
 			}
@@ -346,7 +350,7 @@ func TestJupyterMessageInterrupt(t *testing.T) {
 	}()
 	select {
 	case ev := <-done:
-		if ev.Type != evError || ev.Error.EName != "KeyboardInterrupt" {
+		if ev.Type != wire.EvError || ev.Error.EName != "KeyboardInterrupt" {
 			t.Fatalf("interrupted run ended with %+v", ev)
 		}
 	case <-time.After(30 * time.Second):
@@ -371,14 +375,14 @@ func TestCodeBackToBack(t *testing.T) {
 			}
 			id := e.createContext("python")
 			for i := range 30 {
-				resp := e.do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "print(" + itoa(i) + ")"})
+				resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "print(" + strconv.Itoa(i) + ")"})
 				if resp.StatusCode != 200 {
 					b, _ := io.ReadAll(resp.Body)
 					t.Fatalf("cell %d: %d %s", i, resp.StatusCode, b)
 				}
-				sr := &streamReader{t: t, br: bufio.NewReader(resp.Body)}
-				for ev := sr.next(); ev.Type != evExecutionComplete; ev = sr.next() {
-					if ev.Type == evError {
+				sr := exectest.NewStreamReader(t, resp.Body)
+				for ev := sr.Next(); ev.Type != wire.EvExecutionComplete; ev = sr.Next() {
+					if ev.Type == wire.EvError {
 						t.Fatalf("cell %d: %+v", i, ev.Error)
 					}
 				}
@@ -394,14 +398,14 @@ func TestJupyterLargeOutputComplete(t *testing.T) {
 	e := kernelEnv(t)
 	id := e.createContext("python")
 	const n = 200000
-	evs := e.runCode(id, "for i in range("+itoa(n)+"):\n    print(f'{i:08d} abcdefghijklmnopqrstu')")
+	evs := e.runCode(id, "for i in range("+strconv.Itoa(n)+"):\n    print(f'{i:08d} abcdefghijklmnopqrstu')")
 	var out strings.Builder
 	for _, ev := range evs {
-		if ev.Type == evStdout {
+		if ev.Type == wire.EvStdout {
 			out.WriteString(ev.Text)
 		}
 	}
-	if last := evs[len(evs)-1]; last.Type != evExecutionComplete {
+	if last := evs[len(evs)-1]; last.Type != wire.EvExecutionComplete {
 		t.Fatalf("last event %+v", last)
 	}
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
@@ -412,5 +416,88 @@ func TestJupyterLargeOutputComplete(t *testing.T) {
 		if want := fmt.Sprintf("%08d abcdefghijklmnopqrstu", i); l != want {
 			t.Fatalf("line %d = %q, want %q", i, l, want)
 		}
+	}
+}
+
+// TestCodeContexts covers the built-in REPL drivers (Jupyter kernels are
+// off here; jupyter_test.go covers them).
+func TestCodeContexts(t *testing.T) {
+	e := newTestEnv(t, func(o *Options) { o.NoKernels = true })
+	langs := []string{"bash"}
+	for _, l := range []struct{ lang, bin string }{{"python", "python3"}, {"javascript", "node"}} {
+		if _, err := exec.LookPath(l.bin); err == nil {
+			langs = append(langs, l.lang)
+		}
+	}
+	cells := map[string][3]string{ // define, use (prints 42), error
+		"bash":       {"x=41", "echo $((x+1))", ""},
+		"python":     {"x = 41", "print(x + 1)\nx + 1", "1/0"},
+		"javascript": {"var x = 41", "console.log(x + 1); x + 1", "null.f()"},
+	}
+	for _, lang := range langs {
+		t.Run(lang, func(t *testing.T) {
+			st, b := e.Call("POST", "/code/context", map[string]any{"language": lang})
+			var info ContextInfo
+			json.Unmarshal(b, &info)
+			if st != 200 || info.Language != lang || !exectest.Hex32.MatchString(info.ID) {
+				t.Fatalf("create: %d %s", st, b)
+			}
+			run := func(code string) []wire.Event {
+				resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": info.ID}, "code": code})
+				defer resp.Body.Close()
+				data, _ := io.ReadAll(resp.Body)
+				return exectest.ReadEvents(t, data)
+			}
+			c := cells[lang]
+			if evs := run(c[0]); evs[0].Text != info.ID || evs[len(evs)-1].Type != wire.EvExecutionComplete {
+				t.Fatalf("define: %+v", evs)
+			}
+			evs := run(c[1])
+			var stdout string
+			var result any
+			for _, ev := range evs {
+				if ev.Type == wire.EvStdout {
+					stdout += ev.Text
+				}
+				if ev.Type == wire.EvResult {
+					result = ev.Results["text"]
+				}
+			}
+			if stdout != "42\n" || evs[len(evs)-1].Type != wire.EvExecutionComplete {
+				t.Fatalf("use: %+v", evs)
+			}
+			if lang != "bash" && result != "42" {
+				t.Fatalf("result = %v (%+v)", result, evs)
+			}
+			if c[2] != "" {
+				evs := run(c[2])
+				last := evs[len(evs)-1]
+				if last.Type != wire.EvError || last.Error.EName == "" || evs[len(evs)-2].Type != wire.EvStatus {
+					t.Fatalf("error: %+v", evs)
+				}
+			}
+			st, b = e.Call("GET", "/code/contexts?language="+lang, nil)
+			if st != 200 || !strings.Contains(string(b), info.ID) {
+				t.Fatalf("list: %s", b)
+			}
+			if st, _ := e.Call("DELETE", "/code/contexts/"+info.ID, nil); st != 200 {
+				t.Fatal(st)
+			}
+			st, b = e.Call("GET", "/code/contexts/"+info.ID, nil)
+			exectest.WantError(t, st, b, 404, wire.CodeContextNotFound)
+		})
+	}
+	st, b := e.Call("POST", "/code/context", map[string]any{"language": "cobol"})
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidRequestBody)
+	st, b = e.Call("POST", "/code", map[string]any{"code": ""})
+	exectest.WantError(t, st, b, 400, wire.CodeInvalidRequestBody)
+	st, b = e.Call("DELETE", "/code", nil)
+	exectest.WantError(t, st, b, 400, wire.CodeMissingQuery)
+	// No language: a shell command.
+	resp := e.Do("POST", "/code", map[string]any{"code": "echo plain"})
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if evs := exectest.ReadEvents(t, data); evs[1].Text != "plain" {
+		t.Fatalf("command language: %+v", evs)
 	}
 }

@@ -1,4 +1,7 @@
-package execd
+// Package metrics is the agent's GET /metrics and GET /metrics/watch: CPU
+// and memory of the sandbox, from its cgroup (v1 or v2) when limited, else
+// from /proc.
+package metrics
 
 import (
 	"bufio"
@@ -10,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // Metrics is the GET /metrics body.
@@ -164,12 +169,14 @@ func sampleMetrics(ctx context.Context, window time.Duration) Metrics {
 	return m
 }
 
-func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, sampleMetrics(r.Context(), 100*time.Millisecond))
+// Get serves GET /metrics: one sample over 100 ms.
+func Get(w http.ResponseWriter, r *http.Request) error {
+	return wire.WriteJSON(w, sampleMetrics(r.Context(), 100*time.Millisecond))
 }
 
-// handleMetricsWatch streams one JSON object per line about every second.
-func (s *Server) handleMetricsWatch(w http.ResponseWriter, r *http.Request) error {
+// Watch serves GET /metrics/watch: one JSON object per line about every
+// second until the client goes away.
+func Watch(w http.ResponseWriter, r *http.Request) error {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -181,10 +188,18 @@ func (s *Server) handleMetricsWatch(w http.ResponseWriter, r *http.Request) erro
 		if r.Context().Err() != nil {
 			break
 		}
-		rc.SetWriteDeadline(time.Now().Add(streamWriteWindow))
+		rc.SetWriteDeadline(time.Now().Add(wire.WriteWindow))
 		if enc.Encode(m) != nil || rc.Flush() != nil {
 			break
 		}
 	}
 	return nil
+}
+
+// Routes are the metrics routes.
+func Routes() []wire.Route {
+	return []wire.Route{
+		{Pattern: "GET /metrics", Handler: Get},
+		{Pattern: "GET /metrics/watch", Handler: Watch},
+	}
 }

@@ -1,4 +1,4 @@
-package execd
+package command
 
 import (
 	"fmt"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // session is a bash session (POST /session): every run is a fresh
@@ -24,11 +26,11 @@ type session struct {
 	dir string // state: env, cwd, script
 
 	mu   sync.Mutex
-	proc *Proc // running process, if any
+	proc *proc.Proc // running process, if any
 	busy bool
 }
 
-func (ss *session) current() *Proc {
+func (ss *session) current() *proc.Proc {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.proc
@@ -36,61 +38,62 @@ func (ss *session) current() *Proc {
 
 const sessionDefaultTimeout = 24 * time.Hour
 
-func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) error {
+// CreateSession serves POST /session.
+func (s *Service) CreateSession(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
 		Cwd string `json:"cwd"`
 	}
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := wire.DecodeBody(r, &req, true); err != nil {
 		return err
 	}
-	ss := &session{id: newID()}
-	ss.dir = filepath.Join(s.dir, "session-"+ss.id)
+	ss := &session{id: wire.NewID()}
+	ss.dir = filepath.Join(s.run.Dir(), "session-"+ss.id)
 	if err := os.Mkdir(ss.dir, 0o700); err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	cwd := ""
 	if req.Cwd != "" {
-		cwd = s.expand(req.Cwd)
+		cwd = s.run.Expand(req.Cwd)
 		if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
 			os.RemoveAll(ss.dir)
-			return errBody("cwd %s is not a directory", cwd)
+			return wire.BadBody("cwd %s is not a directory", cwd)
 		}
 	}
 	if cwd != "" {
 		os.WriteFile(filepath.Join(ss.dir, "cwd"), []byte(cwd), 0o600)
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if s.run.Closed() {
 		os.RemoveAll(ss.dir)
-		return errdefs.WithPublic(errdefs.ErrUnavailable, CodeRuntimeError, "agent is shutting down")
+		return wire.Unavailable()
 	}
+	s.mu.Lock()
 	s.sessions[ss.id] = ss
 	s.mu.Unlock()
-	return writeJSON(w, map[string]string{"session_id": ss.id})
+	return wire.WriteJSON(w, map[string]string{"session_id": ss.id})
 }
 
-func (s *Server) getSession(id string) (*session, error) {
+func (s *Service) getSession(id string) (*session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss, ok := s.sessions[id]
 	if !ok {
-		return nil, errContextNotFound("session", id)
+		return nil, wire.ContextNotFound("session", id)
 	}
 	return ss, nil
 }
 
-func (s *Server) handleDeleteSession(w http.ResponseWriter, r *http.Request) error {
+// DeleteSession serves DELETE /session/{id}: it kills a running command.
+func (s *Service) DeleteSession(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	s.mu.Lock()
 	ss, ok := s.sessions[id]
 	delete(s.sessions, id)
 	s.mu.Unlock()
 	if !ok {
-		return errContextNotFound("session", id)
+		return wire.ContextNotFound("session", id)
 	}
 	if p := ss.current(); p != nil {
-		p.Signal(sigKILL)
+		p.Signal(syscall.SIGKILL)
 		<-p.Done()
 	}
 	os.RemoveAll(ss.dir)
@@ -117,7 +120,8 @@ func sessionScript(dir, code, cwd string) string {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-func (s *Server) handleRunSession(w http.ResponseWriter, r *http.Request) error {
+// RunSession serves POST /session/{id}/run.
+func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
 	ss, err := s.getSession(r.PathValue("id"))
 	if err != nil {
 		return err
@@ -127,14 +131,14 @@ func (s *Server) handleRunSession(w http.ResponseWriter, r *http.Request) error 
 		Cwd     string `json:"cwd"`
 		Timeout int64  `json:"timeout"`
 	}
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := wire.DecodeBody(r, &req, false); err != nil {
 		return err
 	}
 	if req.Command == "" {
-		return errBody("command is required")
+		return wire.BadBody("command is required")
 	}
 	if req.Timeout < 0 {
-		return errBody("timeout must be >= 1 (ms)")
+		return wire.BadBody("timeout must be >= 1 (ms)")
 	}
 	timeout := sessionDefaultTimeout
 	if req.Timeout > 0 {
@@ -142,12 +146,12 @@ func (s *Server) handleRunSession(w http.ResponseWriter, r *http.Request) error 
 	}
 	cwd := ""
 	if req.Cwd != "" {
-		cwd = s.expand(req.Cwd)
+		cwd = s.run.Expand(req.Cwd)
 	}
 	ss.mu.Lock()
 	if ss.busy {
 		ss.mu.Unlock()
-		return errRuntime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
+		return wire.Runtime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
 	}
 	ss.busy = true
 	ss.mu.Unlock()
@@ -159,63 +163,63 @@ func (s *Server) handleRunSession(w http.ResponseWriter, r *http.Request) error 
 
 	script := filepath.Join(ss.dir, "run.sh")
 	if err := os.WriteFile(script, []byte(sessionScript(ss.dir, req.Command, cwd)), 0o600); err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	defer devnull.Close()
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
-	args := []string{filepath.Base(s.shell), script}
-	if filepath.Base(s.shell) == "bash" {
+	args := []string{filepath.Base(s.run.Shell()), script}
+	if filepath.Base(s.run.Shell()) == "bash" {
 		args = []string{"bash", "--noprofile", "--norc", script}
 	}
 	started := time.Now()
-	proc, err := s.reaper.Start(ProcSpec{
-		Path: s.shell, Args: args, Env: s.commandEnv(nil),
+	p, err := s.run.Start(proc.Spec{
+		Path: s.run.Shell(), Args: args, Env: s.run.Env(nil),
 		Files: []*os.File{devnull, pw, pw}, Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
 	pw.Close()
-	stream := newEventStream(w)
+	stream := wire.NewStream(w)
 	if err != nil {
 		pr.Close()
-		stream.send(Event{Type: evInit, Text: ss.id})
-		stream.send(startError(err))
+		stream.Send(wire.Event{Type: wire.EvInit, Text: ss.id})
+		stream.Send(startError(err))
 		return nil
 	}
 	ss.mu.Lock()
-	ss.proc = proc
+	ss.proc = p
 	ss.mu.Unlock()
-	stream.onBroken = func() { proc.Signal(sigKILL) }
-	stream.send(Event{Type: evInit, Text: ss.id})
-	stream.startPings()
-	split := &lineSplitter{typ: evStdout}
+	stream.OnBroken = func() { p.Signal(syscall.SIGKILL) }
+	stream.Send(wire.Event{Type: wire.EvInit, Text: ss.id})
+	stream.StartPings()
+	split := wire.NewLineSplitter(wire.EvStdout)
 	var buf []byte
 	pipe := newOutputPipe(pr, io.Discard, func(b []byte) {
-		buf = split.write(buf[:0], b)
-		stream.write(buf)
+		buf = split.Append(buf[:0], b)
+		stream.Write(buf)
 	})
-	s.track(pipe.run)
+	s.run.Go(pipe.run)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case <-proc.Done():
+	case <-p.Done():
 	case <-t.C:
-		proc.Signal(sigKILL)
+		p.Signal(syscall.SIGKILL)
 	case <-r.Context().Done():
-		proc.Signal(sigKILL)
-	case <-s.ctx.Done():
-		proc.Signal(sigKILL)
+		p.Signal(syscall.SIGKILL)
+	case <-s.run.Context().Done():
+		p.Signal(syscall.SIGKILL)
 	}
-	<-proc.Done()
+	<-p.Done()
 	pipe.markExited()
 	<-pipe.flushed
-	stream.stopPings()
-	tail := split.flush(nil)
-	stream.write(appendEvent(tail, exitEvent(proc.Status(), started)))
+	stream.StopPings()
+	tail := split.Flush(nil)
+	stream.Write(wire.AppendEvent(tail, exitEvent(p.Status(), started)))
 	return nil
 }

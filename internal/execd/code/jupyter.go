@@ -1,4 +1,4 @@
-package execd
+package code
 
 import (
 	"bytes"
@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // A Jupyter kernel backs a code context when the image has one (see
@@ -61,7 +63,7 @@ type kernelClient struct {
 	key           []byte
 	session       string
 	interruptMode string
-	proc          *Proc
+	proc          *proc.Proc
 
 	ctx                   context.Context
 	cancel                context.CancelFunc
@@ -150,10 +152,10 @@ func freePorts(n int) ([]int, error) {
 
 // startKernel launches the kernelspec for c and connects to it; it returns
 // once the kernel answers on shell and publishes on iopub.
-func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec) error {
+func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpec) error {
 	ports, err := freePorts(5)
 	if err != nil {
-		return errRuntime(err, "error allocating kernel ports: "+err.Error())
+		return wire.Runtime(err, "error allocating kernel ports: "+err.Error())
 	}
 	var keyb [32]byte
 	rand.Read(keyb[:])
@@ -163,19 +165,19 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 		Key: hex.EncodeToString(keyb[:]), SignatureScheme: "hmac-sha256", KernelName: ks.Name,
 	}
 	data, _ := json.Marshal(cf)
-	connPath := filepath.Join(s.dir, "kernel-"+c.id+".json")
+	connPath := filepath.Join(s.run.Dir(), "kernel-"+c.id+".json")
 	if err := os.WriteFile(connPath, data, 0o600); err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
-	logPath := filepath.Join(s.dir, "kernel-"+c.id+".log")
+	logPath := filepath.Join(s.run.Dir(), "kernel-"+c.id+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	defer logf.Close()
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return errRuntime(err, "")
+		return wire.Runtime(err, "")
 	}
 	defer devnull.Close()
 	argv := make([]string, len(ks.Argv))
@@ -186,22 +188,22 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 	for k, v := range ks.Env {
 		extra = append(extra, k+"="+v)
 	}
-	proc, err := s.reaper.Start(ProcSpec{
-		Path: argv[0], Args: argv, Env: mergeEnv(s.commandEnv(nil), extra), Dir: c.cwd,
+	proc, err := s.run.Start(proc.Spec{
+		Path: argv[0], Args: argv, Env: proc.MergeEnv(s.run.Env(nil), extra), Dir: c.cwd,
 		Files: []*os.File{devnull, logf, logf},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		return errRuntime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
+		return wire.Runtime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
 	}
-	kctx, cancel := context.WithCancel(s.ctx)
+	kctx, cancel := context.WithCancel(s.run.Context())
 	k := &kernelClient{
 		files: []string{connPath, logPath},
-		key:   []byte(cf.Key), session: newID(), interruptMode: ks.InterruptMode, proc: proc,
+		key:   []byte(cf.Key), session: wire.NewID(), interruptMode: ks.InterruptMode, proc: proc,
 		ctx: kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
 	}
 	c.proc, c.kernel = proc, k
-	s.track(func() {
+	s.run.Go(func() {
 		<-proc.Done()
 		c.mu.Lock()
 		c.dead = true
@@ -209,7 +211,7 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 		k.close()
 	})
 	fail := func(err error) error {
-		proc.Signal(sigKILL)
+		proc.Signal(syscall.SIGKILL)
 		<-proc.Done()
 		tail, _ := os.ReadFile(logPath)
 		if len(tail) > 2048 {
@@ -220,7 +222,7 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 		if t := strings.TrimSpace(string(tail)); t != "" {
 			msg += "; kernel output: " + t
 		}
-		return errRuntime(err, msg)
+		return wire.Runtime(err, msg)
 	}
 	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
 	k.shell = zmq4.NewDealer(kctx, sockOpts...)
@@ -255,9 +257,9 @@ func (s *Server) startKernel(ctx context.Context, c *codeContext, ks *kernelSpec
 	if err := k.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		return fail(err)
 	}
-	s.track(func() { k.readLoop(k.shell, "shell") })
-	s.track(func() { k.readLoop(k.control, "control") })
-	s.track(func() { k.readLoop(k.iopub, "iopub") })
+	s.run.Go(func() { k.readLoop(k.shell, "shell") })
+	s.run.Go(func() { k.readLoop(k.control, "control") })
+	s.run.Go(func() { k.readLoop(k.iopub, "iopub") })
 	if err := k.waitReady(startCtx); err != nil {
 		if proc.Exited() {
 			err = errors.New("the kernel exited")
@@ -356,7 +358,7 @@ func (k *kernelClient) sign(parts ...[]byte) []byte {
 
 // request sends a message on sck and registers a waiter for its replies.
 func (k *kernelClient) request(sck zmq4.Socket, msgType string, content any) (string, *jwaiter, error) {
-	id := newID()
+	id := wire.NewID()
 	h, _ := json.Marshal(jheader{
 		MsgID: id, Session: k.session, Username: "moat", MsgType: msgType, Version: jupyterVersion,
 		Date: time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"),
@@ -468,12 +470,12 @@ func (k *kernelClient) interrupt(ctx context.Context) error {
 // (the kernel's) then result with text/plain renamed to text; display_data
 // -> result; error -> status "error" then error as the last event;
 // otherwise execution_complete once the kernel is idle.
-func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContext, code string, release func()) error {
+func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeContext, code string, release func()) error {
 	k := c.kernel
-	stream := newEventStream(w)
-	stream.send(Event{Type: evInit, Text: c.id})
-	stream.startPings()
-	defer stream.stopPings()
+	stream := wire.NewStream(w)
+	stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
+	stream.StartPings()
+	defer stream.StopPings()
 	started := time.Now()
 	// stop_on_error is false: the agent runs one cell at a time, and with
 	// true ipykernel answers "aborted" to a request that comes right after
@@ -483,14 +485,14 @@ func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContex
 		"allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
-		stream.send(Event{Type: evStatus, Text: "error"})
-		stream.send(Event{Type: evError, Error: &EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}})
+		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
+		stream.Send(wire.Event{Type: wire.EvError, Error: &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}})
 		return nil
 	}
 	defer k.forget(id)
 
 	var (
-		final     *EventError
+		final     *wire.EventError
 		replied   bool
 		idle      bool
 		cancelled bool
@@ -505,7 +507,7 @@ func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContex
 			// kernel to settle so the context is usable again.
 			reqDone = nil
 			cancelled = true
-			s.track(func() { k.interrupt(s.ctx) })
+			s.run.Go(func() { k.interrupt(s.run.Context()) })
 			continue
 		case <-afterIdle:
 			replied = true // a kernel that never sends execute_reply
@@ -517,11 +519,11 @@ func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContex
 			case "stream":
 				var st struct{ Name, Text string }
 				json.Unmarshal(m.Content, &st)
-				typ := evStdout
+				typ := wire.EvStdout
 				if st.Name == "stderr" {
-					typ = evStderr
+					typ = wire.EvStderr
 				}
-				stream.send(Event{Type: typ, Text: st.Text})
+				stream.Send(wire.Event{Type: typ, Text: st.Text})
 			case "execute_result", "display_data":
 				var res struct {
 					ExecutionCount int            `json:"execution_count"`
@@ -536,9 +538,9 @@ func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContex
 					results[mime] = v
 				}
 				if m.Header.MsgType == "execute_result" {
-					stream.send(Event{Type: evExecutionCount, ExecutionCount: res.ExecutionCount})
+					stream.Send(wire.Event{Type: wire.EvExecutionCount, ExecutionCount: res.ExecutionCount})
 				}
-				stream.send(Event{Type: evResult, ExecutionCount: res.ExecutionCount, Results: results})
+				stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: res.ExecutionCount, Results: results})
 			case "error":
 				final = kernelError(m.Content)
 			case "status":
@@ -562,32 +564,32 @@ func (s *Server) runKernel(w http.ResponseWriter, r *http.Request, c *codeContex
 				case rep.Status == "error" && final == nil:
 					final = kernelError(m.Content)
 				case rep.Status == "aborted" && final == nil:
-					final = &EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
+					final = &wire.EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
 				}
 			}
 		}
 		if gone {
-			final = &EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + c.language + " Jupyter kernel exited"}}
+			final = &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + c.language + " Jupyter kernel exited"}}
 			break
 		}
 	}
 	if cancelled && final == nil {
-		final = &EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
+		final = &wire.EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
 	}
 	k.forget(id)
 	release()
 	if final != nil {
-		stream.send(Event{Type: evStatus, Text: "error"})
-		stream.send(Event{Type: evError, Error: final})
+		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
+		stream.Send(wire.Event{Type: wire.EvError, Error: final})
 		return nil
 	}
 	ms := time.Since(started).Milliseconds()
-	stream.send(Event{Type: evExecutionComplete, ExecutionTime: &ms})
+	stream.Send(wire.Event{Type: wire.EvExecutionComplete, ExecutionTime: &ms})
 	return nil
 }
 
-func kernelError(content json.RawMessage) *EventError {
-	var e EventError
+func kernelError(content json.RawMessage) *wire.EventError {
+	var e wire.EventError
 	json.Unmarshal(content, &e)
 	if e.Traceback == nil {
 		e.Traceback = []string{}

@@ -1,4 +1,4 @@
-package execd
+package code
 
 import (
 	"errors"
