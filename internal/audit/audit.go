@@ -25,7 +25,13 @@ type Record struct {
 	Route string `json:"route,omitempty"`
 	// SandboxID is the sandbox the call was about (from the path, or the
 	// Location of a create), if any.
-	SandboxID  string  `json:"sandboxId,omitempty"`
+	SandboxID string `json:"sandboxId,omitempty"`
+	// KeyID and Tenant are the caller's API key id and the tenant it
+	// acted in; both are empty when the call was refused before a key
+	// was recognised (401). A key id names a key, it is not the key.
+	KeyID      string  `json:"keyId,omitempty"`
+	Tenant     string  `json:"tenant,omitempty"`
+	Role       string  `json:"role,omitempty"`
 	Status     int     `json:"status"`
 	DurationMS float64 `json:"durationMs"`
 }

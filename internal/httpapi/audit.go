@@ -80,6 +80,7 @@ func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, nex
 		}
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
+		r, slot := withAuthSlot(r)
 		defer func() {
 			id, _ := sandboxOfPath(r.URL.Path)
 			if id == "" && rec.status/100 == 2 {
@@ -92,7 +93,7 @@ func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, nex
 			if status == 0 {
 				status = http.StatusOK
 			}
-			err := sink.Write(audit.Record{
+			ar := audit.Record{
 				Time:       start.UTC(),
 				RequestID:  web.RequestID(r.Context()),
 				RemoteAddr: r.RemoteAddr,
@@ -102,8 +103,11 @@ func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, nex
 				SandboxID:  id,
 				Status:     status,
 				DurationMS: float64(time.Since(start).Microseconds()) / 1000,
-			})
-			if err != nil {
+			}
+			if slot.ok {
+				ar.KeyID, ar.Tenant, ar.Role = slot.p.KeyID, slot.p.Tenant, string(slot.p.Role)
+			}
+			if err := sink.Write(ar); err != nil {
 				s.log.Error("audit log write failed", "err", err, "method", r.Method, "path", r.URL.Path)
 			}
 		}()

@@ -5,7 +5,6 @@
 package httpapi
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,19 +22,31 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // Config configures the API.
 type Config struct {
-	// APIKey is required in OPEN-SANDBOX-API-KEY (or X-API-Key) on every
-	// route except /health and the proxy route. Empty disables auth.
+	// Auth resolves API keys (a tenant.Registry). Nil with APIKey set: a
+	// registry holding only that key (an admin of the default tenant).
+	// Nil without APIKey: authentication is off and every request acts
+	// as tenant.Anonymous.
+	Auth Authenticator
+	// APIKey is the server's single key, for servers and tests without a
+	// registry (see Auth).
 	APIKey string
+	// Sessions, if set, is a second credential source (the web console),
+	// asked when a request carries no API key.
+	Sessions SessionResolver
+	// Extra routes are mounted at their own patterns (not under /v1),
+	// behind the same authentication, role check and audit.
+	Extra []ExtraRoute
 	// PublicAddress is the host[:port] clients use to reach this server; it
 	// is used for server-proxy endpoints. Empty means the request's Host.
 	PublicAddress string
-	// Metrics, if set, is served at GET /metrics (behind the API key, like
-	// every non-public route) and counts every request.
+	// Metrics, if set, is served at GET /metrics (admin keys only: it
+	// counts every tenant's sandboxes) and counts every request.
 	Metrics Metrics
 	// Ingress, if set, makes GET .../endpoints/{port} answer the ingress
 	// gateway's address for the port (upstream's gateway mode) instead of
@@ -62,13 +73,21 @@ type Server struct {
 	log   *slog.Logger
 	web   *web.Adapter
 	proxy *proxy
+	auth  Authenticator // nil: authentication off
 }
 
 // New returns the API server.
 func New(cfg Config, svc *lifecycle.Service, log *slog.Logger) *Server {
-	s := &Server{cfg: cfg, svc: svc, log: log}
+	s := &Server{cfg: cfg, svc: svc, log: log, auth: cfg.Auth}
+	if s.auth == nil && cfg.APIKey != "" {
+		reg, err := tenant.Open(nil, tenant.Options{RootKey: cfg.APIKey})
+		if err != nil {
+			panic(err) // memory-only registries cannot fail to open
+		}
+		s.auth = reg
+	}
 	s.web = &web.Adapter{Log: log, Codes: codeOf}
-	s.proxy = newProxy(svc, cfg.APIKey, s.web, log)
+	s.proxy = newProxy(svc, s.web, log)
 	return s
 }
 
@@ -88,45 +107,78 @@ func codeOf(err error) (int, string) {
 	return status, code
 }
 
+// routes is the route table: every route with the access it needs (see
+// tenant.Access). Each is served at / and at /v1. A route added here is
+// covered by the isolation tests, which iterate Routes.
+func (s *Server) routes() []route {
+	h := s.web.Handle
+	const (
+		public = tenant.AccessPublic
+		data   = tenant.AccessData
+		read   = tenant.AccessRead
+		write  = tenant.AccessWrite
+	)
+	return []route{
+		{"GET /health", public, h(s.health)},
+		{"POST /metrics/events", read, h(s.metricsEvent)},
+		{"POST /sandboxes", write, h(s.create)},
+		{"GET /sandboxes", read, h(s.list)},
+		{"GET /sandboxes/{id}", read, h(s.get)},
+		{"DELETE /sandboxes/{id}", write, h(s.delete)},
+		{"POST /sandboxes/{id}/pause", write, h(s.pause)},
+		{"POST /sandboxes/{id}/resume", write, h(s.resume)},
+		{"POST /sandboxes/{id}/renew-expiration", write, h(s.renew)},
+		{"PATCH /sandboxes/{id}/metadata", write, h(s.patchMetadata)},
+		{"GET /sandboxes/{id}/endpoints/{port}", read, h(s.endpoint)},
+		{"POST /sandboxes/batch", write, h(s.createBatch)},
+		{"POST /sandboxes/{id}/snapshots", write, h(s.createSnapshot)},
+		{"GET /snapshots", read, h(s.listSnapshots)},
+		{"GET /snapshots/{snapshotId}", read, h(s.getSnapshot)},
+		{"DELETE /snapshots/{snapshotId}", write, h(s.deleteSnapshot)},
+		{"POST /pools", write, h(s.createPool)},
+		{"GET /pools", read, h(s.listPools)},
+		{"GET /pools/{name}", read, h(s.getPool)},
+		{"PUT /pools/{name}", write, h(s.updatePool)},
+		{"DELETE /pools/{name}", write, h(s.deletePool)},
+		{"GET /sandboxes/{id}/diagnostics/logs", read, h(s.diagnosticLogs)},
+		{"GET /sandboxes/{id}/diagnostics/events", read, h(s.diagnosticEvents)},
+		{"GET /sandboxes/{id}/diagnostics/inspect", read, h(s.diagnosticInspect)},
+		{"GET /sandboxes/{id}/diagnostics/summary", read, h(s.diagnosticSummary)},
+		// The egress API and the server proxy are the data plane: the
+		// sandbox's own tokens protect them (as upstream); a moat
+		// credential, when presented, scopes them.
+		{"/sandboxes/{id}/egress/{path...}", data, h(s.egress)},
+		{"/sandboxes/{id}/proxy/{port}", data, s.proxy},
+		{"/sandboxes/{id}/proxy/{port}/{path...}", data, s.proxy},
+	}
+}
+
 // Handler returns the root handler with request IDs, panic recovery and auth.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	h := s.web.Handle
+	access := map[string]tenant.Access{}
 	for _, p := range []string{"", "/v1"} {
-		mux.Handle("GET "+p+"/health", h(s.health))
-		mux.Handle("POST "+p+"/metrics/events", h(s.metricsEvent))
-		mux.Handle("POST "+p+"/sandboxes", h(s.create))
-		mux.Handle("GET "+p+"/sandboxes", h(s.list))
-		mux.Handle("GET "+p+"/sandboxes/{id}", h(s.get))
-		mux.Handle("DELETE "+p+"/sandboxes/{id}", h(s.delete))
-		mux.Handle("POST "+p+"/sandboxes/{id}/pause", h(s.pause))
-		mux.Handle("POST "+p+"/sandboxes/{id}/resume", h(s.resume))
-		mux.Handle("POST "+p+"/sandboxes/{id}/renew-expiration", h(s.renew))
-		mux.Handle("PATCH "+p+"/sandboxes/{id}/metadata", h(s.patchMetadata))
-		mux.Handle("GET "+p+"/sandboxes/{id}/endpoints/{port}", h(s.endpoint))
-		mux.Handle("POST "+p+"/sandboxes/batch", h(s.createBatch))
-		mux.Handle("POST "+p+"/sandboxes/{id}/snapshots", h(s.createSnapshot))
-		mux.Handle("GET "+p+"/snapshots", h(s.listSnapshots))
-		mux.Handle("GET "+p+"/snapshots/{snapshotId}", h(s.getSnapshot))
-		mux.Handle("DELETE "+p+"/snapshots/{snapshotId}", h(s.deleteSnapshot))
-		mux.Handle("POST "+p+"/pools", h(s.createPool))
-		mux.Handle("GET "+p+"/pools", h(s.listPools))
-		mux.Handle("GET "+p+"/pools/{name}", h(s.getPool))
-		mux.Handle("PUT "+p+"/pools/{name}", h(s.updatePool))
-		mux.Handle("DELETE "+p+"/pools/{name}", h(s.deletePool))
-		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/logs", h(s.diagnosticLogs))
-		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/events", h(s.diagnosticEvents))
-		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/inspect", h(s.diagnosticInspect))
-		mux.Handle("GET "+p+"/sandboxes/{id}/diagnostics/summary", h(s.diagnosticSummary))
-		mux.Handle(p+"/sandboxes/{id}/egress/{path...}", s.web.Handle(s.egress))
-		mux.Handle(p+"/sandboxes/{id}/proxy/{port}", s.proxy)
-		mux.Handle(p+"/sandboxes/{id}/proxy/{port}/{path...}", s.proxy)
+		for _, rt := range s.routes() {
+			pattern := rt.pattern
+			if m, path, ok := strings.Cut(pattern, " "); ok {
+				pattern = m + " " + p + path
+			} else {
+				pattern = p + pattern
+			}
+			mux.Handle(pattern, rt.h)
+			access[pattern] = rt.access
+		}
+	}
+	for _, rt := range s.extraRoutes() {
+		mux.Handle(rt.pattern, rt.h)
+		access[rt.pattern] = rt.access
 	}
 	if m := s.cfg.Metrics; m != nil {
 		mux.Handle("GET /metrics", m.Handler())
+		access["GET /metrics"] = tenant.AccessAdmin
 	}
 	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
-	root := web.Recover(s.log, s.auth(routed))
+	root := web.Recover(s.log, s.authenticate(mux, access, routed))
 	route := func(r *http.Request) string { _, p := mux.Handler(r); return p }
 	if m := s.cfg.Metrics; m != nil {
 		// Routes are ServeMux patterns (bounded), looked up before auth so
@@ -137,58 +189,6 @@ func (s *Server) Handler() http.Handler {
 		root = s.withAudit(a, route, root)
 	}
 	return web.WithRequestID(root)
-}
-
-// isPublic reports routes exempt from the API key: /health and the server
-// proxy (as upstream; the agent behind it enforces its own token).
-func isPublic(path string) bool {
-	p := strings.TrimPrefix(path, "/v1")
-	if p == "/health" {
-		return true
-	}
-	if rest, ok := strings.CutPrefix(p, "/sandboxes/"); ok {
-		parts := strings.SplitN(rest, "/", 3)
-		// The egress API authenticates with its own per-sandbox token.
-		return len(parts) >= 2 && (parts[1] == "proxy" || parts[1] == "egress")
-	}
-	return false
-}
-
-// apiKeyOf returns the API key presented by a request, if any.
-func apiKeyOf(r *http.Request) string {
-	if k := r.Header.Get("OPEN-SANDBOX-API-KEY"); k != "" {
-		return k
-	}
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return k
-	}
-	if a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return a
-	}
-	return ""
-}
-
-func keyEqual(a, b string) bool {
-	return len(a) == len(b) && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
-}
-
-func (s *Server) auth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.APIKey == "" || isPublic(r.URL.Path) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		key := apiKeyOf(r)
-		if key == "" {
-			web.WriteJSON(w, http.StatusUnauthorized, web.ErrorBody{Code: "MISSING_API_KEY", Message: "missing API key: set the OPEN-SANDBOX-API-KEY header"})
-			return
-		}
-		if !keyEqual(key, s.cfg.APIKey) {
-			web.WriteJSON(w, http.StatusUnauthorized, web.ErrorBody{Code: "INVALID_API_KEY", Message: "invalid API key"})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
@@ -464,7 +464,7 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 	if port == EgressPort && !signed {
 		// The egress sidecar port of upstream maps to the server's egress
 		// API for sandboxes that have a network policy.
-		tok, err := s.svc.EgressToken(id)
+		tok, err := s.svc.EgressToken(r.Context(), id)
 		if err != nil {
 			return err
 		}
@@ -516,14 +516,14 @@ const EgressPort = 18080
 // egress serves the OpenSandbox egress API (/policy) of one sandbox.
 func (s *Server) egress(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	tok, err := s.svc.EgressToken(id)
+	tok, err := s.svc.EgressToken(r.Context(), id)
 	if err != nil {
 		return err
 	}
 	if tok == "" {
 		return errdefs.WithPublic(errdefs.ErrNotFound, "SANDBOX::NO_NETWORK_POLICY", "sandbox has no network policy")
 	}
-	h := egress.NewHandler(s.svc.EgressPolicies(), id, egress.HandlerOptions{Token: tok, Logger: s.log})
+	h := egress.NewHandler(s.svc.EgressPolicies(r.Context()), id, egress.HandlerOptions{Token: tok, Logger: s.log})
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = "/" + r.PathValue("path")
 	r2.URL.RawPath = ""

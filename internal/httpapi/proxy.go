@@ -22,18 +22,19 @@ import (
 //
 // Like upstream, the route needs no API key: it is how sandbox services are
 // shared. The agent port stays protected by the agent token. A caller that
-// does hold the API key may present it instead of the agent token (the
-// OpenSandbox SDKs do exactly that in server-proxy mode); only then does the
-// proxy substitute the sandbox's real token.
+// does hold an API key may present it instead of the agent token (the
+// OpenSandbox SDKs do exactly that in server-proxy mode): the auth
+// middleware then scopes the call to the key's tenant (another tenant's
+// sandbox is not found), and for an operator or admin key the proxy
+// substitutes the sandbox's real token.
 type proxy struct {
-	svc    *lifecycle.Service
-	apiKey string
-	web    *web.Adapter
-	rp     *httputil.ReverseProxy
+	svc *lifecycle.Service
+	web *web.Adapter
+	rp  *httputil.ReverseProxy
 }
 
-func newProxy(svc *lifecycle.Service, apiKey string, wa *web.Adapter, log *slog.Logger) *proxy {
-	p := &proxy{svc: svc, apiKey: apiKey, web: wa}
+func newProxy(svc *lifecycle.Service, wa *web.Adapter, log *slog.Logger) *proxy {
+	p := &proxy{svc: svc, web: wa}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
 		FlushInterval: -1, // SSE and streamed output go out as produced
@@ -78,10 +79,11 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	t := target{addr: ep.Address, path: "/" + r.PathValue("path")}
-	if port == runtime.AgentPort && p.apiKey != "" {
-		if k := r.Header.Get("X-EXECD-ACCESS-TOKEN"); k != "" && keyEqual(k, p.apiKey) {
-			t.token = ep.Headers["X-EXECD-ACCESS-TOKEN"]
-		} else if k := apiKeyOf(r); k != "" && keyEqual(k, p.apiKey) && r.Header.Get("X-EXECD-ACCESS-TOKEN") == "" {
+	if port == runtime.AgentPort && canDrive(r) {
+		// The caller authenticated with a key (in an API-key header, or
+		// in X-EXECD-ACCESS-TOKEN itself); an agent token it sent instead
+		// goes through unchanged.
+		if k := r.Header.Get("X-EXECD-ACCESS-TOKEN"); k == "" || k != ep.Headers["X-EXECD-ACCESS-TOKEN"] {
 			t.token = ep.Headers["X-EXECD-ACCESS-TOKEN"]
 		}
 	}

@@ -32,7 +32,13 @@ func (s *Service) CreateBatch(ctx context.Context, req CreateRequest, n int) ([]
 	if name := req.Extensions[ExtPoolRef]; name != "" {
 		return s.createFromPool(ctx, req, name, n)
 	}
-	if _, err := s.validate(req); err != nil {
+	sb, err := s.validate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	// The whole batch must fit the quota; each create is still charged
+	// on its own (createOne), so concurrent calls cannot overrun it.
+	if err := s.quota.check(s.deps.Quotas, ownerOf(ctx), n, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
 		return nil, err
 	}
 	return s.coldBatch(ctx, req, n, "")
@@ -75,28 +81,35 @@ func firstErr(errs []error) error {
 	return nil
 }
 
-// createOne is Create without the pool dispatch, optionally attached to a pool.
+// createOne is Create without the pool dispatch, optionally attached to
+// pool poolName of ctx's tenant.
 func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName string) (Sandbox, error) {
-	sb, err := s.validate(req)
+	sb, err := s.validate(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
+	sb.Tenant = ownerOf(ctx)
+	var pl *pool
 	if poolName != "" {
-		pl, err := s.getPool(poolName)
-		if err != nil {
+		if pl, err = s.getPool(ctx, poolName); err != nil {
 			return Sandbox{}, err
 		}
-		sb.Pool = poolName
+	}
+	if err := s.admitEntry(&sb); err != nil {
+		return Sandbox{}, err
+	}
+	if pl != nil {
+		sb.Pool = poolKey(sb.Tenant, poolName)
 		pl.mu.Lock()
 		pl.allocated[sb.ID] = true
 		pl.mu.Unlock()
 	}
-	e := &entry{sb: sb}
+	e := newEntry(sb)
 	e.mu.Lock()
 	s.put(e)
 	defer e.mu.Unlock()
 	if err := s.provision(context.WithoutCancel(ctx), e, req.ImageAuth); err != nil {
-		s.released(poolName, sb.ID)
+		s.released(sb.Pool, sb.ID)
 		return e.sb.clone(), err
 	}
 	return e.sb.clone(), nil
@@ -149,7 +162,7 @@ func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
 // createFromPool claims up to n idle sandboxes of pool name and cold-creates
 // the rest from its template.
 func (s *Service) createFromPool(ctx context.Context, req CreateRequest, name string, n int) ([]Sandbox, error) {
-	def, err := s.poolTemplateFor(name)
+	def, err := s.poolTemplateFor(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -157,12 +170,32 @@ func (s *Service) createFromPool(ctx context.Context, req CreateRequest, name st
 	if err != nil {
 		return nil, err
 	}
-	proto, err := s.validate(merged) // checks metadata, timeout, env, extensions
+	proto, err := s.validate(ctx, merged) // checks metadata, timeout, env, extensions
 	if err != nil {
 		return nil, err
 	}
-	claimed, err := s.claim(name, n)
+	// Claimed or cold, each of the n sandboxes is new to the tenant's quota.
+	owner, cpu, mem := ownerOf(ctx), proto.Resources.CPUMillis, proto.Resources.MemoryBytes
+	if err := s.quota.check(s.deps.Quotas, owner, n, cpu, mem); err != nil {
+		return nil, err
+	}
+	claimed, err := s.claim(ctx, name, n)
 	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(claimed))
+	for i, e := range claimed {
+		ids[i] = e.sb.ID
+	}
+	if err := s.quota.admit(s.deps.Quotas, owner, ids, cpu, mem); err != nil {
+		// A concurrent create took the room since the check: the
+		// claimed sandboxes go (the pool refills).
+		for _, e := range claimed {
+			e.mu.Lock()
+			e.sb.Warm = false // so that the pool forgets the claim
+			s.deleteLocked(context.WithoutCancel(ctx), e, ReasonStopping)
+			e.mu.Unlock()
+		}
 		return nil, err
 	}
 	s.observeClaim(len(claimed), n-len(claimed))

@@ -253,7 +253,7 @@ func (s *Service) FlushEvents() { s.flushEvents() }
 // many older ones the ring dropped. A deleted sandbox's events stay
 // readable for EventRetention; ErrNotFound once they are gone.
 func (s *Service) Events(ctx context.Context, id string) ([]Event, int, error) {
-	if _, err := s.get(id); err != nil {
+	if _, err := s.get(ctx, id); err != nil {
 		if !errdefs.IsNotFound(err) || !s.goneEvents(id) {
 			return nil, 0, err
 		}
@@ -284,7 +284,7 @@ func (s *Service) goneEvents(id string) bool {
 // output (agent and entrypoint stdout/stderr), and whether older output
 // was left out. ErrNotImplemented if the runtime keeps no logs.
 func (s *Service) Logs(ctx context.Context, id string, max int64) ([]byte, bool, error) {
-	if _, err := s.get(id); err != nil {
+	if _, err := s.get(ctx, id); err != nil {
 		return nil, false, err
 	}
 	lr, ok := s.deps.Runtime.(runtime.LogReader)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // PoolBucket is the store bucket holding pool definitions.
@@ -53,6 +54,22 @@ type Pool struct {
 	// Revision changes whenever the template changes; idle sandboxes of an
 	// older revision are replaced.
 	Revision int `json:"revision"`
+	// Tenant owns the pool and its sandboxes ("" in records from before
+	// tenants: the default tenant). Pool names are per tenant.
+	Tenant string `json:"tenant,omitempty"`
+}
+
+// key is the pool's key in Service.pools, in the store and in its
+// sandboxes' Sandbox.Pool: the name for the default tenant (as before
+// tenants), "<tenant>/<name>" for others (names are DNS labels, so the
+// two forms cannot collide).
+func (p Pool) key() string { return poolKey(p.Tenant, p.Name) }
+
+func poolKey(owner, name string) string {
+	if owner = tenant.Normalize(owner); owner == tenant.Default {
+		return name
+	}
+	return owner + "/" + name
 }
 
 // PoolStatus counts a pool's sandboxes.
@@ -68,6 +85,7 @@ type PoolStatus struct {
 // still alive; creating counts warm creates in flight.
 type pool struct {
 	mu        sync.Mutex
+	owner     string // def.Tenant, fixed
 	def       Pool
 	idle      []*entry
 	allocated map[string]bool
@@ -83,7 +101,7 @@ var poolNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 const maxPoolSize = 10000
 
-func (s *Service) validatePool(p *Pool) error {
+func (s *Service) validatePool(ctx context.Context, p *Pool) error {
 	if !poolNameRe.MatchString(p.Name) {
 		return errdefs.Invalid("POOL::INVALID_NAME", "pool name must be a DNS label (lowercase alphanumerics and '-', at most 63)")
 	}
@@ -98,23 +116,24 @@ func (s *Service) validatePool(p *Pool) error {
 		return errdefs.Invalid("POOL::INVALID_CAPACITY", fmt.Sprintf("capacitySpec needs poolMin <= poolMax, bufferMax <= poolMax and 1 <= poolMax <= %d", maxPoolSize))
 	}
 	// The template must be a valid create request on its own.
-	_, err := s.validate(p.Template.request())
+	_, err := s.validate(ctx, p.Template.request())
 	return err
 }
 
 // CreatePool defines a pool and starts filling it.
 func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
-	if err := s.validatePool(&p); err != nil {
+	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
 	}
+	p.Tenant = ownerOf(ctx)
 	s.poolsMu.Lock()
 	defer s.poolsMu.Unlock()
-	if _, ok := s.pools[p.Name]; ok {
+	if _, ok := s.pools[p.key()]; ok {
 		return Pool{}, errdefs.WithPublic(fmt.Errorf("pool %q: %w", p.Name, errdefs.ErrAlreadyExists), "POOL::ALREADY_EXISTS", fmt.Sprintf("pool %s already exists", p.Name))
 	}
 	p.CreatedAt = s.now()
 	p.Revision = 1
-	if err := s.deps.Store.Put(PoolBucket, p.Name, &p); err != nil {
+	if err := s.deps.Store.Put(PoolBucket, p.key(), &p); err != nil {
 		return Pool{}, err
 	}
 	s.startPool(p, nil)
@@ -124,20 +143,21 @@ func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 // UpdatePool replaces a pool's template and capacity. Idle sandboxes of the
 // old template are replaced in the background; claimed ones are untouched.
 func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
-	if err := s.validatePool(&p); err != nil {
+	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
 	}
-	pl, err := s.getPool(p.Name)
+	pl, err := s.getPool(ctx, p.Name)
 	if err != nil {
 		return Pool{}, err
 	}
 	pl.mu.Lock()
+	p.Tenant = pl.def.Tenant
 	p.CreatedAt = pl.def.CreatedAt
 	p.Revision = pl.def.Revision
 	if !templateEqual(p.Template, pl.def.Template) {
 		p.Revision++
 	}
-	if err := s.deps.Store.Put(PoolBucket, p.Name, &p); err != nil {
+	if err := s.deps.Store.Put(PoolBucket, p.key(), &p); err != nil {
 		pl.mu.Unlock()
 		return Pool{}, err
 	}
@@ -155,7 +175,7 @@ func templateEqual(a, b PoolTemplate) bool {
 
 // GetPool returns a pool and its counts.
 func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, error) {
-	pl, err := s.getPool(name)
+	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return Pool{}, PoolStatus{}, err
 	}
@@ -164,33 +184,43 @@ func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, e
 	return pl.def, pl.statusLocked(), nil
 }
 
-// ListPools returns every pool, by name.
+// ListPools returns every pool ctx's tenant scope sees, by tenant and name.
 func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
 	s.poolsMu.Lock()
-	names := make([]string, 0, len(s.pools))
-	for n := range s.pools {
-		names = append(names, n)
-	}
-	s.poolsMu.Unlock()
-	sort.Strings(names)
-	var defs []Pool
-	var sts []PoolStatus
-	for _, n := range names {
-		if d, st, err := s.GetPool(ctx, n); err == nil {
-			defs = append(defs, d)
-			sts = append(sts, st)
+	pls := make([]*pool, 0, len(s.pools))
+	for _, pl := range s.pools {
+		if visible(ctx, pl.owner) {
+			pls = append(pls, pl)
 		}
 	}
-	return defs, sts
+	s.poolsMu.Unlock()
+	defs := make([]Pool, len(pls))
+	sts := make([]PoolStatus, len(pls))
+	for i, pl := range pls {
+		pl.mu.Lock()
+		defs[i], sts[i] = pl.def, pl.statusLocked()
+		pl.mu.Unlock()
+	}
+	idx := make([]int, len(pls))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return defs[idx[a]].key() < defs[idx[b]].key() })
+	outD, outS := make([]Pool, len(idx)), make([]PoolStatus, len(idx))
+	for i, j := range idx {
+		outD[i], outS[i] = defs[j], sts[j]
+	}
+	return outD, outS
 }
 
 // DeletePool removes a pool and its idle sandboxes. Claimed sandboxes live
 // on as ordinary sandboxes.
 func (s *Service) DeletePool(ctx context.Context, name string) error {
+	key := poolKey(ownerOf(ctx), name)
 	s.poolsMu.Lock()
-	pl, ok := s.pools[name]
+	pl, ok := s.pools[key]
 	if ok {
-		delete(s.pools, name)
+		delete(s.pools, key)
 	}
 	s.poolsMu.Unlock()
 	if !ok {
@@ -216,7 +246,7 @@ func (s *Service) DeletePool(ctx context.Context, name string) error {
 	// Claimed sandboxes forget their pool.
 	s.mu.RLock()
 	for _, e := range s.sandboxes {
-		if e.sb.Pool == name && !e.sb.Warm {
+		if e.sb.Pool == key && !e.sb.Warm {
 			e.mu.Lock()
 			e.sb.Pool = ""
 			s.persist(e)
@@ -224,17 +254,24 @@ func (s *Service) DeletePool(ctx context.Context, name string) error {
 		}
 	}
 	s.mu.RUnlock()
-	return s.deps.Store.Delete(PoolBucket, name)
+	return s.deps.Store.Delete(PoolBucket, key)
 }
 
 func poolNotFound(name string) error {
 	return errdefs.WithPublic(fmt.Errorf("pool %q: %w", name, errdefs.ErrNotFound), "POOL::NOT_FOUND", fmt.Sprintf("pool %s not found", name))
 }
 
-func (s *Service) getPool(name string) (*pool, error) {
+// getPool returns pool name of ctx's tenant (names resolve in the acting
+// tenant: an admin names another tenant's pools with X-Moat-Tenant).
+func (s *Service) getPool(ctx context.Context, name string) (*pool, error) {
+	return s.poolByKey(poolKey(ownerOf(ctx), name), name)
+}
+
+// poolByKey returns the pool of key (see Pool.key); name is for errors.
+func (s *Service) poolByKey(key, name string) (*pool, error) {
 	s.poolsMu.Lock()
 	defer s.poolsMu.Unlock()
-	pl, ok := s.pools[name]
+	pl, ok := s.pools[key]
 	if !ok {
 		return nil, poolNotFound(name)
 	}
@@ -256,8 +293,8 @@ func (pl *pool) poke() {
 // startPool registers a pool (with already-warm entries after a restart)
 // and starts its refill loop. The caller holds poolsMu.
 func (s *Service) startPool(def Pool, idle []*entry) *pool {
-	pl := &pool{def: def, idle: idle, allocated: map[string]bool{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-	s.pools[def.Name] = pl
+	pl := &pool{owner: def.Tenant, def: def, idle: idle, allocated: map[string]bool{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	s.pools[def.key()] = pl
 	s.poolWG.Add(1)
 	go func() {
 		defer s.poolWG.Done()
@@ -391,12 +428,12 @@ var errPoolGone = fmt.Errorf("pool gone: %w", errdefs.ErrNotFound)
 // expiry; their record is persisted so the pool survives a restart.
 func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
 	t := def.Template
-	sb, err := s.validate(t.request())
+	sb, err := s.validate(ctx, t.request())
 	if err != nil {
 		return nil, err
 	}
-	sb.Pool, sb.PoolRevision, sb.Warm = def.Name, def.Revision, true
-	e := &entry{sb: sb}
+	sb.Pool, sb.PoolRevision, sb.Warm, sb.Tenant = def.key(), def.Revision, true, def.Tenant
+	e := newEntry(sb)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s.mu.Lock()
@@ -411,10 +448,11 @@ func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
 	return e, nil
 }
 
-// claim takes up to n idle sandboxes of a pool. The caller owns them (their
-// locks are not held) and must finish or release them.
-func (s *Service) claim(name string, n int) ([]*entry, error) {
-	pl, err := s.getPool(name)
+// claim takes up to n idle sandboxes of pool name of ctx's tenant. The
+// caller owns them (their locks are not held) and must finish or release
+// them.
+func (s *Service) claim(ctx context.Context, name string, n int) ([]*entry, error) {
+	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
 	}
@@ -430,9 +468,9 @@ func (s *Service) claim(name string, n int) ([]*entry, error) {
 	return got, nil
 }
 
-// poolTemplateFor returns the template of a pool, for cold creates.
-func (s *Service) poolTemplateFor(name string) (Pool, error) {
-	pl, err := s.getPool(name)
+// poolTemplateFor returns pool name of ctx's tenant, for cold creates.
+func (s *Service) poolTemplateFor(ctx context.Context, name string) (Pool, error) {
+	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return Pool{}, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
 	}
@@ -441,12 +479,12 @@ func (s *Service) poolTemplateFor(name string) (Pool, error) {
 	return pl.def, nil
 }
 
-// released tells a pool that one of its claimed sandboxes is gone.
-func (s *Service) released(poolName, id string) {
-	if poolName == "" {
+// released tells a pool (by key) that one of its claimed sandboxes is gone.
+func (s *Service) released(poolKey, id string) {
+	if poolKey == "" {
 		return
 	}
-	pl, err := s.getPool(poolName)
+	pl, err := s.poolByKey(poolKey, poolKey)
 	if err != nil {
 		return
 	}
@@ -481,10 +519,10 @@ func (s *Service) recoverPools() error {
 	defer s.poolsMu.Unlock()
 	known := map[string]bool{}
 	for _, d := range defs {
-		known[d.Name] = true
-		pl := s.startPool(d, idle[d.Name])
+		known[d.key()] = true
+		pl := s.startPool(d, idle[d.key()])
 		pl.mu.Lock()
-		for _, id := range allocated[d.Name] {
+		for _, id := range allocated[d.key()] {
 			pl.allocated[id] = true
 		}
 		pl.mu.Unlock()

@@ -26,7 +26,7 @@ func waitIdle(t *testing.T, svc *Service, name string, want int) PoolStatus {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pl, _ := svc.getPool(name)
+		pl, _ := svc.getPool(context.Background(), name)
 		pl.mu.Lock()
 		creating := pl.creating
 		pl.mu.Unlock()
@@ -142,7 +142,7 @@ func TestBatchFromPoolWithColdFill(t *testing.T) {
 	defer h.svc.Close()
 	h.svc.CreatePool(ctx, testPool("p", 0, 5, 100))
 	// bufferMin 0: fill only happens below poolMin; start the fill by hand.
-	pl, _ := h.svc.getPool("p")
+	pl, _ := h.svc.getPool(context.Background(), "p")
 	pl.mu.Lock()
 	pl.filling = true
 	pl.mu.Unlock()

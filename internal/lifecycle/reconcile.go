@@ -40,7 +40,7 @@ func (s *Service) Recover(ctx context.Context) error {
 		if sb.Metadata == nil {
 			sb.Metadata = map[string]string{}
 		}
-		e := &entry{sb: sb}
+		e := newEntry(sb)
 		rst, ok := byID[sb.ID]
 		delete(byID, sb.ID)
 		if sb.ExpiresAt != nil && !sb.ExpiresAt.After(now) {
@@ -89,6 +89,11 @@ func (s *Service) Recover(ctx context.Context) error {
 			if err := s.persist(e); err != nil {
 				return err
 			}
+		}
+		if !e.sb.Warm && !isTerminal(e.sb.Status.State) {
+			// Live sandboxes count against their tenant's quota even if
+			// it was lowered meanwhile (admit with no limits).
+			s.quota.admit(nil, e.sb.Tenant, []string{e.sb.ID}, e.sb.Resources.CPUMillis, e.sb.Resources.MemoryBytes)
 		}
 		s.put(e)
 	}

@@ -69,6 +69,9 @@ type Sandbox struct {
 	Warm bool `json:"warm,omitempty"`
 	// Mounts are the host volumes, validated against the allow-list.
 	Mounts []runtime.Mount `json:"mounts,omitempty"`
+	// Tenant owns the sandbox ("" in records from before tenants: the
+	// default tenant). See tenancy.go.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // clone returns a deep copy safe to hand out of the service.

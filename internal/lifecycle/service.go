@@ -105,6 +105,8 @@ type Deps struct {
 	Now func() time.Time
 	// Metrics is optional; nil records nothing.
 	Metrics Metrics
+	// Quotas is optional; nil limits no tenant (see tenancy.go).
+	Quotas Quotas
 }
 
 // Metrics receives lifecycle observations (see internal/metrics). Calls
@@ -136,6 +138,9 @@ func (s *Service) observeClaim(hits, misses int) {
 type entry struct {
 	mu sync.Mutex
 	sb Sandbox
+	// owner is sb.Tenant, fixed when the entry is made (a sandbox never
+	// changes tenant), so that lookups check it without e.mu.
+	owner string
 	// failedAt is set for sandboxes that failed to create (not persisted).
 	failedAt time.Time
 }
@@ -162,6 +167,9 @@ type Service struct {
 
 	// events is every sandbox's event ring (events.go).
 	events *eventLog
+
+	// quota charges live sandboxes to their tenants (tenancy.go).
+	quota *ledger
 }
 
 // New returns a service. Call Recover before serving, and Run to start the
@@ -185,7 +193,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, err
 	}
 	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{},
-		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps, events: newEventLog()}, nil
+		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps, events: newEventLog(), quota: newLedger()}, nil
 }
 
 // Close stops the pool refill loops (sandboxes keep running).
@@ -200,11 +208,16 @@ func (s *Service) Runtime() runtime.Runtime { return s.deps.Runtime }
 
 func (s *Service) now() time.Time { return s.deps.Now().UTC() }
 
-func (s *Service) get(id string) (*entry, error) {
+// newEntry wraps a sandbox record.
+func newEntry(sb Sandbox) *entry { return &entry{sb: sb, owner: sb.Tenant} }
+
+// get returns the entry of sandbox id, if ctx's tenant scope sees it. A
+// sandbox of another tenant, like an idle pool sandbox, is not found.
+func (s *Service) get(ctx context.Context, id string) (*entry, error) {
 	s.mu.RLock()
 	e := s.sandboxes[id]
 	s.mu.RUnlock()
-	if e == nil {
+	if e == nil || !visible(ctx, e.owner) {
 		return nil, notFound(id)
 	}
 	e.mu.Lock()
@@ -225,6 +238,9 @@ func notFound(id string) error {
 func (s *Service) setState(e *entry, st State, reason, msg string) {
 	prev := e.sb.Status.State
 	e.sb.Status = Status{State: st, Reason: reason, Message: msg, LastTransitionAt: s.now()}
+	if isTerminal(st) {
+		s.quota.release(e.sb.ID)
+	}
 	s.recordTransition(e, prev)
 }
 
@@ -250,11 +266,15 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 		}
 		return sbs[0], nil
 	}
-	sb, err := s.validate(req)
+	sb, err := s.validate(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	e := &entry{sb: sb}
+	sb.Tenant = ownerOf(ctx)
+	if err := s.admitEntry(&sb); err != nil {
+		return Sandbox{}, err
+	}
+	e := newEntry(sb)
 	e.mu.Lock()
 	s.mu.Lock()
 	s.sandboxes[sb.ID] = e
@@ -270,7 +290,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	return e.sb.clone(), nil
 }
 
-func (s *Service) validate(req CreateRequest) (Sandbox, error) {
+func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, error) {
 	now := s.now()
 	switch {
 	case req.Image == "" && req.SnapshotID == "":
@@ -281,7 +301,7 @@ func (s *Service) validate(req CreateRequest) (Sandbox, error) {
 	entrypoint := req.Entrypoint
 	var memory *Snapshot
 	if req.SnapshotID != "" {
-		sn, err := s.readySnapshot(req.SnapshotID)
+		sn, err := s.readySnapshot(ctx, req.SnapshotID)
 		if err != nil {
 			return Sandbox{}, err
 		}
@@ -583,7 +603,7 @@ func (s *Service) waitAgent(ctx context.Context, id, token string) error {
 
 // Get returns one sandbox.
 func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -609,6 +629,9 @@ func (s *Service) List(ctx context.Context, f ListFilter, page, pageSize int) ([
 	s.mu.RUnlock()
 	var out []Sandbox
 	for _, e := range entries {
+		if !visible(ctx, e.owner) {
+			continue
+		}
 		e.mu.Lock()
 		sb := e.sb.clone()
 		e.mu.Unlock()
@@ -655,7 +678,7 @@ func matches(sb Sandbox, f ListFilter) bool {
 // Delete stops the sandbox and frees everything it holds. It returns once
 // the sandbox is gone.
 func (s *Service) Delete(ctx context.Context, id string) error {
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -707,7 +730,7 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 	if !ok || !s.deps.Runtime.Capabilities().Pause {
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot pause sandboxes")
 	}
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -731,7 +754,7 @@ func (s *Service) Resume(ctx context.Context, id string) error {
 	if !ok || !s.deps.Runtime.Capabilities().Pause {
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot resume sandboxes")
 	}
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -752,7 +775,7 @@ func (s *Service) Resume(ctx context.Context, id string) error {
 // Renew moves the expiry of a sandbox to at, which must be in the future
 // and later than the current expiry.
 func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time, error) {
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -793,7 +816,7 @@ func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
 // (extension access.renew.extend.seconds); it is called by proxies on each
 // access and is cheap when nothing changes.
 func (s *Service) Touch(ctx context.Context, id string) {
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return
 	}
@@ -825,7 +848,7 @@ func (s *Service) PatchMetadata(ctx context.Context, id string, patch map[string
 	if err := ValidateMetadata(add); err != nil {
 		return Sandbox{}, err
 	}
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -867,7 +890,7 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 	if port < 1 || port > 65535 {
 		return Endpoint{}, errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %d is out of range 1-65535", port))
 	}
-	e, err := s.get(id)
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -895,8 +918,8 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 }
 
 // AgentToken returns the agent token of a sandbox (for the server proxy).
-func (s *Service) AgentToken(id string) (string, error) {
-	e, err := s.get(id)
+func (s *Service) AgentToken(ctx context.Context, id string) (string, error) {
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return "", err
 	}
@@ -909,15 +932,21 @@ func isTerminal(st State) bool { return st == StateTerminated || st == StateFail
 
 // EgressPolicies is the per-sandbox policy service behind the egress API:
 // changes are enforced live and saved in the sandbox record, so they
-// survive a restart.
-func (s *Service) EgressPolicies() EgressPolicies { return EgressPolicies{s} }
+// survive a restart. It serves one request: ctx's tenant scope applies to
+// Get (Modify takes its own context).
+func (s *Service) EgressPolicies(ctx context.Context) EgressPolicies {
+	return EgressPolicies{s: s, ctx: ctx}
+}
 
 // EgressPolicies implements egress.PolicyService over the lifecycle.
-type EgressPolicies struct{ s *Service }
+type EgressPolicies struct {
+	s   *Service
+	ctx context.Context
+}
 
 // Get returns the policy in force on sandbox id.
 func (p EgressPolicies) Get(id string) (policy.NetworkPolicy, error) {
-	if _, err := p.s.get(id); err != nil {
+	if _, err := p.s.get(p.ctx, id); err != nil {
 		return policy.NetworkPolicy{}, err
 	}
 	if p.s.deps.Egress == nil {
@@ -928,7 +957,7 @@ func (p EgressPolicies) Get(id string) (policy.NetworkPolicy, error) {
 
 // Modify changes the policy of sandbox id and records it.
 func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error) {
-	e, err := p.s.get(id)
+	e, err := p.s.get(ctx, id)
 	if err != nil {
 		return policy.NetworkPolicy{}, err
 	}
@@ -946,8 +975,8 @@ func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.Ne
 }
 
 // EgressToken returns the egress API token of a sandbox ("" if it has no policy).
-func (s *Service) EgressToken(id string) (string, error) {
-	e, err := s.get(id)
+func (s *Service) EgressToken(ctx context.Context, id string) (string, error) {
+	e, err := s.get(ctx, id)
 	if err != nil {
 		return "", err
 	}

@@ -101,6 +101,9 @@ type Snapshot struct {
 	Class      string   `json:"class,omitempty"`
 	Entrypoint []string `json:"entrypoint,omitempty"`
 	AgentToken string   `json:"agentToken,omitempty"`
+	// Tenant owns the snapshot: the tenant of its source sandbox (its
+	// files are that tenant's data). "" in records from before tenants.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // SnapshotMemory is Snapshot.Kind of a snapshot with process memory.
@@ -181,7 +184,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 	if err := validSnapshotName(name); err != nil {
 		return Snapshot{}, err
 	}
-	e, err := s.get(sandboxID)
+	e, err := s.get(ctx, sandboxID)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -195,7 +198,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 	}
 	now := s.now()
 	id := newID()
-	sn := &Snapshot{ID: id, SandboxID: sandboxID, Name: name, CreatedAt: now,
+	sn := &Snapshot{ID: id, SandboxID: sandboxID, Name: name, CreatedAt: now, Tenant: e.owner,
 		Image: snapshotImagePrefix + id, BaseImage: imageRef(&e.sb),
 		Status: SnapshotStatus{State: SnapshotCreating, Reason: ReasonSnapshotAccepted, LastTransitionAt: now}}
 	cp := s.checkpointer(e.sb.Class)
@@ -312,7 +315,7 @@ func (s *Service) GetSnapshot(ctx context.Context, id string) (Snapshot, error) 
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	sn, ok := s.snaps[id]
-	if !ok {
+	if !ok || !visible(ctx, sn.Tenant) {
 		return Snapshot{}, snapshotNotFound(id)
 	}
 	return *sn, nil
@@ -324,6 +327,9 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pag
 	s.snapMu.Lock()
 	var out []Snapshot
 	for _, sn := range s.snaps {
+		if !visible(ctx, sn.Tenant) {
+			continue
+		}
 		if f.SandboxID != "" && sn.SandboxID != f.SandboxID {
 			continue
 		}
@@ -356,12 +362,13 @@ func containsState(sts []SnapshotState, st SnapshotState) bool {
 	return false
 }
 
-// readySnapshot returns snapshot id if sandboxes can be created from it.
-func (s *Service) readySnapshot(id string) (Snapshot, error) {
+// readySnapshot returns snapshot id if sandboxes can be created from it
+// in ctx's tenant scope.
+func (s *Service) readySnapshot(ctx context.Context, id string) (Snapshot, error) {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	sn, ok := s.snaps[id]
-	if !ok {
+	if !ok || !visible(ctx, sn.Tenant) {
 		return Snapshot{}, snapshotNotFound(id)
 	}
 	if sn.Status.State != SnapshotReady {
@@ -372,8 +379,9 @@ func (s *Service) readySnapshot(id string) (Snapshot, error) {
 	return *sn, nil
 }
 
-// snapshotUsers returns the IDs of live sandboxes created from snapshot id.
-func (s *Service) snapshotUsers(id string) []string {
+// snapshotUsers returns the IDs of live sandboxes created from snapshot
+// id, those ctx does not see as "(another tenant's)".
+func (s *Service) snapshotUsers(ctx context.Context, id string) []string {
 	s.mu.RLock()
 	entries := make([]*entry, 0, len(s.sandboxes))
 	for _, e := range s.sandboxes {
@@ -384,7 +392,11 @@ func (s *Service) snapshotUsers(id string) []string {
 	for _, e := range entries {
 		e.mu.Lock()
 		if e.sb.SnapshotID == id && !isTerminal(e.sb.Status.State) {
-			users = append(users, e.sb.ID)
+			if visible(ctx, e.owner) {
+				users = append(users, e.sb.ID)
+			} else {
+				users = append(users, "(another tenant's)")
+			}
 		}
 		e.mu.Unlock()
 	}
@@ -392,8 +404,9 @@ func (s *Service) snapshotUsers(id string) []string {
 	return users
 }
 
-// snapshotPools returns the names of pools whose template is snapshot id.
-func (s *Service) snapshotPools(id string) []string {
+// snapshotPools returns the names of pools whose template is snapshot
+// id, those ctx does not see as "(another tenant's)".
+func (s *Service) snapshotPools(ctx context.Context, id string) []string {
 	s.poolsMu.Lock()
 	pls := make([]*pool, 0, len(s.pools))
 	for _, pl := range s.pools {
@@ -404,7 +417,11 @@ func (s *Service) snapshotPools(id string) []string {
 	for _, pl := range pls {
 		pl.mu.Lock()
 		if pl.def.Template.SnapshotID == id && !pl.deleted {
-			names = append(names, pl.def.Name)
+			if visible(ctx, pl.owner) {
+				names = append(names, pl.def.Name)
+			} else {
+				names = append(names, "(another tenant's)")
+			}
 		}
 		pl.mu.Unlock()
 	}
@@ -422,7 +439,7 @@ func (s *Service) snapshotPools(id string) []string {
 func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 	s.snapMu.Lock()
 	sn, ok := s.snaps[id]
-	if !ok {
+	if !ok || !visible(ctx, sn.Tenant) {
 		s.snapMu.Unlock()
 		return snapshotNotFound(id)
 	}
@@ -441,12 +458,12 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 		sn.Status = prev
 		s.snapMu.Unlock()
 	}
-	if pools := s.snapshotPools(id); len(pools) > 0 {
+	if pools := s.snapshotPools(ctx, id); len(pools) > 0 {
 		restore()
 		return errdefs.WithPublic(fmt.Errorf("snapshot %s is the template of pools %v: %w", id, pools, errdefs.ErrFailedPrecondition),
 			"SNAPSHOT::IN_USE", fmt.Sprintf("snapshot %s is the template of pool %s (delete the pool first)", id, strings.Join(pools, ", ")))
 	}
-	if users := s.snapshotUsers(id); len(users) > 0 {
+	if users := s.snapshotUsers(ctx, id); len(users) > 0 {
 		restore()
 		return errdefs.WithPublic(fmt.Errorf("snapshot %s is used by %d sandboxes: %w", id, len(users), errdefs.ErrFailedPrecondition),
 			"SNAPSHOT::IN_USE", fmt.Sprintf("snapshot %s is in use by sandbox %s (delete its sandboxes first)", id, strings.Join(users, ", ")))

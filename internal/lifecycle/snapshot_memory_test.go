@@ -26,7 +26,7 @@ func TestMemorySnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srcToken, _ := svc.AgentToken(src.ID)
+	srcToken, _ := svc.AgentToken(ctx, src.ID)
 
 	// Paused sources are refused: their processes cannot be continued.
 	if err := svc.Pause(ctx, src.ID); err != nil {
@@ -91,7 +91,7 @@ func TestMemorySnapshot(t *testing.T) {
 		if specs[i].Checkpoint != sn.ID {
 			t.Fatalf("runtime spec %+v has no checkpoint", specs[i])
 		}
-		want, _ := svc.AgentToken(f.ID)
+		want, _ := svc.AgentToken(ctx, f.ID)
 		tok, env, err := h.rt.AgentState(f.ID)
 		if err != nil || want == srcToken || tok != want || env["FORKED"] != "yes" {
 			t.Fatalf("fork agent: token %q (want %q, source %q), env %v, err %v", tok, want, srcToken, env, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // Config is the configuration of `moat serve`. Defaults are applied by
@@ -48,6 +49,12 @@ type Config struct {
 	APIKeyFile string
 	// NoAuth disables API-key auth (only sensible on a loopback listener).
 	NoAuth bool
+	// KeySecretFile holds the server secret that API keys of the tenant
+	// registry are hashed with (HMAC-SHA256), created with 32 random bytes
+	// if missing (mode 0600). Default <Root>/key-secret. Losing it
+	// invalidates every key created by `moat key create` (the server's
+	// own key keeps working).
+	KeySecretFile string
 	// PublicAddress is host[:port] used in server-proxy endpoints. Default: the request Host.
 	PublicAddress string
 	// Bridge is the sandbox bridge name. Default "moat0".
@@ -190,6 +197,9 @@ func (c *Config) Validate() error {
 	if c.APIKeyFile == "" {
 		c.APIKeyFile = filepath.Join(c.Root, "api-key")
 	}
+	if c.KeySecretFile == "" {
+		c.KeySecretFile = filepath.Join(c.Root, "key-secret")
+	}
 	if c.AuditLog == "" {
 		c.AuditLog = filepath.Join(c.Root, "audit.log")
 	} else if c.AuditLog != "off" && !filepath.IsAbs(c.AuditLog) {
@@ -228,4 +238,42 @@ func (c *Config) resolveAPIKey() (key string, generated bool, err error) {
 		return "", false, err
 	}
 	return k, true, nil
+}
+
+// loadKeySecret reads the key secret file, creating it with
+// tenant.SecretLen random bytes (hex) if it does not exist.
+func (c *Config) loadKeySecret() ([]byte, error) {
+	b, err := os.ReadFile(c.KeySecretFile)
+	if err == nil {
+		sec, derr := hex.DecodeString(strings.TrimSpace(string(b)))
+		if derr != nil || len(sec) < 16 {
+			return nil, fmt.Errorf("key secret file %s: want at least 16 hex-encoded bytes", c.KeySecretFile)
+		}
+		return sec, nil
+	}
+	if !os.IsNotExist(err) {
+		return nil, err
+	}
+	sec := make([]byte, tenant.SecretLen)
+	rand.Read(sec)
+	if err := os.MkdirAll(filepath.Dir(c.KeySecretFile), 0o700); err != nil {
+		return nil, err
+	}
+	// O_EXCL: two servers racing on a fresh root cannot end up with
+	// different secrets.
+	f, err := os.OpenFile(c.KeySecretFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if os.IsExist(err) {
+			return c.loadKeySecret()
+		}
+		return nil, err
+	}
+	if _, err := f.WriteString(hex.EncodeToString(sec) + "\n"); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	return sec, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
@@ -34,6 +35,8 @@ type Server struct {
 	svc     *lifecycle.Service
 	api     *httpapi.Server
 	apiKey  string
+	// tenants holds the API keys and tenants (nil when auth is off).
+	tenants *tenant.Registry
 	signer  *ingress.Signer // OSEP-0011 route keys of the gateway (nil: none)
 	audit   *audit.Log
 	// runCtx lives until Close: background services of the backend.
@@ -103,7 +106,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
-	apiCfg := httpapi.Config{APIKey: key, PublicAddress: cfg.PublicAddress, Metrics: reg}
+	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg}
+	if !cfg.NoAuth {
+		secret, err := cfg.loadKeySecret()
+		if err != nil {
+			return nil, fmt.Errorf("key secret: %w", err)
+		}
+		if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: key, Secret: secret}); err != nil {
+			return nil, err
+		}
+		apiCfg.Auth = s.tenants
+	}
 	if s.signer, apiCfg.Ingress, err = ingressSetup(cfg); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,492 @@
+package tenant
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/store"
+)
+
+// Store buckets of the registry. Records are JSON; a key record never
+// holds the key itself, only its digest.
+const (
+	KeyBucket    = "keys"
+	TenantBucket = "tenants"
+)
+
+// Key format: "moat_" + 16 hex id + "_" + 64 hex secret (256 random bits).
+// The id is not secret: it names the key in listings and audit records,
+// and lets the server find the record without a search.
+const (
+	keyPrefix  = "moat_"
+	keyIDLen   = 16
+	secretLen  = 64
+	keyLen     = len(keyPrefix) + keyIDLen + 1 + secretLen
+	maxNameLen = 128
+)
+
+// SecretLen is the length of the server secret keys are hashed with.
+const SecretLen = 32
+
+// Key is the record of an API key. The key itself is shown once, when it
+// is created, and never stored: Digest is HMAC-SHA256 of the key under the
+// server secret.
+type Key struct {
+	ID     string `json:"id"`
+	Name   string `json:"name,omitempty"`
+	Tenant string `json:"tenant"`
+	Role   Role   `json:"role"`
+	// Digest is hex HMAC-SHA256(server secret, key). It never leaves the
+	// server (the API types omit it).
+	Digest    string     `json:"digest"`
+	CreatedAt time.Time  `json:"createdAt"`
+	CreatedBy string     `json:"createdBy,omitempty"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+}
+
+// Active reports whether the key authenticates at now.
+func (k Key) Active(now time.Time) bool {
+	return k.RevokedAt == nil && (k.ExpiresAt == nil || now.Before(*k.ExpiresAt))
+}
+
+// Tenant is the record of a tenant.
+type Tenant struct {
+	Name      string    `json:"name"`
+	Quota     Quota     `json:"quota"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Options configure a Registry.
+type Options struct {
+	// RootKey is the server's own key (MOAT_API_KEY or <root>/api-key):
+	// an admin of the Default tenant, with key id RootKeyID. Empty: none.
+	RootKey string
+	// Secret is the server secret key digests are computed with
+	// (SecretLen random bytes, kept outside the state store so that a
+	// copy of the store alone does not let anyone check guesses). Empty:
+	// a random one for this process (keys do not survive a restart).
+	Secret []byte
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Registry holds the tenants and API keys. It keeps them in memory and
+// writes through to the store (nil: memory only). It is safe for
+// concurrent use.
+type Registry struct {
+	db      *store.DB
+	secret  []byte
+	rootKey string
+	now     func() time.Time
+
+	mu      sync.RWMutex
+	keys    map[string]Key
+	tenants map[string]Tenant
+}
+
+// Open loads the registry from db (nil: an empty, memory-only registry).
+func Open(db *store.DB, opt Options) (*Registry, error) {
+	r := &Registry{db: db, secret: opt.Secret, rootKey: opt.RootKey, now: opt.Now,
+		keys: map[string]Key{}, tenants: map[string]Tenant{}}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if len(r.secret) == 0 {
+		r.secret = make([]byte, SecretLen)
+		rand.Read(r.secret)
+	} else if len(r.secret) < 16 {
+		return nil, fmt.Errorf("key secret too short (%d bytes, want %d): %w", len(r.secret), SecretLen, errdefs.ErrInvalidArgument)
+	}
+	if db == nil {
+		return r, nil
+	}
+	keys, err := store.List[Key](db, KeyBucket)
+	if err != nil {
+		return nil, fmt.Errorf("load keys: %w", err)
+	}
+	for _, k := range keys {
+		r.keys[k.ID] = k
+	}
+	tenants, err := store.List[Tenant](db, TenantBucket)
+	if err != nil {
+		return nil, fmt.Errorf("load tenants: %w", err)
+	}
+	for _, t := range tenants {
+		r.tenants[t.Name] = t
+	}
+	return r, nil
+}
+
+// HasRootKey reports whether the server's own key is configured.
+func (r *Registry) HasRootKey() bool { return r.rootKey != "" }
+
+func (r *Registry) digest(key string) string {
+	m := hmac.New(sha256.New, r.secret)
+	m.Write([]byte(key))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// invalidKey is the answer to a key that is not known. The message is the
+// same whatever was wrong with it.
+func invalidKey() error {
+	return errdefs.WithPublic(fmt.Errorf("api key: %w", errdefs.ErrUnauthenticated), "INVALID_API_KEY", "invalid API key")
+}
+
+// LooksLikeKey reports whether s has the shape of a registry key (it may
+// still be unknown). Callers that see tokens of other kinds in the same
+// header (the server proxy's X-EXECD-ACCESS-TOKEN) use it to tell them apart.
+func LooksLikeKey(s string) bool {
+	_, ok := parseKey(s)
+	return ok
+}
+
+func parseKey(s string) (id string, ok bool) {
+	if len(s) != keyLen || !strings.HasPrefix(s, keyPrefix) || s[len(keyPrefix)+keyIDLen] != '_' {
+		return "", false
+	}
+	id = s[len(keyPrefix) : len(keyPrefix)+keyIDLen]
+	if !isHex(id) || !isHex(s[len(keyPrefix)+keyIDLen+1:]) {
+		return "", false
+	}
+	return id, true
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// IsRootKey reports, in constant time, whether key is the server's own key.
+func (r *Registry) IsRootKey(key string) bool {
+	return r.rootKey != "" && len(key) == len(r.rootKey) && subtle.ConstantTimeCompare([]byte(key), []byte(r.rootKey)) == 1
+}
+
+// Authenticate returns the principal of an API key. Unknown, revoked and
+// expired keys are ErrUnauthenticated (code INVALID_API_KEY); only a caller
+// who holds the real key learns that it was revoked or has expired.
+func (r *Registry) Authenticate(key string) (Principal, error) {
+	if r.IsRootKey(key) {
+		return Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}, nil
+	}
+	id, ok := parseKey(key)
+	if !ok {
+		return Principal{}, invalidKey()
+	}
+	got := r.digest(key)
+	r.mu.RLock()
+	k, found := r.keys[id]
+	r.mu.RUnlock()
+	want := k.Digest
+	if !found {
+		want = strings.Repeat("0", len(got)) // compare anyway: same timing for unknown ids
+	}
+	if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 || !found {
+		return Principal{}, invalidKey()
+	}
+	if err := r.usable(k); err != nil {
+		return Principal{}, err
+	}
+	return k.principal(), nil
+}
+
+func (k Key) principal() Principal {
+	return Principal{KeyID: k.ID, Tenant: Normalize(k.Tenant), Role: k.Role, AllTenants: k.Role == RoleAdmin}
+}
+
+func (r *Registry) usable(k Key) error {
+	switch {
+	case k.RevokedAt != nil:
+		return errdefs.WithPublic(fmt.Errorf("api key %s revoked: %w", k.ID, errdefs.ErrUnauthenticated), "INVALID_API_KEY", "API key "+k.ID+" has been revoked")
+	case k.ExpiresAt != nil && !r.now().Before(*k.ExpiresAt):
+		return errdefs.WithPublic(fmt.Errorf("api key %s expired: %w", k.ID, errdefs.ErrUnauthenticated), "INVALID_API_KEY", "API key "+k.ID+" has expired")
+	}
+	return nil
+}
+
+// PrincipalOf returns the current principal of key id, for credential
+// sources that authenticate a key once and then remember its id (the web
+// console's sessions): a key revoked or expired since, or whose role
+// changed, takes effect on the next request.
+func (r *Registry) PrincipalOf(keyID string) (Principal, error) {
+	if keyID == RootKeyID && r.rootKey != "" {
+		return Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}, nil
+	}
+	r.mu.RLock()
+	k, ok := r.keys[keyID]
+	r.mu.RUnlock()
+	if !ok {
+		return Principal{}, invalidKey()
+	}
+	if err := r.usable(k); err != nil {
+		return Principal{}, err
+	}
+	return k.principal(), nil
+}
+
+// NewKey is the request for a new key.
+type NewKey struct {
+	// Tenant owns the key; it is created (without quota) if missing.
+	Tenant string
+	Role   Role
+	// Name describes the key (optional, at most 128 characters).
+	Name string
+	// ExpiresAt, if set, ends the key's validity.
+	ExpiresAt *time.Time
+	// CreatedBy is the key id of the creator (recorded).
+	CreatedBy string
+}
+
+// CreateKey makes a key and returns its record and the key itself, which
+// is not kept and cannot be shown again.
+func (r *Registry) CreateKey(ctx context.Context, req NewKey) (Key, string, error) {
+	if err := ValidName(req.Tenant); err != nil {
+		return Key{}, "", err
+	}
+	if _, err := ParseRole(string(req.Role)); err != nil {
+		return Key{}, "", err
+	}
+	if len(req.Name) > maxNameLen || !utf8.ValidString(req.Name) || strings.ContainsFunc(req.Name, isControl) {
+		return Key{}, "", errdefs.Invalid("KEY::INVALID_NAME", fmt.Sprintf("key name must be at most %d printable characters", maxNameLen))
+	}
+	now := r.now().UTC()
+	if req.ExpiresAt != nil && !req.ExpiresAt.After(now) {
+		return Key{}, "", errdefs.Invalid("KEY::INVALID_EXPIRATION", "expiresAt must be in the future")
+	}
+	var idb [keyIDLen / 2]byte
+	var sec [secretLen / 2]byte
+	rand.Read(idb[:])
+	rand.Read(sec[:])
+	id := hex.EncodeToString(idb[:])
+	token := keyPrefix + id + "_" + hex.EncodeToString(sec[:])
+	k := Key{ID: id, Name: req.Name, Tenant: req.Tenant, Role: req.Role, Digest: r.digest(token),
+		CreatedAt: now, CreatedBy: req.CreatedBy}
+	if req.ExpiresAt != nil {
+		at := req.ExpiresAt.UTC()
+		k.ExpiresAt = &at
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.keys[id]; dup {
+		return Key{}, "", fmt.Errorf("key id collision: %w", errdefs.ErrConflict) // 2^-64: retry
+	}
+	if _, ok := r.tenants[req.Tenant]; !ok && req.Tenant != Default {
+		t := Tenant{Name: req.Tenant, CreatedAt: now}
+		if err := r.put(TenantBucket, t.Name, t); err != nil {
+			return Key{}, "", err
+		}
+		r.tenants[t.Name] = t
+	}
+	if err := r.put(KeyBucket, id, k); err != nil {
+		return Key{}, "", err
+	}
+	r.keys[id] = k
+	return k, token, nil
+}
+
+func isControl(c rune) bool { return c < 0x20 || c == 0x7f }
+
+func (r *Registry) put(bucket, key string, v any) error {
+	if r.db == nil {
+		return nil
+	}
+	return r.db.Put(bucket, key, v)
+}
+
+// keyNotFound is the answer for a key id that does not exist (or is out of
+// the caller's scope).
+func keyNotFound(id string) error {
+	return errdefs.WithPublic(fmt.Errorf("key %q: %w", id, errdefs.ErrNotFound), "KEY::NOT_FOUND", fmt.Sprintf("key %s not found", id))
+}
+
+// rootKeyRecord describes the server's own key in listings.
+func rootKeyRecord() Key {
+	return Key{ID: RootKeyID, Name: "server key (MOAT_API_KEY or <root>/api-key)", Tenant: Default, Role: RoleAdmin}
+}
+
+// Key returns the record of key id (the server's own key included).
+func (r *Registry) Key(id string) (Key, error) {
+	if id == RootKeyID && r.rootKey != "" {
+		return rootKeyRecord(), nil
+	}
+	r.mu.RLock()
+	k, ok := r.keys[id]
+	r.mu.RUnlock()
+	if !ok {
+		return Key{}, keyNotFound(id)
+	}
+	return k, nil
+}
+
+// Keys returns the keys of tenant ("" = every tenant), oldest first, the
+// server's own key first.
+func (r *Registry) Keys(tenant string) []Key {
+	var out []Key
+	if r.rootKey != "" && (tenant == "" || tenant == Default) {
+		out = append(out, rootKeyRecord())
+	}
+	r.mu.RLock()
+	var ks []Key
+	for _, k := range r.keys {
+		if tenant == "" || Normalize(k.Tenant) == tenant {
+			ks = append(ks, k)
+		}
+	}
+	r.mu.RUnlock()
+	sort.Slice(ks, func(i, j int) bool {
+		if !ks[i].CreatedAt.Equal(ks[j].CreatedAt) {
+			return ks[i].CreatedAt.Before(ks[j].CreatedAt)
+		}
+		return ks[i].ID < ks[j].ID
+	})
+	return append(out, ks...)
+}
+
+// RevokeKey revokes key id at once: every later request with it, and every
+// session opened with it, is refused. Revoking a revoked key is a no-op.
+func (r *Registry) RevokeKey(ctx context.Context, id string) (Key, error) {
+	if id == RootKeyID && r.rootKey != "" {
+		return Key{}, errdefs.WithPublic(fmt.Errorf("revoke root key: %w", errdefs.ErrFailedPrecondition), "KEY::NOT_REVOCABLE",
+			"the server's own key cannot be revoked through the API: replace MOAT_API_KEY or <root>/api-key and restart the server")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k, ok := r.keys[id]
+	if !ok {
+		return Key{}, keyNotFound(id)
+	}
+	if k.RevokedAt != nil {
+		return k, nil
+	}
+	now := r.now().UTC()
+	k.RevokedAt = &now
+	if err := r.put(KeyBucket, id, k); err != nil {
+		return Key{}, err
+	}
+	r.keys[id] = k
+	return k, nil
+}
+
+// tenantNotFound is the answer for a tenant that does not exist.
+func tenantNotFound(name string) error {
+	return errdefs.WithPublic(fmt.Errorf("tenant %q: %w", name, errdefs.ErrNotFound), "TENANT::NOT_FOUND", fmt.Sprintf("tenant %s not found", name))
+}
+
+// Tenant returns a tenant. The Default tenant always exists.
+func (r *Registry) Tenant(name string) (Tenant, error) {
+	r.mu.RLock()
+	t, ok := r.tenants[name]
+	r.mu.RUnlock()
+	if ok {
+		return t, nil
+	}
+	if name == Default {
+		return Tenant{Name: Default}, nil
+	}
+	return Tenant{}, tenantNotFound(name)
+}
+
+// Tenants returns every tenant by name, Default included.
+func (r *Registry) Tenants() []Tenant {
+	r.mu.RLock()
+	out := make([]Tenant, 0, len(r.tenants)+1)
+	for _, t := range r.tenants {
+		out = append(out, t)
+	}
+	_, hasDefault := r.tenants[Default]
+	r.mu.RUnlock()
+	if !hasDefault {
+		out = append(out, Tenant{Name: Default})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Quota returns the quota of tenant (zero: unlimited, also for a tenant
+// without a record).
+func (r *Registry) Quota(tenant string) Quota {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tenants[Normalize(tenant)].Quota
+}
+
+// PutTenant creates tenant name or sets its quota.
+func (r *Registry) PutTenant(ctx context.Context, name string, q Quota) (t Tenant, created bool, err error) {
+	if err := ValidName(name); err != nil {
+		return Tenant{}, false, err
+	}
+	if err := q.Validate(); err != nil {
+		return Tenant{}, false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tenants[name]
+	if !ok {
+		t = Tenant{Name: name, CreatedAt: r.now().UTC()}
+	}
+	t.Quota = q
+	if err := r.put(TenantBucket, name, t); err != nil {
+		return Tenant{}, false, err
+	}
+	r.tenants[name] = t
+	return t, !ok, nil
+}
+
+// ErrTenantInUse is the class of a refused tenant deletion.
+var ErrTenantInUse = errors.New("tenant in use")
+
+// DeleteTenant removes tenant name. It is refused while the tenant has an
+// active key, or while inUse (the caller's check of the tenant's sandboxes,
+// pools and snapshots) reports a reason. The Default tenant cannot be
+// deleted. Revoked keys of the tenant stay listed.
+func (r *Registry) DeleteTenant(ctx context.Context, name string, inUse func(tenant string) string) error {
+	if name == Default {
+		return errdefs.WithPublic(fmt.Errorf("delete default tenant: %w", errdefs.ErrFailedPrecondition), "TENANT::NOT_DELETABLE", "the default tenant cannot be deleted")
+	}
+	if _, err := r.Tenant(name); err != nil {
+		return err
+	}
+	// inUse runs unlocked: it asks other services, which may ask us.
+	if inUse != nil {
+		if why := inUse(name); why != "" {
+			return errdefs.WithPublic(fmt.Errorf("tenant %s: %w: %w", name, ErrTenantInUse, errdefs.ErrFailedPrecondition), "TENANT::IN_USE",
+				fmt.Sprintf("tenant %s still has %s", name, why))
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.tenants[name]; !ok {
+		return tenantNotFound(name)
+	}
+	now := r.now()
+	for _, k := range r.keys {
+		if k.Tenant == name && k.Active(now) {
+			return errdefs.WithPublic(fmt.Errorf("tenant %s: %w: %w", name, ErrTenantInUse, errdefs.ErrFailedPrecondition), "TENANT::IN_USE",
+				fmt.Sprintf("tenant %s still has active keys (revoke them first)", name))
+		}
+	}
+	if r.db != nil {
+		if err := r.db.Delete(TenantBucket, name); err != nil {
+			return err
+		}
+	}
+	delete(r.tenants, name)
+	return nil
+}
