@@ -224,7 +224,7 @@ func TestBadInput(t *testing.T) {
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":"soon"}`, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":60.5}`, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"timeout":1e20}`, 400, "SANDBOX::INVALID_PARAMETER"},
-		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"volumes":[{"name":"v"}]}`, 400, "VOLUME::INVALID_VOLUME"},
+		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"volumes":[{"name":"v"}]}`, 400, "VOLUME::INVALID_BACKEND"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"volumes":[{"name":"v","host":{"path":"/etc"},"mountPath":"/data"}]}`, 400, "VOLUME::HOST_PATH_NOT_ALLOWED"},
 		{"POST", "/v1/sandboxes", `{"image":{"uri":"b"},"entrypoint":["sh"],"networkPolicy":{"defaultAction":"deny"}}`, 501, "SANDBOX::API_NOT_SUPPORTED"},
 		{"POST", "/v1/sandboxes", `{"snapshotId":"s1"}`, 404, "SNAPSHOT::NOT_FOUND"},

@@ -67,11 +67,14 @@ type Sandbox struct {
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
 	// the Lifecycle API.
 	Warm bool `json:"warm,omitempty"`
-	// Mounts are the host volumes, validated against the allow-list.
+	// Mounts are the host volumes, validated against the allow-list, and
+	// the named volumes (Mount.Volume).
 	Mounts []runtime.Mount `json:"mounts,omitempty"`
 	// Tenant owns the sandbox ("" in records from before tenants: the
 	// default tenant). See tenancy.go.
 	Tenant string `json:"tenant,omitempty"`
+	// Claims are the named volumes (pvc) the sandbox mounts.
+	Claims []Claim `json:"claims,omitempty"`
 }
 
 // clone returns a deep copy safe to hand out of the service.
@@ -86,6 +89,7 @@ func (s *Sandbox) clone() Sandbox {
 	c.ResourceLimits = cloneMap(s.ResourceLimits)
 	c.Extensions = cloneMap(s.Extensions)
 	c.Mounts = append([]runtime.Mount(nil), s.Mounts...)
+	c.Claims = append([]Claim(nil), s.Claims...)
 	if s.Platform != nil {
 		p := *s.Platform
 		c.Platform = &p
@@ -160,13 +164,13 @@ func ParseResources(m map[string]string) (runtime.Resources, error) {
 			}
 			r.CPUMillis = c
 		case "memory":
-			b, err := parseBytes(k, v)
+			b, err := parseBytes("resourceLimits."+k, v)
 			if err != nil {
 				return r, err
 			}
 			r.MemoryBytes = b
 		case "disk", "ephemeral-storage":
-			b, err := parseBytes(k, v)
+			b, err := parseBytes("resourceLimits."+k, v)
 			if err != nil {
 				return r, err
 			}
@@ -216,8 +220,9 @@ var byteSuffixes = []struct {
 	{"k", 1000}, {"K", 1000}, {"M", 1000 * 1000}, {"G", 1000 * 1000 * 1000}, {"T", 1000 * 1000 * 1000 * 1000},
 }
 
-func parseBytes(key, v string) (int64, error) {
-	bad := errdefs.Invalid(codeInvalid, fmt.Sprintf("resourceLimits.%s: %q is not a size (e.g. \"512Mi\", \"2Gi\")", key, v))
+// parseBytes parses a size quantity; field names it in the error.
+func parseBytes(field, v string) (int64, error) {
+	bad := errdefs.Invalid(codeInvalid, fmt.Sprintf("%s: %q is not a size (e.g. \"512Mi\", \"2Gi\")", field, v))
 	mult := int64(1)
 	num := v
 	for _, s := range byteSuffixes {
@@ -231,7 +236,7 @@ func parseBytes(key, v string) (int64, error) {
 		return 0, bad
 	}
 	b := int64(f * float64(mult))
-	if key == "memory" && b < 4<<20 {
+	if field == "resourceLimits.memory" && b < 4<<20 {
 		return 0, errdefs.Invalid(codeInvalid, fmt.Sprintf("resourceLimits.memory: %q is below the 4Mi minimum", v))
 	}
 	return b, nil

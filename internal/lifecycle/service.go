@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
@@ -143,7 +144,19 @@ type entry struct {
 	owner string
 	// failedAt is set for sandboxes that failed to create (not persisted).
 	failedAt time.Time
+	// claims are the names of the named volumes the sandbox mounts. Set
+	// before the entry is published and never changed, so the volume code
+	// reads it without mu.
+	claims []string
+	// done is set while the sandbox is Failed or Terminated (its runtime
+	// resources are gone): it no longer counts as a user of its volumes.
+	// setState keeps it current.
+	done atomic.Bool
+	// createdClaims are the volumes this sandbox's create made (not
+	// persisted); a failed create deletes them again. Guarded by mu.
+	createdClaims []string
 }
+
 
 // Service is the lifecycle service. It is safe for concurrent use.
 type Service struct {
@@ -170,6 +183,11 @@ type Service struct {
 
 	// quota charges live sandboxes to their tenants (tenancy.go).
 	quota *ledger
+	// volMu serializes the named-volume decisions: a create making sure
+	// its claims exist, a volume delete checking that no sandbox uses the
+	// volume, and the deletion of a sandbox's volumes on termination. Lock
+	// order: an entry's mu before volMu before mu.
+	volMu sync.Mutex
 }
 
 // New returns a service. Call Recover before serving, and Run to start the
@@ -209,7 +227,14 @@ func (s *Service) Runtime() runtime.Runtime { return s.deps.Runtime }
 func (s *Service) now() time.Time { return s.deps.Now().UTC() }
 
 // newEntry wraps a sandbox record.
-func newEntry(sb Sandbox) *entry { return &entry{sb: sb, owner: sb.Tenant} }
+func newEntry(sb Sandbox) *entry {
+	e := &entry{sb: sb, owner: sb.Tenant}
+	for _, c := range sb.Claims {
+		e.claims = append(e.claims, c.Name)
+	}
+	e.done.Store(isTerminal(sb.Status.State))
+	return e
+}
 
 // get returns the entry of sandbox id, if ctx's tenant scope sees it. A
 // sandbox of another tenant, like an idle pool sandbox, is not found.
@@ -241,6 +266,7 @@ func (s *Service) setState(e *entry, st State, reason, msg string) {
 	if isTerminal(st) {
 		s.quota.release(e.sb.ID)
 	}
+	e.done.Store(isTerminal(st))
 	s.recordTransition(e, prev)
 }
 
@@ -369,9 +395,14 @@ func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, err
 	if req.HasVolumes && len(req.Volumes) == 0 {
 		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, codeHostPathNotAllowed, "volumes are not allowed by this server's configuration")
 	}
-	mounts, err := volumeMounts(req.Volumes, s.cfg.AllowedHostPaths, filepath.EvalSymlinks)
+	mounts, claims, err := volumeMounts(req.Volumes, s.cfg.AllowedHostPaths, filepath.EvalSymlinks)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	if len(claims) > 0 {
+		if _, err := s.volumesRuntime(); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	sb := Sandbox{
 		ID:             newID(),
@@ -388,6 +419,7 @@ func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, err
 		AgentToken:     newToken(),
 		NetworkPolicy:  np,
 		Mounts:         mounts,
+		Claims:         claims,
 		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
 	}
 	if np != nil {
@@ -440,10 +472,29 @@ func (s *Service) classAvailable(c string) bool {
 }
 
 // provision runs the create steps; the caller holds e.mu. On failure every
-// runtime resource is released and the entry is left Failed.
+// runtime resource is released, the volumes the create made are deleted
+// again, and the entry is left Failed.
 func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) error {
+	err := s.provisionSteps(ctx, e, auth)
+	if err != nil {
+		s.dropCreatedClaims(ctx, e)
+	}
+	return err
+}
+
+func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth) error {
 	sb := &e.sb
 	s.record(sb.ID, EventCreated, ScopeLifecycle, ReasonCreating, "image "+imageRef(sb))
+	if len(sb.Claims) > 0 {
+		s.volMu.Lock()
+		created, err := s.ensureClaimsLocked(ctx, sb.ID, sb.Claims)
+		s.volMu.Unlock()
+		e.createdClaims = created
+		if err != nil {
+			s.fail(e, ReasonProvisionFailed, "volumes unavailable")
+			return err
+		}
+	}
 	ref := imageRef(sb)
 	img, err := s.deps.Images.Ensure(ctx, ref, auth)
 	if err != nil {
@@ -718,6 +769,7 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 	s.mu.Lock()
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
+	s.releaseClaims(ctx, e)
 	if !e.sb.Warm {
 		s.released(e.sb.Pool, id)
 	}

@@ -69,28 +69,41 @@ func TestVolumeMounts(t *testing.T) {
 		{name: "dotdot", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/../secret")}}, code: codeHostPathNotAllowed},
 		{name: "symlink out", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/escape")}}, code: codeHostPathNotAllowed},
 		{name: "subPath through symlink out", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "escape", Host: host(root + "/allowed")}}, code: codeHostPathNotAllowed},
-		{name: "subPath dotdot", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "../secret", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+		{name: "subPath dotdot", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "../secret", Host: host(root + "/allowed")}}, code: codeInvalidSubPath},
 		{name: "missing path", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed/nope")}}, code: codeHostPathNotAllowed},
 		{name: "relative path", vols: []Volume{{Name: "a", MountPath: "/a", Host: host("allowed")}}, code: codeHostPathNotAllowed},
 		{name: "relative mountPath", vols: []Volume{{Name: "a", MountPath: "a", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
 		{name: "mount over /", vols: []Volume{{Name: "a", MountPath: "/", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
 		{name: "mount over the agent", vols: []Volume{{Name: "a", MountPath: "/.moat/x/..", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
 		{name: "mount over /proc/sys", vols: []Volume{{Name: "a", MountPath: "/proc/sys", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
-		{name: "bad name", vols: []Volume{{Name: "Data_1", MountPath: "/a", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+		{name: "bad name", vols: []Volume{{Name: "Data_1", MountPath: "/a", Host: host(root + "/allowed")}}, code: codeInvalidName},
 		{name: "duplicate name", vols: []Volume{
-			{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}, {Name: "a", MountPath: "/b", Host: host(root + "/allowed")}}, code: codeInvalidVolume},
+			{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}, {Name: "a", MountPath: "/b", Host: host(root + "/allowed")}}, code: codeDuplicateName},
 		{name: "duplicate mountPath", vols: []Volume{
 			{Name: "a", MountPath: "/a", Host: host(root + "/allowed")}, {Name: "b", MountPath: "/a/", Host: host(root + "/allowed")}}, code: codeInvalidMountPath},
-		{name: "no backend", vols: []Volume{{Name: "a", MountPath: "/a"}}, code: codeInvalidVolume},
-		{name: "two backends", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed"), PVC: json.RawMessage(`{"claimName":"x"}`)}}, code: codeInvalidVolume},
-		{name: "pvc", vols: []Volume{{Name: "a", MountPath: "/a", PVC: json.RawMessage(`{"claimName":"x"}`)}}, code: "SANDBOX::API_NOT_SUPPORTED"},
+		{name: "no backend", vols: []Volume{{Name: "a", MountPath: "/a"}}, code: codeInvalidBackend},
+		{name: "two backends", vols: []Volume{{Name: "a", MountPath: "/a", Host: host(root + "/allowed"), PVC: &PVCVolume{ClaimName: "x"}}}, code: codeInvalidBackend},
+		{name: "ossfs", vols: []Volume{{Name: "a", MountPath: "/a", OSSFS: json.RawMessage(`{"bucket":"b","endpoint":"e"}`)}}, code: codeUnsupportedBackend},
+		{name: "pvc", vols: []Volume{{Name: "a", MountPath: "/a", ReadOnly: true, SubPath: "x/./y/", PVC: &PVCVolume{ClaimName: "data-1"}}},
+			want: []runtime.Mount{{Volume: "data-1", SubPath: "x/y", Destination: "/a", ReadOnly: true}}},
+		{name: "pvc and host", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "d"}}, {Name: "b", MountPath: "/b", Host: host(root + "/allowed")}},
+			want: []runtime.Mount{{Volume: "d", Destination: "/a"}, {Source: root + "/allowed", Destination: "/b"}}},
+		{name: "pvc bad claimName", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "../x"}}}, code: codeInvalidPVCName},
+		{name: "pvc claimName with capitals", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "Data"}}}, code: codeInvalidPVCName},
+		{name: "pvc empty claimName", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{}}}, code: codeInvalidPVCName},
+		{name: "pvc subPath escape", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "x/../../y", PVC: &PVCVolume{ClaimName: "d"}}}, code: codeInvalidSubPath},
+		{name: "pvc absolute subPath", vols: []Volume{{Name: "a", MountPath: "/a", SubPath: "/etc", PVC: &PVCVolume{ClaimName: "d"}}}, code: codeInvalidSubPath},
+		{name: "pvc bad storage", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "d", Storage: "lots"}}}, code: codeInvalidStorage},
+		{name: "pvc storage too small", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "d", Storage: "1Ki"}}}, code: codeInvalidStorage},
+		{name: "pvc negative storage", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "d", Storage: "-1Gi"}}}, code: codeInvalidStorage},
+		{name: "pvc bad access mode", vols: []Volume{{Name: "a", MountPath: "/a", PVC: &PVCVolume{ClaimName: "d", AccessModes: []string{"All"}}}}, code: codeInvalidVolume},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			al := allowed
 			if tc.allowed != nil {
 				al = tc.allowed
 			}
-			got, err := volumeMounts(tc.vols, al, filepath.EvalSymlinks)
+			got, _, err := volumeMounts(tc.vols, al, filepath.EvalSymlinks)
 			if tc.code != "" {
 				p, ok := errdefs.PublicOf(err)
 				if !ok || p.Code != tc.code {

@@ -97,10 +97,19 @@ type Spec struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
-// Mount is a bind mount of a host path into a sandbox.
+// Mount is a bind mount of a host path, or of a named volume, into a
+// sandbox.
 type Mount struct {
-	// Source is the absolute, symlink-free host path.
-	Source string `json:"source"`
+	// Source is the absolute, symlink-free host path (host volumes);
+	// empty when Volume is set.
+	Source string `json:"source,omitempty"`
+	// Volume names a named volume of the backend (Volumes) to mount
+	// instead of a host path. It must exist when Create is called.
+	Volume string `json:"volume,omitempty"`
+	// SubPath is a relative path inside Volume to mount instead of its
+	// root. The backend resolves it confined to the volume (no ".." and
+	// no symlink may lead out of it) and creates missing directories.
+	SubPath string `json:"subPath,omitempty"`
 	// Destination is the absolute path inside the sandbox.
 	Destination string `json:"destination"`
 	// ReadOnly makes the mount read-only inside the sandbox.
@@ -211,4 +220,58 @@ type LogTrimmer interface {
 	// TrimLogs cuts every sandbox log longer than max down to its last
 	// max/2 bytes.
 	TrimLogs(ctx context.Context, max int64) error
+}
+
+// Volumes is implemented by backends that keep named volumes (OpenSandbox's
+// runtime-neutral `pvc` backend): storage that outlives the sandboxes
+// mounting it (Mount.Volume). Names follow volume.ValidName.
+type Volumes interface {
+	// CreateVolume makes a volume; ErrAlreadyExists if the name is taken,
+	// ErrInvalidArgument for a size the backend cannot provide.
+	CreateVolume(ctx context.Context, spec VolumeSpec) (Volume, error)
+	// GetVolume reports one volume; ErrNotFound if there is none.
+	GetVolume(ctx context.Context, name string) (Volume, error)
+	// ListVolumes reports the volumes of this backend (for a shared
+	// backend, those it created).
+	ListVolumes(ctx context.Context) ([]Volume, error)
+	// DeleteVolume removes a volume and its data; ErrNotFound if there is
+	// none, ErrFailedPrecondition while a sandbox mounts it (as far as the
+	// backend can tell), ErrPermissionDenied for a volume the backend did
+	// not create and will not delete.
+	DeleteVolume(ctx context.Context, name string) error
+}
+
+// VolumeSpec describes a named volume to create.
+type VolumeSpec struct {
+	Name string `json:"name"`
+	// SizeBytes is the capacity; 0 = the backend's default. Backends that
+	// can enforce it do (see Volume.SizeBytes).
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// StorageClass and AccessModes are Kubernetes PVC settings; other
+	// backends ignore them.
+	StorageClass string   `json:"storageClass,omitempty"`
+	AccessModes  []string `json:"accessModes,omitempty"`
+	// Labels are stored with the volume.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Volume is what a backend knows about one named volume.
+type Volume struct {
+	Name string `json:"name"`
+	// SizeBytes is the enforced capacity; 0 if the backend enforces none.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// UsedBytes is the storage the volume occupies, if the backend can
+	// tell (0 otherwise).
+	UsedBytes int64             `json:"usedBytes,omitempty"`
+	CreatedAt time.Time         `json:"createdAt"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	// Managed reports that the backend created the volume (and so may
+	// delete it); false for one that existed before (e.g. made by hand).
+	Managed bool `json:"managed"`
+	// Users are the sandboxes of this backend that mount the volume, as
+	// far as the backend tracks them.
+	Users []string `json:"users,omitempty"`
+	// StorageClass and AccessModes are set by the Kubernetes backend.
+	StorageClass string   `json:"storageClass,omitempty"`
+	AccessModes  []string `json:"accessModes,omitempty"`
 }

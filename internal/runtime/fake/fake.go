@@ -51,6 +51,8 @@ type state struct {
 	// checkpoints maps a checkpoint name to the source's agent token.
 	checkpointable bool
 	checkpoints    map[string]string
+	// volumes are the named volumes (runtime.Volumes).
+	volumes map[string]runtime.Volume
 }
 
 type sandbox struct {
@@ -68,13 +70,14 @@ var (
 	_ runtime.Pauser       = (*Runtime)(nil)
 	_ runtime.Snapshotter  = (*Runtime)(nil)
 	_ runtime.Checkpointer = (*Runtime)(nil)
+	_ runtime.Volumes      = (*Runtime)(nil)
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
 // New returns an empty fake backend.
 func New(hooks Hooks) *Runtime {
-	return &Runtime{st: &state{sandboxes: map[string]*sandbox{}}, hooks: hooks}
+	return &Runtime{st: &state{sandboxes: map[string]*sandbox{}, volumes: map[string]runtime.Volume{}}, hooks: hooks}
 }
 
 // Reopen returns a second instance over the same sandboxes, simulating a
@@ -259,6 +262,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status
 	if _, ok := r.st.sandboxes[spec.ID]; ok {
 		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
+	for _, m := range spec.Mounts {
+		if m.Volume == "" {
+			continue
+		}
+		if _, ok := r.st.volumes[m.Volume]; !ok {
+			return runtime.Status{}, fmt.Errorf("volume %q: %w", m.Volume, errdefs.ErrNotFound)
+		}
+	}
 	agent := &fakeAgent{token: spec.AgentToken}
 	if spec.Checkpoint != "" {
 		tok, ok := r.st.checkpoints[spec.Checkpoint]
@@ -431,4 +442,73 @@ func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
 		sb.upper = d
 	}
 	return sb.upper, nil
+}
+
+// CreateVolume implements runtime.Volumes (in memory; the size is recorded).
+func (r *Runtime) CreateVolume(ctx context.Context, spec runtime.VolumeSpec) (runtime.Volume, error) {
+	if spec.Name == "" || spec.SizeBytes < 0 {
+		return runtime.Volume{}, fmt.Errorf("volume %q: %w", spec.Name, errdefs.ErrInvalidArgument)
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	if _, ok := r.st.volumes[spec.Name]; ok {
+		return runtime.Volume{}, fmt.Errorf("volume %q: %w", spec.Name, errdefs.ErrAlreadyExists)
+	}
+	v := runtime.Volume{Name: spec.Name, SizeBytes: spec.SizeBytes, CreatedAt: time.Now().UTC(), Labels: maps.Clone(spec.Labels),
+		Managed: true, StorageClass: spec.StorageClass, AccessModes: slices.Clone(spec.AccessModes)}
+	r.st.volumes[spec.Name] = v
+	return v, nil
+}
+
+// GetVolume implements runtime.Volumes.
+func (r *Runtime) GetVolume(ctx context.Context, name string) (runtime.Volume, error) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	v, ok := r.st.volumes[name]
+	if !ok {
+		return runtime.Volume{}, fmt.Errorf("volume %q: %w", name, errdefs.ErrNotFound)
+	}
+	v.Users = r.volumeUsersLocked(name)
+	return v, nil
+}
+
+// ListVolumes implements runtime.Volumes.
+func (r *Runtime) ListVolumes(ctx context.Context) ([]runtime.Volume, error) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	out := make([]runtime.Volume, 0, len(r.st.volumes))
+	for _, name := range slices.Sorted(maps.Keys(r.st.volumes)) {
+		v := r.st.volumes[name]
+		v.Users = r.volumeUsersLocked(name)
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// DeleteVolume implements runtime.Volumes: refused while a sandbox mounts it.
+func (r *Runtime) DeleteVolume(ctx context.Context, name string) error {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	if _, ok := r.st.volumes[name]; !ok {
+		return fmt.Errorf("volume %q: %w", name, errdefs.ErrNotFound)
+	}
+	if users := r.volumeUsersLocked(name); len(users) > 0 {
+		return fmt.Errorf("volume %q is used by %v: %w", name, users, errdefs.ErrFailedPrecondition)
+	}
+	delete(r.st.volumes, name)
+	return nil
+}
+
+func (r *Runtime) volumeUsersLocked(name string) []string {
+	var out []string
+	for id, sb := range r.st.sandboxes {
+		for _, m := range sb.spec.Mounts {
+			if m.Volume == name {
+				out = append(out, id)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
