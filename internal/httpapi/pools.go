@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ type poolTemplateJSON struct {
 	Env            map[string]string `json:"env,omitempty"`
 	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
 	Extensions     map[string]string `json:"extensions,omitempty"`
+	Volumes        []json.RawMessage `json:"volumes,omitempty"`
 }
 
 type poolRequest struct {
@@ -40,7 +42,7 @@ func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) lifecycleapi.Pool {
 		Name: p.Name,
 		Template: lifecycleapi.PoolTemplate{Image: poolImage(t.Image), SnapshotID: optString(t.SnapshotID),
 			Entrypoint: optSlice(t.Entrypoint), Env: optMap(t.Env), ResourceLimits: optMap(t.ResourceLimits),
-			Extensions: extensionsOut(t.Extensions)},
+			Extensions: extensionsOut(t.Extensions), Volumes: volumesOut(t.Volumes)},
 		CapacitySpec: lifecycleapi.PoolCapacity{BufferMin: &c.BufferMin, BufferMax: &c.BufferMax, PoolMin: &c.PoolMin, PoolMax: &c.PoolMax},
 		Status:       lifecycleapi.PoolStatus{Total: st.Total, Allocated: st.Allocated, Available: st.Available, Revision: strconv.Itoa(st.Revision)},
 		CreatedAt:    p.CreatedAt.UTC(),
@@ -52,6 +54,22 @@ func poolImage(uri string) *lifecycleapi.ImageSpec {
 		return nil
 	}
 	return &lifecycleapi.ImageSpec{URI: uri}
+}
+
+// volumesOut writes volumes as the generated model (same JSON names).
+func volumesOut(vols []lifecycle.Volume) *[]lifecycleapi.Volume {
+	if len(vols) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(vols)
+	if err != nil {
+		return nil
+	}
+	var out []lifecycleapi.Volume
+	if json.Unmarshal(data, &out) != nil {
+		return nil
+	}
+	return &out
 }
 
 // optSlice and optMap are nil when empty, so that the field is omitted.
@@ -109,8 +127,16 @@ func decodePool(r *http.Request, name string) (lifecycle.Pool, error) {
 		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec is required")
 	}
 	t := body.Template
+	vols, err := lifecycle.ParseVolumes(t.Volumes)
+	if err != nil {
+		return lifecycle.Pool{}, err
+	}
+	if len(vols) == 0 {
+		vols = nil
+	}
 	return lifecycle.Pool{Name: body.Name, Capacity: *body.CapacitySpec, Template: lifecycle.PoolTemplate{
-		Image: poolImageURI(t.Image), SnapshotID: strings.TrimSpace(t.SnapshotID), Entrypoint: t.Entrypoint, Env: t.Env, ResourceLimits: t.ResourceLimits, Extensions: t.Extensions}}, nil
+		Image: poolImageURI(t.Image), SnapshotID: strings.TrimSpace(t.SnapshotID), Entrypoint: t.Entrypoint, Env: t.Env, ResourceLimits: t.ResourceLimits, Extensions: t.Extensions,
+		Volumes: vols}}, nil
 }
 
 func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {

@@ -7,6 +7,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/gen/wirecheck"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // The tests below hold the hand-written wire types of this package to the
@@ -63,12 +64,26 @@ func TestWirePoolResponses(t *testing.T) {
 	capacity := lifecycle.Capacity{BufferMin: 1, BufferMax: 2, PoolMin: 0, PoolMax: 4}
 	img := lifecycle.Pool{Name: "p1", CreatedAt: wireT0, Capacity: capacity, Template: lifecycle.PoolTemplate{
 		Image: "busybox", Entrypoint: []string{"sh"}, Env: map[string]string{"A": "b"},
-		ResourceLimits: map[string]string{"cpu": "1"}, Extensions: map[string]string{"moat.runtime": "crun", "other": "v"}}}
+		ResourceLimits: map[string]string{"cpu": "1"}, Extensions: map[string]string{"moat.runtime": "crun", "other": "v"},
+		Volumes: []lifecycle.Volume{{Name: "d", MountPath: "/d", ReadOnly: true, SubPath: "s", PVC: &lifecycle.PVCVolume{ClaimName: "c", Storage: "1Gi",
+			DeleteOnSandboxTermination: true, StorageClass: "std", AccessModes: []string{"ReadWriteMany"}}},
+			{Name: "h", MountPath: "/h", Host: &lifecycle.HostVolume{Path: "/srv"}}}}}
 	fork := lifecycle.Pool{Name: "p2", CreatedAt: wireT0, Capacity: capacity, Template: lifecycle.PoolTemplate{SnapshotID: "sn1"}}
 	st := lifecycle.PoolStatus{Total: 3, Allocated: 1, Available: 2, Revision: 7}
 	for name, p := range map[string]lifecycle.Pool{"image": img, "fork": fork} {
 		wirecheck.Response[lifecycleapi.Pool](t, name+" Pool", poolOut(p, st))
 	}
+}
+
+func TestWireVolumeResponses(t *testing.T) {
+	full := lifecycle.VolumeInfo{Volume: runtime.Volume{Name: "v1", SizeBytes: 1 << 30, UsedBytes: 4096, CreatedAt: wireT0, Managed: true,
+		Labels: map[string]string{"k": "v"}, StorageClass: "std", AccessModes: []string{"ReadWriteOnce"}}, Sandboxes: []string{"sb1"}}
+	minimal := lifecycle.VolumeInfo{Volume: runtime.Volume{Name: "v2", CreatedAt: wireT0}}
+	for name, v := range map[string]lifecycle.VolumeInfo{"full": full, "minimal": minimal} {
+		wirecheck.Response[lifecycleapi.NamedVolume](t, name+" NamedVolume", volumeOut(v))
+	}
+	wirecheck.Response[lifecycleapi.ListVolumesResponse](t, "ListVolumesResponse",
+		lifecycleapi.ListVolumesResponse{Items: []lifecycleapi.NamedVolume{volumeOut(full), volumeOut(minimal)}})
 }
 
 func TestWireRequests(t *testing.T) {

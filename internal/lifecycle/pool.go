@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
@@ -26,12 +27,16 @@ type PoolTemplate struct {
 	Env            map[string]string `json:"env,omitempty"`
 	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
 	Extensions     map[string]string `json:"extensions,omitempty"`
+	// Volumes are mounted by every sandbox of the pool: a pvc claim is
+	// shared by all of them (and counts as in use while the pool holds
+	// warm sandboxes).
+	Volumes []Volume `json:"volumes,omitempty"`
 }
 
 // request is the create request of one pool sandbox.
 func (t PoolTemplate) request() CreateRequest {
 	return CreateRequest{Image: t.Image, SnapshotID: t.SnapshotID, Entrypoint: t.Entrypoint, Env: t.Env,
-		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions}
+		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions, Volumes: t.Volumes, HasVolumes: len(t.Volumes) > 0}
 }
 
 // Capacity bounds a pool, with OpenSandbox's capacitySpec names: the idle
@@ -170,7 +175,13 @@ func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
 func templateEqual(a, b PoolTemplate) bool {
 	return a.Image == b.Image && fmt.Sprint(a.Entrypoint) == fmt.Sprint(b.Entrypoint) &&
 		fmt.Sprint(a.Env) == fmt.Sprint(b.Env) && fmt.Sprint(a.ResourceLimits) == fmt.Sprint(b.ResourceLimits) &&
-		fmt.Sprint(a.Extensions) == fmt.Sprint(b.Extensions)
+		fmt.Sprint(a.Extensions) == fmt.Sprint(b.Extensions) && a.SnapshotID == b.SnapshotID && volumesEqual(a.Volumes, b.Volumes)
+}
+
+func volumesEqual(a, b []Volume) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
 }
 
 // GetPool returns a pool and its counts.

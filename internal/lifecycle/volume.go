@@ -41,11 +41,11 @@ const (
 type Volume struct {
 	Name      string          `json:"name"`
 	MountPath string          `json:"mountPath"`
-	ReadOnly  bool            `json:"readOnly"`
-	SubPath   string          `json:"subPath"`
-	Host      *HostVolume     `json:"host"`
-	PVC       *PVCVolume      `json:"pvc"`
-	OSSFS     json.RawMessage `json:"ossfs"`
+	ReadOnly  bool            `json:"readOnly,omitempty"`
+	SubPath   string          `json:"subPath,omitempty"`
+	Host      *HostVolume     `json:"host,omitempty"`
+	PVC       *PVCVolume      `json:"pvc,omitempty"`
+	OSSFS     json.RawMessage `json:"ossfs,omitempty"`
 }
 
 // HostVolume is the host backend of a Volume.
@@ -59,11 +59,11 @@ type HostVolume struct {
 type PVCVolume struct {
 	ClaimName string `json:"claimName"`
 	// CreateIfNotExists defaults to true.
-	CreateIfNotExists          *bool    `json:"createIfNotExists"`
-	DeleteOnSandboxTermination bool     `json:"deleteOnSandboxTermination"`
-	StorageClass               string   `json:"storageClass"`
-	Storage                    string   `json:"storage"`
-	AccessModes                []string `json:"accessModes"`
+	CreateIfNotExists          *bool    `json:"createIfNotExists,omitempty"`
+	DeleteOnSandboxTermination bool     `json:"deleteOnSandboxTermination,omitempty"`
+	StorageClass               string   `json:"storageClass,omitempty"`
+	Storage                    string   `json:"storage,omitempty"`
+	AccessModes                []string `json:"accessModes,omitempty"`
 }
 
 // Claim is one named volume a sandbox mounts, as recorded with it.

@@ -484,8 +484,34 @@ type ListSnapshotsResponse struct {
 	Pagination PaginationInfo `json:"pagination"`
 }
 
+// ListVolumesResponse defines model for ListVolumesResponse.
+type ListVolumesResponse struct {
+	Items []NamedVolume `json:"items"`
+}
+
 // MetadataPatch JSON Merge Patch over `metadata`.
 type MetadataPatch map[string]*string
+
+// NamedVolume A named volume (`pvc` claim) of the runtime.
+type NamedVolume struct {
+	AccessModes *[]string `json:"accessModes,omitempty"`
+
+	// CapacityBytes The enforced capacity (the native runtime's quota, a PVC's request); omitted if none.
+	CapacityBytes *int64             `json:"capacityBytes,omitempty"`
+	CreatedAt     time.Time          `json:"createdAt"`
+	Labels        *map[string]string `json:"labels,omitempty"`
+
+	// Managed moat created the volume (and may delete it).
+	Managed bool   `json:"managed"`
+	Name    string `json:"name"`
+
+	// Sandboxes Live sandboxes that mount the volume.
+	Sandboxes    []string `json:"sandboxes"`
+	StorageClass *string  `json:"storageClass,omitempty"`
+
+	// UsedBytes Host storage the volume occupies, where the runtime can tell.
+	UsedBytes *int64 `json:"usedBytes,omitempty"`
+}
 
 // NetworkPolicy Egress policy; the same shape the egress sidecar's `/policy` accepts (see egress.yaml). moat does not
 // apply it yet: a non-null value → 501 `SANDBOX::API_NOT_SUPPORTED`.
@@ -589,6 +615,9 @@ type PoolTemplate struct {
 	Image          *ImageSpec         `json:"image,omitempty"`
 	ResourceLimits *map[string]string `json:"resourceLimits,omitempty"`
 	SnapshotID     *string            `json:"snapshotId,omitempty"`
+
+	// Volumes Mounted by every sandbox of the pool (a `pvc` claim is shared by all of them).
+	Volumes *[]Volume `json:"volumes,omitempty"`
 }
 
 // RenewSandboxExpirationRequest defines model for RenewSandboxExpirationRequest.
@@ -659,12 +688,25 @@ type SnapshotStatus struct {
 	State  SnapshotState `json:"state"`
 }
 
-// Volume A mount. Exactly one backend (`host`, `pvc`, `ossfs`). moat implements `host` only (`pvc`, `ossfs` →
-// 501 `SANDBOX::API_NOT_SUPPORTED`). A host path is allowed only under a directory the server lists with
-// `--allow-host-path` (after cleaning, `subPath` and symlink resolution); otherwise, or when it does not
-// exist, 400 `VOLUME::HOST_PATH_NOT_ALLOWED`. A bad `mountPath` (relative, `/`, or under `/.moat`,
-// `/proc`, `/sys`, `/dev`, `/etc/hosts|hostname|resolv.conf`) → 400 `VOLUME::INVALID_MOUNT_PATH`; a bad
-// `name` or `subPath` (`..`) → 400 `VOLUME::INVALID_VOLUME`. The bind is non-recursive, nosuid, nodev.
+// Volume A mount. Exactly one backend (`host`, `pvc`, `ossfs`; none or several → 400 `VOLUME::INVALID_BACKEND`).
+// `ossfs` → 501 `VOLUME::UNSUPPORTED_BACKEND` (moat supports `host` and `pvc`).
+//
+// `host`: a host path is allowed only under a directory the server lists with `--allow-host-path` (after
+// cleaning, `subPath` and symlink resolution); otherwise, or when it does not exist, 400
+// `VOLUME::HOST_PATH_NOT_ALLOWED`. The bind is non-recursive, nosuid, nodev.
+//
+// `pvc`: a named volume of the runtime, as upstream defines it: a moat-managed volume on the native runtime
+// (a quota filesystem of `storage` bytes, default 1Gi), a Docker named volume, a Kubernetes
+// PersistentVolumeClaim. A missing claim is created unless `createIfNotExists` is false, then 404
+// `VOLUME::PVC_NOT_FOUND`. `deleteOnSandboxTermination` deletes the volume with the sandbox if moat created it
+// and no other sandbox uses it. A bad `claimName` → 400 `VOLUME::INVALID_PVC_NAME`; a bad `storage` → 400
+// `VOLUME::INVALID_STORAGE`. `subPath` mounts a directory (created if missing) of the volume instead of its
+// root; it is resolved inside the volume, so no `..` or symlink leads out (400 `VOLUME::INVALID_SUB_PATH`).
+// Volumes are not part of snapshots.
+//
+// A bad `mountPath` (relative, `/`, or under `/.moat`, `/proc`, `/sys`, `/dev`, `/etc/hosts|hostname|resolv.conf`)
+// → 400 `VOLUME::INVALID_MOUNT_PATH`; a bad `name` → 400 `VOLUME::INVALID_NAME`, a repeated one
+// `VOLUME::DUPLICATE_NAME`; `subPath` with `..` or absolute → 400 `VOLUME::INVALID_SUB_PATH`.
 type Volume struct {
 	Host *struct {
 		Path string `json:"path"`
