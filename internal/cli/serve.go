@@ -58,6 +58,8 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.StringVar(&cfg.DiskQuota, "disk-quota", "", `default writable-layer quota of native sandboxes, e.g. "10Gi" (resourceLimits.disk overrides; default unlimited)`)
 	f.StringArrayVar(&cfg.AllowedRegistries, "allow-registry", nil, "only pull images from registries matching this pattern (host[:port], *.domain or loopback), repeatable (default: any)")
 	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver (ip:port) for sandbox DNS, repeatable (default: /etc/resolv.conf)")
+	f.BoolVar(&cfg.Console, "console", cfg.Console, "serve the web console under /console")
+	f.BoolVar(&cfg.ConsoleSecureCookie, "console-secure-cookie", false, "mark the console session cookie Secure even over plain HTTP (TLS terminated by a proxy in front)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	f.StringVar(&cfg.AuditLog, "audit-log", "", `audit log file: one JSON line per mutating API call, rotated at 64 MiB (default <root>/audit.log; "off" disables)`)
 	return cmd

@@ -45,6 +45,13 @@ func newProxy(svc *lifecycle.Service, wa *web.Adapter, log *slog.Logger) *proxy 
 			ResponseHeaderTimeout: 0, // long-running commands stream late
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// Sandbox content shares this server's origin: a service worker it
+		// registers must stay within its own /sandboxes/{id}/proxy/{port}/
+		// scope, never reach the web console's pages (internal/console).
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del("Service-Worker-Allowed")
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return

@@ -105,6 +105,12 @@ type Config struct {
 	// (prefix match after cleaning and symlink resolution). Default none:
 	// every host volume is refused with VOLUME::HOST_PATH_NOT_ALLOWED.
 	AllowedHostPaths []string
+	// Console serves the web console under /console on Listen. Default true.
+	Console bool
+	// ConsoleSecureCookie marks the console's session cookie Secure on
+	// plain-HTTP requests too (a TLS-terminating proxy in front of moat).
+	// Default false; requests over TLS always get a Secure cookie.
+	ConsoleSecureCookie bool
 	// DiskQuota is the default writable-layer size of native sandboxes, a
 	// Kubernetes quantity ("10Gi"); resourceLimits.disk overrides it.
 	// Default "" (unlimited).
@@ -131,6 +137,7 @@ func Default() Config {
 		Bridge:       "moat0",
 		Subnet:       "10.88.0.0/16",
 		LogLevel:     "info",
+		Console:      true,
 	}
 }
 

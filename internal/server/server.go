@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/audit"
+	"github.com/moat-sandbox/moat/internal/console"
+	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
@@ -34,6 +37,7 @@ type Server struct {
 	closeRT func() error
 	svc     *lifecycle.Service
 	api     *httpapi.Server
+	handler http.Handler // the API, and the console under /console
 	apiKey  string
 	// tenants holds the API keys and tenants (nil when auth is off).
 	tenants *tenant.Registry
@@ -127,7 +131,41 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		apiCfg.Audit = s.audit
 	}
 	s.api = httpapi.New(apiCfg, s.svc, log)
+	if s.handler, err = s.withConsole(s.api.Handler()); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// withConsole mounts the web console (internal/console) at /console in
+// front of the API handler, unless it is disabled.
+func (s *Server) withConsole(api http.Handler) (http.Handler, error) {
+	if !s.cfg.Console {
+		return api, nil
+	}
+	c, err := console.New(console.Options{API: api, Auth: consoleAuth(s.apiKey), SecureCookie: s.cfg.ConsoleSecureCookie, Log: s.log})
+	if err != nil {
+		return nil, err
+	}
+	if !c.Built() {
+		s.log.Warn("this binary was built without the web console app; /console explains how to build it (make build)")
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix, c)
+	mux.Handle(console.Prefix+"/", c)
+	mux.Handle("/", api)
+	return mux, nil
+}
+
+// consoleAuth signs console users in with the server's API key, which is
+// an admin (with --insecure-no-auth any key is).
+func consoleAuth(key string) console.Authenticator {
+	return console.AuthenticatorFunc(func(_ context.Context, k string) (console.Principal, error) {
+		if key != "" && subtle.ConstantTimeCompare([]byte(k), []byte(key)) != 1 {
+			return console.Principal{}, errdefs.ErrUnauthenticated
+		}
+		return console.Principal{KeyID: "default", Tenant: "default", Role: console.RoleAdmin}, nil
+	})
 }
 
 // stateCounts counts the API-visible sandboxes of svc by state.
@@ -152,7 +190,7 @@ func knownStates() []string {
 }
 
 // Handler is the root HTTP handler.
-func (s *Server) Handler() http.Handler { return s.api.Handler() }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve runs the reaper and serves the API on ln until ctx ends, then shuts
 // down gracefully. Sandboxes keep running: a later server re-adopts them.
