@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
+.PHONY: help deps deps-browser console screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,8 +15,26 @@ help: ## List targets
 deps: ## Install the Debian packages moat needs (root, idempotent)
 	@bash scripts/install-deps.sh
 
-build: ## Build the static moat binary into bin/moat
+build: console ## Build the static moat binary into bin/moat (with the web console)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/moat
+
+# The web console is built from web/console into internal/console/dist/app,
+# which the binary embeds; it is rebuilt when its sources or lockfile change.
+CONSOLE_OUT := internal/console/dist/app/index.html
+CONSOLE_SRC := $(shell find web/console/src web/console/public -type f 2>/dev/null) \
+	web/console/index.html web/console/vite.config.ts web/console/tsconfig.json web/console/package.json web/console/package-lock.json
+
+console: $(CONSOLE_OUT) ## Build the web console (npm ci + vite) for embedding
+
+$(CONSOLE_OUT): $(CONSOLE_SRC)
+	@bash scripts/build-console.sh
+
+deps-browser: ## Install Debian's chromium for the web console's browser test (root, idempotent)
+	@bash scripts/install-deps.sh --browser
+
+screenshots: build ## Rewrite docs/console/*.png from the browser test (root)
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console MOAT_REQUIRE_BROWSER=1 \
+		$(GO) test -count=1 -run 'TestConsoleBrowser' ./test/e2e/
 
 # RUNSC_DIR holds a current gVisor runsc built from the module proxy; it is
 # put first on PATH so that the runsc class can take memory snapshots
@@ -64,8 +82,8 @@ generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) an
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-test: deps deps-runsc deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
-	PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 $(GO) test $(TESTFLAGS) -p 1 ./...
+test: deps deps-browser deps-runsc deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
+	PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 $(GO) test $(TESTFLAGS) -p 1 ./...
 	cd client && $(GO) test -count=1 ./...
 
 test-short: ## Unit tests only (no root needed)
@@ -79,4 +97,4 @@ fmt: ## gofmt
 	gofmt -w $$(git ls-files '*.go')
 
 clean: ## Remove build output
-	rm -rf bin
+	rm -rf bin internal/console/dist/app

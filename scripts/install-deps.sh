@@ -4,6 +4,23 @@
 # Go modules.
 set -euo pipefail
 
+# --browser: only Debian's chromium (and a font), for the web console's
+# browser test (test/e2e TestConsoleBrowser drives it with playwright-core;
+# no browser is ever downloaded).
+if [ "${1:-}" = "--browser" ]; then
+	missing=()
+	for p in chromium fonts-dejavu-core; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "install-deps: installing ${missing[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	fi
+	exit 0
+fi
+
 # python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests.
 pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make python3-ipykernel)
 missing=()

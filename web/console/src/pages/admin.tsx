@@ -1,0 +1,198 @@
+// Tenants and API keys (admins only; the API refuses other roles).
+import { useState } from 'preact/hooks'
+import { api } from '../api'
+import { Empty, ErrorBox, Field, since, useAction, useMe, usePoll } from '../ui'
+
+interface Tenant {
+  name: string
+  createdAt?: string
+  quota?: { maxSandboxes?: number; maxCpu?: string; maxMemory?: string }
+  usage?: { sandboxes?: number; cpu?: string; memory?: string }
+}
+
+interface Key {
+  id: string
+  tenant: string
+  role: string
+  name?: string
+  createdAt?: string
+  revokedAt?: string
+  lastUsedAt?: string
+}
+
+function Tenants() {
+  const list = usePoll(() => api<{ items: Tenant[] }>('GET', '/v1/admin/tenants'), 5000)
+  const [name, setName] = useState('')
+  const act = useAction()
+  const items = list.data?.items ?? []
+  return (
+    <section>
+      <header class="page-head">
+        <h1>Tenants</h1>
+      </header>
+      <form
+        class="card row wrap"
+        data-testid="tenant-form"
+        onSubmit={(e) => {
+          e.preventDefault()
+          act.run(async () => {
+            await api('POST', '/v1/admin/tenants', { name: name.trim() })
+            setName('')
+            await list.refresh()
+          })
+        }}
+      >
+        <Field label="New tenant">
+          <input name="tenant" required value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+        </Field>
+        <button class="primary" type="submit" disabled={act.busy}>
+          Create tenant
+        </button>
+      </form>
+      <ErrorBox error={list.error || act.error} />
+      {list.data && items.length === 0 ? (
+        <Empty>No tenants.</Empty>
+      ) : (
+        <table class="table" data-testid="tenant-table">
+          <thead>
+            <tr>
+              <th>Name</th>
+              <th>Sandboxes</th>
+              <th>CPU</th>
+              <th>Memory</th>
+              <th>Created</th>
+            </tr>
+          </thead>
+          <tbody>
+            {items.map((t) => (
+              <tr data-tenant={t.name}>
+                <td class="mono">{t.name}</td>
+                <td>
+                  {t.usage?.sandboxes ?? 0} / {t.quota?.maxSandboxes || '∞'}
+                </td>
+                <td>
+                  {t.usage?.cpu ?? '0'} / {t.quota?.maxCpu || '∞'}
+                </td>
+                <td>
+                  {t.usage?.memory ?? '0'} / {t.quota?.maxMemory || '∞'}
+                </td>
+                <td>{since(t.createdAt)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </section>
+  )
+}
+
+function Keys() {
+  const list = usePoll(() => api<{ items: Key[] }>('GET', '/v1/admin/keys'), 5000)
+  const [tenant, setTenant] = useState('')
+  const [role, setRole] = useState('operator')
+  const [name, setName] = useState('')
+  const [created, setCreated] = useState<{ id: string; key: string } | null>(null)
+  const act = useAction()
+  const items = list.data?.items ?? []
+  return (
+    <section>
+      <header class="page-head">
+        <h1>API keys</h1>
+      </header>
+      <form
+        class="card row wrap"
+        data-testid="key-form"
+        onSubmit={(e) => {
+          e.preventDefault()
+          act.run(async () => {
+            const k = await api<{ id: string; key: string }>('POST', '/v1/admin/keys', { tenant: tenant.trim(), role, name: name.trim() || undefined })
+            setCreated(k)
+            setName('')
+            await list.refresh()
+          })
+        }}
+      >
+        <Field label="Tenant">
+          <input name="tenant" required value={tenant} onInput={(e) => setTenant((e.target as HTMLInputElement).value)} />
+        </Field>
+        <Field label="Role">
+          <select name="role" value={role} onChange={(e) => setRole((e.target as HTMLSelectElement).value)}>
+            <option value="viewer">viewer (read only)</option>
+            <option value="operator">operator (its tenant)</option>
+            <option value="admin">admin (all tenants, keys)</option>
+          </select>
+        </Field>
+        <Field label="Name">
+          <input name="name" value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+        </Field>
+        <button class="primary" type="submit" disabled={act.busy}>
+          Create key
+        </button>
+      </form>
+      {created && (
+        <div class="card notice" data-testid="new-key">
+          Key <span class="mono">{created.id}</span> created. Copy it now, it is not shown again:
+          <pre class="mono secret-once">{created.key}</pre>
+          <button class="small" onClick={() => setCreated(null)}>
+            Done
+          </button>
+        </div>
+      )}
+      <ErrorBox error={list.error || act.error} />
+      {list.data && items.length === 0 ? (
+        <Empty>No keys.</Empty>
+      ) : (
+        <table class="table" data-testid="key-table">
+          <thead>
+            <tr>
+              <th>ID</th>
+              <th>Name</th>
+              <th>Tenant</th>
+              <th>Role</th>
+              <th>Created</th>
+              <th>State</th>
+              <th />
+            </tr>
+          </thead>
+          <tbody>
+            {items.map((k) => (
+              <tr data-key={k.id}>
+                <td class="mono">{k.id}</td>
+                <td>{k.name || '—'}</td>
+                <td class="mono">{k.tenant}</td>
+                <td>
+                  <span class={`role role-${k.role}`}>{k.role}</span>
+                </td>
+                <td>{since(k.createdAt)}</td>
+                <td>{k.revokedAt ? `revoked ${since(k.revokedAt)}` : 'active'}</td>
+                <td class="right">
+                  {!k.revokedAt && (
+                    <button
+                      class="small danger"
+                      disabled={act.busy}
+                      onClick={() =>
+                        act.run(async () => {
+                          if (!confirm(`Revoke key ${k.id}? Clients using it stop working at once.`)) return
+                          await api('DELETE', `/v1/admin/keys/${encodeURIComponent(k.id)}`)
+                          await list.refresh()
+                        })
+                      }
+                    >
+                      Revoke
+                    </button>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </section>
+  )
+}
+
+export function Admin({ tab }: { tab: 'tenants' | 'keys' }) {
+  const me = useMe()
+  if (!me.isAdmin) return <div class="empty">Tenants and keys are managed by admins.</div>
+  return tab === 'tenants' ? <Tenants /> : <Keys />
+}
