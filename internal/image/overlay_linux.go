@@ -12,6 +12,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
+// MountRootfs is the one overlay mount of moat: the native runtime mounts
+// every sandbox root with it, and snapshots commit its upper dir.
+//
 // MountRootfs mounts an overlayfs at target with lowers (bottom first, as
 // LayerPaths returns them) below upper, using work as the overlay work
 // dir (same filesystem as upper, empty). With upper == "" the mount is
@@ -26,7 +29,8 @@ import (
 // short /proc/self/fd/N paths (the kernel resolves them at mount time;
 // the descriptors are closed afterwards), which fits ~200 layers; more is
 // ErrInvalidArgument. Paths containing ',' or ':' are ErrInvalidArgument
-// (overlayfs would misparse them).
+// (overlayfs would misparse them); a lower that is not a directory is
+// ErrFailedPrecondition.
 func MountRootfs(lowers []string, upper, work, target string) error {
 	if len(lowers) == 0 {
 		return fmt.Errorf("overlay mount %s: no lower dirs: %w", target, errdefs.ErrInvalidArgument)
@@ -34,6 +38,11 @@ func MountRootfs(lowers []string, upper, work, target string) error {
 	for _, p := range append(append([]string{}, lowers...), upper, work, target) {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("overlay mount: path %q contains ',' or ':': %w", p, errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, l := range lowers {
+		if st, err := os.Stat(l); err != nil || !st.IsDir() {
+			return fmt.Errorf("overlay mount: layer %s is not a directory (%v): %w", l, err, errdefs.ErrFailedPrecondition)
 		}
 	}
 	if upper == "" && len(lowers) == 1 {

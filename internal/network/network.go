@@ -34,7 +34,6 @@
 package network
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -42,18 +41,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
@@ -219,23 +214,6 @@ func (m *Manager) Gateway6() netip.Addr {
 	return m.cfg.Subnet6.Addr().Next()
 }
 
-// ip6For maps an IPv4 sandbox address to its IPv6 one: the same offset
-// from the start of Subnet6 as ip has from the start of Subnet.
-func (m *Manager) ip6For(ip netip.Addr) netip.Addr {
-	if !m.cfg.Subnet6.IsValid() {
-		return netip.Addr{}
-	}
-	a, b := ip.As4(), m.cfg.Subnet.Addr().As4()
-	off := (uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])) -
-		(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
-	v := m.cfg.Subnet6.Addr().As16()
-	for i := 15; i >= 12; i-- {
-		v[i] |= byte(off)
-		off >>= 8
-	}
-	return netip.AddrFrom16(v)
-}
-
 func (m *Manager) ipDir() string     { return filepath.Join(m.cfg.StateDir, "ips") }
 func (m *Manager) attachDir() string { return filepath.Join(m.cfg.StateDir, "attachments") }
 
@@ -247,113 +225,6 @@ func (m *Manager) NetnsPath(id string) string { return filepath.Join(m.cfg.Netns
 func HostVethName(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return hostVethPrefix + hex.EncodeToString(sum[:6])
-}
-
-func (m *Manager) ensureBridge() error {
-	link, err := netlink.LinkByName(m.cfg.Bridge)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if !errors.As(err, &nf) {
-			return fmt.Errorf("network: look up bridge %s: %w", m.cfg.Bridge, err)
-		}
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.cfg.Bridge}}
-		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("network: create bridge %s: %w", m.cfg.Bridge, err)
-		}
-		if link, err = netlink.LinkByName(m.cfg.Bridge); err != nil {
-			return fmt.Errorf("network: look up bridge %s: %w", m.cfg.Bridge, err)
-		}
-	}
-	if _, ok := link.(*netlink.Bridge); !ok {
-		return fmt.Errorf("network: %s exists and is a %s, not a bridge: %w", m.cfg.Bridge, link.Type(), errdefs.ErrFailedPrecondition)
-	}
-	if err := pinBridgeMAC(link); err != nil {
-		return err
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{
-		IP:   m.gateway.AsSlice(),
-		Mask: net.CIDRMask(m.cfg.Subnet.Bits(), 32),
-	}}
-	if err := netlink.AddrReplace(link, addr); err != nil {
-		return fmt.Errorf("network: address bridge %s: %w", m.cfg.Bridge, err)
-	}
-	if m.cfg.Subnet6.IsValid() {
-		// The bridge must never take router advertisements or redirects
-		// from a sandbox (they would install host routes).
-		for _, k := range []string{"accept_ra", "accept_redirects", "disable_ipv6"} {
-			if err := writeSysctl(filepath.Join("/proc/sys/net/ipv6/conf", m.cfg.Bridge, k), "0"); err != nil {
-				return fmt.Errorf("network: bridge %s: %w", m.cfg.Bridge, err)
-			}
-		}
-		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: m.Gateway6().AsSlice(), Mask: net.CIDRMask(m.cfg.Subnet6.Bits(), 128)},
-			Flags: unix.IFA_F_NODAD}
-		if err := netlink.AddrReplace(link, addr6); err != nil {
-			return fmt.Errorf("network: IPv6 address bridge %s: %w", m.cfg.Bridge, err)
-		}
-	} else {
-		// IPv6 turned off since an earlier start: drop the old gateway
-		// address (link-local ones stay; sandboxes have IPv6 disabled).
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
-		if err != nil {
-			return fmt.Errorf("network: list addresses of %s: %w", m.cfg.Bridge, err)
-		}
-		for _, a := range addrs {
-			if a.IP.IsGlobalUnicast() {
-				if err := netlink.AddrDel(link, &a); err != nil {
-					return fmt.Errorf("network: remove IPv6 address %s from %s: %w", a.IPNet, m.cfg.Bridge, err)
-				}
-			}
-		}
-	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		return fmt.Errorf("network: bring up bridge %s: %w", m.cfg.Bridge, err)
-	}
-	return nil
-}
-
-// pinBridgeMAC gives the bridge a fixed MAC address unless one was set
-// already. Left alone, Linux gives a bridge the lowest MAC of its ports, so
-// its (the gateway's) MAC changes whenever a sandbox's veth joins or
-// leaves; sandboxes that resolved the gateway earlier then send to a MAC
-// nobody owns until their ARP entry expires, and TCP backoff stretches
-// that into replies delayed by seconds to minutes. The current address is
-// kept when there is one, so sandboxes of a running server are unaffected.
-func pinBridgeMAC(link netlink.Link) error {
-	name := link.Attrs().Name
-	const netAddrSet = "3" // NET_ADDR_SET: the address was set explicitly
-	if t, err := os.ReadFile(filepath.Join("/sys/class/net", name, "addr_assign_type")); err == nil && strings.TrimSpace(string(t)) == netAddrSet {
-		return nil
-	}
-	mac := link.Attrs().HardwareAddr
-	if len(mac) != 6 || bytes.Equal(mac, make(net.HardwareAddr, 6)) {
-		// No ports: derive a stable, locally administered unicast address.
-		sum := sha256.Sum256([]byte("moat-bridge/" + name))
-		mac = net.HardwareAddr(sum[:6])
-		mac[0] = mac[0]&0xfe | 0x02
-	}
-	if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
-		return fmt.Errorf("network: set MAC address of bridge %s: %w", name, err)
-	}
-	return nil
-}
-
-// RemoveBridge deletes the bridge. It is meant for tests and uninstall;
-// it fails with ErrFailedPrecondition while attachments exist.
-func (m *Manager) RemoveBridge(ctx context.Context) error {
-	m.mu.Lock()
-	n := len(m.byID)
-	m.mu.Unlock()
-	if n > 0 {
-		return fmt.Errorf("network: %d attachments remain: %w", n, errdefs.ErrFailedPrecondition)
-	}
-	link, err := netlink.LinkByName(m.cfg.Bridge)
-	if err != nil {
-		return nil
-	}
-	if err := netlink.LinkDel(link); err != nil {
-		return fmt.Errorf("network: delete bridge: %w", err)
-	}
-	return nil
 }
 
 // Setup creates the network of sandbox id. On error nothing is left
@@ -401,155 +272,6 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 		return Attachment{}, fmt.Errorf("network: record attachment: %w", err)
 	}
 	return a, nil
-}
-
-// forgetNeighbors drops the host's neighbor (ARP/NDP) entries for a's
-// addresses on the bridge. Addresses are reused after a delete (or a
-// crash), and an entry left from the previous owner points at a MAC that
-// no longer exists: the host's first packets to the new sandbox would go
-// nowhere until the entry expired (tens of seconds), which is longer than
-// the agent-ready timeout.
-func (m *Manager) forgetNeighbors(a Attachment) {
-	br, err := netlink.LinkByName(m.cfg.Bridge)
-	if err != nil {
-		return
-	}
-	for _, ip := range []netip.Addr{a.IP, a.IP6} {
-		if !ip.IsValid() {
-			continue
-		}
-		n := &netlink.Neigh{LinkIndex: br.Attrs().Index, IP: net.IP(ip.AsSlice())}
-		if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
-			m.log.Debug("network: forget neighbor", "ip", ip, "err", err)
-		}
-	}
-}
-
-// plumb creates the veth pair and configures both ends.
-func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
-	br, err := netlink.LinkByName(m.cfg.Bridge)
-	if err != nil {
-		return fmt.Errorf("network: bridge %s: %w: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
-	}
-	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{
-			Name:        a.HostVeth,
-			MasterIndex: br.Attrs().Index,
-			MTU:         br.Attrs().MTU,
-		},
-		PeerName:      sandboxIfName,
-		PeerNamespace: netlink.NsFd(int(ns)),
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("network: veth %s: %w", a.HostVeth, errdefs.ErrAlreadyExists)
-		}
-		return fmt.Errorf("network: create veth %s: %w", a.HostVeth, err)
-	}
-	if err := netlink.LinkSetIsolated(veth, true); err != nil {
-		return fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
-	}
-	if err := netlink.LinkSetUp(veth); err != nil {
-		return fmt.Errorf("network: bring up %s: %w", a.HostVeth, err)
-	}
-
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("network: netlink in sandbox netns: %w", err)
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("network: sandbox lo: %w", err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("network: bring up lo: %w", err)
-	}
-	eth, err := h.LinkByName(sandboxIfName)
-	if err != nil {
-		return fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP.AsSlice(), Mask: net.CIDRMask(a.PrefixLen, 32)}}
-	if err := h.AddrAdd(eth, addr); err != nil {
-		return fmt.Errorf("network: address %s: %w", sandboxIfName, err)
-	}
-	// Before eth0 comes up, so no IPv6 packet (not even a link-local
-	// router solicitation) ever leaves a sandbox without IPv6.
-	ipv6Off := "1"
-	if a.IP6.IsValid() {
-		ipv6Off = "0"
-	}
-	if err := inNetns(ns, func() error {
-		return writeSysctl("/proc/sys/net/ipv6/conf/"+sandboxIfName+"/disable_ipv6", ipv6Off)
-	}); err != nil {
-		return fmt.Errorf("network: sandbox IPv6 setting: %w", err)
-	}
-	if a.IP6.IsValid() {
-		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := h.AddrAdd(eth, addr6); err != nil {
-			return fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
-		}
-	}
-	if err := h.LinkSetUp(eth); err != nil {
-		return fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
-	}
-	route := &netlink.Route{
-		LinkIndex: eth.Attrs().Index,
-		Gw:        a.Gateway.AsSlice(),
-		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-	}
-	if err := h.RouteAdd(route); err != nil {
-		return fmt.Errorf("network: default route: %w", err)
-	}
-	if a.IP6.IsValid() {
-		route6 := &netlink.Route{
-			LinkIndex: eth.Attrs().Index,
-			Gw:        a.Gateway6.AsSlice(),
-			Dst:       &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
-		}
-		if err := h.RouteAdd(route6); err != nil {
-			return fmt.Errorf("network: IPv6 default route: %w", err)
-		}
-	}
-	return nil
-}
-
-// inNetns runs fn on a locked OS thread switched into ns (for the
-// per-namespace files under /proc/sys/net). A thread that cannot switch
-// back stays locked and is discarded with its goroutine.
-func inNetns(ns netns.NsHandle, fn func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			done <- errors.Join(ferr, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
-}
-
-// writeSysctl writes one /proc/sys value.
-func writeSysctl(path, value string) error {
-	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s: %w", strings.TrimPrefix(path, "/proc/sys/"), err)
-	}
-	return nil
 }
 
 // Teardown removes every piece of the network of id that exists: veth,
@@ -714,161 +436,6 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		if err := netlink.LinkSetIsolated(l, true); err != nil {
 			return fmt.Errorf("network: isolate bridge port %s: %w", a.Name, err)
 		}
-	}
-	return nil
-}
-
-// allocate reserves a free address for id. The address file is created
-// with O_EXCL before it is used, so a crash never hands one address out
-// twice; reconcile frees files that belong to no complete attachment.
-func (m *Manager) allocate(id string) (netip.Addr, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.byID[id]; ok {
-		return netip.Addr{}, fmt.Errorf("network: sandbox %s: %w", id, errdefs.ErrAlreadyExists)
-	}
-	first := m.gateway.Next()
-	last := lastHost(m.cfg.Subnet)
-	ip := m.cursor
-	for range numHosts(m.cfg.Subnet) {
-		ip = ip.Next()
-		if !m.cfg.Subnet.Contains(ip) || ip.Compare(last) > 0 || ip.Compare(first) < 0 {
-			ip = first
-		}
-		if _, used := m.byIP[ip]; used {
-			continue
-		}
-		f, err := os.OpenFile(filepath.Join(m.ipDir(), ip.String()), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, os.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return netip.Addr{}, fmt.Errorf("network: allocate: %w", err)
-		}
-		_, werr := f.WriteString(id)
-		cerr := f.Close()
-		if werr != nil || cerr != nil {
-			os.Remove(f.Name())
-			return netip.Addr{}, fmt.Errorf("network: allocate: %w", errors.Join(werr, cerr))
-		}
-		m.byIP[ip] = id
-		m.byID[id] = ip
-		m.cursor = ip
-		return ip, nil
-	}
-	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
-}
-
-// release frees the address of id (in memory and on disk), if any.
-func (m *Manager) release(id string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ip, ok := m.byID[id]
-	if ok {
-		delete(m.byID, id)
-		delete(m.byIP, ip)
-		if err := os.Remove(filepath.Join(m.ipDir(), ip.String())); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		return nil
-	}
-	// Not known in memory (e.g. Teardown during reconcile): scan the files.
-	entries, err := os.ReadDir(m.ipDir())
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		p := filepath.Join(m.ipDir(), e.Name())
-		if data, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(data)) == id {
-			os.Remove(p)
-		}
-	}
-	return nil
-}
-
-// lastHost is the highest usable address of p (the broadcast address is
-// excluded).
-func lastHost(p netip.Prefix) netip.Addr {
-	a := p.Addr().As4()
-	hostBits := 32 - p.Bits()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v |= (1 << hostBits) - 1
-	v-- // broadcast
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
-// numHosts is the number of allocatable sandbox addresses in p (network,
-// gateway and broadcast excluded).
-func numHosts(p netip.Prefix) int {
-	return 1<<(32-p.Bits()) - 3
-}
-
-// createNetns creates a new network namespace and bind-mounts it at path.
-// The returned handle refers to the new namespace.
-func createNetns(path string) (netns.NsHandle, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return 0, fmt.Errorf("network: netns %s: %w", path, errdefs.ErrAlreadyExists)
-		}
-		return 0, fmt.Errorf("network: netns file: %w", err)
-	}
-	f.Close()
-
-	type result struct {
-		err error
-	}
-	done := make(chan result, 1)
-	// The namespace switch happens on a dedicated, locked OS thread. If the
-	// thread cannot be switched back, it stays locked so that Go discards
-	// it when the goroutine exits instead of reusing a thread in the wrong
-	// namespace.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{fmt.Errorf("network: current netns: %w", err)}
-			return
-		}
-		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{fmt.Errorf("network: unshare: %w", err)}
-			return
-		}
-		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		merr := unix.Mount(src, path, "none", unix.MS_BIND, "")
-		if err := netns.Set(orig); err != nil {
-			done <- result{fmt.Errorf("network: restore netns: %w", err)}
-			return // thread stays locked and is discarded
-		}
-		runtime.UnlockOSThread()
-		if merr != nil {
-			merr = fmt.Errorf("network: bind netns: %w", merr)
-		}
-		done <- result{merr}
-	}()
-	if r := <-done; r.err != nil {
-		os.Remove(path)
-		return 0, r.err
-	}
-	h, err := netns.GetFromPath(path)
-	if err != nil {
-		removeNetns(path)
-		return 0, fmt.Errorf("network: open netns: %w", err)
-	}
-	return h, nil
-}
-
-// removeNetns unmounts and removes a namespace file; a missing file is not
-// an error.
-func removeNetns(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount netns: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove netns: %w", err)
 	}
 	return nil
 }

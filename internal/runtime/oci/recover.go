@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,7 +12,63 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Crash recovery helpers: what a SIGKILLed server leaves half-done.
+// Recovery at start-up: what a crashed or SIGKILLed server left behind.
+
+// recover removes sandboxes whose creation never completed, OCI
+// containers and network attachments that belong to no sandbox, and
+// re-tracks the init processes of running sandboxes for reaping.
+func (r *Runtime) recover(ctx context.Context) error {
+	entries, err := os.ReadDir(r.sandboxesDir())
+	if err != nil {
+		return fmt.Errorf("oci: %w", err)
+	}
+	known := map[string]bool{}
+	for _, e := range entries {
+		id := e.Name()
+		if !idPattern.MatchString(id) {
+			continue
+		}
+		rec, err := r.readRecord(id)
+		if err == nil && rec.Complete {
+			known[id] = true
+			if pid, err := readPid(filepath.Join(r.sandboxDir(id), "pid")); err == nil {
+				r.track(pid, id)
+				r.trackHelpers(rec.Class, id, pid)
+			}
+			continue
+		}
+		r.log.Info("oci: removing half-created sandbox", "id", id)
+		if err := r.cleanupHalfCreated(ctx, id); err != nil {
+			// Its directory stays, so the next start (or a Delete) retries;
+			// refusing to start would strand every healthy sandbox.
+			r.log.Error("oci: could not remove half-created sandbox", "id", id, "err", err)
+		}
+	}
+	for class := range r.classes {
+		for _, id := range r.stateIDs(class) {
+			if !known[id] {
+				r.log.Info("oci: removing orphaned container", "id", id, "class", class)
+				if err := r.deleteContainer(ctx, class, id); err != nil {
+					return err
+				}
+				removeCgroups(id)
+			}
+		}
+	}
+	atts, err := r.net.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, a := range atts {
+		if !known[a.ID] {
+			r.log.Info("oci: removing orphaned network", "id", a.ID)
+			if err := r.net.Teardown(ctx, a.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // cleanupHalfCreated removes a sandbox whose Create never completed. The
 // OCI runtime process the dead server started may still be running (it is

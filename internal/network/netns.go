@@ -1,0 +1,216 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// The sandbox side: the network namespace file, the veth pair and
+// everything configured inside the namespace.
+
+// plumb creates the veth pair and configures both ends.
+func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %w: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{
+			Name:        a.HostVeth,
+			MasterIndex: br.Attrs().Index,
+			MTU:         br.Attrs().MTU,
+		},
+		PeerName:      sandboxIfName,
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("network: veth %s: %w", a.HostVeth, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("network: create veth %s: %w", a.HostVeth, err)
+	}
+	if err := netlink.LinkSetIsolated(veth, true); err != nil {
+		return fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
+	}
+	if err := netlink.LinkSetUp(veth); err != nil {
+		return fmt.Errorf("network: bring up %s: %w", a.HostVeth, err)
+	}
+
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink in sandbox netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("network: sandbox lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("network: bring up lo: %w", err)
+	}
+	eth, err := h.LinkByName(sandboxIfName)
+	if err != nil {
+		return fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP.AsSlice(), Mask: net.CIDRMask(a.PrefixLen, 32)}}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("network: address %s: %w", sandboxIfName, err)
+	}
+	// Before eth0 comes up, so no IPv6 packet (not even a link-local
+	// router solicitation) ever leaves a sandbox without IPv6.
+	ipv6Off := "1"
+	if a.IP6.IsValid() {
+		ipv6Off = "0"
+	}
+	if err := inNetns(ns, func() error {
+		return writeSysctl("/proc/sys/net/ipv6/conf/"+sandboxIfName+"/disable_ipv6", ipv6Off)
+	}); err != nil {
+		return fmt.Errorf("network: sandbox IPv6 setting: %w", err)
+	}
+	if a.IP6.IsValid() {
+		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := h.AddrAdd(eth, addr6); err != nil {
+			return fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
+		}
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
+	}
+	route := &netlink.Route{
+		LinkIndex: eth.Attrs().Index,
+		Gw:        a.Gateway.AsSlice(),
+		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
+	}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("network: default route: %w", err)
+	}
+	if a.IP6.IsValid() {
+		route6 := &netlink.Route{
+			LinkIndex: eth.Attrs().Index,
+			Gw:        a.Gateway6.AsSlice(),
+			Dst:       &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
+		}
+		if err := h.RouteAdd(route6); err != nil {
+			return fmt.Errorf("network: IPv6 default route: %w", err)
+		}
+	}
+	return nil
+}
+
+// inNetns runs fn on a locked OS thread switched into ns (for the
+// per-namespace files under /proc/sys/net). A thread that cannot switch
+// back stays locked and is discarded with its goroutine.
+func inNetns(ns netns.NsHandle, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(ferr, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
+}
+
+// writeSysctl writes one /proc/sys value.
+func writeSysctl(path, value string) error {
+	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s: %w", strings.TrimPrefix(path, "/proc/sys/"), err)
+	}
+	return nil
+}
+
+// createNetns creates a new network namespace and bind-mounts it at path.
+// The returned handle refers to the new namespace.
+func createNetns(path string) (netns.NsHandle, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return 0, fmt.Errorf("network: netns %s: %w", path, errdefs.ErrAlreadyExists)
+		}
+		return 0, fmt.Errorf("network: netns file: %w", err)
+	}
+	f.Close()
+
+	type result struct {
+		err error
+	}
+	done := make(chan result, 1)
+	// The namespace switch happens on a dedicated, locked OS thread. If the
+	// thread cannot be switched back, it stays locked so that Go discards
+	// it when the goroutine exits instead of reusing a thread in the wrong
+	// namespace.
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{fmt.Errorf("network: current netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{fmt.Errorf("network: unshare: %w", err)}
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		merr := unix.Mount(src, path, "none", unix.MS_BIND, "")
+		if err := netns.Set(orig); err != nil {
+			done <- result{fmt.Errorf("network: restore netns: %w", err)}
+			return // thread stays locked and is discarded
+		}
+		runtime.UnlockOSThread()
+		if merr != nil {
+			merr = fmt.Errorf("network: bind netns: %w", merr)
+		}
+		done <- result{merr}
+	}()
+	if r := <-done; r.err != nil {
+		os.Remove(path)
+		return 0, r.err
+	}
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		removeNetns(path)
+		return 0, fmt.Errorf("network: open netns: %w", err)
+	}
+	return h, nil
+}
+
+// removeNetns unmounts and removes a namespace file; a missing file is not
+// an error.
+func removeNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns: %w", err)
+	}
+	return nil
+}
