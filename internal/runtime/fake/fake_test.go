@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			return rt.(*Runtime).Reopen(Hooks{})
 		},
+		NoCommands: true,
 	})
 }
 

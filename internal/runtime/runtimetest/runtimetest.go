@@ -36,6 +36,10 @@ type Options struct {
 	Reopen func(t *testing.T, rt runtime.Runtime) runtime.Runtime
 	// AgentTimeout bounds the wait for the agent's /ping (default 10s).
 	AgentTimeout time.Duration
+	// NoCommands tells that the backend's agents run no commands (the
+	// fake's, kwok's stand-in): cases check what the API reports and skip
+	// the checks made by commands inside the sandbox.
+	NoCommands bool
 }
 
 // Token is the agent token the suite sets on every sandbox.
@@ -61,6 +65,7 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("Concurrent", s.concurrent)
 	t.Run("StopRunningWithoutGrace", s.stopNoGrace)
 	t.Run("Checkpoint", s.checkpoint)
+	t.Run("Volumes", s.volumes)
 }
 
 type suite struct {
