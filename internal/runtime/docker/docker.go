@@ -52,6 +52,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	vol "github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Class is the only Spec.Class this backend offers.
@@ -228,6 +229,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		cli.Close()
 		return nil, err
 	}
+	if err := r.sweepStages(ctx); err != nil {
+		log.Warn("docker: leftover volume binds", "err", err)
+	}
 	log.Debug("docker: connected", "host", cfg.Host, "api", cli.ClientVersion(), "network", cfg.Network)
 	return r, nil
 }
@@ -371,7 +375,16 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 		}
 	}
 	for _, m := range spec.Mounts {
-		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) || filepath.Clean(m.Destination) == "/" {
+		if !filepath.IsAbs(m.Destination) || filepath.Clean(m.Destination) == "/" {
+			return invalid(fmt.Sprintf("invalid mount destination %s", m.Destination))
+		}
+		if m.Volume != "" {
+			if m.Source != "" || !vol.ValidName(m.Volume) || vol.CheckSubPath(m.SubPath) != nil {
+				return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
+			}
+			continue
+		}
+		if !filepath.IsAbs(m.Source) || m.SubPath != "" {
 			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
 		}
 	}
@@ -427,7 +440,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 
 	// From here on, a failure removes what was made (rollback).
-	rollback := func() { os.Remove(r.agentConfPath(id)) }
+	rollback := func() {
+		os.Remove(r.agentConfPath(id))
+		if err := r.unstageVolumes(id); err != nil {
+			r.log.Error("docker: rollback of failed create left volume binds", "id", id, "err", err)
+		}
+	}
 	defer func() {
 		if err != nil && rollback != nil {
 			rollback()
@@ -494,12 +512,21 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		Resources: res,
 	}
 	for _, m := range spec.Mounts {
+		if m.Volume != "" {
+			continue
+		}
 		// Host volumes: non-recursive binds, like the native backend.
 		host.Mounts = append(host.Mounts, mount.Mount{
 			Type: mount.TypeBind, Source: m.Source, Target: m.Destination, ReadOnly: m.ReadOnly,
 			BindOptions: &mount.BindOptions{NonRecursive: true, Propagation: mount.PropagationRPrivate},
 		})
 	}
+	named, volLabels, err := r.namedVolumeMounts(ctx, id, spec.Mounts)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	host.Mounts = append(host.Mounts, named...)
+	maps.Copy(cfg.Labels, volLabels)
 	netCfg := &network.NetworkingConfig{
 		EndpointsConfig: map[string]*network.EndpointSettings{r.cfg.Network: {}},
 	}
@@ -774,11 +801,12 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	}
 	switch _, err := r.inspect(ctx, id); {
 	case errdefs.IsNotFound(err):
-		// Not ours (or gone): only a leftover agent.json may remain.
+		// Not ours (or gone): only a leftover agent.json and volume binds
+		// may remain.
 		if err := os.Remove(r.agentConfPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("docker: %w", err)
 		}
-		return nil
+		return r.unstageVolumes(id)
 	case err != nil:
 		return err
 	}
@@ -796,7 +824,7 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 	if err := os.Remove(r.agentConfPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("docker: %w", err)
 	}
-	return nil
+	return r.unstageVolumes(id)
 }
 
 // EnsureImage returns the image ref from the daemon, pulling it first
