@@ -33,17 +33,6 @@ type SessionResolver interface {
 	ResolveSession(r *http.Request) (p tenant.Principal, ok bool, err error)
 }
 
-// Authenticator resolves API keys (tenant.Registry).
-type Authenticator interface {
-	// Authenticate returns the principal of key, or an
-	// ErrUnauthenticated error with a public message.
-	Authenticate(key string) (tenant.Principal, error)
-	// IsRootKey reports whether key is the server's own key.
-	IsRootKey(key string) bool
-	// Tenant returns tenant name (ErrNotFound if it does not exist).
-	Tenant(name string) (tenant.Tenant, error)
-}
-
 // TenantHeader lets an admin act in one tenant: its resources only, and
 // what it creates belongs to that tenant. Other roles may name only their
 // own tenant.

@@ -28,11 +28,11 @@ import (
 
 // Config configures the API.
 type Config struct {
-	// Auth resolves API keys (a tenant.Registry). Nil with APIKey set: a
+	// Auth holds the API keys and tenants. Nil with APIKey set: a
 	// registry holding only that key (an admin of the default tenant).
 	// Nil without APIKey: authentication is off and every request acts
 	// as tenant.Anonymous.
-	Auth Authenticator
+	Auth *tenant.Registry
 	// APIKey is the server's single key, for servers and tests without a
 	// registry (see Auth).
 	APIKey string
@@ -73,7 +73,7 @@ type Server struct {
 	log   *slog.Logger
 	web   *web.Adapter
 	proxy *proxy
-	auth  Authenticator // nil: authentication off
+	auth  *tenant.Registry // nil: authentication off
 }
 
 // New returns the API server.
@@ -118,7 +118,7 @@ func (s *Server) routes() []route {
 		read   = tenant.AccessRead
 		write  = tenant.AccessWrite
 	)
-	return []route{
+	rts := []route{
 		{"GET /health", public, h(s.health)},
 		{"POST /metrics/events", read, h(s.metricsEvent)},
 		{"POST /sandboxes", write, h(s.create)},
@@ -154,6 +154,7 @@ func (s *Server) routes() []route {
 		{"/sandboxes/{id}/proxy/{port}", data, s.proxy},
 		{"/sandboxes/{id}/proxy/{port}/{path...}", data, s.proxy},
 	}
+	return append(rts, s.accessRoutes()...)
 }
 
 // Handler returns the root handler with request IDs, panic recovery and auth.

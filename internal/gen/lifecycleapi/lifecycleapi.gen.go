@@ -10,6 +10,69 @@ import (
 	"time"
 )
 
+// Defines values for APIKeyRole.
+const (
+	APIKeyRoleAdmin    APIKeyRole = "admin"
+	APIKeyRoleOperator APIKeyRole = "operator"
+	APIKeyRoleViewer   APIKeyRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the APIKeyRole enum.
+func (e APIKeyRole) Valid() bool {
+	switch e {
+	case APIKeyRoleAdmin:
+		return true
+	case APIKeyRoleOperator:
+		return true
+	case APIKeyRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CreateKeyRequestRole.
+const (
+	CreateKeyRequestRoleAdmin    CreateKeyRequestRole = "admin"
+	CreateKeyRequestRoleOperator CreateKeyRequestRole = "operator"
+	CreateKeyRequestRoleViewer   CreateKeyRequestRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the CreateKeyRequestRole enum.
+func (e CreateKeyRequestRole) Valid() bool {
+	switch e {
+	case CreateKeyRequestRoleAdmin:
+		return true
+	case CreateKeyRequestRoleOperator:
+		return true
+	case CreateKeyRequestRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CreatedKeyRole.
+const (
+	CreatedKeyRoleAdmin    CreatedKeyRole = "admin"
+	CreatedKeyRoleOperator CreatedKeyRole = "operator"
+	CreatedKeyRoleViewer   CreatedKeyRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the CreatedKeyRole enum.
+func (e CreatedKeyRole) Valid() bool {
+	switch e {
+	case CreatedKeyRoleAdmin:
+		return true
+	case CreatedKeyRoleOperator:
+		return true
+	case CreatedKeyRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DiagnosticContentResponseDelivery.
 const (
 	DiagnosticContentResponseDeliveryInline DiagnosticContentResponseDelivery = "inline"
@@ -139,6 +202,27 @@ func (e PlatformOs) Valid() bool {
 	}
 }
 
+// Defines values for PrincipalRole.
+const (
+	PrincipalRoleAdmin    PrincipalRole = "admin"
+	PrincipalRoleOperator PrincipalRole = "operator"
+	PrincipalRoleViewer   PrincipalRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the PrincipalRole enum.
+func (e PrincipalRole) Valid() bool {
+	switch e {
+	case PrincipalRoleAdmin:
+		return true
+	case PrincipalRoleOperator:
+		return true
+	case PrincipalRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxState.
 const (
 	SandboxStateFailed     SandboxState = "Failed"
@@ -232,6 +316,25 @@ func (e Health200JSONResponseBodyStatus) Valid() bool {
 	}
 }
 
+// APIKey defines model for ApiKey.
+type APIKey struct {
+	// Active Neither revoked nor expired.
+	Active    bool       `json:"active"`
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+
+	// CreatedBy Id of the key that created this one.
+	CreatedBy *string    `json:"createdBy,omitempty"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	ID        string     `json:"id"`
+	Name      *string    `json:"name,omitempty"`
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+	Role      APIKeyRole `json:"role"`
+	Tenant    string     `json:"tenant"`
+}
+
+// APIKeyRole defines model for APIKey.Role.
+type APIKeyRole string
+
 // BatchCreateSandboxRequest A `CreateSandboxRequest` with one more field, `count`. Pool claims use `extensions.poolRef`.
 type BatchCreateSandboxRequest struct {
 	// Count How many sandboxes to create. Out of range → 400 `SANDBOX::INVALID_PARAMETER`.
@@ -294,6 +397,22 @@ type BatchCreateSandboxRequest struct {
 type BatchCreateSandboxResponse struct {
 	Items []CreateSandboxResponse `json:"items"`
 }
+
+// CreateKeyRequest defines model for CreateKeyRequest.
+type CreateKeyRequest struct {
+	// ExpiresAt The key stops working at this time (optional).
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+
+	// Name What the key is for (shown in listings).
+	Name *string              `json:"name,omitempty"`
+	Role CreateKeyRequestRole `json:"role"`
+
+	// Tenant A DNS label; created if missing.
+	Tenant string `json:"tenant"`
+}
+
+// CreateKeyRequestRole defines model for CreateKeyRequest.Role.
+type CreateKeyRequestRole string
 
 // CreatePoolRequest Upstream's body is `{name, template, capacitySpec}`. One of `template.image.uri` or `template.snapshotId` is required (else 400
 // `POOL::INVALID_TEMPLATE`); `capacitySpec` is required. `name` is a DNS label (else 400 `POOL::INVALID_NAME`);
@@ -386,6 +505,28 @@ type CreateSnapshotRequest struct {
 	Name *string `json:"name,omitempty"`
 }
 
+// CreatedKey defines model for CreatedKey.
+type CreatedKey struct {
+	// Active Neither revoked nor expired.
+	Active    bool       `json:"active"`
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+
+	// CreatedBy Id of the key that created this one.
+	CreatedBy *string    `json:"createdBy,omitempty"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	ID        string     `json:"id"`
+
+	// Key The API key (`moat_<id>_<secret>`). Shown once; the server keeps only a digest.
+	Key       string         `json:"key"`
+	Name      *string        `json:"name,omitempty"`
+	RevokedAt *time.Time     `json:"revokedAt,omitempty"`
+	Role      CreatedKeyRole `json:"role"`
+	Tenant    string         `json:"tenant"`
+}
+
+// CreatedKeyRole defines model for CreatedKey.Role.
+type CreatedKeyRole string
+
 // DiagnosticContentResponse OpenSandbox diagnostics descriptor; moat always delivers inline.
 type DiagnosticContentResponse struct {
 	Content       *string `json:"content,omitempty"`
@@ -467,6 +608,11 @@ type ImageSpec struct {
 	URI string `json:"uri"`
 }
 
+// ListKeysResponse defines model for ListKeysResponse.
+type ListKeysResponse struct {
+	Items []APIKey `json:"items"`
+}
+
 // ListPoolsResponse defines model for ListPoolsResponse.
 type ListPoolsResponse struct {
 	Items []Pool `json:"items"`
@@ -482,6 +628,11 @@ type ListSandboxesResponse struct {
 type ListSnapshotsResponse struct {
 	Items      []Snapshot     `json:"items"`
 	Pagination PaginationInfo `json:"pagination"`
+}
+
+// ListTenantsResponse defines model for ListTenantsResponse.
+type ListTenantsResponse struct {
+	Items []Tenant `json:"items"`
 }
 
 // ListVolumesResponse defines model for ListVolumesResponse.
@@ -620,6 +771,28 @@ type PoolTemplate struct {
 	Volumes *[]Volume `json:"volumes,omitempty"`
 }
 
+// Principal defines model for Principal.
+type Principal struct {
+	// AllTenants The request sees every tenant's resources (admins, unless `X-Moat-Tenant` narrows them).
+	AllTenants bool `json:"allTenants"`
+
+	// KeyID The key's id (`root` for the server's own key); never the key.
+	KeyID string        `json:"keyId"`
+	Role  PrincipalRole `json:"role"`
+
+	// Tenant The tenant the request acts in (owns what it creates).
+	Tenant string `json:"tenant"`
+}
+
+// PrincipalRole defines model for Principal.Role.
+type PrincipalRole string
+
+// PutTenantRequest defines model for PutTenantRequest.
+type PutTenantRequest struct {
+	// Quota Limits on a tenant's live sandboxes; an absent field is unlimited.
+	Quota *TenantQuota `json:"quota,omitempty"`
+}
+
 // RenewSandboxExpirationRequest defines model for RenewSandboxExpirationRequest.
 type RenewSandboxExpirationRequest struct {
 	ExpiresAt time.Time `json:"expiresAt"`
@@ -686,6 +859,33 @@ type SnapshotStatus struct {
 	// Reason e.g. `snapshot_accepted`, `snapshot_ready`, `snapshot_capture_failed`.
 	Reason *string       `json:"reason,omitempty"`
 	State  SnapshotState `json:"state"`
+}
+
+// Tenant defines model for Tenant.
+type Tenant struct {
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+	Name      string     `json:"name"`
+
+	// Quota Limits on a tenant's live sandboxes; an absent field is unlimited.
+	Quota TenantQuota `json:"quota"`
+	Usage TenantUsage `json:"usage"`
+}
+
+// TenantQuota Limits on a tenant's live sandboxes; an absent field is unlimited.
+type TenantQuota struct {
+	// CPU Sum of CPU limits, a Kubernetes quantity ("8", "2500m").
+	CPU *string `json:"cpu,omitempty"`
+
+	// Memory Sum of memory limits, a Kubernetes quantity ("16Gi").
+	Memory    *string `json:"memory,omitempty"`
+	Sandboxes *int    `json:"sandboxes,omitempty"`
+}
+
+// TenantUsage defines model for TenantUsage.
+type TenantUsage struct {
+	CPU       string `json:"cpu"`
+	Memory    string `json:"memory"`
+	Sandboxes int    `json:"sandboxes"`
 }
 
 // Volume A mount. Exactly one backend (`host`, `pvc`, `ossfs`; none or several → 400 `VOLUME::INVALID_BACKEND`).
@@ -771,6 +971,12 @@ type Unauthorized = ErrorResponse
 // Health200JSONResponseBodyStatus defines parameters for Health.
 type Health200JSONResponseBodyStatus string
 
+// ListKeysParams defines parameters for ListKeys.
+type ListKeysParams struct {
+	// Tenant Only the keys of this tenant.
+	Tenant *string `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
 // ReportMetricsEventJSONBody defines parameters for ReportMetricsEvent.
 type ReportMetricsEventJSONBody struct {
 	CreateDurationMs float32 `json:"createDurationMs"`
@@ -826,6 +1032,9 @@ type ListSnapshotsParams struct {
 	PageSize  *int             `form:"pageSize,omitempty" json:"pageSize,omitempty"`
 }
 
+// CreateKeyJSONRequestBody defines body for CreateKey for application/json ContentType.
+type CreateKeyJSONRequestBody = CreateKeyRequest
+
 // ReportMetricsEventJSONRequestBody defines body for ReportMetricsEvent for application/json ContentType.
 type ReportMetricsEventJSONRequestBody ReportMetricsEventJSONBody
 
@@ -852,6 +1061,9 @@ type RenewSandboxExpirationJSONRequestBody = RenewSandboxExpirationRequest
 
 // CreateSnapshotJSONRequestBody defines body for CreateSnapshot for application/json ContentType.
 type CreateSnapshotJSONRequestBody = CreateSnapshotRequest
+
+// PutTenantJSONRequestBody defines body for PutTenant for application/json ContentType.
+type PutTenantJSONRequestBody = PutTenantRequest
 
 // Getter for additional properties for Extensions. Returns the specified
 // element and whether it was found
