@@ -76,8 +76,11 @@ func newIsolationAPI(t *testing.T) (*tenantAPI, fixture) {
 	t.Helper()
 	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{Committer: committer{}, Egress: &memEgress{}})
 	var fx fixture
+	// acme's sandbox mounts volume "shared" (beta has one of that name
+	// too) and "private" (acme only).
 	code, body := ta.do(t, "acme-operator", "POST", "/v1/sandboxes",
-		`{"image":{"uri":"busybox"},"entrypoint":["sh"],"metadata":{"owner":"acme"},"timeout":3600,"networkPolicy":`+policyBody+`}`)
+		`{"image":{"uri":"busybox"},"entrypoint":["sh"],"metadata":{"owner":"acme"},"timeout":3600,"networkPolicy":`+policyBody+`,`+
+			`"volumes":[{"name":"a","mountPath":"/a","pvc":{"claimName":"shared"}},{"name":"b","mountPath":"/b","pvc":{"claimName":"private"}}]}`)
 	if code != 202 {
 		t.Fatalf("acme create: %d %v", code, body)
 	}
@@ -103,7 +106,8 @@ func newIsolationAPI(t *testing.T) (*tenantAPI, fixture) {
 	if code, body := ta.do(t, "beta-operator", "POST", "/v1/pools", pool); code != 201 {
 		t.Fatalf("beta pool of the same name: %d %v", code, body)
 	}
-	if code, body := ta.do(t, "beta-operator", "POST", "/v1/sandboxes", createBody); code != 202 {
+	if code, body := ta.do(t, "beta-operator", "POST", "/v1/sandboxes",
+		`{"image":{"uri":"busybox"},"entrypoint":["sh"],"volumes":[{"name":"a","mountPath":"/a","pvc":{"claimName":"shared"}}]}`); code != 202 {
 		t.Fatalf("beta create: %d %v", code, body)
 	}
 	fx.key = ta.ids["acme-viewer"]
@@ -119,7 +123,7 @@ func (fx fixture) concrete(pattern string) string {
 		case "{snapshotId}":
 			return fx.snapshot
 		case "{name}":
-			return fx.pool
+			return fx.pool // a pool, and a volume, only acme has
 		case "{port}":
 			return "44772"
 		case "{path...}":
@@ -212,6 +216,16 @@ func TestCrossTenantEveryRoute(t *testing.T) {
 			}
 		},
 		"POST /keys": nil, // admin only; acme is named in the body (TestAdminAPI)
+		"GET /volumes": func(t *testing.T, code int, body map[string]any) {
+			if code != 200 || strings.Contains(fmt.Sprint(body), "private") || !strings.Contains(fmt.Sprint(body), "shared") {
+				t.Errorf("beta sees volumes %v (status %d), want its own only", body, code)
+			}
+			for _, v := range body["items"].([]any) {
+				if s := fmt.Sprint(v.(map[string]any)["sandboxes"]); strings.Contains(s, fx.sandbox) {
+					t.Errorf("beta's volume lists acme's sandbox: %v", v)
+				}
+			}
+		},
 		"GET /tenants": func(t *testing.T, code int, body map[string]any) {
 			if code == 200 && strings.Contains(fmt.Sprint(body), "acme") {
 				t.Errorf("beta lists tenant acme: %v", body)
@@ -272,7 +286,7 @@ func snapshotState(t *testing.T, ta *tenantAPI, fx fixture) string {
 	t.Helper()
 	var parts []string
 	for _, p := range []string{"/v1/sandboxes/" + fx.sandbox, "/v1/snapshots/" + fx.snapshot, "/v1/pools/" + fx.pool,
-		"/v1/sandboxes/" + fx.sandbox + "/egress/policy"} {
+		"/v1/sandboxes/" + fx.sandbox + "/egress/policy", "/v1/volumes/private", "/v1/volumes/shared"} {
 		code, body := ta.do(t, "acme-operator", "GET", p, "", "OPENSANDBOX-EGRESS-AUTH", fx.egressToken)
 		if code != 200 {
 			t.Fatalf("acme GET %s: %d %v", p, code, body)
@@ -339,6 +353,30 @@ func TestCreateFromAnotherTenantsPoolOrSnapshot(t *testing.T) {
 	_, all := ta.do(t, "root", "GET", "/v1/sandboxes", "")
 	if n := int(all["pagination"].(map[string]any)["totalItems"].(float64)); n != 3 {
 		t.Errorf("admin sees %d sandboxes, want 3", n)
+	}
+	// Volumes: one namespace per tenant; the admin sees them qualified.
+	_, vols := ta.do(t, "root", "GET", "/v1/volumes", "")
+	var names []string
+	for _, v := range vols["items"].([]any) {
+		names = append(names, v.(map[string]any)["name"].(string))
+	}
+	if fmt.Sprint(names) != "[acme.private acme.shared beta.shared]" {
+		t.Errorf("admin's volume list: %v", names)
+	}
+	if code, body := ta.do(t, "root", "GET", "/v1/volumes/beta.shared", ""); code != 200 || body["name"] != "beta.shared" {
+		t.Errorf("admin get of a qualified volume: %d %v", code, body)
+	}
+	for _, name := range []string{"beta.shared", "beta.private", "default.shared", "a.b.c"} {
+		if code, body := ta.do(t, "acme-operator", "GET", "/v1/volumes/"+name, ""); code != 404 || body["code"] != "VOLUME::NOT_FOUND" {
+			t.Errorf("acme get of %s: %d %v", name, code, body)
+		}
+	}
+	if code, body := ta.do(t, "acme-operator", "POST", "/v1/sandboxes",
+		`{"image":{"uri":"busybox"},"entrypoint":["sh"],"volumes":[{"name":"a","mountPath":"/a","pvc":{"claimName":"beta.shared"}}]}`); code != 400 {
+		t.Errorf("a claim name with a dot: %d %v", code, body)
+	}
+	if code, body := ta.do(t, "acme-operator", "DELETE", "/v1/volumes/shared", ""); code != 409 || !strings.Contains(fmt.Sprint(body["message"]), fx.sandbox) {
+		t.Errorf("acme delete of its used volume: %d %v", code, body)
 	}
 	// Deleting acme's pool leaves beta's.
 	if code, _ := ta.do(t, "acme-operator", "DELETE", "/v1/pools/warm", ""); code != 204 {

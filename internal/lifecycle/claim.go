@@ -88,7 +88,7 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName str
 	if err != nil {
 		return Sandbox{}, err
 	}
-	sb.Tenant = ownerOf(ctx)
+	own(&sb, ownerOf(ctx))
 	var pl *pool
 	if poolName != "" {
 		if pl, err = s.getPool(ctx, poolName); err != nil {

@@ -443,7 +443,8 @@ func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb.Pool, sb.PoolRevision, sb.Warm, sb.Tenant = def.key(), def.Revision, true, def.Tenant
+	sb.Pool, sb.PoolRevision, sb.Warm = def.key(), def.Revision, true
+	own(&sb, def.Tenant)
 	e := newEntry(sb)
 	e.mu.Lock()
 	defer e.mu.Unlock()

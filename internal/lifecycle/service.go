@@ -296,7 +296,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	if err != nil {
 		return Sandbox{}, err
 	}
-	sb.Tenant = ownerOf(ctx)
+	own(&sb, ownerOf(ctx))
 	if err := s.admitEntry(&sb); err != nil {
 		return Sandbox{}, err
 	}

@@ -3,9 +3,11 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/moat-sandbox/moat/internal/tenant"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Tenancy. Every sandbox, pool and snapshot records the tenant that owns
@@ -25,6 +27,69 @@ func visible(ctx context.Context, owner string) bool {
 // ownerOf is the tenant that owns what ctx creates.
 func ownerOf(ctx context.Context) string {
 	return tenant.Normalize(tenant.ScopeOf(ctx).Tenant)
+}
+
+// own makes owner the tenant of a new sandbox record, and puts the named
+// volumes it mounts in owner's namespace (volumeKey), so that two tenants'
+// claims of the same name are two volumes. Call it before newEntry.
+func own(sb *Sandbox, owner string) {
+	sb.Tenant = owner
+	for i := range sb.Claims {
+		sb.Claims[i].Name = volumeKey(owner, sb.Claims[i].Name)
+	}
+	for i := range sb.Mounts {
+		if sb.Mounts[i].Volume != "" {
+			sb.Mounts[i].Volume = volumeKey(owner, sb.Mounts[i].Volume)
+		}
+	}
+}
+
+// volumeKey is the runtime name of tenant owner's claim: the claim name
+// for the default tenant (as before tenants), "<owner>.<claim>" for others
+// (claim names have no dots, so the forms cannot collide).
+func volumeKey(owner, claim string) string {
+	if owner = tenant.Normalize(owner); owner == tenant.Default {
+		return claim
+	}
+	return owner + "." + claim
+}
+
+// volumeOwner is the tenant of a runtime volume name.
+func volumeOwner(key string) string {
+	if owner, _, ok := strings.Cut(key, "."); ok {
+		return owner
+	}
+	return tenant.Default
+}
+
+// volumeLookup maps a volume name of the API to its runtime name in ctx's
+// scope: a plain name is the acting tenant's claim; a qualified one
+// ("<tenant>.<claim>", as an admin's list shows other tenants' volumes)
+// only resolves for a scope that sees that tenant. ok is false for a name
+// that cannot be a volume of the scope.
+func volumeLookup(ctx context.Context, name string) (key string, ok bool) {
+	if !volume.ValidName(name) {
+		return "", false
+	}
+	if strings.Contains(name, ".") {
+		owner, claim, _ := strings.Cut(name, ".")
+		if strings.Contains(claim, ".") || tenant.Normalize(owner) == tenant.Default || !visible(ctx, owner) {
+			return "", false
+		}
+		return name, true
+	}
+	return volumeKey(ownerOf(ctx), name), true
+}
+
+// volumeDisplay is the API name of runtime volume key for ctx: the plain
+// claim name in the acting tenant, the qualified name otherwise (an
+// admin's view of other tenants).
+func volumeDisplay(ctx context.Context, key string) string {
+	owner, claim, ok := strings.Cut(key, ".")
+	if ok && owner == ownerOf(ctx) {
+		return claim
+	}
+	return key
 }
 
 // Quotas gives each tenant's limits (tenant.Registry). Deps.Quotas nil:

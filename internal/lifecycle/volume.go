@@ -168,7 +168,8 @@ func volumeMounts(vols []Volume, allowed []string, evalSymlinks func(string) (st
 
 // pvcClaim validates the pvc backend of volumes[i] (at).
 func pvcClaim(at string, p *PVCVolume) (Claim, error) {
-	if !volume.ValidName(p.ClaimName) {
+	// No dots: "<tenant>.<claim>" is the runtime name of a tenant's claim.
+	if !volume.ValidName(p.ClaimName) || strings.Contains(p.ClaimName, ".") {
 		return Claim{}, errdefs.Invalid(codeInvalidPVCName, fmt.Sprintf("%s.pvc.claimName %q: want a Kubernetes resource name (a-z, 0-9, '-', starting and ending alphanumeric, at most 253)", at, p.ClaimName))
 	}
 	c := Claim{Name: p.ClaimName, Create: p.CreateIfNotExists == nil || *p.CreateIfNotExists,
@@ -398,7 +399,12 @@ func (s *Service) ListVolumes(ctx context.Context) ([]VolumeInfo, error) {
 	defer s.volMu.Unlock()
 	out := make([]VolumeInfo, 0, len(vols))
 	for _, v := range vols {
-		out = append(out, VolumeInfo{Volume: v, Sandboxes: s.volumeUsersLocked(v.Name)})
+		if !visible(ctx, volumeOwner(v.Name)) {
+			continue
+		}
+		users := s.volumeUsersLocked(v.Name)
+		v.Name = volumeDisplay(ctx, v.Name)
+		out = append(out, VolumeInfo{Volume: v, Sandboxes: users})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -410,10 +416,11 @@ func (s *Service) GetVolume(ctx context.Context, name string) (VolumeInfo, error
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	if !volume.ValidName(name) {
+	key, ok := volumeLookup(ctx, name)
+	if !ok {
 		return VolumeInfo{}, volumeNotFound(name)
 	}
-	v, err := vr.GetVolume(ctx, name)
+	v, err := vr.GetVolume(ctx, key)
 	if errdefs.IsNotFound(err) {
 		return VolumeInfo{}, volumeNotFound(name)
 	}
@@ -422,7 +429,9 @@ func (s *Service) GetVolume(ctx context.Context, name string) (VolumeInfo, error
 	}
 	s.volMu.Lock()
 	defer s.volMu.Unlock()
-	return VolumeInfo{Volume: v, Sandboxes: s.volumeUsersLocked(name)}, nil
+	users := s.volumeUsersLocked(key)
+	v.Name = volumeDisplay(ctx, key)
+	return VolumeInfo{Volume: v, Sandboxes: users}, nil
 }
 
 // DeleteVolume deletes a named volume and its data. A volume that a live
@@ -433,16 +442,17 @@ func (s *Service) DeleteVolume(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !volume.ValidName(name) {
+	key, ok := volumeLookup(ctx, name)
+	if !ok {
 		return volumeNotFound(name)
 	}
 	s.volMu.Lock()
 	defer s.volMu.Unlock()
-	if users := s.volumeUsersLocked(name); len(users) > 0 {
+	if users := s.volumeUsersLocked(key); len(users) > 0 {
 		return errdefs.WithPublic(fmt.Errorf("volume %s: %w", name, errdefs.ErrConflict), codeVolumeInUse,
 			fmt.Sprintf("volume %s is in use by sandbox %s", name, strings.Join(users, ", ")))
 	}
-	switch err := vr.DeleteVolume(context.WithoutCancel(ctx), name); {
+	switch err := vr.DeleteVolume(context.WithoutCancel(ctx), key); {
 	case err == nil:
 		return nil
 	case errdefs.IsNotFound(err):

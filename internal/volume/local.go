@@ -26,12 +26,14 @@ import (
 // size upstream OpenSandbox gives a PersistentVolumeClaim it creates).
 const DefaultSize = 1 << 30
 
-var namePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+var namePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
-// ValidName reports whether name is a valid volume (claim) name: a
-// Kubernetes resource name without dots, at most 253 characters, as
-// upstream OpenSandbox checks claimName. Every backend can use it as is
-// (a directory name, a Docker volume name, a PVC name).
+// ValidName reports whether name is a valid volume name: a Kubernetes
+// resource name (DNS labels joined by dots), at most 253 characters.
+// Every backend can use it as is (a directory name, a Docker volume name,
+// a PVC name); "." and ".." cannot match. Claim names of the API have no
+// dots (as upstream OpenSandbox checks claimName); the lifecycle puts a
+// tenant's volumes in their own namespace as "<tenant>.<claim>".
 func ValidName(name string) bool {
 	return len(name) <= 253 && namePattern.MatchString(name)
 }

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestValidName(t *testing.T) {
 	for name, want := range map[string]bool{
 		"a": true, "data-1": true, "0abc": true, string(bytes.Repeat([]byte("a"), 253)): true,
-		"": false, "-a": false, "a-": false, "A": false, "a_b": false, "a.b": false, "../x": false, "a/b": false,
+		"": false, "-a": false, "a-": false, "A": false, "a_b": false, "a.b": true, "a..b": false, ".a": false, "a.": false, "..": false, "../x": false, "a/b": false,
 		string(bytes.Repeat([]byte("a"), 254)): false,
 	} {
 		if got := ValidName(name); got != want {
