@@ -2,8 +2,6 @@ package network
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -75,10 +73,8 @@ func serveHi(l net.Listener) {
 }
 
 func TestDualStackAndIsolation(t *testing.T) {
-	n := rand.IntN(200) + 10
 	cfg := testConfig(t, 24)
-	cfg.Subnet = netip.MustParsePrefix(fmt.Sprintf("10.245.%d.0/24", n))
-	cfg.Subnet6 = netip.MustParsePrefix(fmt.Sprintf("fd6d:6f61:74:%x::/64", n))
+	cfg.Subnet6 = leases[cfg.Bridge].Subnet6
 	m := openTest(t, cfg)
 	ctx := context.Background()
 	a, err := m.Setup(ctx, "sbx-a")
@@ -176,7 +172,6 @@ func TestDualStackAndIsolation(t *testing.T) {
 
 func TestIPv6OffDisablesIPv6(t *testing.T) {
 	cfg := testConfig(t, 24)
-	cfg.Subnet = netip.MustParsePrefix(fmt.Sprintf("10.245.%d.0/24", rand.IntN(200)+10))
 	m := openTest(t, cfg)
 	a, err := m.Setup(context.Background(), "sbx-v4")
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -21,23 +20,32 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// testConfig returns a Config with a unique bridge and subnet so tests do
-// not collide with a real moat0 or with each other.
+// testConfig returns a Config on a leased test network (a bridge and a
+// /bits subnet, with an IPv6 /64 in Subnet6Lease) so tests collide neither
+// with a real moat nor with other tests on the host; the lease removes
+// what a test leaves at cleanup.
 func testConfig(t *testing.T, bits int) Config {
 	t.Helper()
-	n := rand.IntN(250) + 1
+	testutil.RequiresRoot(t)
 	dir := t.TempDir()
+	n := testnet.New(t, testnet.Bits(bits))
+	n.Own(dir)
+	leases[n.Name] = n
 	return Config{
-		Bridge:   fmt.Sprintf("moatt%x", rand.Uint32()&0xffffff),
-		Subnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 251, byte(n), 0}), bits),
+		Bridge:   n.Name,
+		Subnet:   n.Subnet,
 		StateDir: filepath.Join(dir, "state"),
 		NetnsDir: filepath.Join(dir, "netns"),
 	}
 }
+
+// leases are the test networks by bridge name (tests run one at a time).
+var leases = map[string]*testnet.Net{}
 
 func openTest(t *testing.T, cfg Config) *Manager {
 	t.Helper()
@@ -354,7 +362,9 @@ func TestLastHost(t *testing.T) {
 func BenchmarkSetupTeardown(b *testing.B) {
 	testutil.RequiresRoot(b)
 	dir := b.TempDir()
-	cfg := Config{Bridge: "moatbench", Subnet: netip.MustParsePrefix("10.251.254.0/24"), StateDir: dir + "/s", NetnsDir: dir + "/n"}
+	n := testnet.New(b, testnet.Bits(24))
+	n.Own(dir)
+	cfg := Config{Bridge: n.Name, Subnet: n.Subnet, StateDir: dir + "/s", NetnsDir: dir + "/n"}
 	ctx := context.Background()
 	m, err := Open(ctx, cfg, nil)
 	if err != nil {

@@ -113,7 +113,7 @@ func (b *chaosBook) errorf(format string, args ...any) {
 // it, and checks that no sandbox is lost or resurrected, and (at the end)
 // that nothing leaks.
 func TestChaosKillDuringChurn(t *testing.T) {
-	srv := newServer(t, "moate2h0", "10.240.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("MOAT_CHAOS_SEED"); v != "" {

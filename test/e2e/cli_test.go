@@ -75,13 +75,7 @@ func mustCLI(t *testing.T, srv *server, code int, args ...string) cliRun {
 }
 
 func TestCLI(t *testing.T) {
-	// Runs after the server has stopped: the bridge and host table a
-	// server keeps for its next start.
-	t.Cleanup(func() {
-		exec.Command("nft", "delete", "table", "inet", "moat-host-moate2c0").Run()
-		exec.Command("ip", "link", "del", "moate2c0").Run()
-	})
-	srv := newServer(t, "moate2c0", "10.232.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 

@@ -24,7 +24,7 @@ func TestCompatJSSDK(t *testing.T) {
 	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "js")
 	npmCI(t, dir)
 
-	srv := newServer(t, "moate2j0", "10.235.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 

@@ -20,7 +20,7 @@ type diagResp struct {
 // against a real server and runc: console output reaches logs, events
 // survive a SIGKILL of the server, and every mutating call is audited.
 func TestDiagnosticsAndAudit(t *testing.T) {
-	srv := newServer(t, "moate2h1", "10.241.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 	var sb sandboxResp

@@ -16,12 +16,12 @@ func TestEgressRunsc(t *testing.T) {
 	if _, err := exec.LookPath("runsc"); err != nil {
 		t.Skip("runsc not installed")
 	}
-	srv := newServer(t, "moate2n2", "10.243.128.0/17")
+	srv := newServer(t)
 	ref := startRegistry(t)
-	ns := outsideHost6(t)
-	nettest.ServeTCP(t, ns, "10.245.0.2:7000")
-	upstream, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{"ok.test.": {"ok.test. 60 IN A 10.245.0.2"}})
-	srv.start("--subnet6", "fd6d:6f61:74:2::/64", "--runtime-class", "runsc", "--dns-upstream", upstream)
+	o := outsideHost(t, srv.net, true)
+	out4, out6A, out6B := o.a, o.a6, o.b6
+	upstream, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{"ok.test.": {"ok.test. 60 IN A " + out4}})
+	srv.start("--subnet6", srv.net.Subnet6.String(), "--runtime-class", "runsc", "--dns-upstream", upstream)
 	create := func(np any) string {
 		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
 		if np != nil {
@@ -36,13 +36,13 @@ func TestEgressRunsc(t *testing.T) {
 	reached := func(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
 
 	open := create(nil)
-	for _, a := range []string{"10.245.0.2", out6B} {
+	for _, a := range []string{out4, out6B} {
 		if got, ok := shell(t, srv, open, probe(a)); !ok || !reached(got) {
 			t.Fatalf("baseline: runsc sandbox without policy -> %s: ok=%v %q", a, ok, got)
 		}
 	}
 	deny := create(map[string]any{"defaultAction": "deny"})
-	for _, a := range []string{"10.245.0.2", out6B} {
+	for _, a := range []string{out4, out6B} {
 		if got, _ := shell(t, srv, deny, probe(a)); reached(got) {
 			t.Fatalf("deny-all runsc sandbox reached %s: %q", a, got)
 		}
@@ -59,12 +59,12 @@ func TestEgressRunsc(t *testing.T) {
 	}
 
 	// Without --subnet6 a runsc sandbox has no IPv6 path either.
-	v4 := newServer(t, "moate2n3", "10.244.128.0/17")
+	v4 := newServer(t)
 	v4.start("--runtime-class", "runsc", "--dns-upstream", upstream)
 	var c sandboxResp
 	v4.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref},
 		"entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}, &c)
-	if got, ok := shell(t, v4, c.ID, probe("10.245.0.2")); !ok || !reached(got) {
+	if got, ok := shell(t, v4, c.ID, probe(out4)); !ok || !reached(got) {
 		t.Fatalf("baseline: IPv4-only runsc sandbox over IPv4: ok=%v %q", ok, got)
 	}
 	for _, a := range []string{out6A, out6B} {

@@ -7,42 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 )
-
-// outsideHost makes a fake "outside" host: a netns of the test's own,
-// linked to the host by a veth (10.214.<n>.1 host side, .2 and .3 inside),
-// serving nettest.Banner on .2:7000. Sandboxes reach it through the host's
-// NAT; nothing leaves the machine. It returns the .2 address and the netns
-// path.
-func outsideHost(t *testing.T, n int) (string, string) {
-	t.Helper()
-	ns := fmt.Sprintf("moat-e2e-out%d-%d", n, os.Getpid())
-	veth := fmt.Sprintf("moe%d-%d", n, os.Getpid()%10000)
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	run("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
-	run("addr", "add", fmt.Sprintf("10.214.%d.1/29", n), "dev", veth)
-	run("link", "set", veth, "up")
-	run("-n", ns, "addr", "add", fmt.Sprintf("10.214.%d.2/29", n), "dev", "eth0")
-	run("-n", ns, "addr", "add", fmt.Sprintf("10.214.%d.3/29", n), "dev", "eth0")
-	run("-n", ns, "link", "set", "eth0", "up")
-	run("-n", ns, "link", "set", "lo", "up")
-	nettest.ServeTCP(t, "/run/netns/"+ns, fmt.Sprintf("10.214.%d.2:7000", n))
-	return fmt.Sprintf("10.214.%d.2", n), "/run/netns/" + ns
-}
 
 // shell runs a command in a sandbox and returns its stdout and whether it
 // exited 0.
@@ -64,10 +33,10 @@ func (s *server) agent(id string) (string, map[string]string) {
 }
 
 func TestEgressPolicyAndHostProtection(t *testing.T) {
-	srv := newServer(t, "moate2e3", "10.215.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
-	out, _ := outsideHost(t, 9)
+	out := outsideHost(t, srv.net, false).a
 	probe := "nc -w 2 " + out + " 7000"
 
 	create := func(np any) string {
@@ -111,7 +80,7 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
-	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 10.215.0.1 %d", port)); strings.Contains(got, "host-service") {
+	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr(1), port)); strings.Contains(got, "host-service") {
 		t.Fatal("a sandbox reached a host service through the bridge address")
 	}
 
@@ -159,10 +128,11 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 // (--dns-upstream), and a second resolver plus a TCP listener on port 53
 // run on the fake outside host.
 func TestEgressDomainsAndBypass(t *testing.T) {
-	srv := newServer(t, "moate2e7", "10.220.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
-	out, outNS := outsideHost(t, 10)
-	other := "10.214.10.3" // not named by any DNS answer: only reachable by direct IP
+	o := outsideHost(t, srv.net, false)
+	out, outNS := o.a, o.ns
+	other := o.b // not named by any DNS answer: only reachable by direct IP
 	records := map[string][]string{
 		"allowed.test.": {"allowed.test. 60 IN A " + out},
 		"denied.test.":  {"denied.test. 60 IN A " + out},

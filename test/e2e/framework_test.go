@@ -16,8 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 // startRegistry serves an in-process OCI registry on loopback holding a
@@ -46,10 +48,14 @@ type server struct {
 	runRoot string
 	addr    string
 	key     string
-	bridge  string
-	subnet  string
-	cmd     *exec.Cmd
-	logf    *os.File
+	// net is the test network leased for the server: its bridge name,
+	// IPv4 subnet, IPv6 prefix (passed with --subnet6 by the tests that
+	// want dual-stack sandboxes) and outside-link addresses.
+	net    *testnet.Net
+	bridge string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited (and been waited for)
+	logf   *os.File
 }
 
 func freePort(t *testing.T) string {
@@ -63,13 +69,20 @@ func freePort(t *testing.T) string {
 }
 
 // newServer prepares (but does not start) a server with its own state
-// dirs, bridge and subnet, so it cannot disturb a moat on the same host.
-func newServer(t *testing.T, bridge, subnet string) *server {
+// dirs and a leased test network (bridge, subnet; see package testnet), so
+// it cannot disturb a moat or another test on the same host. Everything
+// the server made is removed at cleanup, even after a crash of the test.
+func newServer(t *testing.T) *server {
 	t.Helper()
 	testutil.RequiresRoot(t)
+	// TempDir before the lease: cleanups run last-in first-out, so the
+	// lease's sweep unmounts what a killed server left under dir before
+	// TempDir's removal.
 	dir := t.TempDir()
+	n := testnet.New(t)
+	n.Own(dir)
 	s := &server{t: t, bin: testutil.MoatBinary(t), root: filepath.Join(dir, "root"), runRoot: filepath.Join(dir, "run"),
-		addr: freePort(t), key: "e2e-key-0123456789", bridge: bridge, subnet: subnet}
+		addr: freePort(t), key: "e2e-key-0123456789", net: n, bridge: n.Name}
 	lf, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -100,29 +113,44 @@ func tail(s string, n int) string {
 func (s *server) start(extra ...string) {
 	s.t.Helper()
 	args := append([]string{"serve", "--root", s.root, "--run-root", s.runRoot, "--listen", s.addr,
-		"--bridge", s.bridge, "--subnet", s.subnet, "--log-level", "debug",
+		"--bridge", s.bridge, "--subnet", s.net.Subnet.String(), "--log-level", "debug",
 		// Tests pull only from their loopback registry: a typo in an image
 		// name must not reach out to a public registry.
 		"--allow-registry", "loopback"}, extra...)
 	s.cmd = exec.Command(s.bin, args...)
-	s.cmd.Env = append(os.Environ(), "MOAT_API_KEY="+s.key)
+	s.cmd.Env = append(os.Environ(), "MOAT_API_KEY="+s.key, s.net.Env())
 	s.cmd.Stdout, s.cmd.Stderr = s.logf, s.logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + s.addr + "/health")
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	go func() { cmd.Wait(); close(exited) }()
+	// A server that cannot start exits at once (say, its subnet is taken):
+	// that fails the test now, with the server's log, instead of after the
+	// health deadline. The deadline itself only bounds a server that hangs.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	start := time.Now()
+	for {
+		select {
+		case <-exited:
+			s.cmd = nil
+			s.t.Fatalf("server exited during start-up after %s: %v (server log below)", time.Since(start).Round(time.Millisecond), cmd.ProcessState)
+		default:
+		}
+		resp, err := hc.Get("http://" + s.addr + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				return
 			}
 		}
+		if time.Since(start) > 2*time.Minute {
+			s.t.Fatalf("server did not become healthy within %s (server log below)", time.Since(start).Round(time.Second))
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	s.t.Fatal("server did not become healthy")
 }
 
 // deleteAll removes every pool and sandbox of a running server, so a
@@ -153,7 +181,7 @@ func (s *server) kill9() {
 		return
 	}
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -163,13 +191,11 @@ func (s *server) stop() {
 		return
 	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-s.exited:
 	case <-time.After(20 * time.Second):
 		s.cmd.Process.Kill()
-		<-done
+		<-s.exited
 	}
 	s.cmd = nil
 }
@@ -296,6 +322,67 @@ func assertCompleted(t *testing.T, evs []event) {
 	if last.Type != "execution_complete" || last.ExecutionTime == nil {
 		t.Fatalf("stream does not end with execution_complete: %+v", evs)
 	}
+}
+
+// outside is a fake "outside" host: a netns of the test's own linked to
+// the host by a veth, reached by sandboxes through the host's NAT; nothing
+// leaves the machine.
+type outside struct {
+	ns     string // netns path
+	host   string // host end of the link (IPv4)
+	a, b   string // its IPv4 addresses; a serves nettest.Banner on port 7000
+	a6, b6 string // its IPv6 addresses (dual only), both serving the banner on 7000
+}
+
+// outsideHost makes an outside host with addresses from n's outside
+// ranges (see testnet.Net.Outside). With dual it is also reachable over
+// IPv6: the host end forwards IPv6 (force_forwarding) so NAT66 replies are
+// routed back to the bridge, the part of an uplink's configuration moat
+// leaves to the operator.
+func outsideHost(t *testing.T, n *testnet.Net, dual bool) outside {
+	t.Helper()
+	idx := n.Outside(0)
+	name, veth := n.Netns("out"), n.Link("o")
+	if dual {
+		idx, name, veth = n.Outside(1), n.Netns("out6"), n.Link("o6")
+	}
+	o := outside{ns: "/run/netns/" + name, host: idx.Addr().Next().String(),
+		a: idx.Addr().Next().Next().String(), b: idx.Addr().Next().Next().Next().String()}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	// The lease's cleanup removes the netns and the link even if the test
+	// process dies; these run first when it does not.
+	run("netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
+	run("addr", "add", o.host+"/29", "dev", veth)
+	run("-n", name, "addr", "add", o.a+"/29", "dev", "eth0")
+	run("-n", name, "addr", "add", o.b+"/29", "dev", "eth0")
+	if dual {
+		p6 := n.Outside6()
+		h6 := p6.Addr().Next()
+		o.a6, o.b6 = h6.Next().String(), h6.Next().Next().String()
+		run("-6", "addr", "add", h6.String()+"/64", "dev", veth, "nodad")
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+veth+"/force_forwarding", []byte("1"), 0o644); err != nil {
+			t.Fatalf("forwarding on the outside link: %v", err)
+		}
+		run("-n", name, "-6", "addr", "add", o.a6+"/64", "dev", "eth0", "nodad")
+		run("-n", name, "-6", "addr", "add", o.b6+"/64", "dev", "eth0", "nodad")
+	}
+	run("link", "set", veth, "up")
+	run("-n", name, "link", "set", "eth0", "up")
+	run("-n", name, "link", "set", "lo", "up")
+	nettest.ServeTCP(t, o.ns, net.JoinHostPort(o.a, "7000"))
+	if dual {
+		nettest.ServeTCP(t, o.ns, net.JoinHostPort(o.a6, "7000"))
+		nettest.ServeTCP(t, o.ns, net.JoinHostPort(o.b6, "7000"))
+	}
+	return o
 }
 
 // dropIdleConns closes the test process's kept-alive HTTP connections: a

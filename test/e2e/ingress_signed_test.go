@@ -18,7 +18,7 @@ import (
 // SDK would, and signed routes open a secureAccess sandbox without its
 // token until they expire, in the path, header and host forms.
 func TestIngressEndpointsAndSignedRoutes(t *testing.T) {
-	srv := newServer(t, "moate2n3", "10.244.128.0/17")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	gw := freePort(t)
 	_, gwPort, _ := net.SplitHostPort(gw)

@@ -10,7 +10,7 @@ import (
 )
 
 func TestIngressSecureAccess(t *testing.T) {
-	srv := newServer(t, "moate2e5", "10.217.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	gw := freePort(t)
 	srv.start("--ingress-listen", gw)

@@ -3,73 +3,27 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 )
 
-// Addresses of the fake dual-stack outside host (a netns of the test's
-// own; nothing leaves the machine).
-const (
-	out6Host   = "10.245.0.1"        // host end of the veth
-	out6Subnet = "fd6d:6f61:74:ff::" // /64 of the outside link
-	out6A      = "fd6d:6f61:74:ff::2"
-	out6B      = "fd6d:6f61:74:ff::3"
-)
-
-// outsideHost6 links a new netns to the host by a veth carrying
-// 10.245.0.1/29 and fd6d:6f61:74:ff::1/64 (host side) and ::2, ::3 inside,
-// both serving nettest.Banner on port 7000. The host end forwards IPv6
-// (force_forwarding) so NAT66 replies are routed back to the bridge: the
-// part of an uplink's configuration moat leaves to the operator.
-func outsideHost6(t *testing.T) string {
-	t.Helper()
-	ns := fmt.Sprintf("moat-e2e-out6-%d", os.Getpid())
-	veth := fmt.Sprintf("mo6-%d", os.Getpid()%100000)
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	run("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	t.Cleanup(func() { exec.Command("ip", "link", "del", veth).Run() })
-	run("addr", "add", out6Host+"/29", "dev", veth)
-	run("-6", "addr", "add", out6Subnet+"1/64", "dev", veth, "nodad")
-	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+veth+"/force_forwarding", []byte("1"), 0o644); err != nil {
-		t.Fatalf("forwarding on the outside link: %v", err)
-	}
-	run("link", "set", veth, "up")
-	run("-n", ns, "addr", "add", "10.245.0.2/29", "dev", "eth0")
-	run("-n", ns, "-6", "addr", "add", out6A+"/64", "dev", "eth0", "nodad")
-	run("-n", ns, "-6", "addr", "add", out6B+"/64", "dev", "eth0", "nodad")
-	run("-n", ns, "link", "set", "eth0", "up")
-	run("-n", ns, "link", "set", "lo", "up")
-	path := "/run/netns/" + ns
-	nettest.ServeTCP(t, path, "["+out6A+"]:7000")
-	nettest.ServeTCP(t, path, "["+out6B+"]:7000")
-	return path
-}
-
 // TestEgressIPv6 drives IPv6 egress from real dual-stack sandboxes
 // (--subnet6): IPv6 CIDR rules, AAAA answers of the DNS proxy, and direct
 // IPv6 connections; and checks a server without --subnet6 gives sandboxes
 // no IPv6 path at all.
 func TestEgressIPv6(t *testing.T) {
-	srv := newServer(t, "moate2n0", "10.243.0.0/17")
+	srv := newServer(t)
 	ref := startRegistry(t)
-	outsideHost6(t)
+	o := outsideHost(t, srv.net, true)
+	out6A, out6B := o.a6, o.b6
 	records := map[string][]string{
 		"allowed6.test.": {"allowed6.test. 60 IN AAAA " + out6A},
 		"denied6.test.":  {"denied6.test. 60 IN AAAA " + out6A},
 	}
 	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
-	srv.start("--dns-upstream", upstream, "--subnet6", "fd6d:6f61:74:1::/64")
+	srv.start("--dns-upstream", upstream, "--subnet6", srv.net.Subnet6.String())
 
 	create := func(s *server, np any) string {
 		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
@@ -88,7 +42,7 @@ func TestEgressIPv6(t *testing.T) {
 	cidr := create(srv, map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": out6A + "/128"}}})
 	named := create(srv, map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed6.test"}}})
 
-	if got, ok := shell(t, srv, open, "ip -6 addr show dev eth0 2>/dev/null || cat /proc/net/if_inet6"); !ok || !strings.Contains(got, "fd6d") && !strings.Contains(got, "fd6d6f610074") {
+	if got, ok := shell(t, srv, open, "ip -6 addr show dev eth0 2>/dev/null || cat /proc/net/if_inet6"); !ok || !strings.Contains(got, srv.net.Addr6(2).String()[:14]) && !strings.Contains(got, "fd6d6f617465") {
 		t.Fatalf("dual-stack sandbox has no IPv6 address: ok=%v %q", ok, got)
 	}
 	// Baselines: without a policy both outside addresses are reachable (NAT66).
@@ -142,12 +96,12 @@ func TestEgressIPv6(t *testing.T) {
 		}
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
-	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 fd6d:6f61:74:1::1 %d", port)); reached(got) {
+	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr6(1), port)); reached(got) {
 		t.Fatal("a sandbox reached a host service through the bridge's IPv6 address")
 	}
 
 	// Without --subnet6: IPv6 is disabled in the sandbox, nothing gets out.
-	v4 := newServer(t, "moate2n1", "10.244.0.0/17")
+	v4 := newServer(t)
 	v4.start("--dns-upstream", upstream)
 	only4 := create(v4, nil)
 	if got, ok := shell(t, v4, only4, "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6"); !ok || strings.TrimSpace(got) != "1" {

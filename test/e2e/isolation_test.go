@@ -15,11 +15,11 @@ import (
 // each other (IPv4 or IPv6, any port), while the host, the ingress
 // gateway and the DNS proxy on the bridge still work.
 func TestSandboxIsolation(t *testing.T) {
-	srv := newServer(t, "moate2n2", "10.243.128.0/17")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	gw := freePort(t)
-	upstream, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{"peer.test.": {"peer.test. 60 IN A 10.243.255.254"}})
-	srv.start("--subnet6", "fd6d:6f61:74:2::/64", "--ingress-listen", gw, "--dns-upstream", upstream)
+	upstream, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{"peer.test.": {"peer.test. 60 IN A " + srv.net.Addr(2000).String()}})
+	srv.start("--subnet6", srv.net.Subnet6.String(), "--ingress-listen", gw, "--dns-upstream", upstream)
 	create := func(entry ...string) string {
 		var c sandboxResp
 		srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref},
@@ -104,7 +104,7 @@ func TestSandboxIsolation(t *testing.T) {
 		}
 	}
 	// A still resolves through the DNS proxy on the gateway.
-	if out, ok := shell(t, srv, a, "nslookup peer.test"); !ok || !strings.Contains(out, "10.243.255.254") {
+	if out, ok := shell(t, srv, a, "nslookup peer.test"); !ok || !strings.Contains(out, srv.net.Addr(2000).String()) {
 		t.Fatalf("DNS proxy from a sandbox: ok=%v %q", ok, out)
 	}
 }

@@ -31,7 +31,7 @@ func TestJupyterInSandbox(t *testing.T) {
 		t.Fatalf("test image %q: %v", tarball, err)
 	}
 
-	srv := newServer(t, "moate2s2", "10.246.0.0/16")
+	srv := newServer(t)
 	const ref = "localhost/debian-ipykernel:e2e"
 	if b, err := exec.Command(srv.bin, "image", "import", "--root", srv.root, ref, tarball).CombinedOutput(); err != nil {
 		t.Fatalf("import: %v\n%s", err, b)

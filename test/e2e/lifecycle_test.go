@@ -39,7 +39,7 @@ type endpointResp struct {
 }
 
 func TestSandboxLifecycle(t *testing.T) {
-	srv := newServer(t, "moate2e0", "10.211.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 
@@ -215,7 +215,7 @@ func assertNoLeaks(t *testing.T, srv *server, id string) {
 }
 
 func TestRestartReadoptsAndReaps(t *testing.T) {
-	srv := newServer(t, "moate2e1", "10.212.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 	create := func() string {
@@ -275,7 +275,7 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 }
 
 func TestAPIErrors(t *testing.T) {
-	srv := newServer(t, "moate2e2", "10.213.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 	cases := []struct {
@@ -331,7 +331,7 @@ func TestAPIErrors(t *testing.T) {
 }
 
 func TestSandboxLifecycleDocker(t *testing.T) {
-	srv := newServer(t, "moate2e6", "10.218.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
 		t.Fatalf("docker-setup.sh: %v\n%s", err, out)

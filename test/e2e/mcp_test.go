@@ -18,11 +18,7 @@ import (
 // MCP on stdio, talking to a real `moat serve` (native runc) that runs the
 // sandboxes.
 func TestMCP(t *testing.T) {
-	t.Cleanup(func() {
-		exec.Command("nft", "delete", "table", "inet", "moat-host-moate2m0").Run()
-		exec.Command("ip", "link", "del", "moate2m0").Run()
-	})
-	srv := newServer(t, "moate2m0", "10.234.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 

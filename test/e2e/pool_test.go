@@ -6,7 +6,7 @@ import (
 )
 
 func TestWarmPoolAndBatch(t *testing.T) {
-	srv := newServer(t, "moate2e4", "10.216.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 	srv.mustJSON(201, "POST", "/v1/pools", map[string]any{

@@ -17,7 +17,7 @@ import (
 // forks survive a server restart. It needs a runsc that can checkpoint
 // (scripts/build-runsc.sh; `make test` puts it first on PATH).
 func TestMemorySnapshotFork(t *testing.T) {
-	srv := newServer(t, "moate2s3", "10.247.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start("--runtime-class", "runsc")
 

@@ -19,7 +19,7 @@ type snapshotResp struct {
 // sandboxes from the snapshot in one batch call, checks each sees the
 // file, and that the snapshot cannot be deleted while they exist.
 func TestSnapshotFork(t *testing.T) {
-	srv := newServer(t, "moate2s1", "10.231.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	srv.start()
 

@@ -14,7 +14,7 @@ import (
 // (resourceLimits.disk overrides the default) and a snapshot of a
 // sandbox with a quota restores its files.
 func TestHostVolumesAndDiskQuota(t *testing.T) {
-	srv := newServer(t, "moate2z0", "10.238.0.0/16")
+	srv := newServer(t)
 	ref := startRegistry(t)
 	host := t.TempDir()
 	allowed, secret := filepath.Join(host, "allowed"), filepath.Join(host, "secret")

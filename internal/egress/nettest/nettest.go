@@ -19,7 +19,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -31,6 +30,8 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
+
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 // Fixed addresses of the topology.
@@ -47,13 +48,14 @@ type Topology struct {
 	SandboxPath, GatewayPath string // netns files
 }
 
-var seq atomic.Int64
-
 // New creates the namespaces and links, and removes them at test cleanup.
+// Their names come from a test network lease (package testnet), so no
+// other test process uses them and a crashed test's namespaces are
+// removed by the next lease of the slot.
 func New(t testing.TB) *Topology {
 	t.Helper()
-	id := fmt.Sprintf("moat-egt-%d-%d", os.Getpid(), seq.Add(1))
-	tp := &Topology{Sandbox: id + "-sb", Gateway: id + "-gw"}
+	n := testnet.New(t)
+	tp := &Topology{Sandbox: n.Netns("sb"), Gateway: n.Netns("gw")}
 	tp.SandboxPath = filepath.Join("/run/netns", tp.Sandbox)
 	tp.GatewayPath = filepath.Join("/run/netns", tp.Gateway)
 	for _, ns := range []string{tp.Sandbox, tp.Gateway} {

@@ -26,6 +26,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -153,11 +154,14 @@ func newEnv(t testing.TB, img string) *testEnv {
 	if img == "" {
 		img = importBusybox(t)
 	}
+	// The lease gives a subnet no host route overlaps; its cleanup
+	// removes the network's bridge should the daemon leave it.
+	n := testnet.New(t, testnet.Bits(24))
 	e := &testEnv{
 		image: img,
 		cfg: Config{
-			Network:   fmt.Sprintf("moat-t%06x", rand.Uint32()&0xffffff),
-			Subnet:    fmt.Sprintf("10.253.%d.0/24", rand.IntN(250)+1),
+			Network:   n.Name,
+			Subnet:    n.Subnet.String(),
 			AgentPath: agentPath(t),
 			StateDir:  t.TempDir(),
 			Scope:     fmt.Sprintf("test-%08x", rand.Uint32()),

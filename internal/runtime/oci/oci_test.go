@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -95,6 +94,8 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	dir := t.TempDir()
+	n := testnet.New(t, testnet.Bits(24))
+	n.Own(dir)
 	e := &testEnv{
 		cfg: Config{
 			Root:         filepath.Join(dir, "root"),
@@ -104,8 +105,8 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 			AgentPath:    agentPath(t),
 			Subreaper:    true,
 			Network: network.Config{
-				Bridge: fmt.Sprintf("moatt%06x", rand.Uint32()&0xffffff),
-				Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 252, byte(rand.IntN(250) + 1), 0}), 24),
+				Bridge: n.Name,
+				Subnet: n.Subnet,
 			},
 		},
 		images: fakeImages{layers: map[string][]string{
