@@ -157,7 +157,6 @@ type entry struct {
 	createdClaims []string
 }
 
-
 // Service is the lifecycle service. It is safe for concurrent use.
 type Service struct {
 	cfg  Config
