@@ -1,11 +1,11 @@
 // Package console serves moat's web console under /console on the API's
 // own port: the single-page app (built from web/console and embedded in
 // the binary), browser sessions, and a same-origin gateway that forwards
-// the app's calls to the Lifecycle API with the session's API key.
+// the app's calls to the Lifecycle API as the session's principal.
 //
 // Security model (docs/SECURITY.md, "Web console"):
-//   - The API key is posted once, at sign-in, and kept server-side in the
-//     session. The browser holds a random session id in an HttpOnly,
+//   - The API key is posted once, at sign-in; the server-side session
+//     keeps only the key's id. The browser holds a random session id in an HttpOnly,
 //     SameSite=Strict cookie scoped to /console (Secure over TLS or when
 //     configured), and a separate random CSRF token.
 //   - Every call under /console except sign-in needs the CSRF token in the
@@ -20,13 +20,13 @@
 //     single-use ticket, valid 30 s and bound to the session, and an Origin
 //     of this host.
 //   - The forwarded call goes through the API's own authentication and
-//     authorization with the session's key, so the console can do exactly
-//     what the key can (a viewer's mutations are refused by the API); an
-//     API answer of 401 (a revoked key) ends the session.
+//     authorization as the session's principal (Sessions is the API's
+//     session resolver), so the console can do exactly what the key can
+//     (a viewer's mutations are refused by the API), and a key revoked
+//     since sign-in ends the session on its next call.
 package console
 
 import (
-	"context"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -36,73 +36,33 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-// Principal is who a session acts as, as shown to the app (which hides the
-// controls a role may not use; the API enforces the same rules itself).
-type Principal struct {
-	// KeyID identifies the API key (never the key itself).
-	KeyID string `json:"keyId,omitempty"`
-	// Tenant is the key's tenant.
-	Tenant string `json:"tenant,omitempty"`
-	// Role is admin, operator or viewer.
-	Role string `json:"role"`
-}
-
-// Roles a Principal may hold.
-const (
-	RoleAdmin    = "admin"
-	RoleOperator = "operator"
-	RoleViewer   = "viewer"
-)
-
-// Authenticator checks an API key at sign-in. It returns an error of class
-// errdefs.ErrUnauthenticated for a key the API would refuse.
-type Authenticator interface {
-	Authenticate(ctx context.Context, apiKey string) (Principal, error)
-}
-
-// AuthenticatorFunc adapts a function to Authenticator.
-type AuthenticatorFunc func(ctx context.Context, apiKey string) (Principal, error)
-
-// Authenticate calls f.
-func (f AuthenticatorFunc) Authenticate(ctx context.Context, apiKey string) (Principal, error) {
-	return f(ctx, apiKey)
-}
-
-// Options configure a Console. API and Auth are required.
+// Options configure a Console. API and Sessions are required.
 type Options struct {
-	// API is the Lifecycle API root handler. Calls to /console/api/<path>
-	// are served by it as /<path>, with the session's key in
-	// OPEN-SANDBOX-API-KEY.
+	// API is the Lifecycle API root handler, built with Sessions as its
+	// session resolver (httpapi.Config.Sessions). Calls to
+	// /console/api/<path> are served by it as /<path>.
 	API http.Handler
-	// Auth checks API keys at sign-in.
-	Auth Authenticator
+	// Sessions is the session table, shared with the API.
+	Sessions *Sessions
 	// Assets is the built app (index.html and assets/). Default: the copy
 	// embedded at build time (see Embedded).
 	Assets fs.FS
-	// IdleTimeout ends a session unused this long. Default 1 h.
-	IdleTimeout time.Duration
-	// MaxLifetime ends a session this long after sign-in. Default 12 h.
-	MaxLifetime time.Duration
-	// MaxSessions bounds live sessions; sign-in fails with 503 beyond it.
-	// Default 10000.
-	MaxSessions int
 	// SecureCookie marks the session cookie Secure even on plain-HTTP
 	// requests (a TLS-terminating proxy in front). Requests that arrive
 	// over TLS always get a Secure cookie.
 	SecureCookie bool
 	// Log receives errors; default slog.Default().
 	Log *slog.Logger
-	// Now is the clock (tests); default time.Now.
-	Now func() time.Time
 }
 
 // Console is the /console handler.
 type Console struct {
 	opt      Options
-	sessions *sessions
+	sessions *Sessions
 	assets   *assets
 	web      *web.Adapter
 }
@@ -118,23 +78,11 @@ const Prefix = "/console"
 
 // New returns the console handler.
 func New(opt Options) (*Console, error) {
-	if opt.API == nil || opt.Auth == nil {
-		return nil, errors.New("console: API and Auth are required")
-	}
-	if opt.IdleTimeout <= 0 {
-		opt.IdleTimeout = time.Hour
-	}
-	if opt.MaxLifetime <= 0 {
-		opt.MaxLifetime = 12 * time.Hour
-	}
-	if opt.MaxSessions <= 0 {
-		opt.MaxSessions = 10000
+	if opt.API == nil || opt.Sessions == nil {
+		return nil, errors.New("console: API and Sessions are required")
 	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
-	}
-	if opt.Now == nil {
-		opt.Now = time.Now
 	}
 	if opt.Assets == nil {
 		opt.Assets = Embedded()
@@ -143,9 +91,7 @@ func New(opt Options) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{opt: opt, assets: a,
-		sessions: newSessions(opt.IdleTimeout, opt.MaxLifetime, opt.MaxSessions, opt.Now),
-		web:      &web.Adapter{Log: opt.Log, Codes: codeOf}}
+	c := &Console{opt: opt, assets: a, sessions: opt.Sessions, web: &web.Adapter{Log: opt.Log, Codes: codeOf}}
 	return c, nil
 }
 
@@ -209,9 +155,9 @@ func setSecurityHeaders(h http.Header) {
 
 // sessionInfo is what the app learns about its session.
 type sessionInfo struct {
-	CSRFToken string    `json:"csrfToken,omitempty"`
-	Principal Principal `json:"principal"`
-	ExpiresAt time.Time `json:"expiresAt"`
+	CSRFToken string           `json:"csrfToken,omitempty"`
+	Principal tenant.Principal `json:"principal"`
+	ExpiresAt time.Time        `json:"expiresAt"`
 }
 
 // session serves /console/session: POST signs in, GET describes the
@@ -221,11 +167,16 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 	case http.MethodPost:
 		return c.signIn(w, r)
 	case http.MethodGet:
-		_, sess, err := c.authorize(r)
+		id, sess, err := c.authorize(r)
 		if err != nil {
 			return err
 		}
-		web.WriteJSON(w, http.StatusOK, sessionInfo{Principal: sess.principal, ExpiresAt: c.expiry(sess)})
+		p, err := c.sessions.principalOf(sess.keyID)
+		if err != nil {
+			c.sessions.remove(id)
+			return errSignedOut
+		}
+		web.WriteJSON(w, http.StatusOK, sessionInfo{Principal: p, ExpiresAt: c.expiry(sess)})
 		return nil
 	case http.MethodDelete:
 		id, _, err := c.authorize(r)
@@ -262,7 +213,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) error {
 	if key == "" {
 		return errdefs.Invalid("CONSOLE::INVALID_PARAMETER", "apiKey is required")
 	}
-	p, err := c.opt.Auth.Authenticate(r.Context(), key)
+	p, err := c.sessions.authenticate(key)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnauthenticated) || errors.Is(err, errdefs.ErrPermissionDenied) {
 			return errdefs.WithPublic(errdefs.ErrUnauthenticated, "CONSOLE::INVALID_API_KEY", "invalid API key")
@@ -273,12 +224,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) error {
 	if old, err := r.Cookie(CookieName); err == nil {
 		c.sessions.remove(old.Value)
 	}
-	id, sess, ok := c.sessions.create(key, p)
+	id, sess, ok := c.sessions.create(p.KeyID)
 	if !ok {
 		return errdefs.WithPublic(errdefs.ErrUnavailable, "CONSOLE::TOO_MANY_SESSIONS", "too many console sessions: try again later")
 	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: Prefix, HttpOnly: true,
-		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: int(c.opt.MaxLifetime / time.Second)})
+		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.opt.MaxLifetime / time.Second)})
 	web.WriteJSON(w, http.StatusOK, sessionInfo{CSRFToken: sess.csrf, Principal: p, ExpiresAt: c.expiry(sess)})
 	return nil
 }
@@ -292,7 +243,7 @@ func publicMessage(err error) string {
 
 // expiry is when sess ends if it stays in use.
 func (c *Console) expiry(sess session) time.Time {
-	return sess.created.Add(c.opt.MaxLifetime).UTC()
+	return sess.created.Add(c.sessions.opt.MaxLifetime).UTC()
 }
 
 func (c *Console) secure(r *http.Request) bool { return c.opt.SecureCookie || r.TLS != nil }

@@ -19,27 +19,69 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/console"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/tenant"
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const goodKey = "the-real-api-key-0123456789"
 
+// keys stands in for tenant.Registry.
+type keys struct {
+	mu      sync.Mutex
+	revoked map[string]bool
+}
+
+func (k *keys) Authenticate(key string) (tenant.Principal, error) {
+	if key != goodKey {
+		return tenant.Principal{}, errdefs.WithPublic(errdefs.ErrUnauthenticated, "INVALID_API_KEY", "invalid API key")
+	}
+	return k.PrincipalOf("k1")
+}
+
+func (k *keys) PrincipalOf(id string) (tenant.Principal, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if id != "k1" || k.revoked[id] {
+		return tenant.Principal{}, errdefs.WithPublic(errdefs.ErrUnauthenticated, "INVALID_API_KEY", "API key "+id+" has been revoked")
+	}
+	return tenant.Principal{KeyID: "k1", Tenant: "t1", Role: tenant.RoleOperator}, nil
+}
+
+func (k *keys) revoke(id string) {
+	k.mu.Lock()
+	k.revoked[id] = true
+	k.mu.Unlock()
+}
+
 // apiStub stands in for the Lifecycle API: it records what reached it and
-// answers 401 to any other key, as the API does.
+// authenticates as the API does, through the session resolver when no
+// key header is present.
 type apiStub struct {
-	mu   sync.Mutex
-	reqs []*http.Request
-	// status, if set, is the answer to every authenticated request.
-	status int
+	sessions *console.Sessions
+	mu       sync.Mutex
+	reqs     []*http.Request
+	// principals are the principals of the recorded requests.
+	principals []tenant.Principal
 }
 
 func (a *apiStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var p tenant.Principal
+	ok := false
+	if r.Header.Get("OPEN-SANDBOX-API-KEY") == "" && a.sessions != nil {
+		var err error
+		p, ok, err = a.sessions.ResolveSession(r)
+		if err != nil {
+			web.WriteJSON(w, http.StatusUnauthorized, web.ErrorBody{Code: "INVALID_API_KEY", Message: err.Error()})
+			return
+		}
+	}
 	a.mu.Lock()
 	a.reqs = append(a.reqs, r.Clone(context.Background()))
-	status := a.status
+	a.principals = append(a.principals, p)
 	a.mu.Unlock()
-	if r.Header.Get("OPEN-SANDBOX-API-KEY") != goodKey {
+	if !ok {
 		w.WriteHeader(http.StatusUnauthorized)
 		return
 	}
@@ -56,21 +98,23 @@ func (a *apiStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.Close(websocket.StatusNormalClosure, "")
 		return
 	}
-	if status != 0 {
-		w.WriteHeader(status)
-		return
-	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]string{"path": r.URL.Path, "query": r.URL.RawQuery})
 }
 
-func (a *apiStub) last() *http.Request {
+func (a *apiStub) last() (*http.Request, tenant.Principal) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.reqs) == 0 {
-		return nil
+		return nil, tenant.Principal{}
 	}
-	return a.reqs[len(a.reqs)-1]
+	return a.reqs[len(a.reqs)-1], a.principals[len(a.principals)-1]
+}
+
+func (a *apiStub) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.reqs)
 }
 
 type clock struct {
@@ -95,28 +139,21 @@ type harness struct {
 	t     *testing.T
 	srv   *httptest.Server
 	api   *apiStub
+	keys  *keys
 	clock *clock
 }
 
-func newHarness(t *testing.T, mod func(*console.Options)) *harness {
+func newHarness(t *testing.T, mod func(*console.Options, *console.SessionOptions)) *harness {
 	t.Helper()
-	h := &harness{t: t, api: &apiStub{}, clock: &clock{t: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)}}
-	opt := console.Options{
-		API: h.api,
-		Auth: console.AuthenticatorFunc(func(_ context.Context, k string) (console.Principal, error) {
-			if k != goodKey {
-				return console.Principal{}, errdefs.ErrUnauthenticated
-			}
-			return console.Principal{KeyID: "k1", Tenant: "t1", Role: console.RoleOperator}, nil
-		}),
-		Assets:      app,
-		IdleTimeout: 10 * time.Minute, MaxLifetime: time.Hour,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now: h.clock.now,
-	}
+	h := &harness{t: t, keys: &keys{revoked: map[string]bool{}}, clock: &clock{t: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)}}
+	sopt := console.SessionOptions{Keys: h.keys, IdleTimeout: 10 * time.Minute, MaxLifetime: time.Hour, Now: h.clock.now}
+	opt := console.Options{Assets: app, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {
-		mod(&opt)
+		mod(&opt, &sopt)
 	}
+	opt.Sessions = console.NewSessions(sopt)
+	h.api = &apiStub{sessions: opt.Sessions}
+	opt.API = h.api
 	c, err := console.New(opt)
 	if err != nil {
 		t.Fatal(err)
@@ -231,14 +268,14 @@ func TestSignIn(t *testing.T) {
 }
 
 func TestSecureCookie(t *testing.T) {
-	h := newHarness(t, func(o *console.Options) { o.SecureCookie = true })
+	h := newHarness(t, func(o *console.Options, _ *console.SessionOptions) { o.SecureCookie = true })
 	r := h.do("POST", "/console/session", `{"apiKey":"`+goodKey+`"}`, "Content-Type", "application/json")
 	if r.cookie == nil || !r.cookie.Secure {
 		t.Fatalf("cookie not Secure: %+v", r.cookie)
 	}
 	// Over TLS it is Secure without the option.
-	c, err := console.New(console.Options{API: &apiStub{}, Assets: app, Auth: console.AuthenticatorFunc(
-		func(context.Context, string) (console.Principal, error) { return console.Principal{Role: "admin"}, nil })})
+	// Without Keys (--insecure-no-auth) any key signs in, as the anonymous admin.
+	c, err := console.New(console.Options{API: &apiStub{}, Assets: app, Sessions: console.NewSessions(console.SessionOptions{})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,12 +309,12 @@ func TestForwardNeedsSessionAndCSRF(t *testing.T) {
 		{"DELETE", []string{"Cookie", cookieHdr(id), console.CSRFHeader, tok + "x"}, 403, "CONSOLE::CSRF_TOKEN_INVALID"},
 		{"DELETE", []string{"Cookie", cookieHdr(id), console.CSRFHeader, id}, 403, "CONSOLE::CSRF_TOKEN_INVALID"},
 	} {
-		before := len(h.api.reqs)
+		before := h.api.count()
 		r := h.do(tc.method, "/console/api/v1/sandboxes", "", tc.hdr...)
 		if r.code != tc.code || r.json["code"] != tc.errC {
 			t.Errorf("%d: %d %s, want %d %s", i, r.code, r.body, tc.code, tc.errC)
 		}
-		if len(h.api.reqs) != before {
+		if h.api.count() != before {
 			t.Errorf("%d: a refused request reached the API", i)
 		}
 	}
@@ -287,11 +324,13 @@ func TestForwardNeedsSessionAndCSRF(t *testing.T) {
 	if r.code != 200 || r.json["path"] != "/v1/sandboxes" || r.json["query"] != "state=Running&metadata=a%3Db" {
 		t.Fatalf("forwarded: %d %s", r.code, r.body)
 	}
-	got := h.api.last()
-	if got.Header.Get("OPEN-SANDBOX-API-KEY") != goodKey {
-		t.Errorf("API key not set from the session: %v", got.Header)
+	got, p := h.api.last()
+	if p.KeyID != "k1" || p.Tenant != "t1" || p.Role != tenant.RoleOperator {
+		t.Errorf("the API did not see the session's principal: %+v", p)
 	}
-	for _, hd := range []string{"Cookie", console.CSRFHeader, "Authorization", "X-EXECD-ACCESS-TOKEN"} {
+	// The browser's credentials never reach the API: it authenticates
+	// the call by the session alone (a forged key header is dropped).
+	for _, hd := range []string{"Cookie", console.CSRFHeader, "Authorization", "X-EXECD-ACCESS-TOKEN", "OPEN-SANDBOX-API-KEY", "X-API-Key"} {
 		if got.Header.Get(hd) != "" {
 			t.Errorf("%s reached the API: %q", hd, got.Header.Get(hd))
 		}
@@ -301,7 +340,7 @@ func TestForwardNeedsSessionAndCSRF(t *testing.T) {
 	}
 	// Escaped path elements stay escaped.
 	r = h.do("GET", "/console/api/v1/sandboxes/a%2Fb/endpoints/80", "", "Cookie", cookieHdr(id), console.CSRFHeader, tok)
-	if got := h.api.last(); r.code != 200 || got.URL.EscapedPath() != "/v1/sandboxes/a%2Fb/endpoints/80" {
+	if got, _ := h.api.last(); r.code != 200 || got.URL.EscapedPath() != "/v1/sandboxes/a%2Fb/endpoints/80" {
 		t.Errorf("escaped path: %d %q", r.code, got.URL.EscapedPath())
 	}
 }
@@ -353,26 +392,44 @@ func TestSessionExpiry(t *testing.T) {
 	}
 }
 
-func TestRefusedKeyEndsSession(t *testing.T) {
+func TestRevokedKeyEndsSession(t *testing.T) {
 	h := newHarness(t, nil)
 	id, tok := h.signIn()
 	auth := []string{"Cookie", cookieHdr(id), console.CSRFHeader, tok}
-	// A 401 from a sandbox's own service through the proxy is not about
-	// the key.
-	h.api.status = http.StatusUnauthorized
-	if r := h.do("GET", "/console/api/sandboxes/s1/proxy/8080/login", "", auth...); r.code != 401 {
-		t.Fatalf("proxy 401: %d", r.code)
-	}
-	h.api.status = 0
 	if r := h.do("GET", "/console/api/v1/sandboxes", "", auth...); r.code != 200 {
-		t.Fatalf("session lost by a proxied 401: %d", r.code)
+		t.Fatalf("before revocation: %d", r.code)
 	}
-	// The API refusing the key (revoked) ends the session.
-	h.api.status = http.StatusUnauthorized
-	h.do("GET", "/console/api/v1/sandboxes", "", auth...)
-	h.api.status = 0
-	if r := h.do("GET", "/console/api/v1/sandboxes", "", auth...); r.code != 401 || r.json["code"] != "CONSOLE::SIGNED_OUT" {
-		t.Fatalf("session survived a refused key: %d %s", r.code, r.body)
+	h.keys.revoke("k1")
+	// The next call is refused with the registry's reason, and the
+	// session is gone (sign in again, which the revoked key cannot).
+	if r := h.do("GET", "/console/api/v1/sandboxes", "", auth...); r.code != 401 || !strings.Contains(r.body, "revoked") {
+		t.Fatalf("after revocation: %d %s", r.code, r.body)
+	}
+	if r := h.do("GET", "/console/session", "", auth...); r.code != 401 || r.json["code"] != "CONSOLE::SIGNED_OUT" {
+		t.Fatalf("session survived a revoked key: %d %s", r.code, r.body)
+	}
+	if r := h.do("POST", "/console/session", `{"apiKey":"`+goodKey+`"}`, "Content-Type", "application/json"); r.code != 401 {
+		t.Fatalf("a revoked key signed in: %d", r.code)
+	}
+}
+
+func TestSessionInfoFollowsRevocation(t *testing.T) {
+	h := newHarness(t, nil)
+	id, tok := h.signIn()
+	h.keys.revoke("k1")
+	if r := h.do("GET", "/console/session", "", "Cookie", cookieHdr(id), console.CSRFHeader, tok); r.code != 401 {
+		t.Fatalf("session info of a revoked key: %d %s", r.code, r.body)
+	}
+}
+
+func TestResolveSessionIgnoresOtherRequests(t *testing.T) {
+	s := console.NewSessions(console.SessionOptions{Keys: &keys{revoked: map[string]bool{}}})
+	// A request from outside, even with a console cookie, has no session
+	// in its context: the API then asks for a key.
+	r := httptest.NewRequest("GET", "/v1/sandboxes", nil)
+	r.Header.Set("Cookie", console.CookieName+"=whatever")
+	if _, ok, err := s.ResolveSession(r); ok || err != nil {
+		t.Fatalf("ResolveSession of a plain request: ok=%v err=%v", ok, err)
 	}
 }
 
@@ -389,7 +446,7 @@ func TestNewSignInReplacesSession(t *testing.T) {
 }
 
 func TestMaxSessions(t *testing.T) {
-	h := newHarness(t, func(o *console.Options) { o.MaxSessions = 2 })
+	h := newHarness(t, func(_ *console.Options, so *console.SessionOptions) { so.MaxSessions = 2 })
 	h.signIn()
 	h.signIn()
 	r := h.do("POST", "/console/session", `{"apiKey":"`+goodKey+`"}`, "Content-Type", "application/json")
@@ -471,9 +528,9 @@ func TestWebSocketTicket(t *testing.T) {
 		t.Fatalf("echo: %q %v", b, err)
 	}
 	c.Close(websocket.StatusNormalClosure, "")
-	got := h.api.last()
-	if got.URL.Query().Get("ticket") != "" || got.URL.Query().Get("since") != "0" || got.Header.Get("OPEN-SANDBOX-API-KEY") != goodKey {
-		t.Errorf("forwarded handshake: %s %v", got.URL, got.Header)
+	got, p := h.api.last()
+	if got.URL.Query().Get("ticket") != "" || got.URL.Query().Get("since") != "0" || p.KeyID != "k1" {
+		t.Errorf("forwarded handshake: %s %v %+v", got.URL, got.Header, p)
 	}
 	// Single use.
 	if c, code := dial(tk, h.srv.URL, id); code == 101 {
@@ -555,7 +612,7 @@ func TestStaticAssets(t *testing.T) {
 }
 
 func TestNotBuilt(t *testing.T) {
-	h := newHarness(t, func(o *console.Options) { o.Assets = fstest.MapFS{} })
+	h := newHarness(t, func(o *console.Options, _ *console.SessionOptions) { o.Assets = fstest.MapFS{} })
 	r := h.do("GET", "/console/", "")
 	if r.code != 503 || !strings.Contains(r.body, "make build") {
 		t.Fatalf("unbuilt console: %d %s", r.code, r.body)
@@ -565,7 +622,7 @@ func TestNotBuilt(t *testing.T) {
 	if r := h.do("GET", "/console/api/v1/sandboxes", "", "Cookie", cookieHdr(id), console.CSRFHeader, tok); r.code != 200 {
 		t.Fatalf("gateway: %d", r.code)
 	}
-	if _, err := console.New(console.Options{API: &apiStub{}, Auth: console.AuthenticatorFunc(nil),
+	if _, err := console.New(console.Options{API: &apiStub{}, Sessions: console.NewSessions(console.SessionOptions{}),
 		Assets: fstest.MapFS{"index.html": {Data: []byte("<html>no meta</html>")}}}); err == nil {
 		t.Fatal("an index.html without the CSRF meta tag was accepted")
 	}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/console"
-	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
@@ -130,8 +128,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		}
 		apiCfg.Audit = s.audit
 	}
+	var sessions *console.Sessions
+	if cfg.Console {
+		// The console's sessions are the API's second credential source.
+		opt := console.SessionOptions{}
+		if s.tenants != nil {
+			opt.Keys = s.tenants
+		}
+		sessions = console.NewSessions(opt)
+		apiCfg.Sessions = sessions
+	}
 	s.api = httpapi.New(apiCfg, s.svc, log)
-	if s.handler, err = s.withConsole(s.api.Handler()); err != nil {
+	if s.handler, err = s.withConsole(s.api.Handler(), sessions); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -139,11 +147,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 
 // withConsole mounts the web console (internal/console) at /console in
 // front of the API handler, unless it is disabled.
-func (s *Server) withConsole(api http.Handler) (http.Handler, error) {
-	if !s.cfg.Console {
+func (s *Server) withConsole(api http.Handler, sessions *console.Sessions) (http.Handler, error) {
+	if sessions == nil {
 		return api, nil
 	}
-	c, err := console.New(console.Options{API: api, Auth: consoleAuth(s.apiKey), SecureCookie: s.cfg.ConsoleSecureCookie, Log: s.log})
+	c, err := console.New(console.Options{API: api, Sessions: sessions, SecureCookie: s.cfg.ConsoleSecureCookie, Log: s.log})
 	if err != nil {
 		return nil, err
 	}
@@ -155,17 +163,6 @@ func (s *Server) withConsole(api http.Handler) (http.Handler, error) {
 	mux.Handle(console.Prefix+"/", c)
 	mux.Handle("/", api)
 	return mux, nil
-}
-
-// consoleAuth signs console users in with the server's API key, which is
-// an admin (with --insecure-no-auth any key is).
-func consoleAuth(key string) console.Authenticator {
-	return console.AuthenticatorFunc(func(_ context.Context, k string) (console.Principal, error) {
-		if key != "" && subtle.ConstantTimeCompare([]byte(k), []byte(key)) != 1 {
-			return console.Principal{}, errdefs.ErrUnauthenticated
-		}
-		return console.Principal{KeyID: "default", Tenant: "default", Role: console.RoleAdmin}, nil
-	})
 }
 
 // stateCounts counts the API-visible sandboxes of svc by state.

@@ -3,26 +3,35 @@ import { useState } from 'preact/hooks'
 import { api } from '../api'
 import { Empty, ErrorBox, Field, since, useAction, useMe, usePoll } from '../ui'
 
+interface Quota {
+  sandboxes?: number
+  cpu?: string
+  memory?: string
+}
+
 interface Tenant {
   name: string
   createdAt?: string
-  quota?: { maxSandboxes?: number; maxCpu?: string; maxMemory?: string }
-  usage?: { sandboxes?: number; cpu?: string; memory?: string }
+  quota: Quota
+  usage: { sandboxes: number; cpu: string; memory: string }
 }
 
 interface Key {
   id: string
   tenant: string
   role: string
+  active: boolean
   name?: string
   createdAt?: string
+  createdBy?: string
+  expiresAt?: string
   revokedAt?: string
-  lastUsedAt?: string
 }
 
 function Tenants() {
-  const list = usePoll(() => api<{ items: Tenant[] }>('GET', '/v1/admin/tenants'), 5000)
+  const list = usePoll(() => api<{ items: Tenant[] }>('GET', '/v1/tenants'), 5000)
   const [name, setName] = useState('')
+  const [quota, setQuota] = useState({ sandboxes: '', cpu: '', memory: '' })
   const act = useAction()
   const items = list.data?.items ?? []
   return (
@@ -36,17 +45,34 @@ function Tenants() {
         onSubmit={(e) => {
           e.preventDefault()
           act.run(async () => {
-            await api('POST', '/v1/admin/tenants', { name: name.trim() })
+            const q: Quota = {}
+            if (quota.sandboxes.trim()) {
+              const n = Number(quota.sandboxes)
+              if (!Number.isInteger(n) || n < 0) throw new Error('the sandbox quota is a whole number (0: unlimited)')
+              q.sandboxes = n
+            }
+            if (quota.cpu.trim()) q.cpu = quota.cpu.trim()
+            if (quota.memory.trim()) q.memory = quota.memory.trim()
+            await api('PUT', `/v1/tenants/${encodeURIComponent(name.trim())}`, { quota: q })
             setName('')
             await list.refresh()
           })
         }}
       >
-        <Field label="New tenant">
+        <Field label="Tenant" hint="created if new; its quota is replaced">
           <input name="tenant" required value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
         </Field>
+        <Field label="Max sandboxes">
+          <input name="sandboxes" size={6} value={quota.sandboxes} onInput={(e) => setQuota({ ...quota, sandboxes: (e.target as HTMLInputElement).value })} />
+        </Field>
+        <Field label="Max CPU">
+          <input name="cpu" size={6} placeholder="8" value={quota.cpu} onInput={(e) => setQuota({ ...quota, cpu: (e.target as HTMLInputElement).value })} />
+        </Field>
+        <Field label="Max memory">
+          <input name="memory" size={8} placeholder="16Gi" value={quota.memory} onInput={(e) => setQuota({ ...quota, memory: (e.target as HTMLInputElement).value })} />
+        </Field>
         <button class="primary" type="submit" disabled={act.busy}>
-          Create tenant
+          Save tenant
         </button>
       </form>
       <ErrorBox error={list.error || act.error} />
@@ -68,13 +94,13 @@ function Tenants() {
               <tr data-tenant={t.name}>
                 <td class="mono">{t.name}</td>
                 <td>
-                  {t.usage?.sandboxes ?? 0} / {t.quota?.maxSandboxes || '∞'}
+                  {t.usage?.sandboxes ?? 0} / {t.quota?.sandboxes || '∞'}
                 </td>
                 <td>
-                  {t.usage?.cpu ?? '0'} / {t.quota?.maxCpu || '∞'}
+                  {t.usage?.cpu || '0'} / {t.quota?.cpu || '∞'}
                 </td>
                 <td>
-                  {t.usage?.memory ?? '0'} / {t.quota?.maxMemory || '∞'}
+                  {t.usage?.memory || '0'} / {t.quota?.memory || '∞'}
                 </td>
                 <td>{since(t.createdAt)}</td>
               </tr>
@@ -87,7 +113,7 @@ function Tenants() {
 }
 
 function Keys() {
-  const list = usePoll(() => api<{ items: Key[] }>('GET', '/v1/admin/keys'), 5000)
+  const list = usePoll(() => api<{ items: Key[] }>('GET', '/v1/keys'), 5000)
   const [tenant, setTenant] = useState('')
   const [role, setRole] = useState('operator')
   const [name, setName] = useState('')
@@ -105,7 +131,7 @@ function Keys() {
         onSubmit={(e) => {
           e.preventDefault()
           act.run(async () => {
-            const k = await api<{ id: string; key: string }>('POST', '/v1/admin/keys', { tenant: tenant.trim(), role, name: name.trim() || undefined })
+            const k = await api<{ id: string; key: string }>('POST', '/v1/keys', { tenant: tenant.trim(), role, name: name.trim() || undefined })
             setCreated(k)
             setName('')
             await list.refresh()
@@ -164,16 +190,16 @@ function Keys() {
                   <span class={`role role-${k.role}`}>{k.role}</span>
                 </td>
                 <td>{since(k.createdAt)}</td>
-                <td>{k.revokedAt ? `revoked ${since(k.revokedAt)}` : 'active'}</td>
+                <td>{k.revokedAt ? `revoked ${since(k.revokedAt)}` : k.active ? 'active' : 'expired'}</td>
                 <td class="right">
-                  {!k.revokedAt && (
+                  {k.active && k.id !== 'root' && (
                     <button
                       class="small danger"
                       disabled={act.busy}
                       onClick={() =>
                         act.run(async () => {
                           if (!confirm(`Revoke key ${k.id}? Clients using it stop working at once.`)) return
-                          await api('DELETE', `/v1/admin/keys/${encodeURIComponent(k.id)}`)
+                          await api('DELETE', `/v1/keys/${encodeURIComponent(k.id)}`)
                           await list.refresh()
                         })
                       }
