@@ -185,6 +185,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 			return nil, fmt.Errorf("network: %w", err)
 		}
 	}
+	if err := checkSubnetFree(cfg); err != nil {
+		return nil, err
+	}
 	if err := m.ensureBridge(); err != nil {
 		return nil, err
 	}

@@ -389,3 +389,71 @@ func BenchmarkSetupTeardown(b *testing.B) {
 	}
 	b.ReportMetric(float64(setup.Microseconds())/float64(b.N), "setup-µs/op")
 }
+
+// TestOpenRefusesRoutedSubnet: a second manager on another bridge with a
+// subnet overlapping one the first routes is refused before it touches the
+// host, so the first keeps its route; reopening the first bridge is fine,
+// and so is a subnet that a wider route through a gateway contains.
+func TestOpenRefusesRoutedSubnet(t *testing.T) {
+	cfg := testConfig(t, 24)
+	cfg.Subnet6 = leases[cfg.Bridge].Subnet6
+	openTest(t, cfg)
+	lease := leases[cfg.Bridge]
+	at := func(off, bits int) netip.Prefix { return netip.PrefixFrom(lease.Addr(off), bits) }
+	for i, sub := range []struct{ v4, v6 netip.Prefix }{
+		{cfg.Subnet, netip.Prefix{}},
+		{at(64, 26), netip.Prefix{}},                              // a part of it, without its gateway
+		{netip.PrefixFrom(cfg.Subnet.Addr(), 23), netip.Prefix{}}, // a wider one
+		{lease.Outside(0), cfg.Subnet6},                           // IPv6 only
+	} {
+		other := cfg
+		other.Bridge = lease.Link("b")
+		other.Subnet, other.Subnet6 = sub.v4, sub.v6
+		other.StateDir, other.NetnsDir = t.TempDir(), t.TempDir()
+		_, err := Open(context.Background(), other, nil)
+		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "already routed") || !strings.Contains(err.Error(), cfg.Bridge) {
+			t.Fatalf("%d: Open on %s/%s = %v, want a refusal naming %s", i, sub.v4, sub.v6, err, cfg.Bridge)
+		}
+		if _, err := netlink.LinkByName(other.Bridge); err == nil {
+			t.Fatalf("%d: the refused Open created bridge %s", i, other.Bridge)
+		}
+	}
+	if _, err := Open(context.Background(), cfg, nil); err != nil {
+		t.Fatalf("reopening the bridge's own subnet: %v", err)
+	}
+
+	// A wider route through a gateway (offsets 3072..4095 of the slot, via
+	// a link on Outside(0)) only shadows: a /24 inside it is allowed.
+	la := netlink.NewLinkAttrs()
+	la.Name = lease.Link("w")
+	if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := netlink.LinkByName(la.Name)
+	t.Cleanup(func() {
+		for _, name := range []string{lease.Link("w"), lease.Link("n")} {
+			if l, err := netlink.LinkByName(name); err == nil {
+				netlink.LinkDel(l)
+			}
+		}
+	})
+	o := lease.Outside(0)
+	if err := netlink.AddrAdd(w, &netlink.Addr{IPNet: &net.IPNet{IP: o.Addr().Next().AsSlice(), Mask: net.CIDRMask(29, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(w); err != nil {
+		t.Fatal(err)
+	}
+	wide := at(3072, 22)
+	if err := netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: wide.Addr().AsSlice(), Mask: net.CIDRMask(22, 32)},
+		Gw: o.Addr().Next().Next().AsSlice(), LinkIndex: w.Attrs().Index}); err != nil {
+		t.Fatal(err)
+	}
+	inside := cfg
+	inside.Bridge = lease.Link("n")
+	inside.Subnet, inside.Subnet6 = at(3328, 24), netip.Prefix{}
+	inside.StateDir, inside.NetnsDir = t.TempDir(), t.TempDir()
+	if _, err := Open(context.Background(), inside, nil); err != nil {
+		t.Fatalf("Open on a subnet inside a wider route via a gateway: %v", err)
+	}
+}
