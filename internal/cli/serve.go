@@ -55,6 +55,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.StringVar(&cfg.IngressSecureAccessKeys, "ingress-secure-access-keys", "", "OSEP-0011 signed-route keys \"a=BASE64,b=BASE64\" (prefer $"+"MOAT_INGRESS_SECURE_ACCESS_KEYS: argv is visible)")
 	f.StringVar(&cfg.IngressActiveKey, "ingress-active-key", "", "key id that signs new routes (default: the first key)")
 	f.StringArrayVar(&cfg.AllowedHostPaths, "allow-host-path", nil, "allow host volumes under this directory (prefix match after symlink resolution), repeatable (default: none)")
+	f.StringVar(&cfg.VolumeSize, "volume-size", "", `capacity of a native named volume (pvc) created without pvc.storage, e.g. "10Gi" (default 1Gi)`)
 	f.StringVar(&cfg.DiskQuota, "disk-quota", "", `default writable-layer quota of native sandboxes, e.g. "10Gi" (resourceLimits.disk overrides; default unlimited)`)
 	f.StringArrayVar(&cfg.AllowedRegistries, "allow-registry", nil, "only pull images from registries matching this pattern (host[:port], *.domain or loopback), repeatable (default: any)")
 	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver (ip:port) for sandbox DNS, repeatable (default: /etc/resolv.conf)")

@@ -70,12 +70,18 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		imgs.Close()
 		return backend{}, err
 	}
+	volSize, err := cfg.volumeSizeBytes()
+	if err != nil {
+		imgs.Close()
+		return backend{}, err
+	}
 	rt, err := oci.New(ctx, oci.Config{
-		Root:         filepath.Join(cfg.Root, "oci"),
-		RunRoot:      cfg.RunRoot,
-		DefaultClass: cfg.RuntimeClass,
-		DNSServers:   []string{gw.String()},
-		Resources:    runtime.Resources{DiskBytes: disk},
+		VolumeDefaultSize: volSize,
+		Root:              filepath.Join(cfg.Root, "oci"),
+		RunRoot:           cfg.RunRoot,
+		DefaultClass:      cfg.RuntimeClass,
+		DNSServers:        []string{gw.String()},
+		Resources:         runtime.Resources{DiskBytes: disk},
 		// Sandbox inits are reparented to the server when runc exits; it
 		// reaps them (PID 1 of a container host may not).
 		Subreaper: true,

@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/tenant"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Config is the configuration of `moat serve`. Defaults are applied by
@@ -115,6 +116,9 @@ type Config struct {
 	// Kubernetes quantity ("10Gi"); resourceLimits.disk overrides it.
 	// Default "" (unlimited).
 	DiskQuota string
+	// VolumeSize is the capacity of a native named volume (pvc) created
+	// without pvc.storage, a Kubernetes quantity. Default "1Gi".
+	VolumeSize string
 }
 
 // diskQuotaBytes is DiskQuota in bytes (0 = unlimited).
@@ -123,6 +127,18 @@ func (c *Config) diskQuotaBytes() (int64, error) {
 		return 0, nil
 	}
 	r, err := lifecycle.ParseResources(map[string]string{"disk": c.DiskQuota})
+	return r.DiskBytes, err
+}
+
+// volumeSizeBytes is VolumeSize in bytes (0 = the backend default).
+func (c *Config) volumeSizeBytes() (int64, error) {
+	if c.VolumeSize == "" {
+		return 0, nil
+	}
+	r, err := lifecycle.ParseResources(map[string]string{"disk": c.VolumeSize})
+	if err == nil && (r.DiskBytes < volume.MinQuotaBytes || r.DiskBytes > volume.MaxQuotaBytes) {
+		err = fmt.Errorf("%s is out of range (16Mi to 16Ti)", c.VolumeSize)
+	}
 	return r.DiskBytes, err
 }
 
@@ -194,6 +210,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.diskQuotaBytes(); err != nil {
 		errs = append(errs, fmt.Errorf("disk-quota: %v", err))
+	}
+	if _, err := c.volumeSizeBytes(); err != nil {
+		errs = append(errs, fmt.Errorf("volume-size: %v", err))
 	}
 	for _, p := range c.AllowedRegistries {
 		if err := image.ValidRegistryPattern(p); err != nil {

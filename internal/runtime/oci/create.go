@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Create: validate the spec, then the steps in order (state dir and
@@ -63,7 +64,15 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 		}
 	}
 	for _, m := range spec.Mounts {
-		if !filepath.IsAbs(m.Source) || filepath.Clean(m.Source) != m.Source || !filepath.IsAbs(m.Destination) ||
+		if m.Volume != "" {
+			if m.Source != "" || !volume.ValidName(m.Volume) || volume.CheckSubPath(m.SubPath) != nil || !filepath.IsAbs(m.Destination) ||
+				filepath.Clean(m.Destination) != m.Destination || m.Destination == "/" || m.Destination == "/.moat" ||
+				strings.HasPrefix(m.Destination, "/.moat/") || strings.ContainsRune(m.Destination, 0) {
+				return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
+			}
+			continue
+		}
+		if m.SubPath != "" || !filepath.IsAbs(m.Source) || filepath.Clean(m.Source) != m.Source || !filepath.IsAbs(m.Destination) ||
 			filepath.Clean(m.Destination) != m.Destination || m.Destination == "/" || m.Destination == "/.moat" ||
 			strings.HasPrefix(m.Destination, "/.moat/") || strings.ContainsRune(m.Source+m.Destination, 0) {
 			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
@@ -137,7 +146,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		}
 	}
 	if disk > 0 {
-		if err := setupDisk(dir, disk); err != nil {
+		if err := setupDisk(ctx, dir, disk); err != nil {
 			return runtime.Status{}, err
 		}
 		phase("disk")
@@ -150,7 +159,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := image.MountRootfs(img.Layers, upper, work, rootfs); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
-	volumes, err := prepareVolumes(dir, spec.Mounts)
+	volumes, err := prepareVolumes(dir, spec.Mounts, func(name string) (string, error) { return r.vols.Acquire(ctx, name, id) })
 	if err != nil {
 		return runtime.Status{}, err
 	}

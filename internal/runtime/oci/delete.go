@@ -33,8 +33,14 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	dir := r.sandboxDir(id)
 	classes := slices.Sorted(maps.Keys(r.classes))
+	var named []string
 	if rec, err := r.readRecord(id); err == nil {
 		classes = []string{rec.Class}
+		for _, m := range rec.Spec.Mounts {
+			if m.Volume != "" {
+				named = append(named, m.Volume)
+			}
+		}
 	}
 	var errs []error
 	for _, class := range classes {
@@ -53,6 +59,14 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	}
 	if err := unmountVolumes(dir); err != nil {
 		errs = append(errs, err)
+	} else {
+		// The sandbox's binds are gone: drop it from its named volumes'
+		// users (the last one unmounts the volume's filesystem).
+		for _, n := range named {
+			if err := r.vols.Release(n, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if err := r.net.Teardown(ctx, id); err != nil {
 		errs = append(errs, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // unmountAll unmounts target until nothing is mounted there any more. A
@@ -78,8 +79,10 @@ func bindReadOnly(src, target string) error {
 // volumesDir holds the host-side binds of a sandbox's host volumes.
 const volumesDir = "volumes"
 
-// prepareVolumes bind-mounts each host volume at dir/volumes/<i> and
-// returns the mounts with those paths as sources.
+// prepareVolumes bind-mounts each volume at dir/volumes/<i> and returns
+// the mounts with those paths as sources. A named volume (Mount.Volume) is
+// acquired (its filesystem mounted, the sandbox recorded as a user) and
+// its SubPath bound confined to it (volume.BindSubPath).
 //
 // Why not hand the host path to the OCI runtime directly: crun makes
 // every bind mount recursive, and runc's "ro" only applies to the top
@@ -87,7 +90,7 @@ const volumesDir = "volumes"
 // writable even in a read-only volume. A non-recursive bind made here
 // carries no submounts, and it is made read-only (and nosuid, nodev)
 // before any runtime sees it, whichever runtime that is.
-func prepareVolumes(dir string, vols []runtime.Mount) ([]runtime.Mount, error) {
+func prepareVolumes(dir string, vols []runtime.Mount, acquire func(name string) (string, error)) ([]runtime.Mount, error) {
 	if len(vols) == 0 {
 		return nil, nil
 	}
@@ -97,11 +100,22 @@ func prepareVolumes(dir string, vols []runtime.Mount) ([]runtime.Mount, error) {
 	}
 	out := make([]runtime.Mount, 0, len(vols))
 	for i, v := range vols {
+		target := filepath.Join(base, strconv.Itoa(i))
+		if v.Volume != "" {
+			root, err := acquire(v.Volume)
+			if err != nil {
+				return nil, fmt.Errorf("oci: volume %s: %w", v.Volume, err)
+			}
+			if err := volume.BindSubPath(root, v.SubPath, target, v.ReadOnly); err != nil {
+				return nil, fmt.Errorf("oci: volume %s: %w", v.Volume, err)
+			}
+			out = append(out, runtime.Mount{Source: target, Destination: v.Destination, ReadOnly: v.ReadOnly})
+			continue
+		}
 		st, err := os.Stat(v.Source)
 		if err != nil {
 			return nil, fmt.Errorf("oci: volume %s: %w: %w", v.Source, err, errdefs.ErrInvalidArgument)
 		}
-		target := filepath.Join(base, strconv.Itoa(i))
 		if st.IsDir() {
 			err = os.Mkdir(target, 0o700)
 		} else {

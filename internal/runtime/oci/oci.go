@@ -14,6 +14,9 @@
 //	sandboxes/<id>/files        agent.json, hosts, hostname, resolv.conf
 //	sandboxes/<id>/agent.log    stdout/stderr of the agent
 //	sandboxes/<id>/exit         exit code, once reaped
+//	sandboxes/<id>/volumes/<i>  host-side binds of its volumes (host paths, named volumes)
+//	volumes/<name>/...          named volumes (internal/volume.Store: a quota
+//	                            filesystem each, mounted while a sandbox uses it)
 //
 // state.json is written twice: first with Complete=false right after the
 // directory is created (so that a crash leaves a record naming the class),
@@ -45,6 +48,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Defaults for Config.
@@ -78,6 +82,9 @@ type Config struct {
 	// AgentPath is the host path of the moat binary bind-mounted into each
 	// sandbox (default os.Executable()).
 	AgentPath string `json:"agentPath,omitempty"`
+	// VolumeDefaultSize is the capacity, in bytes, of a named volume
+	// created without one (default volume.DefaultSize, 1 GiB).
+	VolumeDefaultSize int64 `json:"volumeDefaultSize,omitempty"`
 	// Resources are the defaults for zero Spec.Resources fields. PidsLimit
 	// defaults to 4096; CPU, memory and disk default to unlimited. A
 	// DiskBytes quota puts the writable layer on a loop-mounted ext4 file
@@ -194,11 +201,15 @@ type Runtime struct {
 	sawRunsc   bool // a runsc sandbox was started: scan for orphaned helpers (guarded by reapMu)
 	stop       chan struct{}
 	done       chan struct{}
+
+	// vols holds the named volumes (runtime.Volumes, volumes.go).
+	vols *volume.Store
 }
 
 var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Pauser  = (*Runtime)(nil)
+	_ runtime.Volumes = (*Runtime)(nil)
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
@@ -274,6 +285,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 			return nil, fmt.Errorf("oci: %w", err)
 		}
 	}
+	vols, err := volume.OpenStore(filepath.Join(cfg.Root, "volumes"), cfg.VolumeDefaultSize)
+	if err != nil {
+		return nil, fmt.Errorf("oci: %w", err)
+	}
+	r.vols = vols
 	if r.net == nil {
 		m, err := network.Open(ctx, cfg.Network, r.log)
 		if err != nil {

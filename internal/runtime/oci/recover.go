@@ -55,6 +55,12 @@ func (r *Runtime) recover(ctx context.Context) error {
 			}
 		}
 	}
+	// Named volumes: drop users that are no sandbox any more (a crash
+	// between a create's Acquire and its record, or a delete's unmount
+	// and Release) and unmount volumes left without users.
+	if err := r.vols.Sweep(func(id string) bool { return known[id] }); err != nil {
+		r.log.Error("oci: named volumes", "err", err)
+	}
 	atts, err := r.net.List(ctx)
 	if err != nil {
 		return err
