@@ -18,11 +18,19 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrInvalid: 400, 413, 416 or 422 (the request was rejected as malformed).
 	ErrInvalid = errors.New("invalid request")
-	// ErrUnauthorized: 401 or 403 (missing or wrong API key or access token).
+	// ErrUnauthorized: 401 or 403 (missing, wrong or revoked API key or
+	// access token, or a role that may not make the call), except a
+	// quota refusal.
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrQuotaExceeded: 403 TENANT::QUOTA_EXCEEDED (a create or claim
+	// beyond the tenant's quota; retrying does not help until sandboxes
+	// are deleted or the quota raised).
+	ErrQuotaExceeded = errors.New("quota exceeded")
 	// ErrNotImplemented: 501 (the server does not offer the feature).
 	ErrNotImplemented = errors.New("not implemented")
 )
+
+const codeQuotaExceeded = "TENANT::QUOTA_EXCEEDED"
 
 // APIError is a non-2xx answer of the lifecycle server, the agent or the
 // egress API.
@@ -68,7 +76,9 @@ func (e *APIError) Is(target error) bool {
 			return true
 		}
 	case ErrUnauthorized:
-		return e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden
+		return e.StatusCode == http.StatusUnauthorized || (e.StatusCode == http.StatusForbidden && e.Code != codeQuotaExceeded)
+	case ErrQuotaExceeded:
+		return e.StatusCode == http.StatusForbidden && e.Code == codeQuotaExceeded
 	case ErrNotImplemented:
 		return e.StatusCode == http.StatusNotImplemented
 	}

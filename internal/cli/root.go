@@ -34,6 +34,8 @@ func NewRoot() *cobra.Command {
 		newShellCommand(),
 		newPoolCommand(),
 		newMCPCommand(),
+		newKeyCommand(),
+		newTenantCommand(),
 	)
 	return root
 }

@@ -98,17 +98,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	// GET /metrics (behind the API key); moat_sandboxes is counted at
 	// scrape time, when s.svc is set.
 	reg := metrics.New(metrics.Options{States: func() map[string]int { return stateCounts(s.svc) }, KnownStates: knownStates()})
-	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths}, lifecycle.Deps{
-		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
-		Committer: be.committer, Metrics: reg,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.svc.Recover(ctx); err != nil {
-		return nil, fmt.Errorf("recover: %w", err)
-	}
-	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg}
+	// Tenants, API keys and quotas (nil without auth: one anonymous admin).
+	var quotas lifecycle.Quotas
 	if !cfg.NoAuth {
 		secret, err := cfg.loadKeySecret()
 		if err != nil {
@@ -117,6 +108,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: key, Secret: secret}); err != nil {
 			return nil, err
 		}
+		quotas = s.tenants
+	}
+	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths}, lifecycle.Deps{
+		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
+		Committer: be.committer, Metrics: reg, Quotas: quotas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.svc.Recover(ctx); err != nil {
+		return nil, fmt.Errorf("recover: %w", err)
+	}
+	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg}
+	if s.tenants != nil {
 		apiCfg.Auth = s.tenants
 	}
 	if s.signer, apiCfg.Ingress, err = ingressSetup(cfg); err != nil {

@@ -1,0 +1,363 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// newKeyCommand is the `moat key` noun: API keys of a moat server (admin).
+func newKeyCommand() *cobra.Command {
+	sf := &serverFlags{}
+	cmd := &cobra.Command{
+		Use:     "key",
+		Aliases: []string{"keys"},
+		Short:   "Manage API keys: create (shown once), list, revoke (admin key)",
+		Long: `Every API key belongs to a tenant and has a role: admin (every tenant, key and
+tenant management), operator (full control of its tenant's resources) or viewer
+(read only). The server's own key (MOAT_API_KEY or <root>/api-key) is the admin
+of tenant "default" and is listed as id "root".`,
+	}
+	sf.register(cmd)
+	cmd.AddCommand(newKeyCreateCommand(sf), newKeyListCommand(sf), newKeyGetCommand(sf), newKeyWhoamiCommand(sf),
+		&cobra.Command{
+			Use:     "revoke ID...",
+			Aliases: []string{"rm", "delete"},
+			Short:   "Revoke keys at once and for good",
+			Args:    cobra.MinimumNArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := sf.client()
+				if err != nil {
+					return err
+				}
+				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, id string) error {
+					return c.RevokeKey(ctx, id)
+				})
+			},
+		})
+	return classifyTree(cmd)
+}
+
+// parseExpiry reads --expires: a duration from now ("720h", "30d") or an
+// RFC 3339 time.
+func parseExpiry(s string, now time.Time) (*time.Time, error) {
+	if s == "" {
+		return nil, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return &t, nil
+	}
+	var d time.Duration
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.Atoi(n)
+		if err != nil || days <= 0 {
+			return nil, errdefs.Invalid("CLI::INVALID_FLAG", fmt.Sprintf("--expires %q: want a duration (720h, 30d) or an RFC 3339 time", s))
+		}
+		d = time.Duration(days) * 24 * time.Hour
+	} else if v, err := time.ParseDuration(s); err == nil && v > 0 {
+		d = v
+	} else {
+		return nil, errdefs.Invalid("CLI::INVALID_FLAG", fmt.Sprintf("--expires %q: want a duration (720h, 30d) or an RFC 3339 time", s))
+	}
+	t := now.Add(d).UTC().Truncate(time.Second)
+	return &t, nil
+}
+
+func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
+	var spec client.KeySpec
+	var expires string
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:   "create --tenant TENANT --role admin|operator|viewer [--name TEXT] [--expires 30d]",
+		Short: "Create an API key; it is printed once and cannot be shown again",
+		Example: `  KEY=$(moat key create --tenant acme --role operator --name "ci runner")
+  moat key create --tenant acme --role viewer --expires 30d -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if spec.Tenant == "" || spec.Role == "" {
+				return errdefs.Invalid("CLI::INVALID_FLAG", "--tenant and --role are required")
+			}
+			var err error
+			if spec.ExpiresAt, err = parseExpiry(expires, time.Now()); err != nil {
+				return err
+			}
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			k, err := c.CreateKey(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			if output != outputTable {
+				return render(cmd.OutOrStdout(), output, k, nil)
+			}
+			// The key alone on stdout (for $(...)); the rest on stderr.
+			fmt.Fprintln(cmd.OutOrStdout(), k.Key)
+			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s of tenant %s); store it now: it cannot be shown again\n", k.ID, k.Role, k.Tenant)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&spec.Tenant, "tenant", "", "tenant that owns the key (created if missing)")
+	fl.StringVar(&spec.Role, "role", "", "admin, operator or viewer")
+	fl.StringVar(&spec.Name, "name", "", "what the key is for (shown in listings)")
+	fl.StringVar(&expires, "expires", "", "the key stops working after this duration (720h, 30d) or at this RFC 3339 time")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newKeyListCommand(sf *serverFlags) *cobra.Command {
+	var tenant string
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List API keys (never the keys themselves)",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			keys, err := c.ListKeys(cmd.Context(), tenant)
+			if err != nil {
+				return err
+			}
+			if keys == nil {
+				keys = []client.APIKey{}
+			}
+			return render(cmd.OutOrStdout(), output, map[string]any{"items": keys},
+				func(tw *tabwriter.Writer) { keyTable(tw, keys, time.Now()) })
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "only the keys of this tenant")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func keyState(k client.APIKey) string {
+	switch {
+	case k.RevokedAt != nil:
+		return "revoked"
+	case !k.Active:
+		return "expired"
+	}
+	return "active"
+}
+
+func keyTable(tw *tabwriter.Writer, keys []client.APIKey, now time.Time) {
+	fmt.Fprintln(tw, "ID\tTENANT\tROLE\tSTATE\tNAME\tAGE\tEXPIRES")
+	for _, k := range keys {
+		created := "-"
+		if k.CreatedAt != nil {
+			created = age(now, *k.CreatedAt)
+		}
+		name := k.Name
+		if name == "" {
+			name = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Tenant, k.Role, keyState(k), name, created, until(now, k.ExpiresAt))
+	}
+}
+
+func newKeyGetCommand(sf *serverFlags) *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one API key's record",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			k, err := c.GetKey(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), output, k, func(tw *tabwriter.Writer) {
+				row := func(a, b string) { fmt.Fprintf(tw, "%s:\t%s\n", a, b) }
+				row("ID", k.ID)
+				row("Name", k.Name)
+				row("Tenant", k.Tenant)
+				row("Role", k.Role)
+				row("State", keyState(*k))
+				if k.CreatedAt != nil {
+					row("Created", k.CreatedAt.Local().Format(time.DateTime)+" by "+k.CreatedBy)
+				}
+				if k.ExpiresAt != nil {
+					row("Expires", k.ExpiresAt.Local().Format(time.DateTime))
+				}
+				if k.RevokedAt != nil {
+					row("Revoked", k.RevokedAt.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newKeyWhoamiCommand(sf *serverFlags) *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:   "whoami",
+		Short: "Show the key id, tenant and role of the key in use (any role)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			p, err := c.Whoami(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), output, p, func(tw *tabwriter.Writer) {
+				scope := p.Tenant
+				if p.AllTenants {
+					scope = "all tenants"
+				}
+				fmt.Fprintf(tw, "Key:\t%s\nTenant:\t%s\nRole:\t%s\nSees:\t%s\n", p.KeyID, p.Tenant, p.Role, scope)
+			})
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+// newTenantCommand is the `moat tenant` noun: tenants and their quotas.
+func newTenantCommand() *cobra.Command {
+	sf := &serverFlags{}
+	cmd := &cobra.Command{
+		Use:     "tenant",
+		Aliases: []string{"tenants"},
+		Short:   "Manage tenants and their quotas (admin key; get works for a tenant's own keys)",
+	}
+	sf.register(cmd)
+	cmd.AddCommand(newTenantListCommand(sf), newTenantGetCommand(sf), newTenantSetCommand(sf),
+		&cobra.Command{
+			Use:     "rm NAME...",
+			Aliases: []string{"delete", "remove"},
+			Short:   "Delete tenants that have no active key, sandbox, pool or snapshot",
+			Args:    cobra.MinimumNArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := sf.client()
+				if err != nil {
+					return err
+				}
+				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, name string) error {
+					return c.DeleteTenant(ctx, name)
+				})
+			},
+		})
+	return classifyTree(cmd)
+}
+
+func quotaCell(v string) string {
+	if v == "" || v == "0" {
+		return "-"
+	}
+	return v
+}
+
+func tenantTable(tw *tabwriter.Writer, ts []client.Tenant) {
+	fmt.Fprintln(tw, "NAME\tSANDBOXES\tCPU\tMEMORY")
+	for _, t := range ts {
+		n := "-"
+		if t.Quota.Sandboxes > 0 {
+			n = strconv.Itoa(t.Quota.Sandboxes)
+		}
+		fmt.Fprintf(tw, "%s\t%d/%s\t%s/%s\t%s/%s\n", t.Name, t.Usage.Sandboxes, n, t.Usage.CPU, quotaCell(t.Quota.CPU),
+			t.Usage.Memory, quotaCell(t.Quota.Memory))
+	}
+}
+
+func newTenantListCommand(sf *serverFlags) *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List tenants with usage/quota",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.ListTenants(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if ts == nil {
+				ts = []client.Tenant{}
+			}
+			return render(cmd.OutOrStdout(), output, map[string]any{"items": ts}, func(tw *tabwriter.Writer) { tenantTable(tw, ts) })
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newTenantGetCommand(sf *serverFlags) *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a tenant's usage/quota",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.GetTenant(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), output, t, func(tw *tabwriter.Writer) { tenantTable(tw, []client.Tenant{*t}) })
+		},
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newTenantSetCommand(sf *serverFlags) *cobra.Command {
+	var q client.TenantQuota
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:   "set NAME [--sandboxes N] [--cpu QUANTITY] [--memory QUANTITY]",
+		Short: "Create a tenant or replace its quota (an omitted limit is unlimited)",
+		Example: `  moat tenant set acme --sandboxes 20 --cpu 16 --memory 32Gi
+  moat tenant set acme   # lift every limit`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if q.Sandboxes < 0 {
+				return errdefs.Invalid("CLI::INVALID_FLAG", "--sandboxes must not be negative")
+			}
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.PutTenant(cmd.Context(), args[0], q)
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), output, t, func(tw *tabwriter.Writer) { tenantTable(tw, []client.Tenant{*t}) })
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&q.Sandboxes, "sandboxes", 0, "live sandboxes at most (0 = unlimited)")
+	fl.StringVar(&q.CPU, "cpu", "", `sum of the sandboxes' CPU limits, e.g. "16" or "2500m" (sandboxes must then set resourceLimits.cpu)`)
+	fl.StringVar(&q.Memory, "memory", "", `sum of the sandboxes' memory limits, e.g. "32Gi" (sandboxes must then set resourceLimits.memory)`)
+	addOutputFlag(cmd, &output)
+	return cmd
+}
