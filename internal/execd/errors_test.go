@@ -227,7 +227,7 @@ func TestRouteErrors(t *testing.T) {
 		{"POST /code/context", "POST", "/code/context", "", "{", bad, wire.CodeInvalidRequestBody, ""},
 		{"POST /code/context", "POST", "/code/context", "", "{}", bad, wire.CodeInvalidRequestBody, "language is required"},
 		{"POST /code/context", "POST", "/code/context", "", map[string]any{"language": "cobol"}, bad, wire.CodeInvalidRequestBody, "unknown language"},
-		{"POST /code/context", "POST", "/code/context", "", map[string]any{"language": "java"}, http.StatusNotImplemented, wire.CodeRuntimeError, "not configured"},
+		{"POST /code/context", "POST", "/code/context", "", map[string]any{"language": "go"}, http.StatusNotImplemented, wire.CodeRuntimeError, "no Jupyter kernel for go"},
 		{"POST /code/context", "POST", "/code/context", "", map[string]any{"language": "bash", "cwd": file}, bad, wire.CodeInvalidRequestBody, "not a directory"},
 		{"GET /code/contexts", "GET", "/code/contexts?language=" + url.QueryEscape("\x00"), "", nil, 0, "", ""}, // lists nothing: no error
 		{"DELETE /code/contexts", "DELETE", "/code/contexts", "", nil, bad, wire.CodeMissingQuery, `"language"`},

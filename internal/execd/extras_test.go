@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -62,7 +63,7 @@ func TestMetrics(t *testing.T) {
 	e := newTestEnv(t)
 	st, b := e.Call("GET", "/metrics", nil)
 	var m metrics.Metrics
-	if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.CPUCount <= 0 || m.MemTotalMiB <= 0 || m.MemUsedMiB <= 0 ||
+	if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.CPUCount < 1 || m.CPUCount != math.Trunc(m.CPUCount) || m.MemTotalMiB <= 0 || m.MemUsedMiB <= 0 ||
 		m.CPUUsedPct < 0 || m.CPUUsedPct > 100 || time.Since(time.UnixMilli(m.Timestamp)) > time.Minute {
 		t.Fatalf("metrics: %d %s", st, b)
 	}

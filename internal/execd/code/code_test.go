@@ -83,7 +83,7 @@ func TestJupyterKernelContext(t *testing.T) {
 	e := kernelEnv(t)
 	id := e.createContext("python")
 	c, err := e.svc.getContext(id)
-	if err != nil || c.kernel == nil {
+	if _, ok := c.backend.(*kernelClient); err != nil || !ok {
 		t.Fatalf("context is not kernel-backed: %v", err)
 	}
 
@@ -193,7 +193,7 @@ func TestJupyterKernelContext(t *testing.T) {
 	}
 
 	// Deleting the context ends the kernel.
-	proc := c.process()
+	proc := c.backend.process()
 	if st, _ := e.Call("DELETE", "/code/contexts/"+id, nil); st != 200 {
 		t.Fatal(st)
 	}
@@ -202,7 +202,7 @@ func TestJupyterKernelContext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the kernel outlived its context")
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "kernel-"+id+"*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "code-"+id)); len(left) != 0 {
 		t.Fatalf("kernel files left behind: %v", left)
 	}
 }
@@ -222,7 +222,7 @@ func TestJupyterDefaultContextAndCancel(t *testing.T) {
 		t.Fatalf("default context: %+v", evs)
 	}
 	cs := e.svc.listContexts("python")
-	if len(cs) != 1 || cs[0].kernel == nil {
+	if len(cs) != 1 || !isKernel(cs[0]) {
 		t.Fatalf("contexts: %v", cs)
 	}
 	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"language": "python"}, "code": "import time\nprint('go', flush=True)\ntime.sleep(60)"})
@@ -235,7 +235,7 @@ func TestJupyterDefaultContextAndCancel(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		cs[0].mu.Lock()
-		busy := cs[0].busy
+		busy := cs[0].cur != nil
 		cs[0].mu.Unlock()
 		if !busy {
 			break
@@ -269,13 +269,13 @@ func TestJupyterKernelStartFailure(t *testing.T) {
 	if cs := e.svc.listContexts(""); len(cs) != 0 {
 		t.Fatalf("a failed context was kept: %v", cs)
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "kernel-*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(e.run.Dir(), "code-*")); len(left) != 0 {
 		t.Fatalf("kernel files left behind: %v", left)
 	}
 	// python has no kernel in KernelDirs: the built-in driver is used.
 	if _, err := os.Stat("/usr/bin/python3"); err == nil {
 		id := e.createContext("python")
-		if c, _ := e.svc.getContext(id); c.kernel != nil {
+		if c, _ := e.svc.getContext(id); isKernel(c) {
 			t.Fatal("python context uses a kernel that KernelDirs does not list")
 		}
 	}
@@ -328,7 +328,7 @@ func TestJupyterMessageInterrupt(t *testing.T) {
 	e := newTestEnv(t, func(o *Options) { o.KernelDirs = []string{dir} })
 	id := e.createContext("python")
 	c, _ := e.svc.getContext(id)
-	if c.kernel == nil || c.kernel.interruptMode != "message" {
+	if k, ok := c.backend.(*kernelClient); !ok || k.interruptMode != "message" {
 		t.Fatal("context does not use the message-interrupt kernel")
 	}
 	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "while True:\n    pass"})
@@ -500,4 +500,9 @@ func TestCodeContexts(t *testing.T) {
 	if evs := exectest.ReadEvents(t, data); evs[1].Text != "plain" {
 		t.Fatalf("command language: %+v", evs)
 	}
+}
+
+func isKernel(c *codeContext) bool {
+	_, ok := c.backend.(*kernelClient)
+	return ok
 }

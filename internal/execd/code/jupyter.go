@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +36,11 @@ const (
 	jupyterVersion       = "5.3"
 	kernelStartTimeout   = 60 * time.Second
 	kernelReplyAfterIdle = 2 * time.Second // wait for execute_reply once iopub is idle
+	// kernelStartedAfterBusy is when a cell counts as started for a kernel
+	// that publishes "busy" but no execute_input. ipykernel publishes busy
+	// before it enables SIGINT for the cell, so execute_input is the
+	// signal to wait for where there is one.
+	kernelStartedAfterBusy = 250 * time.Millisecond
 )
 
 // jmsg is one Jupyter message.
@@ -57,13 +61,15 @@ type jheader struct {
 	Version  string `json:"version,omitempty"`
 }
 
-// kernelClient is the agent's connection to one running kernel.
+// kernelClient is the agent's connection to one running kernel; it is the
+// backend of a kernel-backed context.
 type kernelClient struct {
-	files         []string // connection file and kernel log, removed with the context
+	language      string
 	key           []byte
 	session       string
 	interruptMode string
 	proc          *proc.Proc
+	dead          chan struct{} // closed once the kernel has exited
 
 	ctx                   context.Context
 	cancel                context.CancelFunc
@@ -129,9 +135,22 @@ type connectionFile struct {
 	KernelName      string `json:"kernel_name"`
 }
 
-// freePorts returns n distinct free TCP ports on 127.0.0.1 (the way
-// jupyter_client picks them: bind to port 0, then release).
-func freePorts(n int) ([]int, error) {
+// portPool hands out the five TCP ports of a kernel's connection file on
+// 127.0.0.1, the way jupyter_client picks them (bind to port 0, then
+// release), but never a port that a live kernel of this agent was given:
+// kernels bind their ports only once started, so two contexts created at
+// once could otherwise be handed the same port.
+type portPool struct {
+	mu    sync.Mutex
+	inUse map[int]bool // guarded by mu
+}
+
+func newPortPool() *portPool { return &portPool{inUse: make(map[int]bool)} }
+
+// take returns n distinct free ports, reserved until release.
+func (pp *portPool) take(n int) ([]int, error) {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -139,24 +158,48 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	var ports []int
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 100*n {
+			return nil, errors.New("no free port on 127.0.0.1")
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ls = append(ls, l) // held until all are picked: no repeats
+		if p := l.Addr().(*net.TCPAddr).Port; !pp.inUse[p] {
+			ports = append(ports, p)
+		}
+	}
+	for _, p := range ports {
+		pp.inUse[p] = true
 	}
 	return ports, nil
 }
 
-// startKernel launches the kernelspec for c and connects to it; it returns
-// once the kernel answers on shell and publishes on iopub.
-func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpec) error {
-	ports, err := freePorts(5)
-	if err != nil {
-		return wire.Runtime(err, "error allocating kernel ports: "+err.Error())
+// release returns ports to the pool.
+func (pp *portPool) release(ports []int) {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	for _, p := range ports {
+		delete(pp.inUse, p)
 	}
+}
+
+// startKernel launches the kernelspec for c and connects to it; it returns
+// once the kernel answers on shell and publishes on iopub. Its connection
+// file and log live in the context's directory.
+func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpec) (*kernelClient, error) {
+	ports, err := s.ports.take(5)
+	if err != nil {
+		return nil, wire.Runtime(err, "error allocating kernel ports: "+err.Error())
+	}
+	started := false
+	defer func() {
+		if !started {
+			s.ports.release(ports)
+		}
+	}()
 	var keyb [32]byte
 	rand.Read(keyb[:])
 	cf := connectionFile{
@@ -165,19 +208,19 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		Key: hex.EncodeToString(keyb[:]), SignatureScheme: "hmac-sha256", KernelName: ks.Name,
 	}
 	data, _ := json.Marshal(cf)
-	connPath := filepath.Join(s.run.Dir(), "kernel-"+c.id+".json")
+	connPath := filepath.Join(c.dir, "kernel.json")
 	if err := os.WriteFile(connPath, data, 0o600); err != nil {
-		return wire.Runtime(err, "")
+		return nil, wire.Runtime(err, "")
 	}
-	logPath := filepath.Join(s.run.Dir(), "kernel-"+c.id+".log")
+	logPath := filepath.Join(c.dir, "kernel.log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
-		return wire.Runtime(err, "")
+		return nil, wire.Runtime(err, "")
 	}
 	defer logf.Close()
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return wire.Runtime(err, "")
+		return nil, wire.Runtime(err, "")
 	}
 	defer devnull.Close()
 	argv := make([]string, len(ks.Argv))
@@ -188,41 +231,40 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	for k, v := range ks.Env {
 		extra = append(extra, k+"="+v)
 	}
-	proc, err := s.run.Start(proc.Spec{
+	kp, err := s.run.Start(proc.Spec{
 		Path: argv[0], Args: argv, Env: proc.MergeEnv(s.run.Env(nil), extra), Dir: c.cwd,
 		Files: []*os.File{devnull, logf, logf},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		return wire.Runtime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
+		return nil, wire.Runtime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
 	}
+	started = true // the ports are the kernel's until it exits
 	kctx, cancel := context.WithCancel(s.run.Context())
 	k := &kernelClient{
-		files: []string{connPath, logPath},
-		key:   []byte(cf.Key), session: wire.NewID(), interruptMode: ks.InterruptMode, proc: proc,
-		ctx: kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
+		language: c.key,
+		key:      []byte(cf.Key), session: wire.NewID(), interruptMode: ks.InterruptMode, proc: kp,
+		dead: make(chan struct{}),
+		ctx:  kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
 	}
-	c.proc, c.kernel = proc, k
 	s.run.Go(func() {
-		<-proc.Done()
-		c.mu.Lock()
-		c.dead = true
-		c.mu.Unlock()
+		<-kp.Done()
+		s.ports.release(ports)
+		close(k.dead)
 		k.close()
 	})
-	fail := func(err error) error {
-		proc.Signal(syscall.SIGKILL)
-		<-proc.Done()
+	fail := func(err error) (*kernelClient, error) {
+		kp.Signal(syscall.SIGKILL)
+		<-kp.Done()
 		tail, _ := os.ReadFile(logPath)
 		if len(tail) > 2048 {
 			tail = tail[len(tail)-2048:]
 		}
-		k.removeFiles()
 		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
 		if t := strings.TrimSpace(string(tail)); t != "" {
 			msg += "; kernel output: " + t
 		}
-		return wire.Runtime(err, msg)
+		return nil, wire.Runtime(err, msg)
 	}
 	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
 	k.shell = zmq4.NewDealer(kctx, sockOpts...)
@@ -248,7 +290,7 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		port int
 	}{{k.iopub, cf.IOPubPort}, {k.shell, cf.ShellPort}, {k.control, cf.ControlPort}} {
 		if err := d.sck.Dial(addr(d.port)); err != nil {
-			if proc.Exited() {
+			if kp.Exited() {
 				err = errors.New("the kernel exited")
 			}
 			return fail(err)
@@ -261,12 +303,12 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	s.run.Go(func() { k.readLoop(k.control, "control") })
 	s.run.Go(func() { k.readLoop(k.iopub, "iopub") })
 	if err := k.waitReady(startCtx); err != nil {
-		if proc.Exited() {
+		if kp.Exited() {
 			err = errors.New("the kernel exited")
 		}
 		return fail(err)
 	}
-	return nil
+	return k, nil
 }
 
 // waitReady sends kernel_info_request until one is answered on shell and
@@ -334,11 +376,14 @@ func (k *kernelClient) close() {
 	}
 }
 
-// removeFiles deletes the connection file and the kernel log; call it once
-// the kernel has exited.
-func (k *kernelClient) removeFiles() {
-	for _, f := range k.files {
-		os.Remove(f)
+func (k *kernelClient) process() *proc.Proc { return k.proc }
+
+func (k *kernelClient) exited() bool {
+	select {
+	case <-k.dead:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -464,19 +509,15 @@ func (k *kernelClient) interrupt(ctx context.Context) error {
 	}
 }
 
-// runKernel executes code in a kernel-backed context and streams events
-// exactly as upstream execd maps Jupyter messages (protocol §2.2): stream
-// -> stdout/stderr with the raw text; execute_result -> execution_count
-// (the kernel's) then result with text/plain renamed to text; display_data
-// -> result; error -> status "error" then error as the last event;
-// otherwise execution_complete once the kernel is idle.
-func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeContext, code string, release func()) error {
-	k := c.kernel
-	stream := wire.NewStream(w)
-	stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
-	stream.StartPings()
-	defer stream.StopPings()
-	started := time.Now()
+// exec executes code in the kernel and streams events exactly as upstream
+// execd maps Jupyter messages (protocol §2.2): stream -> stdout/stderr with
+// the raw text; execute_result -> execution_count (the kernel's) then
+// result with text/plain renamed to text; display_data -> result; error ->
+// the returned error; the cell ends once the kernel is idle and has
+// replied. The cell counts as started (for held interrupts) at its
+// execute_input, which kernels publish once they run the cell, or shortly
+// after "busy" for a kernel that does not publish it.
+func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stream *wire.Stream) *wire.EventError {
 	// stop_on_error is false: the agent runs one cell at a time, and with
 	// true ipykernel answers "aborted" to a request that comes right after
 	// a failed one (it aborts its queue for a moment).
@@ -485,9 +526,7 @@ func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeConte
 		"allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
-		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
-		stream.Send(wire.Event{Type: wire.EvError, Error: &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}})
-		return nil
+		return &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}
 	}
 	defer k.forget(id)
 
@@ -495,28 +534,32 @@ func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeConte
 		final     *wire.EventError
 		replied   bool
 		idle      bool
-		cancelled bool
 		afterIdle <-chan time.Time
+		afterBusy <-chan time.Time
 	)
-	reqDone := r.Context().Done()
 	for !(replied && idle) {
 		select {
 		case <-wt.ready:
-		case <-reqDone:
-			// The client went away: interrupt the cell and wait for the
-			// kernel to settle so the context is usable again.
-			reqDone = nil
-			cancelled = true
-			s.run.Go(func() { k.interrupt(s.run.Context()) })
+		case <-afterBusy:
+			afterBusy = nil
+			x.markStarted()
 			continue
 		case <-afterIdle:
-			replied = true // a kernel that never sends execute_reply
+			// A kernel that never sends execute_reply; ipykernel does so
+			// when SIGINT lands in its own code before it runs the cell.
+			replied = true
+			if final == nil && x.interruptDelivered() {
+				final = &wire.EventError{EName: "KeyboardInterrupt", EValue: "interrupted before the cell ran", Traceback: []string{}}
+			}
 			continue
 		}
 		msgs, gone := wt.take()
 		for _, m := range msgs {
 			switch m.Header.MsgType {
+			case "execute_input":
+				x.markStarted()
 			case "stream":
+				x.markStarted()
 				var st struct{ Name, Text string }
 				json.Unmarshal(m.Content, &st)
 				typ := wire.EvStdout
@@ -548,7 +591,15 @@ func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeConte
 					ExecutionState string `json:"execution_state"`
 				}
 				json.Unmarshal(m.Content, &st)
-				if st.ExecutionState == "idle" && m.channel == "iopub" {
+				if m.channel != "iopub" {
+					break
+				}
+				switch st.ExecutionState {
+				case "busy":
+					if afterBusy == nil {
+						afterBusy = time.After(kernelStartedAfterBusy)
+					}
+				case "idle":
 					idle = true
 					if !replied {
 						afterIdle = time.After(kernelReplyAfterIdle)
@@ -569,23 +620,11 @@ func (s *Service) runKernel(w http.ResponseWriter, r *http.Request, c *codeConte
 			}
 		}
 		if gone {
-			final = &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + c.language + " Jupyter kernel exited"}}
+			final = &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + k.language + " Jupyter kernel exited"}}
 			break
 		}
 	}
-	if cancelled && final == nil {
-		final = &wire.EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
-	}
-	k.forget(id)
-	release()
-	if final != nil {
-		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
-		stream.Send(wire.Event{Type: wire.EvError, Error: final})
-		return nil
-	}
-	ms := time.Since(started).Milliseconds()
-	stream.Send(wire.Event{Type: wire.EvExecutionComplete, ExecutionTime: &ms})
-	return nil
+	return final
 }
 
 func kernelError(content json.RawMessage) *wire.EventError {

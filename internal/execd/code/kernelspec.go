@@ -39,21 +39,10 @@ func KernelDirs(env []string) []string {
 	return append(dirs, "/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels")
 }
 
-// kernelLanguage maps a kernelspec language to an execd language.
-func kernelLanguage(l string) string {
-	switch l = strings.ToLower(l); l {
-	case "python3", "python":
-		return "python"
-	case "javascript", "js", "node", "nodejs":
-		return "javascript"
-	case "bash", "sh", "shell":
-		return "bash"
-	}
-	return l
-}
-
-// FindKernelSpec returns the first usable kernelspec for language in dirs:
-// its argv[0] must resolve on the agent's PATH. As upstream execd does, a
+// FindKernelSpec returns the first usable kernelspec for language (a
+// languageKey) in dirs, matched on the kernelspec's own "language" field,
+// so any language the image has a kernel for works. Its argv[0] must
+// resolve on the agent's PATH and its argv must take {connection_file}. As upstream execd does, a
 // kernel named "python3" is used only when no other python kernel exists
 // (images may ship one kernel per Python version next to it).
 func FindKernelSpec(dirs []string, language string, env []string) *KernelSpec {
@@ -70,7 +59,7 @@ func FindKernelSpec(dirs []string, language string, env []string) *KernelSpec {
 				continue
 			}
 			var ks KernelSpec
-			if json.Unmarshal(data, &ks) != nil || len(ks.Argv) == 0 || kernelLanguage(ks.Language) != language {
+			if json.Unmarshal(data, &ks) != nil || len(ks.Argv) == 0 || languageKey(ks.Language) != language {
 				continue
 			}
 			if !strings.Contains(strings.Join(ks.Argv, "\x00"), "{connection_file}") {
@@ -119,15 +108,11 @@ func ipykernelSpec(ctx context.Context, env []string) *KernelSpec {
 	return nil
 }
 
-// kernelFor returns the Jupyter kernel to use for language, or nil to use
-// the built-in REPL driver. The answer is cached per language.
+// kernelFor returns the Jupyter kernel to use for language (a
+// languageKey), or nil to use a built-in driver. The answer is cached per
+// language: kernelspecs are installed with the image, not at run time.
 func (s *Service) kernelFor(ctx context.Context, language string) *KernelSpec {
 	if s.opts.NoKernels {
-		return nil
-	}
-	switch language {
-	case "python", "javascript", "bash":
-	default:
 		return nil
 	}
 	s.kernelMu.Lock()

@@ -51,3 +51,8 @@ func newTestEnv(t *testing.T, mod ...func(*Options)) *testEnv {
 	env := exectest.Serve(t, svc.Routes(), cmds.Routes())
 	return &testEnv{Env: env, t: t, svc: svc, run: run}
 }
+
+// with is e for a subtest: failures go to t.
+func (e *testEnv) with(t *testing.T) *testEnv {
+	return &testEnv{Env: &exectest.Env{T: t, URL: e.URL, Client: e.Client}, t: t, svc: e.svc, run: e.run}
+}

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"os"
 	"runtime"
@@ -17,7 +18,8 @@ import (
 	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
-// Metrics is the GET /metrics body.
+// Metrics is the GET /metrics body. CPUCount is whole cores; CPUUsedPct
+// is the share of the sandbox's CPU limit (which may be fractional) in use.
 type Metrics struct {
 	CPUCount    float64 `json:"cpu_count"`
 	CPUUsedPct  float64 `json:"cpu_used_pct"`
@@ -39,10 +41,10 @@ func readInt(path string) (int64, bool) {
 }
 
 // cpuLimit returns the CPU quota in cores (cgroup v2 cpu.max or v1
-// cfs_quota/period), or the number of online CPUs.
-func cpuLimit() float64 {
-	n := float64(runtime.NumCPU())
-	if data, err := os.ReadFile(cgroupRoot + "/cpu.max"); err == nil {
+// cfs_quota/period under root), at most ncpu; ncpu without a quota.
+func cpuLimit(root string, ncpu int) float64 {
+	n := float64(ncpu)
+	if data, err := os.ReadFile(root + "/cpu.max"); err == nil {
 		f := strings.Fields(string(data))
 		if len(f) == 2 && f[0] != "max" {
 			q, _ := strconv.ParseFloat(f[0], 64)
@@ -53,13 +55,18 @@ func cpuLimit() float64 {
 		}
 		return n
 	}
-	q, ok1 := readInt(cgroupRoot + "/cpu/cpu.cfs_quota_us")
-	p, ok2 := readInt(cgroupRoot + "/cpu/cpu.cfs_period_us")
+	q, ok1 := readInt(root + "/cpu/cpu.cfs_quota_us")
+	p, ok2 := readInt(root + "/cpu/cpu.cfs_period_us")
 	if ok1 && ok2 && q > 0 && p > 0 {
 		return min(float64(q)/float64(p), n)
 	}
 	return n
 }
+
+// wholeCores is the cpu_count of a CPU limit: whole cores, as upstream
+// reports it (its runtime.GOMAXPROCS, an integer). A fractional quota is
+// rounded up: a sandbox with half a core has one core to run on.
+func wholeCores(limit float64) float64 { return max(1, math.Ceil(limit)) }
 
 // cpuUsage returns cumulative CPU time: the cgroup's usage, or all CPUs'
 // busy time from /proc/stat.
@@ -150,7 +157,7 @@ func statField(path, key string) int64 {
 
 // sampleMetrics measures CPU use over window.
 func sampleMetrics(ctx context.Context, window time.Duration) Metrics {
-	cpus := cpuLimit()
+	cpus := cpuLimit(cgroupRoot, runtime.NumCPU())
 	u0, ok0 := cpuUsage()
 	t0 := time.Now()
 	select {
@@ -159,7 +166,7 @@ func sampleMetrics(ctx context.Context, window time.Duration) Metrics {
 	}
 	u1, ok1 := cpuUsage()
 	wall := time.Since(t0)
-	m := Metrics{CPUCount: cpus, Timestamp: time.Now().UnixMilli()}
+	m := Metrics{CPUCount: wholeCores(cpus), Timestamp: time.Now().UnixMilli()}
 	if ok0 && ok1 && wall > 0 && cpus > 0 {
 		m.CPUUsedPct = min(100, max(0, float64(u1-u0)/float64(wall)/cpus*100))
 	}
