@@ -217,6 +217,30 @@ func (s *Server) authenticate(mux *http.ServeMux, access map[string]tenant.Acces
 	})
 }
 
+// ScopeRequest implements ingress.Credentials for the ingress gateway: a
+// request that carries an API key (OPEN-SANDBOX-API-KEY or X-API-Key, or
+// a moat key as X-EXECD-ACCESS-TOKEN) gets the key's principal in its
+// context, so that the gateway resolves only the key's tenant's
+// sandboxes; one without a key is unchanged. Sessions are not consulted:
+// cookies on the gateway belong to the sandboxes' own applications.
+func (s *Server) ScopeRequest(r *http.Request) (context.Context, error) {
+	if s.auth == nil {
+		return r.Context(), nil
+	}
+	key := s.credential(r, tenant.AccessData)
+	if key == "" {
+		return r.Context(), nil
+	}
+	p, err := s.auth.Authenticate(key)
+	if err == nil {
+		p, err = s.narrow(r, p)
+	}
+	if err != nil {
+		return nil, authError(err)
+	}
+	return tenant.WithPrincipal(r.Context(), p), nil
+}
+
 // authError keeps the classes the auth middleware may answer (401, 403,
 // 400, 404) and turns anything else a credential source returned into a
 // 401, so that a resolver's internal failure never reads as success nor

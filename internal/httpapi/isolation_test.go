@@ -2,7 +2,11 @@ package httpapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -13,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/httpapi"
+	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -489,5 +494,98 @@ func TestRoutesInSpec(t *testing.T) {
 	sort.Strings(missing)
 	if len(missing) > 0 {
 		t.Errorf("routes missing from api/openapi/lifecycle.yaml: %v", missing)
+	}
+}
+
+// lifecycleResolver resolves gateway routes through the lifecycle, as
+// the server wires it.
+type lifecycleResolver struct{ svc *lifecycle.Service }
+
+func (l lifecycleResolver) Resolve(ctx context.Context, id string, port int) (ingress.Target, error) {
+	ep, err := l.svc.Endpoint(ctx, id, port)
+	return ingress.Target{Addr: ep.Address, AccessToken: ep.AccessToken}, err
+}
+
+func (l lifecycleResolver) Touch(ctx context.Context, id string) {}
+
+// TestIngressGatewayScoped: on the ingress gateway, a request carrying a
+// key of another tenant does not find the sandbox (404), an invalid or
+// revoked key is refused (401), and a request without a key is routed
+// as before (the gateway is the data plane).
+func TestIngressGatewayScoped(t *testing.T) {
+	ta, fx := newIsolationAPI(t)
+	gw := httptest.NewServer(ingress.New(ingress.Config{Credentials: ta.api}, lifecycleResolver{ta.svc}, nil))
+	defer gw.Close()
+	get := func(hdr ...string) (int, string) {
+		req, _ := http.NewRequest("GET", gw.URL+"/"+fx.sandbox+"/44772/ping", nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := gw.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Routed: the fake agent answered (401 without its token, and an
+	// empty body), not the gateway (a JSON envelope).
+	routed := func(code int, body string) bool {
+		return code != 404 && !strings.Contains(body, `"code"`)
+	}
+	if code, body := get(); !routed(code, body) {
+		t.Errorf("no key: %d %s", code, body)
+	}
+	if code, body := get("OPEN-SANDBOX-API-KEY", ta.keys["acme-viewer"]); !routed(code, body) {
+		t.Errorf("acme key: %d %s", code, body)
+	}
+	for _, who := range []string{"beta-operator", "beta-admin"} {
+		hdr := []string{"X-API-Key", ta.keys[who]}
+		if who == "beta-admin" {
+			hdr = append(hdr, httpapi.TenantHeader, "beta")
+		}
+		if code, body := get(hdr...); code != 404 || !strings.Contains(body, "sandbox not found") {
+			t.Errorf("%s: %d %s, want 404", who, code, body)
+		}
+	}
+	if code, body := get("OPEN-SANDBOX-API-KEY", "moat_0123456789abcdef_"+strings.Repeat("0", 64)); code != 401 || !strings.Contains(body, "INVALID_API_KEY") {
+		t.Errorf("unknown key: %d %s", code, body)
+	}
+	ta.reg.RevokeKey(context.Background(), ta.ids["acme-viewer"])
+	if code, body := get("OPEN-SANDBOX-API-KEY", ta.keys["acme-viewer"]); code != 401 || !strings.Contains(body, "revoked") {
+		t.Errorf("revoked key: %d %s", code, body)
+	}
+}
+
+// TestProxyKeyAsAgentToken: the OpenSandbox SDKs in server-proxy mode send
+// the API key as X-EXECD-ACCESS-TOKEN; such a key scopes the proxy too,
+// and a viewer's key is not turned into the agent token.
+func TestProxyKeyAsAgentToken(t *testing.T) {
+	ta, fx := newIsolationAPI(t)
+	path := "/v1/sandboxes/" + fx.sandbox + "/proxy/44772/ping"
+	get := func(tok string) (int, map[string]any) {
+		req, _ := http.NewRequest("GET", ta.srv.URL+path, nil)
+		req.Header.Set("X-EXECD-ACCESS-TOKEN", tok)
+		resp, err := ta.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	if code, body := get(ta.keys["beta-operator"]); code != 404 || body["code"] != "SANDBOX::NOT_FOUND" {
+		t.Errorf("beta key as agent token: %d %v", code, body)
+	}
+	if code, _ := get(ta.keys["acme-operator"]); code != 200 {
+		t.Errorf("acme operator key as agent token: %d, want the agent's 200", code)
+	}
+	if code, _ := get(ta.keys["acme-viewer"]); code != 401 {
+		t.Errorf("acme viewer key as agent token: %d, want the agent's 401", code)
+	}
+	if code, body := get("moat_0123456789abcdef_" + strings.Repeat("0", 64)); code != 401 || body["code"] != "INVALID_API_KEY" {
+		t.Errorf("unknown moat key: %d %v", code, body)
 	}
 }

@@ -105,6 +105,20 @@ type Config struct {
 	// Signer verifies signed routes (OSEP-0011). Nil: signed routes are
 	// refused (401).
 	Signer *Signer
+	// Credentials, if set, scopes requests that carry a moat API key to
+	// the key's tenant (another tenant's sandbox is not found). Requests
+	// without one are routed as before: the gateway is the data plane.
+	Credentials Credentials
+}
+
+// Credentials scopes gateway requests by the moat API key they carry
+// (internal/httpapi's Server.ScopeRequest).
+type Credentials interface {
+	// ScopeRequest returns the context to resolve r's route with: r's
+	// context carrying the principal of r's API key, or r's context
+	// unchanged when r carries none. An invalid, revoked or expired key is
+	// an errdefs.ErrUnauthenticated error (401).
+	ScopeRequest(r *http.Request) (context.Context, error)
 }
 
 // Validate reports a bad configuration.
@@ -123,6 +137,7 @@ func (c Config) Validate() error {
 type Gateway struct {
 	domain string
 	signer *Signer
+	creds  Credentials
 	res    Resolver
 	log    *slog.Logger
 	web    *web.Adapter
@@ -145,6 +160,7 @@ func New(cfg Config, r Resolver, log *slog.Logger) *Gateway {
 	g := &Gateway{
 		domain: strings.ToLower(cfg.Domain),
 		signer: cfg.Signer,
+		creds:  cfg.Credentials,
 		res:    r,
 		log:    log,
 		web:    &web.Adapter{Log: log, Codes: statusOf},
@@ -237,7 +253,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	id, t, err := g.resolve(r.Context(), rt)
+	ctx := r.Context()
+	if g.creds != nil {
+		if ctx, err = g.creds.ScopeRequest(r); err != nil {
+			g.web.WriteError(w, r, err)
+			return
+		}
+	}
+	id, t, err := g.resolve(ctx, rt)
 	if err != nil {
 		g.web.WriteError(w, r, err)
 		return
@@ -334,7 +357,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	// Gateway credentials and routing never reach the sandbox. The
 	// Authorization and Cookie headers do: they belong to the sandbox's
 	// own application.
-	for _, h := range []string{HeaderIngressTo, HeaderSecureAccess, "OPEN-SANDBOX-API-KEY",
+	for _, h := range []string{HeaderIngressTo, HeaderSecureAccess, "OPEN-SANDBOX-API-KEY", "X-API-Key",
 		"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded"} {
 		out.Header.Del(h)
 	}
