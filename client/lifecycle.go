@@ -79,6 +79,8 @@ type CreateRequest struct {
 	Extensions    map[string]string `json:"extensions,omitempty"`
 	Platform      *Platform         `json:"platform,omitempty"`
 	NetworkPolicy *NetworkPolicy    `json:"networkPolicy,omitempty"`
+	// Volumes are host paths or named volumes (pvc) to mount.
+	Volumes []Volume `json:"volumes,omitempty"`
 }
 
 // createWire is CreateRequest as sent, with the timeout in seconds.

@@ -14,6 +14,8 @@ type PoolTemplate struct {
 	Env            map[string]string `json:"env,omitempty"`
 	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
 	Extensions     map[string]string `json:"extensions,omitempty"`
+	// Volumes are mounted by every sandbox of the pool.
+	Volumes []Volume `json:"volumes,omitempty"`
 }
 
 // PoolCapacity bounds a pool: BufferMin <= BufferMax <= PoolMax,

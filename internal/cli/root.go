@@ -33,6 +33,7 @@ func NewRoot() *cobra.Command {
 		newFilesCommand(),
 		newShellCommand(),
 		newPoolCommand(),
+		newVolumeCommand(),
 		newMCPCommand(),
 		newKeyCommand(),
 		newTenantCommand(),

@@ -50,6 +50,7 @@ type createFlags struct {
 	waitTimeout                                time.Duration
 	quiet                                      bool
 	output                                     outputFormat
+	volumes                                    []string
 }
 
 func (f *createFlags) register(cmd *cobra.Command, batch bool) {
@@ -64,6 +65,7 @@ func (f *createFlags) register(cmd *cobra.Command, batch bool) {
 	fl.StringArrayVar(&f.extensions, "extension", nil, "extension KEY=VALUE (repeatable)")
 	fl.StringVar(&f.pool, "pool", "", "claim from this warm pool (extension poolRef)")
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc, crun, runsc, docker (extension moat.runtime)")
+	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount CLAIM[/SUBPATH]:PATH[:ro] (a named volume, created if missing) or /HOST/PATH:PATH[:ro] (repeatable)")
 	if batch {
 		fl.IntVarP(&f.count, "count", "n", 2, "number of sandboxes (all or nothing)")
 	} else {
@@ -105,6 +107,9 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		return req, err
 	}
 	if req.Extensions, err = parseKV("extension", f.extensions); err != nil {
+		return req, err
+	}
+	if req.Volumes, err = parseVolumeFlags(f.volumes); err != nil {
 		return req, err
 	}
 	for k, v := range map[string]string{"poolRef": f.pool, "moat.runtime": f.runtime} {
