@@ -83,8 +83,15 @@ deps-docker: ## Install and start dockerd for the docker backend tests (root, id
 	@bash scripts/docker-setup.sh
 
 test: deps deps-browser deps-runsc deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
-	PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 $(GO) test $(TESTFLAGS) -p 1 ./...
-	cd client && $(GO) test -count=1 ./...
+	@# The run gets its own directory (its TMPDIR, the test-network journal);
+	@# leakcheck fails the run if it left a bridge, netns, nft table, mount,
+	@# cgroup or process behind (see internal/testutil/leakcheck).
+	@run=$$(mktemp -d /tmp/mtr.XXXXXX) && \
+	$(GO) run ./internal/testutil/leakcheck snapshot $$run && \
+	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
+		$(GO) test $(TESTFLAGS) -p 1 ./... && (cd client && $(GO) test -count=1 ./...); rc=$$?; } ; \
+	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
+	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc
 
 test-short: ## Unit tests only (no root needed)
 	$(GO) test -short -count=1 ./...

@@ -33,6 +33,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API listen address")
 	f.StringVar(&cfg.Root, "root", cfg.Root, "state directory")
 	f.StringVar(&cfg.RunRoot, "run-root", cfg.RunRoot, "runtime state directory (tmpfs)")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup that native sandboxes are created under (<parent>/<id>)")
 	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: oci, docker, kubernetes or fake")
 	f.StringVar(&cfg.Kubernetes.Kubeconfig, "kubeconfig", "", "kubeconfig for --runtime kubernetes (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")

@@ -82,6 +82,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		DefaultClass:      cfg.RuntimeClass,
 		DNSServers:        []string{gw.String()},
 		Resources:         runtime.Resources{DiskBytes: disk},
+		CgroupParent:      cfg.CgroupParent,
 		// Sandbox inits are reparented to the server when runc exits; it
 		// reaps them (PID 1 of a container host may not).
 		Subreaper: true,

@@ -32,6 +32,10 @@ type Config struct {
 	Root string
 	// RunRoot holds runtime state that must not survive a reboot. Default /run/moat.
 	RunRoot string
+	// CgroupParent is the cgroup native (oci) sandboxes are put under, as
+	// <CgroupParent>/<id> in every hierarchy. Default "/moat". Do not change
+	// it while sandboxes run.
+	CgroupParent string
 	// Runtime is the backend: "oci" (native, default), "docker" (Docker
 	// Engine API) or "fake" (no processes; dev only).
 	Runtime string
@@ -148,6 +152,7 @@ func Default() Config {
 		Listen:       ":8080",
 		Root:         "/var/lib/moat",
 		RunRoot:      "/run/moat",
+		CgroupParent: "/moat",
 		Runtime:      "oci",
 		RuntimeClass: "runc",
 		Bridge:       "moat0",
@@ -168,6 +173,9 @@ func (c *Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.RunRoot) {
 		errs = append(errs, fmt.Errorf("run-root %q must be an absolute path", c.RunRoot))
+	}
+	if cg := filepath.Clean(c.CgroupParent); !filepath.IsAbs(c.CgroupParent) || cg != c.CgroupParent || cg == "/" {
+		errs = append(errs, fmt.Errorf("cgroup-parent %q must be a clean absolute path below /", c.CgroupParent))
 	}
 	switch c.Runtime {
 	case "oci", "docker", "fake", "kubernetes":

@@ -113,7 +113,7 @@ func tail(s string, n int) string {
 func (s *server) start(extra ...string) {
 	s.t.Helper()
 	args := append([]string{"serve", "--root", s.root, "--run-root", s.runRoot, "--listen", s.addr,
-		"--bridge", s.bridge, "--subnet", s.net.Subnet.String(), "--log-level", "debug",
+		"--bridge", s.bridge, "--subnet", s.net.Subnet.String(), "--cgroup-parent", s.net.CgroupParent, "--log-level", "debug",
 		// Tests pull only from their loopback registry: a typo in an image
 		// name must not reach out to a public registry.
 		"--allow-registry", "loopback"}, extra...)

@@ -21,7 +21,7 @@ func TestKillInCgroupOnlyKillsMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer outsider.Process.Kill()
-	killInCgroup(outsider.Process.Pid, "kill-test-sandbox")
+	killInCgroup(outsider.Process.Pid, "/moat/kill-test-sandbox")
 	time.Sleep(100 * time.Millisecond)
 	if _, err := os.Stat("/proc/" + strconv.Itoa(outsider.Process.Pid) + "/stat"); err != nil {
 		t.Fatalf("process outside the sandbox's cgroup was killed")
@@ -47,7 +47,7 @@ func TestKillInCgroupOnlyKillsMembers(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(member.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	killInCgroup(member.Process.Pid, "kill-test-sandbox")
+	killInCgroup(member.Process.Pid, "/moat/kill-test-sandbox")
 	done := make(chan error, 1)
 	go func() { done <- member.Wait() }()
 	select {

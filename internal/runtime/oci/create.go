@@ -228,6 +228,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		HostnameFile: filepath.Join(files, "hostname"),
 		ResolvConf:   filepath.Join(files, "resolv.conf"),
 		NetnsPath:    att.NetnsPath,
+		CgroupsPath:  r.cgroupPath(id),
 		Resources:    res,
 		Volumes:      volumes,
 	})

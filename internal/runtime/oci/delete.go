@@ -50,7 +50,7 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	}
 	// A container the runtime lost track of (a `run` of a crashed server
 	// that finished late) is still in its cgroups: kill it there.
-	killCgroupProcs(id)
+	killCgroupProcs(r.cgroupPath(id))
 	if err := unmountAll(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	} else if err := unmountAll(filepath.Join(dir, diskMount)); err != nil {
@@ -71,7 +71,7 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	if err := r.net.Teardown(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeCgroups(id); err != nil {
+	if err := removeCgroups(r.cgroupPath(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -129,13 +129,11 @@ func (r *Runtime) deleteContainer(ctx context.Context, class, id string) error {
 	return nil
 }
 
-// removeCgroups removes /moat/<id> in every cgroup hierarchy, in case the
-// OCI runtime did not (e.g. it crashed between creating and starting).
-func removeCgroups(id string) error {
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id)
-	if d := "/sys/fs/cgroup/moat/" + id; exists(d) {
-		dirs = append(dirs, d)
-	}
+// removeCgroups removes cgroup cg (a sandbox's) in every hierarchy, in
+// case the OCI runtime did not (e.g. it crashed between creating and
+// starting).
+func removeCgroups(cg string) error {
+	dirs := cgroupDirs(cg)
 	var errs []error
 	for _, d := range dirs {
 		// Nested cgroups first (a cgroup namespace lets the sandbox make them).

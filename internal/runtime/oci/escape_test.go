@@ -215,8 +215,9 @@ func readTrim(t *testing.T, path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-func cgroupFile(id, ctrl, file string) string {
-	return filepath.Join("/sys/fs/cgroup", ctrl, "moat", id, file)
+// cgroupFile is a file of the shared sandbox's cgroup in hierarchy ctrl.
+func (e *escEnv) cgroupFile(ctrl, file string) string {
+	return filepath.Join("/sys/fs/cgroup", ctrl, e.r.cgroupPath(e.id), file)
 }
 
 var attacks = []attack{
@@ -260,23 +261,23 @@ var attacks = []attack{
 			"raise-pids.max", "set-memory.limit", "mkdir-cgroup",
 		}},
 		before: func(t *testing.T, e *escEnv) any {
-			return readTrim(t, cgroupFile(e.id, "memory", "memory.limit_in_bytes"))
+			return readTrim(t, e.cgroupFile("memory", "memory.limit_in_bytes"))
 		},
 		check: func(t *testing.T, e *escEnv, _ agentResult, before any) {
-			pidsMax := cgroupFile(e.id, "pids", "pids.max")
+			pidsMax := e.cgroupFile("pids", "pids.max")
 			t.Logf("host: pids.max %s, memory.limit_in_bytes %s", readTrim(t, pidsMax), before)
 			if got := readTrim(t, pidsMax); got != strconv.Itoa(escPids) {
 				t.Errorf("sandbox pids.max on the host = %s, want %d", got, escPids)
 				os.WriteFile(pidsMax, []byte(strconv.Itoa(escPids)), 0)
 			}
-			memLimit := cgroupFile(e.id, "memory", "memory.limit_in_bytes")
+			memLimit := e.cgroupFile("memory", "memory.limit_in_bytes")
 			if got := readTrim(t, memLimit); got != before.(string) {
 				t.Errorf("sandbox memory.limit_in_bytes on the host: %s -> %s (the probe writes %s)", before, got, escMarkerMemLimit)
 				os.WriteFile(memLimit, []byte(before.(string)), 0)
 			}
-			if _, err := os.Stat(cgroupFile(e.id, "pids", "escape")); err == nil {
+			if _, err := os.Stat(e.cgroupFile("pids", "escape")); err == nil {
 				t.Errorf("sandbox created a cgroup on the host")
-				os.Remove(cgroupFile(e.id, "pids", "escape"))
+				os.Remove(e.cgroupFile("pids", "escape"))
 			}
 		},
 	},
@@ -387,13 +388,13 @@ var attacks = []attack{
 				fmt.Sscanf(res.Out[i:], "FORKED %d", &n)
 			}
 			st, _ := e.r.Status(context.Background(), e.id)
-			t.Logf("pids.current after the bomb: %s; sandbox %s %s", readTrim(t, cgroupFile(e.id, "pids", "pids.current")), st.State, st.Message)
+			t.Logf("pids.current after the bomb: %s; sandbox %s %s", readTrim(t, e.cgroupFile("pids", "pids.current")), st.State, st.Message)
 			if e.class == "runsc" && st.State == runtime.StateStopped {
 				// The Sentry cannot create the host threads and stub
 				// processes it needs beyond the limit and the whole
 				// sandbox stops: contained, but not survivable.
 				t.Logf("runsc: the sandbox was stopped as a whole by the pids limit")
-			} else if limit, _ := strconv.Atoi(readTrim(t, cgroupFile(e.id, "pids", "pids.max"))); n < 0 || n >= limit ||
+			} else if limit, _ := strconv.Atoi(readTrim(t, e.cgroupFile("pids", "pids.max"))); n < 0 || n >= limit ||
 				!strings.Contains(res.Out, "BLOCKED fork-until-limit") {
 				t.Errorf("forked %d processes with a pids limit of %d:\n%s", n, limit, res.Out)
 			}
@@ -415,7 +416,7 @@ var attacks = []attack{
 			if strings.Contains(res.Out, "ALLOWED membomb") || res.Code == 0 {
 				t.Errorf("1 GiB allocated under a 64 MiB limit (code %d):\n%s", res.Code, res.Out)
 			}
-			failcnt, _ := os.ReadFile(cgroupFile(e.id, "memory", "memory.failcnt"))
+			failcnt, _ := os.ReadFile(e.cgroupFile("memory", "memory.failcnt"))
 			if n, _ := strconv.Atoi(strings.TrimSpace(string(failcnt))); n == 0 {
 				t.Errorf("memory.failcnt = %q: the limit was never hit", failcnt)
 			}
@@ -432,7 +433,7 @@ var attacks = []attack{
 			if err := runtimetest.PingAgent(context.Background(), e.r, e.id, 5*time.Second); err != nil {
 				t.Errorf("sandbox agent gone after the OOM kill: %v", err)
 			}
-			if lim := readTrim(t, cgroupFile(e.id, "memory", "memory.limit_in_bytes")); lim != strconv.Itoa(64<<20) {
+			if lim := readTrim(t, e.cgroupFile("memory", "memory.limit_in_bytes")); lim != strconv.Itoa(64<<20) {
 				t.Errorf("memory limit = %s", lim)
 			}
 			// Under host memory pressure sandboxes are the OOM killer's

@@ -35,6 +35,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -58,6 +59,8 @@ const (
 	DefaultClass   = "runc"
 	// DefaultPidsLimit applies when neither the spec nor Config sets one.
 	DefaultPidsLimit = 4096
+	// DefaultCgroupParent holds the sandboxes' cgroups.
+	DefaultCgroupParent = "/moat"
 )
 
 // knownClasses are the OCI runtimes looked up on PATH when Config.Classes
@@ -100,6 +103,10 @@ type Config struct {
 	// sandbox init processes (recording their exit codes) when they exit.
 	// Enable it when PID 1 of the host does not reap orphans.
 	Subreaper bool `json:"subreaper,omitempty"`
+	// CgroupParent is the cgroup every sandbox's cgroup is made under, in
+	// every hierarchy: <CgroupParent>/<id> (default "/moat"). Changing it
+	// while sandboxes run strands their cgroups.
+	CgroupParent string `json:"cgroupParent,omitempty"`
 }
 
 func (c *Config) setDefaults() error {
@@ -124,6 +131,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Resources.PidsLimit == 0 {
 		c.Resources.PidsLimit = DefaultPidsLimit
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = DefaultCgroupParent
+	}
+	if cg := path.Clean(c.CgroupParent); !path.IsAbs(cg) || cg == "/" || cg != c.CgroupParent || strings.ContainsAny(cg, ":\n") {
+		return fmt.Errorf("oci: cgroup parent %q: want a clean absolute path below /: %w", c.CgroupParent, errdefs.ErrInvalidArgument)
 	}
 	if c.Network.StateDir == "" {
 		c.Network.StateDir = filepath.Join(c.Root, "network")

@@ -104,6 +104,7 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 			Classes:      classes,
 			AgentPath:    agentPath(t),
 			Subreaper:    true,
+			CgroupParent: n.CgroupParent,
 			Network: network.Config{
 				Bridge: n.Name,
 				Subnet: n.Subnet,
@@ -248,11 +249,12 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 				t.Fatal(err)
 			}
 			runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
+			cg := r.cgroupPath(id)
 			for file, want := range map[string]string{
-				"cpu/moat/" + id + "/cpu.cfs_quota_us":         "50000",
-				"cpu/moat/" + id + "/cpu.cfs_period_us":        "100000",
-				"memory/moat/" + id + "/memory.limit_in_bytes": "268435456",
-				"pids/moat/" + id + "/pids.max":                "128",
+				"cpu" + cg + "/cpu.cfs_quota_us":         "50000",
+				"cpu" + cg + "/cpu.cfs_period_us":        "100000",
+				"memory" + cg + "/memory.limit_in_bytes": "268435456",
+				"pids" + cg + "/pids.max":                "128",
 			} {
 				data, err := os.ReadFile("/sys/fs/cgroup/" + file)
 				if err != nil {

@@ -51,7 +51,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 				if err := r.deleteContainer(ctx, class, id); err != nil {
 					return err
 				}
-				removeCgroups(id)
+				removeCgroups(r.cgroupPath(id))
 			}
 		}
 	}
@@ -88,7 +88,7 @@ func (r *Runtime) cleanupHalfCreated(ctx context.Context, id string) error {
 			// once more; one more pass after it had time to finish.
 			if attempt == 0 {
 				time.Sleep(200 * time.Millisecond)
-				if exists(r.sandboxDir(id)) || r.anyState(id) || cgroupsExist(id) {
+				if exists(r.sandboxDir(id)) || r.anyState(id) || cgroupsExist(r.cgroupPath(id)) {
 					continue
 				}
 			}
@@ -113,23 +113,26 @@ func (r *Runtime) anyState(id string) bool {
 	return false
 }
 
-// cgroupDirs returns the cgroup directories of sandbox id (v1 and v2).
-func cgroupDirs(id string) []string {
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id)
-	if d := "/sys/fs/cgroup/moat/" + id; exists(d) {
+// cgroupPath is the cgroup of sandbox id (Config.CgroupParent/id), the
+// same path in every hierarchy.
+func (r *Runtime) cgroupPath(id string) string { return r.cfg.CgroupParent + "/" + id }
+
+// cgroupDirs returns the directories of cgroup path cg (v1 and v2).
+func cgroupDirs(cg string) []string {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + cg)
+	if d := "/sys/fs/cgroup" + cg; exists(d) {
 		dirs = append(dirs, d)
 	}
 	return dirs
 }
 
-func cgroupsExist(id string) bool { return len(cgroupDirs(id)) > 0 }
+func cgroupsExist(cg string) bool { return len(cgroupDirs(cg)) > 0 }
 
-// cgroupPids lists the processes in the cgroups of sandbox id, nested
-// cgroups included.
-func cgroupPids(id string) []int {
+// cgroupPids lists the processes in cgroup cg, nested cgroups included.
+func cgroupPids(cg string) []int {
 	seen := map[int]bool{}
 	var out []int
-	for _, d := range cgroupDirs(id) {
+	for _, d := range cgroupDirs(cg) {
 		filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
 			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
 				return nil
@@ -147,14 +150,14 @@ func cgroupPids(id string) []int {
 	return out
 }
 
-// killCgroupProcs SIGKILLs every process left in the cgroups of sandbox
-// id (thawing a frozen one first) and waits up to 2s for them to go.
-func killCgroupProcs(id string) {
-	pids := cgroupPids(id)
+// killCgroupProcs SIGKILLs every process left in cgroup cg (thawing a
+// frozen one first) and waits up to 2s for them to go.
+func killCgroupProcs(cg string) {
+	pids := cgroupPids(cg)
 	if len(pids) == 0 {
 		return
 	}
-	for _, d := range cgroupDirs(id) {
+	for _, d := range cgroupDirs(cg) {
 		if st := filepath.Join(d, "freezer.state"); exists(st) {
 			os.WriteFile(st, []byte("THAWED"), 0o644)
 		}
@@ -165,27 +168,27 @@ func killCgroupProcs(id string) {
 	deadline := time.Now().Add(2 * time.Second)
 	for len(pids) > 0 && time.Now().Before(deadline) {
 		for _, pid := range pids {
-			killInCgroup(pid, id)
+			killInCgroup(pid, cg)
 		}
 		time.Sleep(20 * time.Millisecond)
-		pids = cgroupPids(id)
+		pids = cgroupPids(cg)
 	}
 }
 
-// killInCgroup SIGKILLs pid only if it is still a process of sandbox id.
+// killInCgroup SIGKILLs pid only if it is still a process of cgroup cg.
 // A listed pid may exit (its zombie is listed until reaped) and be reused
 // by an unrelated process, for example the agent of a sandbox being
 // created at the same time, before the signal is sent: the pidfd pins one
 // process, and the cgroup check after opening it makes sure that process
-// belongs to id.
-func killInCgroup(pid int, id string) {
+// belongs to cg.
+func killInCgroup(pid int, cg string) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return // gone
 	}
 	defer unix.Close(fd)
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil || !strings.Contains(string(data), "/moat/"+id+"\n") && !strings.Contains(string(data), "/moat/"+id+"/") {
+	if err != nil || !strings.Contains(string(data), ":"+cg+"\n") && !strings.Contains(string(data), ":"+cg+"/") {
 		return // reused by a process of another cgroup
 	}
 	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)

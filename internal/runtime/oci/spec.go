@@ -47,6 +47,7 @@ type bundleInput struct {
 	HostnameFile string
 	ResolvConf   string
 	NetnsPath    string
+	CgroupsPath  string // Config.CgroupParent/ID
 	Resources    runtime.Resources
 	// Volumes are host bind mounts (validated by Runtime.validate).
 	Volumes []runtime.Mount
@@ -94,7 +95,7 @@ func buildSpec(in bundleInput) *specs.Spec {
 			{Destination: agentConfigPath, Type: "bind", Source: in.AgentConf, Options: []string{"bind", "rprivate", "nosuid", "nodev", "noexec", "ro"}},
 		},
 		Linux: &specs.Linux{
-			CgroupsPath: "/moat/" + in.ID,
+			CgroupsPath: in.CgroupsPath,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},

@@ -652,3 +652,36 @@ func appendLine(path, line string) {
 	defer f.Close()
 	f.WriteString(line + "\n")
 }
+
+// Held reports whether a live process holds the lease of the slot named
+// name (a Name such as "moatn1f3").
+func Held(name string) bool {
+	slot, err := strconv.ParseInt(strings.TrimPrefix(name, NamePrefix), 16, 32)
+	if err != nil || !strings.HasPrefix(name, NamePrefix) {
+		return false
+	}
+	f, err := os.OpenFile(filepath.Join(LeaseDir, strconv.Itoa(int(slot))), os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+// SlotOf returns the lease name an object name starts with ("" if none):
+// "moatn1f3" for "moatn1f3-out", "moatn1f3o" or "moat-host-moatn1f3".
+func SlotOf(object string) string {
+	i := strings.Index(object, NamePrefix)
+	if i < 0 || len(object) < i+len(NamePrefix)+3 {
+		return ""
+	}
+	name := object[i : i+len(NamePrefix)+3]
+	if _, err := strconv.ParseUint(name[len(NamePrefix):], 16, 16); err != nil {
+		return ""
+	}
+	return name
+}
