@@ -7,10 +7,24 @@
 #   kwok            sigs.k8s.io/kwok/cmd/kwok              (KWOK_VERSION)
 #   controller-gen  sigs.k8s.io/controller-tools/cmd/controller-gen (CONTROLLER_TOOLS_VERSION)
 #
+# and, for the real single-node cluster (internal/k8s/kubenode):
+#
+#   kubelet, kube-scheduler, kube-controller-manager
+#                   k8s.io/kubernetes/cmd/...              (K8S_VERSION)
+#   containerd, containerd-shim-runc-v2, ctr
+#                   github.com/containerd/containerd/v2    (CONTAINERD_VERSION;
+#                   kubelet 1.37 needs containerd 2.x, Debian 12 has 1.6)
+#   cni/bridge, cni/host-local, cni/loopback
+#                   github.com/containernetworking/plugins (CNI_VERSION)
+#   helm            helm.sh/helm/v4/cmd/helm               (HELM_VERSION)
+#
+# runc comes from Debian (scripts/install-deps.sh).
+#
 # Binaries land in ${MOAT_CACHE:-/var/cache/moat}/k8s/<K8S_VERSION>/ (the
 # directory KUBEBUILDER_ASSETS points at). Each is built in its own scratch
 # module and skipped when it already exists, so reruns are instant. A cold
-# kube-apiserver build takes ~15-20 minutes on 2 cores.
+# kube-apiserver build takes ~15-20 minutes on 2 cores; the other Kubernetes
+# binaries reuse most of its build cache.
 #
 # Usage: scripts/build-k8s-tools.sh [--print-dir]
 set -euo pipefail
@@ -20,6 +34,9 @@ STAGING_VERSION=${STAGING_VERSION:-v0.${K8S_VERSION#v1.}}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.23.0}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+CNI_VERSION=${CNI_VERSION:-v1.10.0}
+HELM_VERSION=${HELM_VERSION:-v4.3.2}
 CACHE=${MOAT_CACHE:-/var/cache/moat}
 OUT="$CACHE/k8s/$K8S_VERSION"
 
@@ -94,11 +111,18 @@ build_kwok() {
 	install_bin "$d/kwok.tmp" kwok
 }
 
-build_kube_apiserver() {
-	[[ -x "$OUT/kube-apiserver" ]] && return 0
-	log "building kube-apiserver $K8S_VERSION (staging modules $STAGING_VERSION); this takes a while"
+# build_kubernetes builds every missing binary of k8s.io/kubernetes in one
+# scratch module (one `go build`, so shared packages compile once).
+KUBE_BINS=(kube-apiserver kube-scheduler kube-controller-manager kubelet)
+build_kubernetes() {
+	local missing=() b
+	for b in "${KUBE_BINS[@]}"; do
+		[[ -x "$OUT/$b" ]] || missing+=("$b")
+	done
+	((${#missing[@]} > 0)) || return 0
+	log "building ${missing[*]} $K8S_VERSION (staging modules $STAGING_VERSION); this takes a while"
 	local d gomod
-	d=$(scratch kube-apiserver)
+	d=$(scratch kubernetes)
 	(
 		cd "$d"
 		# k8s.io/kubernetes replaces every staging module with ./staging/...;
@@ -112,18 +136,86 @@ build_kube_apiserver() {
 		((${#args[@]} > 0)) || { log "no staging replaces found in $gomod"; exit 1; }
 		go mod edit "${args[@]}"
 		go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
-		go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION"
+		local pkgs=()
+		for b in "${missing[@]}"; do
+			go get "k8s.io/kubernetes/cmd/$b@$K8S_VERSION"
+			pkgs+=("k8s.io/kubernetes/cmd/$b")
+		done
 		local minor=${K8S_VERSION#v1.}
 		minor=${minor%%.*}
-		go build -trimpath -o "$d/kube-apiserver.tmp" \
+		mkdir -p "$d/bin"
+		go build -trimpath -o "$d/bin/" \
 			-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
-			k8s.io/kubernetes/cmd/kube-apiserver
+			"${pkgs[@]}"
 	)
-	install_bin "$d/kube-apiserver.tmp" kube-apiserver
+	for b in "${missing[@]}"; do
+		install_bin "$d/bin/$b" "$b"
+	done
+}
+
+build_containerd() {
+	local b missing=0
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		[[ -x "$OUT/$b" ]] || missing=1
+	done
+	((missing)) || return 0
+	log "building containerd $CONTAINERD_VERSION"
+	local d m=github.com/containerd/containerd/v2
+	d=$(scratch containerd)
+	(
+		cd "$d"
+		go get "$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" "$m/cmd/ctr@$CONTAINERD_VERSION"
+		mkdir -p "$d/bin"
+		# CGO off: no btrfs snapshotter (overlayfs and native remain).
+		go build -trimpath -o "$d/bin/" -tags "no_btrfs no_devmapper" \
+			-ldflags "-s -w -X $m/version.Version=$CONTAINERD_VERSION -X $m/version.Package=$m" \
+			"$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
+	)
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		install_bin "$d/bin/$b" "$b"
+	done
+}
+
+CNI_PLUGINS=(main/bridge ipam/host-local main/loopback)
+build_cni() {
+	local p missing=()
+	for p in "${CNI_PLUGINS[@]}"; do
+		[[ -x "$OUT/cni/${p#*/}" ]] || missing+=("github.com/containernetworking/plugins/plugins/$p")
+	done
+	((${#missing[@]} > 0)) || return 0
+	log "building CNI plugins $CNI_VERSION"
+	local d
+	d=$(scratch cni)
+	(
+		cd "$d"
+		go get "github.com/containernetworking/plugins@$CNI_VERSION"
+		mkdir -p "$d/bin"
+		go build -trimpath -o "$d/bin/" -ldflags "-s -w" "${missing[@]}"
+	)
+	mkdir -p "$OUT/cni"
+	for p in "${CNI_PLUGINS[@]}"; do
+		[[ -f "$d/bin/${p#*/}" ]] && install_bin "$d/bin/${p#*/}" "cni/${p#*/}"
+	done
+}
+
+build_helm() {
+	[[ -x "$OUT/helm" ]] && return 0
+	log "building helm $HELM_VERSION"
+	local d
+	d=$(scratch helm)
+	(
+		cd "$d"
+		go get "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+		go build -trimpath -o "$d/helm.tmp" -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
+	)
+	install_bin "$d/helm.tmp" helm
 }
 
 build_controller_gen
 build_etcd
 build_kwok
-build_kube_apiserver
+build_kubernetes
+build_helm
+build_cni
+build_containerd
 log "all tools present in $OUT"
