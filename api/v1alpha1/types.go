@@ -3,89 +3,147 @@ package v1alpha1
 import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// Labels and annotations the controller puts on the objects it makes.
+// Annotations clients read on a BatchSandbox, as OpenSandbox's controller
+// writes them, and the labels and finalizer the controller puts on the
+// objects it makes.
 const (
-	// LabelPool marks a pod made by a Pool's warm-up; its value is the pool name.
-	LabelPool = Group + "/pool"
-	// LabelBatch marks a pod created cold for a BatchSandbox; its value is
-	// the batch name. Warm pods taken from a pool are not relabelled (that
-	// would cost one write per pod): the batch status is the record.
-	LabelBatch = Group + "/batch"
-	// LabelTemplateHash is the hash of the SandboxTemplate a pod was made
-	// from, so a pool can tell stale pods after a template change.
-	LabelTemplateHash = Group + "/template-hash"
-	// FinalizerRelease keeps a BatchSandbox until the controller has
-	// released (deleted) its pods; without it a pod could be handed out
-	// again after a controller restart.
+	// AnnoAllocStatus is the allocation record of a batch:
+	// {"pods":["pod-of-claim-0","pod-of-claim-1",...]} in claim order
+	// ("" for a claim without a pod yet). With AnnoAllocRelease it is the
+	// ledger: a restarted controller rebuilds which pool pods are taken
+	// from these two annotations of every batch.
+	AnnoAllocStatus = Group + "/alloc-status"
+	// AnnoAllocRelease lists the pods a batch released before the batch
+	// ended (deleted or finished pods that were replaced, or claims beyond
+	// a lowered spec.replicas): {"pods":[...]}.
+	AnnoAllocRelease = Group + "/alloc-release"
+	// AnnoEndpoints are the pod IPs of the claims, in claim order:
+	// ["10.244.1.5", ...] ("" for a claim whose pod has no IP yet).
+	AnnoEndpoints = Group + "/endpoints"
+	// AnnoPoolName names the pool a batch's warm pods came from.
+	AnnoPoolName = Group + "/pool-name"
+
+	// LabelPool marks a pod made by a Pool; its value is the pool name.
+	// Warm pods handed to a batch are not relabelled (that would cost one
+	// write per pod): the batch's alloc-status is the record.
+	LabelPool = "pool." + Group + "/name"
+	// LabelPoolRevision is the hash of the pool template a pod was made
+	// from, so that a pool can tell stale pods after a template change.
+	LabelPoolRevision = Group + "/pool-revision"
+	// LabelBatch marks a pod created for a BatchSandbox; its value is the
+	// batch name.
+	LabelBatch = "batch-sandbox." + Group + "/name"
+	// LabelPodIndex is the claim index of a pod created for a batch.
+	LabelPodIndex = "batch-sandbox." + Group + "/pod-index"
+	// LabelManaged is on every pod the controller makes; the controller's
+	// pod cache is restricted to it.
+	LabelManaged = Group + "/managed-by"
+	// ManagedBy is the value of LabelManaged.
+	ManagedBy = "moat"
+
+	// AnnoAgent set to "false" on a pod template keeps the controller from
+	// injecting moat's agent into the pods made from it.
+	AnnoAgent = Group + "/moat-agent"
+	// AnnoAgentImage on a pod template overrides the controller's
+	// --agent-image for the pods made from it.
+	AnnoAgentImage = Group + "/moat-agent-image"
+
+	// FinalizerRelease keeps a BatchSandbox (and a Pool) until the
+	// controller has released its pods; without it a pod could be handed
+	// out again after a controller restart (OpenSandbox's #723).
 	FinalizerRelease = Group + "/release"
 )
 
-// SandboxTemplate describes the pod of one sandbox. The controller turns it
-// into a pod whose init container copies the moat binary from AgentImage
-// into an emptyDir, and whose main container runs Image with `moat execd`
-// as its entrypoint (execd then starts Entrypoint as its child).
-type SandboxTemplate struct {
-	// Image is the sandbox image.
-	// +kubebuilder:validation:MinLength=1
-	Image string `json:"image"`
-	// Entrypoint is the user command execd starts. Empty: execd alone (the
-	// image's own entrypoint is not known to the controller).
-	// +optional
-	Entrypoint []string `json:"entrypoint,omitempty"`
-	// Env is set for the entrypoint and every command the agent runs.
-	// +optional
-	Env map[string]string `json:"env,omitempty"`
-	// WorkingDir of the sandbox container.
-	// +optional
-	WorkingDir string `json:"workingDir,omitempty"`
-	// Resources of the sandbox container.
-	// +optional
-	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
-	// Labels and Annotations are added to the pod's metadata.
-	// +optional
-	Labels map[string]string `json:"labels,omitempty"`
-	// +optional
-	Annotations map[string]string `json:"annotations,omitempty"`
-	// RuntimeClassName selects the node's container runtime (e.g. gVisor).
-	// +optional
-	RuntimeClassName string `json:"runtimeClassName,omitempty"`
-	// NodeSelector and Tolerations place the pod.
-	// +optional
-	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
-	// +optional
-	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
-	// AgentImage is an image holding the static moat binary at /moat; the
-	// init container runs `/moat controller copy-agent` from it. Empty:
-	// the controller's --agent-image.
-	// +optional
-	AgentImage string `json:"agentImage,omitempty"`
-	// AgentTokenSecret names a Secret in the same namespace whose "token"
-	// key is the agent's access token (EXECD_ACCESS_TOKEN). Empty: no auth.
-	// +optional
-	AgentTokenSecret string `json:"agentTokenSecret,omitempty"`
+// CapacitySpec sizes a pool. The controller keeps the free (available)
+// pods between BufferMin and BufferMax: below BufferMin it creates pods
+// up to BufferMax, above BufferMax it deletes the surplus; the pool's
+// total (free plus allocated) stays within [PoolMin, PoolMax].
+//
+// +kubebuilder:validation:XValidation:rule="self.bufferMin <= self.bufferMax",message="bufferMin must not exceed bufferMax"
+// +kubebuilder:validation:XValidation:rule="self.poolMin <= self.poolMax",message="poolMin must not exceed poolMax"
+type CapacitySpec struct {
+	// BufferMax is the most free pods kept ready.
+	// +kubebuilder:validation:Minimum=0
+	BufferMax int32 `json:"bufferMax"`
+	// BufferMin is the fewest free pods kept ready.
+	// +kubebuilder:validation:Minimum=0
+	BufferMin int32 `json:"bufferMin"`
+	// PoolMax caps the pool's pods (free plus allocated).
+	// +kubebuilder:validation:Minimum=0
+	PoolMax int32 `json:"poolMax"`
+	// PoolMin is the fewest pods the pool holds (free plus allocated).
+	// +kubebuilder:validation:Minimum=0
+	PoolMin int32 `json:"poolMin"`
 }
 
-// PoolSpec sizes a pool of warm sandbox pods.
-//
-// +kubebuilder:validation:XValidation:rule="!has(self.max) || self.max == 0 || !has(self.min) || self.min <= self.max",message="min must not exceed max"
+// ScaleStrategy paces scaling (accepted for compatibility).
+type ScaleStrategy struct {
+	// MaxUnavailable pods while scaling (a number or a percentage).
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// UpdateStrategy paces the replacement of stale pods after a template
+// change (accepted for compatibility; moat replaces free stale pods at once).
+type UpdateStrategy struct {
+	// MaxUnavailable pods while updating (a number or a percentage).
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// RecycleStrategy says what happens to an allocated pod when its batch
+// ends.
+type RecycleStrategy struct {
+	// Type: Delete (the default and the only one moat implements: a used
+	// sandbox is never handed out again), Restart or Noop.
+	// +kubebuilder:validation:Enum=Delete;Restart;Noop
+	// +optional
+	Type string `json:"type,omitempty"`
+}
+
+// PodRecyclePolicy says how allocated pods are handled when their batch is
+// deleted: Delete (default) or Reuse. moat always deletes: a used sandbox
+// is dirty; Reuse is accepted and treated as Delete.
+// +kubebuilder:validation:Enum=Delete;Reuse
+type PodRecyclePolicy string
+
+// ResetSpec configures PodRecyclePolicy Reuse (accepted for compatibility).
+type ResetSpec struct {
+	// +optional
+	MainContainerName string `json:"mainContainerName,omitempty"`
+	// +optional
+	CleanDirectories []string `json:"cleanDirectories,omitempty"`
+	// +optional
+	TimeoutSeconds int64 `json:"timeoutSeconds,omitempty"`
+}
+
+// PoolSpec describes a pool of warm sandbox pods.
 type PoolSpec struct {
-	// Template is the pod of every sandbox in the pool.
-	Template SandboxTemplate `json:"template"`
-	// Min is the least number of pods the pool holds (free plus allocated).
-	// +kubebuilder:validation:Minimum=0
+	// Template is the pod of every sandbox in the pool. Unless its
+	// annotation sandbox.opensandbox.io/moat-agent is "false", the
+	// controller adds moat's agent to the pod (an init container copies it
+	// into an emptyDir; the first container runs it, with the container's
+	// own command, if any, as the agent's child).
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Optional
+	Template *corev1.PodTemplateSpec `json:"template"`
+	// CapacitySpec sizes the pool.
+	CapacitySpec CapacitySpec `json:"capacitySpec"`
 	// +optional
-	Min int32 `json:"min,omitempty"`
-	// Max caps the pods the pool holds (free plus allocated); 0 = no cap.
-	// +kubebuilder:validation:Minimum=0
+	ScaleStrategy *ScaleStrategy `json:"scaleStrategy,omitempty"`
 	// +optional
-	Max int32 `json:"max,omitempty"`
-	// Buffer is the number of free pods kept beyond those allocated, so
-	// that the next claim is served warm.
-	// +kubebuilder:validation:Minimum=0
+	UpdateStrategy *UpdateStrategy `json:"updateStrategy,omitempty"`
 	// +optional
-	Buffer int32 `json:"buffer,omitempty"`
+	RecycleStrategy *RecycleStrategy `json:"recycleStrategy,omitempty"`
+	// +optional
+	PodRecyclePolicy PodRecyclePolicy `json:"podRecyclePolicy,omitempty"`
+	// +optional
+	ResetSpec *ResetSpec `json:"resetSpec,omitempty"`
 }
 
 // PoolStatus is what the controller observed of a pool.
@@ -93,32 +151,41 @@ type PoolStatus struct {
 	// ObservedGeneration is the spec generation the counts are for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Total pods of the pool (free plus allocated, not terminating).
+	// Revision is the hash of the current template.
+	Revision string `json:"revision"`
+	// Total pods of the pool (free, allocated and starting).
 	Total int32 `json:"total"`
-	// Free pods: running and not allocated to a batch.
-	Free int32 `json:"free"`
 	// Allocated pods: handed to a BatchSandbox.
 	Allocated int32 `json:"allocated"`
-	// Pending pods: created, not running yet.
-	Pending int32 `json:"pending"`
+	// Available pods: running, of the current revision, not allocated.
+	Available int32 `json:"available"`
+	// Updated pods: of the current revision.
+	// +optional
+	Updated int32 `json:"updated,omitempty"`
+	// Resetting is always 0 (moat never reuses a pod).
+	// +optional
+	Resetting int32 `json:"resetting,omitempty"`
+	// Conditions: Ready (False with a reason for a template the controller
+	// cannot use).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // Pool keeps warm sandbox pods ready for BatchSandbox claims.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=sbpool
-// +kubebuilder:printcolumn:name="Min",type=integer,JSONPath=`.spec.min`
-// +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.max`
-// +kubebuilder:printcolumn:name="Buffer",type=integer,JSONPath=`.spec.buffer`
-// +kubebuilder:printcolumn:name="Free",type=integer,JSONPath=`.status.free`
-// +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.allocated`
-// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="TOTAL",type=integer,JSONPath=`.status.total`
+// +kubebuilder:printcolumn:name="ALLOCATED",type=integer,JSONPath=`.status.allocated`
+// +kubebuilder:printcolumn:name="AVAILABLE",type=integer,JSONPath=`.status.available`
+// +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`
 type Pool struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   PoolSpec   `json:"spec"`
+	Spec   PoolSpec   `json:"spec,omitempty"`
 	Status PoolStatus `json:"status,omitempty"`
 }
 
@@ -131,119 +198,216 @@ type PoolList struct {
 	Items           []Pool `json:"items"`
 }
 
-// SandboxPatch changes one claim of a batch. Labels and Annotations are set
-// on the pod of a claim created cold; for a claim served warm they stay in
-// this spec only (relabelling warm pods would cost one write per pod). Env
-// can only be applied at pod creation, so a claim whose patch sets Env is
-// always created cold.
-type SandboxPatch struct {
+// TaskResourcePolicy says what happens to a sandbox whose task finished.
+// +kubebuilder:validation:Enum=Retain;Release
+type TaskResourcePolicy string
+
+// Task resource policies.
+const (
+	// TaskRetain keeps the sandbox until the batch is deleted.
+	TaskRetain TaskResourcePolicy = "Retain"
+	// TaskRelease deletes the sandbox's pod once its task finished.
+	TaskRelease TaskResourcePolicy = "Release"
+)
+
+// ProcessTask is a command run in a sandbox.
+type ProcessTask struct {
+	// Command to run (argv[0] and the first arguments).
+	Command []string `json:"command"`
+	// Args are appended to Command.
 	// +optional
-	Labels map[string]string `json:"labels,omitempty"`
+	Args []string `json:"args,omitempty"`
+	// Env of the task (literal values).
 	// +optional
-	Annotations map[string]string `json:"annotations,omitempty"`
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// WorkingDir of the task.
 	// +optional
-	Env map[string]string `json:"env,omitempty"`
+	WorkingDir string `json:"workingDir,omitempty"`
+}
+
+// TaskSpec is the task of one sandbox.
+type TaskSpec struct {
+	// +optional
+	Process *ProcessTask `json:"process,omitempty"`
+	// TimeoutSeconds bounds the task; a task past it is killed and failed.
+	// +optional
+	TimeoutSeconds *int64 `json:"timeoutSeconds,omitempty"`
+}
+
+// TaskTemplateSpec is the task every sandbox of a batch runs once it is
+// ready (moat's agent in the pod runs it; no sidecar).
+type TaskTemplateSpec struct {
+	// +optional
+	Spec TaskSpec `json:"spec,omitempty"`
+}
+
+// SnapshotType is the kind of a snapshot.
+type SnapshotType string
+
+// PausePolicy configures pause (accepted for compatibility).
+type PausePolicy struct {
+	SnapshotRegistry string `json:"snapshotRegistry"`
+	// +optional
+	SnapshotType SnapshotType `json:"snapshotType,omitempty"`
+	// +optional
+	SnapshotPushSecret string `json:"snapshotPushSecret,omitempty"`
+	// +optional
+	ResumeImagePullSecret string `json:"resumeImagePullSecret,omitempty"`
 }
 
 // BatchSandboxSpec is a claim of Replicas sandboxes.
-//
-// +kubebuilder:validation:XValidation:rule="has(self.poolRef) || has(self.template)",message="one of poolRef or template is required"
-// +kubebuilder:validation:XValidation:rule="!has(self.patches) || size(self.patches) <= self.replicas",message="more patches than replicas"
-// +kubebuilder:validation:XValidation:rule="self.replicas == oldSelf.replicas",message="replicas is immutable"
 type BatchSandboxSpec struct {
-	// Replicas is the number of sandboxes.
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=5000
-	Replicas int32 `json:"replicas"`
+	// Replicas is the number of sandboxes. Lowering it releases the
+	// claims past the new count; raising it adds claims.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	// +kubebuilder:default=1
+	Replicas *int32 `json:"replicas,omitempty"`
 	// PoolRef names a Pool in the same namespace to take warm pods from.
-	// Claims the pool cannot serve are created cold from Template (or, if
-	// Template is empty, from the pool's template).
+	// Claims the pool cannot serve are created from Template, or, without
+	// one, from the pool's template.
 	// +optional
 	PoolRef string `json:"poolRef,omitempty"`
-	// Template is the pod of a sandbox created cold.
+	// Template is the pod of a sandbox created for the batch (see
+	// PoolSpec.Template for the agent).
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Optional
+	Template *corev1.PodTemplateSpec `json:"template,omitempty"`
+	// ShardPatches[i] is a strategic merge patch on the template for
+	// claim i. A claim with a patch gets a pod of its own (a warm pod's
+	// spec cannot change).
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
 	// +optional
-	Template *SandboxTemplate `json:"template,omitempty"`
-	// ExpireTime, if set, is when the controller deletes the batch.
+	ShardPatches []runtime.RawExtension `json:"shardPatches,omitempty"`
+	// ExpireTime is when the controller deletes the batch (a time in the
+	// past: at once).
 	// +optional
 	ExpireTime *metav1.Time `json:"expireTime,omitempty"`
-	// Patches[i] applies to claim i.
+	// TaskTemplate is run in every sandbox once it is ready.
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
 	// +optional
-	// +kubebuilder:validation:MaxItems=5000
-	Patches []SandboxPatch `json:"patches,omitempty"`
-	// Stopped releases the pods but keeps the batch (and its record).
+	TaskTemplate *TaskTemplateSpec `json:"taskTemplate,omitempty"`
+	// ShardTaskPatches[i] is a JSON merge patch on TaskTemplate for claim i.
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
 	// +optional
-	Stopped bool `json:"stopped,omitempty"`
+	ShardTaskPatches []runtime.RawExtension `json:"shardTaskPatches,omitempty"`
+	// TaskResourcePolicyWhenCompleted: Retain (default) keeps a sandbox
+	// whose task finished; Release deletes its pod.
+	// +kubebuilder:default=Retain
+	// +optional
+	TaskResourcePolicyWhenCompleted *TaskResourcePolicy `json:"taskResourcePolicyWhenCompleted,omitempty"`
+	// Pause: nil = nothing to do, true = pause, false = resume. moat's
+	// controller answers with a PauseFailed condition (reason
+	// Unsupported): pods cannot be paused on Kubernetes by moat yet.
+	// +optional
+	Pause *bool `json:"pause,omitempty"`
+	// PausePolicy is accepted for compatibility.
+	// +optional
+	PausePolicy *PausePolicy `json:"pausePolicy,omitempty"`
 }
 
-// BatchPhase summarizes a batch.
-// +kubebuilder:validation:Enum=Pending;Running;Stopped;Failed
-type BatchPhase string
+// BatchSandboxPhase summarizes a batch.
+// +kubebuilder:validation:Enum=Pending;Succeed;Pausing;Paused;Resuming;Failed
+type BatchSandboxPhase string
 
-// Batch phases.
+// Batch phases (OpenSandbox's).
 const (
-	// BatchPending: some sandboxes are not running yet.
-	BatchPending BatchPhase = "Pending"
-	// BatchRunning: every sandbox is running.
-	BatchRunning BatchPhase = "Running"
-	// BatchStopped: the batch was stopped and its pods released.
-	BatchStopped BatchPhase = "Stopped"
-	// BatchFailed: the batch cannot be served (see Message).
-	BatchFailed BatchPhase = "Failed"
+	// PhasePending: some sandboxes are not running yet.
+	PhasePending BatchSandboxPhase = "Pending"
+	// PhaseSucceed: every sandbox is running (clients map it to Running).
+	PhaseSucceed BatchSandboxPhase = "Succeed"
+	// PhasePausing, PhasePaused, PhaseResuming: the pause chain.
+	PhasePausing  BatchSandboxPhase = "Pausing"
+	PhasePaused   BatchSandboxPhase = "Paused"
+	PhaseResuming BatchSandboxPhase = "Resuming"
+	// PhaseFailed: the batch cannot be served (see the conditions).
+	PhaseFailed BatchSandboxPhase = "Failed"
 )
 
-// Source tells where a sandbox's pod came from.
-// +kubebuilder:validation:Enum=Pool;Cold
-type Source string
+// BatchSandboxConditionType names a condition of a batch.
+// +kubebuilder:validation:Enum=Ready;Progressing;Paused;PauseFailed;ResumeFailed;PodFailed
+type BatchSandboxConditionType string
 
-// Pod sources.
+// Condition types (OpenSandbox's).
 const (
-	// SourcePool: a warm pod of the batch's pool.
-	SourcePool Source = "Pool"
-	// SourceCold: a pod created for the batch.
-	SourceCold Source = "Cold"
+	ConditionReady        BatchSandboxConditionType = "Ready"
+	ConditionProgressing  BatchSandboxConditionType = "Progressing"
+	ConditionPaused       BatchSandboxConditionType = "Paused"
+	ConditionPauseFailed  BatchSandboxConditionType = "PauseFailed"
+	ConditionResumeFailed BatchSandboxConditionType = "ResumeFailed"
+	ConditionPodFailed    BatchSandboxConditionType = "PodFailed"
 )
 
-// SandboxStatus is one claim of a batch.
-type SandboxStatus struct {
-	// Index of the claim (0..replicas-1).
-	Index int32 `json:"index"`
-	// Pod is the name of the sandbox's pod.
-	Pod string `json:"pod"`
-	// Source of the pod.
-	Source Source `json:"source"`
-	// IP is the pod IP once it is known.
+// Condition reasons the controller writes.
+const (
+	// ReasonAllReady: Ready=True.
+	ReasonAllReady = "AllReady"
+	// ReasonPodsStarting: Ready=False while pods start.
+	ReasonPodsStarting = "PodsStarting"
+	// ReasonPoolNotFound: Ready=False, poolRef names no Pool and there is
+	// no template to fall back on.
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonInvalidTemplate: Ready=False, the template (or a shard patch)
+	// cannot make a pod, e.g. it has no container image.
+	ReasonInvalidTemplate = "InvalidTemplate"
+	// ReasonCreateFailed: Ready=False, the API server refused a pod.
+	ReasonCreateFailed = "PodCreateFailed"
+	// ReasonUnsupported: PauseFailed/ResumeFailed=True.
+	ReasonUnsupported = "Unsupported"
+	// ReasonPodsFailed: PodFailed=True, some pods ended.
+	ReasonPodsFailed = "PodsFailed"
+)
+
+// BatchSandboxCondition is a condition of a batch (OpenSandbox's shape).
+type BatchSandboxCondition struct {
+	Type BatchSandboxConditionType `json:"type"`
+	// +kubebuilder:validation:Enum=True;False
+	Status string `json:"status"`
 	// +optional
-	IP string `json:"ip,omitempty"`
-	// Ready is true once the pod is running with an IP.
+	Reason string `json:"reason,omitempty"`
 	// +optional
-	Ready bool `json:"ready,omitempty"`
-	// Gone is true once the pod disappeared (deleted or evicted).
+	Message string `json:"message,omitempty"`
 	// +optional
-	Gone bool `json:"gone,omitempty"`
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
 }
 
-// BatchSandboxStatus is the controller's record of a batch. It is the
-// allocation ledger: on restart the controller rebuilds which pool pods are
-// taken from the statuses of all batches.
+// BatchSandboxStatus is what the controller observed of a batch. The
+// allocation itself is recorded in the alloc-status annotation.
 type BatchSandboxStatus struct {
 	// ObservedGeneration is the spec generation the status is for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Phase summarizes the batch.
-	// +optional
-	Phase BatchPhase `json:"phase,omitempty"`
-	// Message explains a Failed phase.
-	// +optional
-	Message string `json:"message,omitempty"`
+	// Replicas is the number of pods the batch has.
+	Replicas int32 `json:"replicas"`
 	// Allocated is the number of claims with a pod.
 	Allocated int32 `json:"allocated"`
-	// Ready is the number of claims whose pod is running.
+	// Ready is the number of claims whose pod runs with an IP.
 	Ready int32 `json:"ready"`
-	// Sandboxes are the claims, by index.
+	// Task counts (tasks of claims without a ready pod are pending).
+	TaskRunning int32 `json:"taskRunning"`
+	TaskSucceed int32 `json:"taskSucceed"`
+	TaskFailed  int32 `json:"taskFailed"`
+	TaskPending int32 `json:"taskPending"`
+	TaskUnknown int32 `json:"taskUnknown"`
+	// TaskLastErrorMessage is the error of the latest failed task.
+	// +optional
+	TaskLastErrorMessage string `json:"taskLastErrorMessage,omitempty"`
+	// Phase summarizes the batch.
+	// +optional
+	Phase BatchSandboxPhase `json:"phase,omitempty"`
+	// PauseObservedGeneration is the generation whose spec.pause the
+	// controller last answered.
+	// +optional
+	PauseObservedGeneration int64 `json:"pauseObservedGeneration,omitempty"`
+	// Conditions: Ready, PodFailed, PauseFailed, ResumeFailed.
 	// +optional
 	// +listType=map
-	// +listMapKey=index
-	Sandboxes []SandboxStatus `json:"sandboxes,omitempty"`
+	// +listMapKey=type
+	Conditions []BatchSandboxCondition `json:"conditions,omitempty"`
 }
 
 // BatchSandbox claims a number of sandboxes at once.
@@ -251,16 +415,20 @@ type BatchSandboxStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bsbx
-// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="DESIRED",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="TOTAL",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="ALLOCATED",type=integer,JSONPath=`.status.allocated`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.ready`
-// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
-// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolRef`
-// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="PHASE",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="TASK_SUCCEED",type=integer,priority=1,JSONPath=`.status.taskSucceed`
+// +kubebuilder:printcolumn:name="TASK_FAILED",type=integer,priority=1,JSONPath=`.status.taskFailed`
+// +kubebuilder:printcolumn:name="EXPIRE",type=string,JSONPath=`.spec.expireTime`
+// +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`
 type BatchSandbox struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   BatchSandboxSpec   `json:"spec"`
+	Spec   BatchSandboxSpec   `json:"spec,omitempty"`
 	Status BatchSandboxStatus `json:"status,omitempty"`
 }
 
@@ -271,4 +439,114 @@ type BatchSandboxList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []BatchSandbox `json:"items"`
+}
+
+// GetReplicas returns spec.replicas (default 1).
+func (b *BatchSandbox) GetReplicas() int32 {
+	if b.Spec.Replicas == nil {
+		return 1
+	}
+	return *b.Spec.Replicas
+}
+
+// SandboxSnapshotPhase is the phase of a snapshot.
+// +kubebuilder:validation:Enum=Pending;Committing;Succeed;Ready;Failed
+type SandboxSnapshotPhase string
+
+// Snapshot phases.
+const (
+	SnapshotPending    SandboxSnapshotPhase = "Pending"
+	SnapshotCommitting SandboxSnapshotPhase = "Committing"
+	SnapshotSucceed    SandboxSnapshotPhase = "Succeed"
+	SnapshotFailed     SandboxSnapshotPhase = "Failed"
+)
+
+// ContainerSnapshot is the image of one snapshotted container.
+type ContainerSnapshot struct {
+	ContainerName string `json:"containerName"`
+	ImageURI      string `json:"imageUri"`
+	// +optional
+	ImageDigest string `json:"imageDigest,omitempty"`
+}
+
+// SandboxSnapshotSpec names the sandbox to snapshot. The other fields are
+// those of OpenSandbox's releases, accepted for compatibility.
+type SandboxSnapshotSpec struct {
+	// SandboxName is the BatchSandbox to snapshot.
+	// +optional
+	SandboxName string `json:"sandboxName,omitempty"`
+	// +optional
+	SandboxID string `json:"sandboxId,omitempty"`
+	// +optional
+	SourceBatchSandboxName string `json:"sourceBatchSandboxName,omitempty"`
+	// +optional
+	SourcePodName string `json:"sourcePodName,omitempty"`
+	// +optional
+	SourceNodeName string `json:"sourceNodeName,omitempty"`
+	// +optional
+	SnapshotType SnapshotType `json:"snapshotType,omitempty"`
+	// +optional
+	SnapshotRegistry string `json:"snapshotRegistry,omitempty"`
+	// +optional
+	SnapshotPushSecret string `json:"snapshotPushSecret,omitempty"`
+	// +optional
+	ResumeImagePullSecret string `json:"resumeImagePullSecret,omitempty"`
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +optional
+	ResumeTemplate *runtime.RawExtension `json:"resumeTemplate,omitempty"`
+	// +optional
+	ContainerSnapshots []ContainerSnapshot `json:"containerSnapshots,omitempty"`
+	// +optional
+	PausedAt *metav1.Time `json:"pausedAt,omitempty"`
+	// +optional
+	PauseVersion int `json:"pauseVersion,omitempty"`
+	// +optional
+	ResumeVersion int `json:"resumeVersion,omitempty"`
+}
+
+// SandboxSnapshotStatus is the controller's answer to a snapshot request.
+type SandboxSnapshotStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	Phase SandboxSnapshotPhase `json:"phase,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+	// +optional
+	Containers []ContainerSnapshot `json:"containers,omitempty"`
+	// +optional
+	SourcePodName string `json:"sourcePodName,omitempty"`
+	// +optional
+	SourceNodeName string `json:"sourceNodeName,omitempty"`
+	// Conditions: Ready, Failed.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// SandboxSnapshot asks for a snapshot of a sandbox.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=sbxsnap
+// +kubebuilder:printcolumn:name="PHASE",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="SANDBOX",type=string,JSONPath=`.spec.sandboxName`
+// +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`
+type SandboxSnapshot struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   SandboxSnapshotSpec   `json:"spec,omitempty"`
+	Status SandboxSnapshotStatus `json:"status,omitempty"`
+}
+
+// SandboxSnapshotList is a list of SandboxSnapshots.
+//
+// +kubebuilder:object:root=true
+type SandboxSnapshotList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SandboxSnapshot `json:"items"`
 }

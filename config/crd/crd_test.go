@@ -16,7 +16,7 @@ func TestObjects(t *testing.T) {
 	for _, o := range objs {
 		names[o.Name] = true
 	}
-	for _, want := range []string{"pools.sandbox.moat.dev", "batchsandboxes.sandbox.moat.dev"} {
+	for _, want := range []string{"pools.sandbox.opensandbox.io", "batchsandboxes.sandbox.opensandbox.io", "sandboxsnapshots.sandbox.opensandbox.io"} {
 		if !names[want] {
 			t.Errorf("missing CRD %s (have %v)", want, names)
 		}

@@ -30,14 +30,17 @@ func newControllerCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
-		Short: "Run the Kubernetes controller of Pool and BatchSandbox resources",
-		Long: `Run moat's Kubernetes controller (sandbox.moat.dev/v1alpha1).
+		Short: "Run the Kubernetes controller of OpenSandbox's Pool, BatchSandbox and SandboxSnapshot resources",
+		Long: `Run moat's Kubernetes controller for OpenSandbox's resources
+(sandbox.opensandbox.io/v1alpha1): manifests written for OpenSandbox's
+controller work unchanged.
 
 Pools keep warm sandbox pods; a BatchSandbox takes its sandboxes from its
-pool in one step, recorded with a single status write, and creates the
-rest cold. Pods get the moat agent from --agent-image through an init
-container (moat controller copy-agent) and run ` + "`moat execd`" + ` as their
-entrypoint.`,
+pool in one step, recorded with a single write of its alloc-status and
+endpoints annotations, and creates the rest. Pods get the moat agent from
+--agent-image through an init container (moat controller copy-agent) and
+run ` + "`moat execd`" + ` as their entrypoint, with the container's own command
+as its child.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var level slog.Level
@@ -70,6 +73,8 @@ entrypoint.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics here (default off)")
 	f.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz and /readyz here (default off)")
 	f.IntVar(&opts.CreateConcurrency, "create-concurrency", 32, "pod creates/deletes in flight per reconcile")
+	f.Float32Var(&opts.QPS, "kube-api-qps", controller.DefaultQPS, "API requests per second (client-side rate limit)")
+	f.IntVar(&opts.Burst, "kube-api-burst", controller.DefaultBurst, "API request burst (client-side rate limit)")
 	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.AddCommand(newCopyAgentCommand())

@@ -6,28 +6,29 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
-// TestRun: the benchmark delivers both batches and reports the counts the
-// design promises (one allocation write warm; one create per pod cold).
+// TestRun: `moat controller` as its own process fills the pool and
+// delivers both batches with the counts the design promises (one record
+// and one status write warm; one create per pod cold).
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
-	ctrllog.SetLogger(logr.Discard())
 	var out bytes.Buffer
-	res, err := Run(context.Background(), Options{N: 10, Nodes: 2}, &out)
+	res, err := Run(context.Background(), Options{N: 10, Nodes: 2, Moat: testutil.MoatBinary(t)}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
-	if len(res) != 2 || res[0].Mode != "warm" || res[1].Mode != "cold" {
+	if len(res) != 3 || res[0].Mode != "fill" || res[1].Mode != "warm" || res[2].Mode != "cold" {
 		t.Fatalf("results %+v", res)
 	}
-	warm, cold := res[0].Writes, res[1].Writes
-	if warm["PUT batchsandboxes/status"] != 1 || warm["POST pods"] != 0 || k8stest.Total(warm) > 3 {
+	fill, warm, cold := res[0].Writes, res[1].Writes, res[2].Writes
+	if fill["POST pods"] != 10 {
+		t.Errorf("fill writes %v", fill)
+	}
+	if warm["PUT batchsandboxes"] != 1 || warm["PUT batchsandboxes/status"] != 1 || warm["POST pods"] != 0 || k8stest.Total(warm) > 3 {
 		t.Errorf("warm writes %v", warm)
 	}
 	if cold["POST pods"] != 10 {

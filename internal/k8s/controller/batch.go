@@ -2,9 +2,11 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -20,12 +22,15 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
 
-// batchReconciler serves BatchSandboxes. A new batch is allocated in one
-// step under the ledger's lock: free, running pool pods for as many claims
-// as the pool can serve, cold pods for the rest. The whole allocation is
-// then recorded with a single status write; only cold pods cost a create
-// each. Later reconciles only refresh readiness (one status write when
-// something changed).
+// batchReconciler serves BatchSandboxes. Claims without a pod are
+// allocated in one step under the ledger's lock: free, running pool pods
+// for as many claims as the pool can serve, pods created for the batch
+// for the rest. The allocation is made durable by one write of the
+// batch's annotations (the record, guarded by the resourceVersion the
+// allocation was computed from); the counts follow in one status write.
+// Only created pods cost a write each. A claim whose pod is deleted gets
+// a new one (never the same sandbox back: its state is lost); a claim
+// whose pod ended keeps it, as a failed or finished sandbox.
 type batchReconciler struct {
 	c      client.Client
 	api    client.Reader
@@ -35,9 +40,9 @@ type batchReconciler struct {
 	poke chan<- event.GenericEvent
 
 	mu sync.Mutex
-	// created are cold pods created but maybe not yet in the cache.
+	// created are pods created but maybe not yet in the cache.
 	created map[types.NamespacedName]time.Time
-	// lastWrite is when each batch's status was last written.
+	// lastWrite is when each batch's readiness was last written.
 	lastWrite map[types.UID]time.Time
 }
 
@@ -68,20 +73,20 @@ func (r *batchReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.ledger.load(ctx, r.api); err != nil {
 		return reconcile.Result{}, err
 	}
+	key := req.NamespacedName
 	var b sbv1.BatchSandbox
-	if err := r.c.Get(ctx, req.NamespacedName, &b); err != nil {
+	if err := r.c.Get(ctx, key, &b); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
 		// Deleted without our finalizer: release what the ledger knows.
-		if _, ok := r.ledger.claims(req.NamespacedName); ok {
-			return reconcile.Result{}, r.release(ctx, req.NamespacedName, "")
+		if _, ok := r.ledger.get(key); ok {
+			return reconcile.Result{}, r.releaseAll(ctx, key, "")
 		}
 		return reconcile.Result{}, nil
 	}
-	key := req.NamespacedName
 	if b.DeletionTimestamp != nil {
-		if err := r.release(ctx, key, b.Spec.PoolRef); err != nil {
+		if err := r.releaseAll(ctx, key, b.Spec.PoolRef); err != nil {
 			return reconcile.Result{}, err
 		}
 		if controllerutil.RemoveFinalizer(&b, sbv1.FinalizerRelease) {
@@ -89,105 +94,230 @@ func (r *batchReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 		return reconcile.Result{}, nil
 	}
-	if b.Spec.ExpireTime != nil {
-		if left := time.Until(b.Spec.ExpireTime.Time); left <= 0 {
-			return reconcile.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, &b))
+	if b.Spec.ExpireTime != nil && !time.Now().Before(b.Spec.ExpireTime.Time) {
+		return reconcile.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, &b))
+	}
+	rec, had := r.ledger.get(key)
+	if !had {
+		// Recorded by an earlier process after this one loaded the
+		// ledger, or never allocated.
+		parsed, ok, err := parseRecord(b.Annotations)
+		if err != nil {
+			return r.writeStatus(ctx, &b, rec, nil, failure{sbv1.ReasonInvalidTemplate, err.Error()})
+		}
+		if ok {
+			rec, had = r.ledger.adopt(key, parsed), true
 		}
 	}
-	if controllerutil.AddFinalizer(&b, sbv1.FinalizerRelease) {
-		// The kubernetes runtime sets the finalizer at creation, so this
-		// write is only for batches made by hand.
-		if err := r.c.Update(ctx, &b); err != nil {
-			return reconcile.Result{}, err
+	return r.sync(ctx, &b, rec, had)
+}
+
+// failure is why claims cannot be served (a Ready=False condition).
+type failure struct{ reason, msg string }
+
+// poolOf returns the batch's pool, nil if it names none or none exists.
+func (r *batchReconciler) poolOf(ctx context.Context, b *sbv1.BatchSandbox) (*sbv1.Pool, error) {
+	if b.Spec.PoolRef == "" {
+		return nil, nil
+	}
+	pool := &sbv1.Pool{}
+	err := r.c.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.PoolRef}, pool)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case pool.DeletionTimestamp != nil:
+		return nil, nil
+	}
+	return pool, nil
+}
+
+// coldTemplate is the template of claim i's pod when no warm pod serves
+// it: the batch's template, else its pool's, with shard patch i applied.
+func coldTemplate(b *sbv1.BatchSandbox, pool *sbv1.Pool, i int) (*corev1.PodTemplateSpec, *failure) {
+	t := b.Spec.Template
+	if t == nil && pool != nil {
+		t = pool.Spec.Template
+	}
+	if t == nil {
+		if b.Spec.PoolRef != "" && pool == nil {
+			return nil, &failure{sbv1.ReasonPoolNotFound, fmt.Sprintf("pool %q not found and the batch has no template", b.Spec.PoolRef)}
 		}
+		return nil, &failure{sbv1.ReasonInvalidTemplate, "the batch has neither a poolRef nor a template"}
 	}
-	if b.Spec.Stopped {
-		return r.stop(ctx, &b)
+	if err := checkTemplate(t); err != nil {
+		return nil, &failure{sbv1.ReasonInvalidTemplate, err.Error()}
 	}
-
-	claims, ok := r.ledger.claims(key)
-	if !ok && len(b.Status.Sandboxes) > 0 {
-		// Recorded by an earlier process but not in the ledger (it was
-		// loaded before): adopt it.
-		claims, ok = b.Status.Sandboxes, true
-		r.ledger.mu.Lock()
-		r.ledger.recordLocked(key, claims)
-		r.ledger.mu.Unlock()
+	if i < len(b.Spec.ShardPatches) {
+		pt, err := applyShardPatch(t, b.Spec.ShardPatches[i].Raw)
+		if err != nil {
+			return nil, &failure{sbv1.ReasonInvalidTemplate, fmt.Sprintf("claim %d: %v", i, err)}
+		}
+		t = pt
 	}
-	if !ok {
-		return r.allocate(ctx, &b)
-	}
-	return r.sync(ctx, &b, claims)
+	return t, nil
 }
 
-// coldTemplate is the template of the batch's cold pods.
-func (r *batchReconciler) coldTemplate(b *sbv1.BatchSandbox, pool *sbv1.Pool) (sbv1.SandboxTemplate, bool) {
-	if b.Spec.Template != nil {
-		return *b.Spec.Template, true
+func hasShardPatch(b *sbv1.BatchSandbox, i int) bool {
+	if i >= len(b.Spec.ShardPatches) {
+		return false
 	}
-	if pool != nil {
-		return pool.Spec.Template, true
-	}
-	return sbv1.SandboxTemplate{}, false
+	raw := string(b.Spec.ShardPatches[i].Raw)
+	return raw != "" && raw != "null" && raw != "{}"
 }
 
-func patchOf(b *sbv1.BatchSandbox, i int32) sbv1.SandboxPatch {
-	if int(i) < len(b.Spec.Patches) {
-		return b.Spec.Patches[i]
-	}
-	return sbv1.SandboxPatch{}
-}
-
-func (r *batchReconciler) allocate(ctx context.Context, b *sbv1.BatchSandbox) (reconcile.Result, error) {
+// sync brings a batch to its spec: refreshes the claims from the pods,
+// allocates claims without a pod, persists the record, creates missing
+// pods, deletes released ones and writes the status.
+func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec record, had bool) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(b)
-	var pool *sbv1.Pool
-	var free []string
-	if b.Spec.PoolRef != "" {
-		pool = &sbv1.Pool{}
-		err := r.c.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.PoolRef}, pool)
-		switch {
-		case apierrors.IsNotFound(err):
-			pool = nil
-		case err != nil:
-			return reconcile.Result{}, err
-		default:
+	replicas := int(b.GetReplicas())
+	pool, err := r.poolOf(ctx, b)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	pods, err := r.batchPods(ctx, b, rec)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	next := refresh(rec, pods)
+	if len(next.Claims) > replicas {
+		// Scaled down: the claims past replicas give up their pods.
+		for _, c := range next.Claims[replicas:] {
+			if c.Pod != "" {
+				next.Released = append(next.Released, c.Pod)
+			}
+		}
+		next.Claims = next.Claims[:replicas]
+	}
+
+	var fail *failure
+	undo := func() {}
+	if needsAllocation(next, replicas) {
+		var free []string
+		if pool != nil {
 			if free, err = r.freePods(ctx, pool); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
+		before := next
+		next, undo = r.ledger.allocate(key, next, replicas, free,
+			func(i int) bool { return pool != nil && !hasShardPatch(b, i) },
+			func(i int, replacement bool) string { return coldPodName(b.Name, b.UID, i, replacement) })
+		// Claims that went cold need a template; without one, serve none
+		// of them (the warm ones stay allocated) and say why.
+		for i, c := range next.Claims {
+			if c.Pool || c.Pod == "" || (i < len(before.Claims) && before.Claims[i].Pod == c.Pod) {
+				continue
+			}
+			if _, f := coldTemplate(b, pool, i); f != nil {
+				fail = f
+				next.Claims[i].Pod = ""
+			}
+		}
+		// Warm pods run already: their addresses go into the same write.
+		if refreshed, err := r.batchPods(ctx, b, next); err == nil {
+			next = refresh(next, refreshed)
+			pods = refreshed
+		}
 	}
-	if _, ok := r.coldTemplate(b, pool); !ok && len(free) < int(b.Spec.Replicas) {
-		return r.fail(ctx, b, fmt.Sprintf("pool %q not found and no template", b.Spec.PoolRef))
+	if !next.equal(rec) || !had || !controllerutil.ContainsFinalizer(b, sbv1.FinalizerRelease) {
+		if wait := r.untilNextWrite(b.UID); wait > 0 && had && onlyAddresses(rec, next) && !complete(next, replicas) {
+			// Readiness of created pods trickles in pod by pod: coalesce
+			// it into at most one write per statusInterval.
+			undo()
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		if err := r.writeRecord(ctx, b, next); err != nil {
+			undo()
+			return reconcile.Result{}, err
+		}
+		r.ledger.commit(key, next)
+		if len(next.Released) != len(rec.Released) || slices.ContainsFunc(next.Claims, func(c claim) bool { return c.Pool }) {
+			r.pokePool(b.Namespace, b.Spec.PoolRef)
+		}
 	}
-	claims, undo, fresh := r.ledger.allocate(key, b.Spec.Replicas, free,
-		func(i int32) bool { return pool != nil && len(patchOf(b, i).Env) == 0 },
-		func(i int32) sbv1.SandboxStatus {
-			return sbv1.SandboxStatus{Index: i, Pod: coldPodName(b.Name, b.UID, i), Source: sbv1.SourceCold}
-		},
-		func(i int32, pod string) sbv1.SandboxStatus {
-			return sbv1.SandboxStatus{Index: i, Pod: pod, Source: sbv1.SourcePool}
-		})
-	if !fresh {
-		return r.sync(ctx, b, claims)
+	createErr := r.createPods(ctx, b, pool, next, pods)
+	delErr := r.deleteReleased(ctx, b, next, pods)
+	if fail == nil && createErr != nil {
+		fail = &failure{sbv1.ReasonCreateFailed, createErr.Error()}
 	}
-	// Fill in the addresses of the warm pods from the cache, so the one
-	// status write already reports them ready.
-	pods, err := r.batchPods(ctx, b, claims)
-	if err != nil {
-		undo()
-		return reconcile.Result{}, err
+	res, err := r.writeStatus(ctx, b, next, pods, derefFailure(fail))
+	if err == nil {
+		err = errors.Join(createErr, delErr)
 	}
-	claims, _ = refresh(claims, pods)
-	if err := r.writeStatus(ctx, b, claims); err != nil {
-		undo()
-		return reconcile.Result{}, err
+	if fail != nil && err == nil {
+		// Retry later (the pool may appear, the template may be fixed:
+		// both also trigger a reconcile through the watches).
+		res.RequeueAfter = 10 * time.Second
 	}
-	r.ledger.update(key, claims)
-	r.pokePool(b.Namespace, b.Spec.PoolRef)
-	if err := r.createCold(ctx, b, pool, claims, pods); err != nil {
-		return reconcile.Result{}, err
+	return res, err
+}
+
+func derefFailure(f *failure) failure {
+	if f == nil {
+		return failure{}
 	}
-	return reconcile.Result{}, nil
+	return *f
+}
+
+// needsAllocation: some claim below replicas has no pod (and is not done).
+func needsAllocation(rec record, replicas int) bool {
+	if len(rec.Claims) < replicas {
+		return true
+	}
+	return slices.ContainsFunc(rec.Claims[:replicas], func(c claim) bool { return c.Pod == "" && !c.Done })
+}
+
+// complete: every claim has a pod with an address (or is done).
+func complete(rec record, replicas int) bool {
+	if len(rec.Claims) < replicas {
+		return false
+	}
+	return !slices.ContainsFunc(rec.Claims, func(c claim) bool { return !c.Done && (c.Pod == "" || c.IP == "") })
+}
+
+// onlyAddresses: a and b differ in claim addresses only.
+func onlyAddresses(a, b record) bool {
+	if len(a.Claims) != len(b.Claims) || !slices.Equal(a.Released, b.Released) {
+		return false
+	}
+	for i := range a.Claims {
+		x, y := a.Claims[i], b.Claims[i]
+		x.IP, y.IP = "", ""
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// refresh updates the claims of rec from pods (the cache). A pod that ran
+// and is gone (deleted or evicted) is released and its claim emptied, so
+// that it gets a new pod; a pod never seen is still being created; an
+// ended pod marks its claim done.
+func refresh(rec record, pods map[string]*corev1.Pod) record {
+	out := rec.clone()
+	for i := range out.Claims {
+		c := &out.Claims[i]
+		if c.Pod == "" || c.Done {
+			continue
+		}
+		p := pods[c.Pod]
+		switch {
+		case p == nil || p.DeletionTimestamp != nil:
+			if c.IP != "" || c.Pool || p != nil {
+				out.Released = append(out.Released, c.Pod)
+				*c = claim{}
+			}
+		case podEnded(p):
+			c.Done = true
+		case podReady(p):
+			c.IP = p.Status.PodIP
+		}
+	}
+	return out
 }
 
 // freePods returns the pool's running, unallocated pods of the current
@@ -196,14 +326,14 @@ func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]stri
 	var list corev1.PodList
 	if err := r.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{
 		sbv1.LabelPool:         pool.Name,
-		sbv1.LabelTemplateHash: templateHash(pool.Spec.Template, r.opts.AgentImage),
+		sbv1.LabelPoolRevision: templateHash(pool.Spec.Template, r.opts.AgentImage),
 	}); err != nil {
 		return nil, err
 	}
 	var out []string
 	for i := range list.Items {
 		p := &list.Items[i]
-		if podReady(p) && !r.ledger.allocated(client.ObjectKeyFromObject(p)) {
+		if podReady(p) && !r.ledger.taken(client.ObjectKeyFromObject(p)) {
 			out = append(out, p.Name)
 		}
 	}
@@ -211,23 +341,30 @@ func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]stri
 	return out, nil
 }
 
-// batchPods returns the cached pods of claims, by name.
-func (r *batchReconciler) batchPods(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) (map[string]*corev1.Pod, error) {
-	out := map[string]*corev1.Pod{}
+// batchPods returns the cached pods of rec's claims and released pods, by
+// name.
+func (r *batchReconciler) batchPods(ctx context.Context, b *sbv1.BatchSandbox, rec record) (map[string]*corev1.Pod, error) {
 	want := map[string]bool{}
-	pools := map[bool]bool{}
-	for _, c := range claims {
-		want[c.Pod] = true
-		pools[c.Source == sbv1.SourcePool] = true
+	anyPool := false
+	for _, c := range rec.Claims {
+		if c.Pod != "" {
+			want[c.Pod] = true
+			anyPool = anyPool || c.Pool
+		}
 	}
-	lists := []client.MatchingLabels{}
-	if pools[false] {
-		lists = append(lists, client.MatchingLabels{sbv1.LabelBatch: b.Name})
+	for _, p := range rec.Released {
+		want[p] = true
+		anyPool = true
 	}
-	if pools[true] && b.Spec.PoolRef != "" {
-		lists = append(lists, client.MatchingLabels{sbv1.LabelPool: b.Spec.PoolRef})
+	out := map[string]*corev1.Pod{}
+	if len(want) == 0 {
+		return out, nil
 	}
-	for _, sel := range lists {
+	sels := []client.MatchingLabels{{sbv1.LabelBatch: b.Name}}
+	if anyPool && b.Spec.PoolRef != "" {
+		sels = append(sels, client.MatchingLabels{sbv1.LabelPool: b.Spec.PoolRef})
+	}
+	for _, sel := range sels {
 		var list corev1.PodList
 		if err := r.c.List(ctx, &list, client.InNamespace(b.Namespace), sel); err != nil {
 			return nil, err
@@ -241,112 +378,61 @@ func (r *batchReconciler) batchPods(ctx context.Context, b *sbv1.BatchSandbox, c
 	return out, nil
 }
 
-// refresh updates readiness and addresses of claims from pods and reports
-// whether anything changed. A claim whose pod was running and is absent
-// from pods is gone; one never seen is still being created.
-func refresh(claims []sbv1.SandboxStatus, pods map[string]*corev1.Pod) ([]sbv1.SandboxStatus, bool) {
-	changed := false
-	out := slices.Clone(claims)
-	for i := range out {
-		c := &out[i]
-		if c.Gone {
-			continue
-		}
-		p, ok := pods[c.Pod]
-		if !ok {
-			if c.Ready {
-				// It ran and vanished (deleted or evicted): never re-create
-				// a sandbox, its state is lost.
-				c.Ready, c.IP, c.Gone = false, "", true
-				changed = true
-			}
-			continue
-		}
-		ready, ip := podReady(p), p.Status.PodIP
-		if podDone(p) {
-			ready, ip = false, ""
-			c.Gone = true
-			changed = true
-		}
-		if ready != c.Ready || ip != c.IP {
-			c.Ready, c.IP = ready, ip
-			changed = true
-		}
+// writeRecord persists rec in the batch's annotations (and the release
+// finalizer, for batches made by hand): the write that makes an
+// allocation durable. It carries the resourceVersion the allocation was
+// computed from, so it fails on a conflict and the caller undoes it.
+func (r *batchReconciler) writeRecord(ctx context.Context, b *sbv1.BatchSandbox, rec record) error {
+	if b.Annotations == nil {
+		b.Annotations = map[string]string{}
 	}
-	return out, changed
+	rec.annotate(b.Annotations)
+	if b.Spec.PoolRef != "" && slices.ContainsFunc(rec.Claims, func(c claim) bool { return c.Pool }) {
+		b.Annotations[sbv1.AnnoPoolName] = b.Spec.PoolRef
+	}
+	controllerutil.AddFinalizer(b, sbv1.FinalizerRelease)
+	if err := r.c.Update(ctx, b); err != nil {
+		return fmt.Errorf("record allocation of %s: %w", b.Name, err)
+	}
+	r.noteWrite(b.UID)
+	return nil
 }
 
-// sync refreshes a recorded batch: creates missing cold pods and writes
-// the status if readiness changed.
-func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) (reconcile.Result, error) {
-	pods, err := r.batchPods(ctx, b, claims)
-	if err != nil {
-		return reconcile.Result{}, err
+func (r *batchReconciler) noteWrite(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastWrite == nil {
+		r.lastWrite = map[types.UID]time.Time{}
 	}
-	var pool *sbv1.Pool
-	if b.Spec.PoolRef != "" {
-		p := &sbv1.Pool{}
-		if err := r.c.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.PoolRef}, p); err == nil {
-			pool = p
-		}
-	}
-	createErr := r.createCold(ctx, b, pool, claims, pods)
-	claims, changed := refresh(claims, pods)
-	// The ledger holds what was last written; the cached status may lag
-	// behind it, and writing from a stale copy would only conflict.
-	if changed {
-		// Readiness of a cold batch trickles in pod by pod: coalesce it
-		// into at most one write per statusInterval until all are ready.
-		if wait := r.untilNextWrite(b.UID); wait > 0 && summarize(b, claims).Phase != sbv1.BatchRunning && createErr == nil {
-			return reconcile.Result{RequeueAfter: wait}, nil
-		}
-		if err := r.writeStatus(ctx, b, claims); err != nil {
-			return reconcile.Result{}, err
-		}
-		r.ledger.update(client.ObjectKeyFromObject(b), claims)
-	}
-	if createErr != nil {
-		// Surface why (e.g. a rejected pod spec) and retry with backoff.
-		if msg := createErr.Error(); b.Status.Message != msg {
-			b.Status = summarize(b, claims)
-			b.Status.Message = msg
-			_ = r.c.Status().Update(ctx, b)
-		}
-		return reconcile.Result{}, createErr
-	}
-	return r.expiry(b), nil
+	r.lastWrite[uid] = time.Now()
 }
 
-func (r *batchReconciler) expiry(b *sbv1.BatchSandbox) reconcile.Result {
-	if b.Spec.ExpireTime != nil {
-		return reconcile.Result{RequeueAfter: time.Until(b.Spec.ExpireTime.Time) + 10*time.Millisecond}
+// createPods creates the pods of claims the cache does not show. Creates
+// are idempotent: the names are in the record before the create.
+func (r *batchReconciler) createPods(ctx context.Context, b *sbv1.BatchSandbox, pool *sbv1.Pool, rec record, pods map[string]*corev1.Pod) error {
+	type todo struct {
+		i   int
+		pod string
 	}
-	return reconcile.Result{}
-}
-
-// createCold creates the cold pods of claims the cache does not show.
-// Creates are idempotent: the names are deterministic.
-func (r *batchReconciler) createCold(ctx context.Context, b *sbv1.BatchSandbox, pool *sbv1.Pool, claims []sbv1.SandboxStatus, pods map[string]*corev1.Pod) error {
-	var todo []sbv1.SandboxStatus
-	for _, c := range claims {
-		if c.Source == sbv1.SourceCold && !c.Gone && pods[c.Pod] == nil &&
+	var list []todo
+	for i, c := range rec.Claims {
+		if !c.Pool && c.Pod != "" && !c.Done && pods[c.Pod] == nil &&
 			!r.recentlyCreated(types.NamespacedName{Namespace: b.Namespace, Name: c.Pod}) {
-			todo = append(todo, c)
+			list = append(list, todo{i, c.Pod})
 		}
 	}
-	if len(todo) == 0 {
+	if len(list) == 0 {
 		return nil
 	}
-	t, ok := r.coldTemplate(b, pool)
-	if !ok {
-		return fmt.Errorf("batch %s: no template for cold pods", b.Name)
-	}
 	owner := metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))
-	return parallel(ctx, len(todo), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
-		c := todo[i]
-		patch := patchOf(b, c.Index)
-		p := newPod(b.Namespace, c.Pod, t, r.opts.AgentImage, patch.Env,
-			mergeLabels(patch.Labels, map[string]string{sbv1.LabelBatch: b.Name}), patch.Annotations)
+	return parallel(ctx, len(list), r.opts.CreateConcurrency, func(ctx context.Context, k int) error {
+		t, f := coldTemplate(b, pool, list[k].i)
+		if f != nil {
+			return errors.New(f.msg)
+		}
+		p := newPod(b.Namespace, list[k].pod, t, r.opts.AgentImage, map[string]string{
+			sbv1.LabelBatch: b.Name, sbv1.LabelPodIndex: strconv.Itoa(list[k].i),
+		})
 		p.OwnerReferences = []metav1.OwnerReference{*owner}
 		if err := r.c.Create(ctx, p); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create pod %s: %w", p.Name, err)
@@ -356,49 +442,20 @@ func (r *batchReconciler) createCold(ctx context.Context, b *sbv1.BatchSandbox, 
 	})
 }
 
-func mergeLabels(a, b map[string]string) map[string]string {
-	out := map[string]string{}
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
-}
-
-// summarize computes the status of claims.
-func summarize(b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) sbv1.BatchSandboxStatus {
-	st := sbv1.BatchSandboxStatus{ObservedGeneration: b.Generation, Sandboxes: claims, Phase: sbv1.BatchPending}
-	for _, c := range claims {
-		if !c.Gone {
-			st.Allocated++
-		}
-		if c.Ready {
-			st.Ready++
+// deleteReleased deletes the released pods the cache still shows live.
+func (r *batchReconciler) deleteReleased(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod) error {
+	var live []*corev1.Pod
+	for _, name := range rec.Released {
+		if p := pods[name]; p != nil && p.DeletionTimestamp == nil {
+			live = append(live, p)
 		}
 	}
-	if st.Ready == b.Spec.Replicas {
-		st.Phase = sbv1.BatchRunning
-	}
-	return st
-}
-
-// writeStatus records claims as the batch's status: the one write that
-// makes an allocation durable. It fails on a conflict (stale cache), so
-// the caller can undo the allocation and retry.
-func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, claims []sbv1.SandboxStatus) error {
-	b.Status = summarize(b, claims)
-	if err := r.c.Status().Update(ctx, b); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	if r.lastWrite == nil {
-		r.lastWrite = map[types.UID]time.Time{}
-	}
-	r.lastWrite[b.UID] = time.Now()
-	r.mu.Unlock()
-	return nil
+	return parallel(ctx, len(live), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
+		if err := r.c.Delete(ctx, live[i], client.Preconditions{UID: &live[i].UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("delete released pod %s: %w", live[i].Name, err)
+		}
+		return nil
+	})
 }
 
 // statusInterval is the least time between two readiness writes of a
@@ -421,56 +478,128 @@ func (r *batchReconciler) untilNextWrite(uid types.UID) time.Duration {
 	return statusInterval - time.Since(t)
 }
 
-func (r *batchReconciler) fail(ctx context.Context, b *sbv1.BatchSandbox, msg string) (reconcile.Result, error) {
-	if b.Status.Phase == sbv1.BatchFailed && b.Status.Message == msg {
-		return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+// summarize computes the status of a batch from its record and pods.
+func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure) sbv1.BatchSandboxStatus {
+	replicas := int32(b.GetReplicas())
+	st := b.Status.DeepCopy()
+	st.ObservedGeneration = b.Generation
+	st.Replicas, st.Allocated, st.Ready = 0, 0, 0
+	ended := 0
+	for _, c := range rec.Claims {
+		if c.Pod == "" {
+			continue
+		}
+		st.Replicas++
+		p := pods[c.Pod]
+		if c.Pool || (p != nil && p.Spec.NodeName != "") {
+			st.Allocated++
+		}
+		if c.Done {
+			ended++
+		} else if c.IP != "" && p != nil && podReady(p) {
+			st.Ready++
+		}
 	}
-	b.Status.Phase, b.Status.Message, b.Status.ObservedGeneration = sbv1.BatchFailed, msg, b.Generation
-	if err := r.c.Status().Update(ctx, b); err != nil {
-		return reconcile.Result{}, err
+	st.TaskRunning, st.TaskSucceed, st.TaskFailed, st.TaskUnknown, st.TaskPending = 0, 0, 0, 0, 0
+	if b.Spec.TaskTemplate != nil {
+		// moat's controller does not run tasks yet: say so, and count
+		// every task unknown rather than pretend they run.
+		st.TaskUnknown = replicas
+		st.TaskLastErrorMessage = "moat's Kubernetes controller does not run taskTemplate tasks yet"
 	}
-	return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+	now := metav1.Now()
+	switch {
+	case fail.reason != "":
+		st.Phase = sbv1.PhaseFailed
+		setCondition(st, sbv1.ConditionReady, false, fail.reason, fail.msg, now)
+	case st.Ready == replicas:
+		st.Phase = sbv1.PhaseSucceed
+		setCondition(st, sbv1.ConditionReady, true, sbv1.ReasonAllReady, fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas), now)
+	default:
+		st.Phase = sbv1.PhasePending
+		setCondition(st, sbv1.ConditionReady, false, sbv1.ReasonPodsStarting, fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas), now)
+	}
+	if ended > 0 {
+		setCondition(st, sbv1.ConditionPodFailed, true, sbv1.ReasonPodsFailed, fmt.Sprintf("%d sandbox pods ended", ended), now)
+	} else {
+		removeCondition(st, sbv1.ConditionPodFailed)
+	}
+	if b.Spec.Pause != nil && st.PauseObservedGeneration != b.Generation {
+		// Pausing a pod needs the node's runtime (a checkpoint or a
+		// freezer), which the controller cannot reach: say so clearly.
+		t, other := sbv1.ConditionPauseFailed, sbv1.ConditionResumeFailed
+		what := "pause"
+		if !*b.Spec.Pause {
+			t, other, what = sbv1.ConditionResumeFailed, sbv1.ConditionPauseFailed, "resume"
+		}
+		setCondition(st, t, true, sbv1.ReasonUnsupported, "moat's Kubernetes controller cannot "+what+" sandbox pods", now)
+		removeCondition(st, other)
+		st.PauseObservedGeneration = b.Generation
+	}
+	return *st
 }
 
-// stop releases the batch's pods and records it as stopped.
-func (r *batchReconciler) stop(ctx context.Context, b *sbv1.BatchSandbox) (reconcile.Result, error) {
-	key := client.ObjectKeyFromObject(b)
-	if _, ok := r.ledger.claims(key); ok || len(b.Status.Sandboxes) > 0 {
-		if !ok {
-			r.ledger.mu.Lock()
-			r.ledger.recordLocked(key, b.Status.Sandboxes)
-			r.ledger.mu.Unlock()
+// setCondition sets a condition, keeping its transition time when its
+// status does not change.
+func setCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionType, ok bool, reason, msg string, now metav1.Time) {
+	status := "False"
+	if ok {
+		status = "True"
+	}
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if c.Type != t {
+			continue
 		}
-		if err := r.release(ctx, key, b.Spec.PoolRef); err != nil {
+		if c.Status != status {
+			c.LastTransitionTime = &now
+		}
+		c.Status, c.Reason, c.Message = status, reason, msg
+		return
+	}
+	st.Conditions = append(st.Conditions, sbv1.BatchSandboxCondition{Type: t, Status: status, Reason: reason, Message: msg, LastTransitionTime: &now})
+}
+
+func removeCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionType) {
+	st.Conditions = slices.DeleteFunc(st.Conditions, func(c sbv1.BatchSandboxCondition) bool { return c.Type == t })
+}
+
+// writeStatus writes the batch's status if it changed, and asks for the
+// expiry reconcile.
+func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure) (reconcile.Result, error) {
+	st := r.summarize(b, rec, pods, fail)
+	if !statusEqual(st, b.Status) {
+		b.Status = st
+		if err := r.c.Status().Update(ctx, b); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	if b.Status.Phase == sbv1.BatchStopped && len(b.Status.Sandboxes) == 0 {
-		return r.expiry(b), nil
+	if b.Spec.ExpireTime != nil {
+		return reconcile.Result{RequeueAfter: time.Until(b.Spec.ExpireTime.Time) + 10*time.Millisecond}, nil
 	}
-	b.Status = sbv1.BatchSandboxStatus{ObservedGeneration: b.Generation, Phase: sbv1.BatchStopped}
-	if err := r.c.Status().Update(ctx, b); err != nil {
-		return reconcile.Result{}, err
-	}
-	return r.expiry(b), nil
+	return reconcile.Result{}, nil
 }
 
-// release deletes the batch's pods: its cold pods with one collection
+func statusEqual(a, b sbv1.BatchSandboxStatus) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// releaseAll deletes a batch's pods: its created pods with one collection
 // delete, its pool pods one by one (pool pods carry no batch label, which
 // would have cost a write per pod at allocation).
-func (r *batchReconciler) release(ctx context.Context, key types.NamespacedName, poolRef string) error {
-	claims, _ := r.ledger.claims(key)
+func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedName, poolRef string) error {
+	rec, _ := r.ledger.get(key)
 	var errs []error
-	if slices.ContainsFunc(claims, func(c sbv1.SandboxStatus) bool { return c.Source == sbv1.SourceCold }) {
-		err := r.c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(key.Namespace),
-			client.MatchingLabels{sbv1.LabelBatch: key.Name, LabelManaged: "true"})
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete cold pods of %s: %w", key.Name, err))
-		}
+	err := r.c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(key.Namespace),
+		client.MatchingLabels{sbv1.LabelBatch: key.Name, sbv1.LabelManaged: sbv1.ManagedBy})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete pods of %s: %w", key.Name, err))
 	}
 	var pool []string
-	for _, c := range claims {
-		if c.Source == sbv1.SourcePool && !c.Gone {
+	for _, c := range rec.Claims {
+		if c.Pool && c.Pod != "" {
 			pool = append(pool, c.Pod)
 		}
 	}

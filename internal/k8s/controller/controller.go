@@ -1,10 +1,12 @@
-// Package controller is `moat controller`: the reconcilers of the Pool and
-// BatchSandbox resources (api/v1alpha1), on controller-runtime.
+// Package controller is `moat controller`: the reconcilers of OpenSandbox's
+// Pool, BatchSandbox and SandboxSnapshot resources (api/v1alpha1,
+// sandbox.opensandbox.io), on controller-runtime.
 //
 // Pools keep warm sandbox pods. A BatchSandbox is allocated from its pool
-// in memory (the ledger) and recorded with one status write, whatever its
-// size; pods it needs beyond the pool's free ones are created cold. The
-// ledger is rebuilt from the batch statuses, read from the API server, on
+// in memory (the ledger) and recorded with one write of its annotations
+// (alloc-status, endpoints), whatever its size, then one status write;
+// pods it needs beyond the pool's free ones are created for it. The ledger
+// is rebuilt from the batches' annotations, read from the API server, on
 // start, so a restarted controller never hands out a pod twice. One
 // controller process must be active at a time (Options.LeaderElection in
 // a multi-replica deployment).
@@ -36,8 +38,8 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=sandbox.moat.dev,resources=pools;batchsandboxes,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups=sandbox.moat.dev,resources=pools/status;batchsandboxes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools/status;batchsandboxes/status;sandboxsnapshots/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
@@ -63,6 +65,34 @@ type Options struct {
 	MetricsAddr string
 	// HealthAddr serves /healthz and /readyz ("" = off).
 	HealthAddr string
+	// QPS and Burst limit the controller's API requests (client-go's
+	// token bucket). Zero: DefaultQPS and DefaultBurst. client-go's own
+	// default (5/s, burst 10) makes a pool of 100 take 20 s to fill.
+	QPS   float32
+	Burst int
+}
+
+// Client rate limits of `moat controller` (--kube-api-qps,
+// --kube-api-burst): a pool of 100 fills in about a second on kwok, and a
+// burst of pod creates does not starve the status writes.
+const (
+	DefaultQPS   = 200
+	DefaultBurst = 400
+)
+
+// RateLimited returns a copy of cfg with the QPS and burst of opts (or the
+// defaults) applied.
+func RateLimited(cfg *rest.Config, qps float32, burst int) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	if qps <= 0 {
+		qps = DefaultQPS
+	}
+	if burst <= 0 {
+		burst = DefaultBurst
+	}
+	c.QPS, c.Burst = qps, burst
+	c.RateLimiter = nil
+	return c
 }
 
 // Scheme returns a scheme with the core types and moat's.
@@ -89,7 +119,8 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if opts.BatchWorkers <= 0 {
 		opts.BatchWorkers = 4
 	}
-	managed := labels.SelectorFromSet(labels.Set{LabelManaged: "true"})
+	cfg = RateLimited(cfg, opts.QPS, opts.Burst)
+	managed := labels.SelectorFromSet(labels.Set{sbv1.LabelManaged: sbv1.ManagedBy})
 	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}}}
 	if opts.Namespace != "" {
 		copts.DefaultNamespaces = map[string]cache.Config{opts.Namespace: {}}
@@ -156,6 +187,12 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		Complete(br)
 	if err != nil {
 		return nil, fmt.Errorf("controller: batchsandbox: %w", err)
+	}
+	err = ctrl.NewControllerManagedBy(mgr).Named("sandboxsnapshot").
+		For(&sbv1.SandboxSnapshot{}).
+		Complete(&snapshotReconciler{c: mgr.GetClient()})
+	if err != nil {
+		return nil, fmt.Errorf("controller: sandboxsnapshot: %w", err)
 	}
 	if opts.HealthAddr != "" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -2,8 +2,10 @@ package controller_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
@@ -72,9 +75,17 @@ func startController(t *testing.T, ns string) (*k8stest.WriteCounter, func()) {
 	return w, stop
 }
 
-func template() sbv1.SandboxTemplate {
-	return sbv1.SandboxTemplate{Image: "busybox:test", Entrypoint: []string{"sleep", "infinity"}, Env: map[string]string{"A": "1"}}
+func template() *corev1.PodTemplateSpec {
+	return &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "main", Image: "busybox:test", Command: []string{"sleep", "infinity"}, Env: []corev1.EnvVar{{Name: "A", Value: "1"}},
+	}}}}
 }
+
+func capacity(bufMin, bufMax, poolMin, poolMax int32) sbv1.CapacitySpec {
+	return sbv1.CapacitySpec{BufferMin: bufMin, BufferMax: bufMax, PoolMin: poolMin, PoolMax: poolMax}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -98,7 +109,7 @@ func waitPoolFree(t *testing.T, c client.Client, ns, name string, free int32) {
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
 			return false, err.Error()
 		}
-		return p.Status.Free == free && p.Status.Pending == 0, fmt.Sprintf("%+v", p.Status)
+		return p.Status.Available == free && p.Status.Total == p.Status.Available+p.Status.Allocated, fmt.Sprintf("%+v", p.Status)
 	})
 }
 
@@ -109,15 +120,15 @@ func waitBatch(t *testing.T, c client.Client, ns, name string) *sbv1.BatchSandbo
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &b); err != nil {
 			return false, err.Error()
 		}
-		return b.Status.Phase == sbv1.BatchRunning, fmt.Sprintf("phase %q ready %d/%d %s", b.Status.Phase, b.Status.Ready, b.Spec.Replicas, b.Status.Message)
+		return b.Status.Phase == sbv1.PhaseSucceed, fmt.Sprintf("phase %q ready %d/%d %+v", b.Status.Phase, b.Status.Ready, b.GetReplicas(), b.Status.Conditions)
 	})
 	return &b
 }
 
 func newBatch(ns, name, pool string, n int32) *sbv1.BatchSandbox {
 	return &sbv1.BatchSandbox{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Finalizers: []string{sbv1.FinalizerRelease}},
-		Spec:       sbv1.BatchSandboxSpec{Replicas: n, PoolRef: pool},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       sbv1.BatchSandboxSpec{Replicas: &n, PoolRef: pool},
 	}
 }
 
@@ -136,12 +147,30 @@ func pods(t *testing.T, c client.Client, ns string, sel client.MatchingLabels) m
 	return out
 }
 
-func claimPods(b *sbv1.BatchSandbox) []string {
-	var out []string
-	for _, s := range b.Status.Sandboxes {
-		out = append(out, s.Pod)
+// allocation reads a batch's alloc-status and endpoints annotations, as
+// OpenSandbox's clients do.
+func allocation(t *testing.T, b *sbv1.BatchSandbox) (pods, ips []string, pool map[int]bool) {
+	t.Helper()
+	var st struct {
+		Pods []string `json:"pods"`
+		Pool []int    `json:"pool"`
 	}
-	return out
+	if err := json.Unmarshal([]byte(b.Annotations[sbv1.AnnoAllocStatus]), &st); err != nil {
+		t.Fatalf("alloc-status %q: %v", b.Annotations[sbv1.AnnoAllocStatus], err)
+	}
+	if err := json.Unmarshal([]byte(b.Annotations[sbv1.AnnoEndpoints]), &ips); err != nil {
+		t.Fatalf("endpoints %q: %v", b.Annotations[sbv1.AnnoEndpoints], err)
+	}
+	pool = map[int]bool{}
+	for _, i := range st.Pool {
+		pool[i] = true
+	}
+	return st.Pods, ips, pool
+}
+
+func claimPods(t *testing.T, b *sbv1.BatchSandbox) []string {
+	pods, _, _ := allocation(t, b)
+	return pods
 }
 
 func TestPoolWarmsToMin(t *testing.T) {
@@ -149,7 +178,7 @@ func TestPoolWarmsToMin(t *testing.T) {
 	startController(t, ns)
 	ctx := context.Background()
 	pool := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
-		Spec: sbv1.PoolSpec{Template: template(), Min: 5, Buffer: 2, Max: 10}}
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(2, 5, 5, 10)}}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -165,15 +194,16 @@ func TestPoolWarmsToMin(t *testing.T) {
 		// The agent travels in an emptyDir filled by the init container.
 		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != "moat:test" ||
 			p.Spec.Volumes[0].EmptyDir == nil || p.Spec.Containers[0].Command[0] != "/opt/moat/moat" ||
-			p.Spec.Containers[0].Command[1] != "execd" || p.Spec.Containers[0].Image != "busybox:test" {
+			p.Spec.Containers[0].Command[1] != "execd" || p.Spec.Containers[0].Image != "busybox:test" ||
+			!slices.Equal(p.Spec.Containers[0].Command[4:], []string{"--", "sleep", "infinity"}) {
 			t.Errorf("pod %s spec: init %+v main %+v", p.Name, p.Spec.InitContainers, p.Spec.Containers[0])
 		}
 	}
-	// Raising the buffer grows the pool; max caps it.
+	// Raising the buffer grows the pool; poolMax caps it.
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		t.Fatal(err)
 	}
-	pool.Spec.Buffer = 20
+	pool.Spec.CapacitySpec = capacity(8, 20, 5, 10)
 	if err := c.Update(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +212,7 @@ func TestPoolWarmsToMin(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		t.Fatal(err)
 	}
-	pool.Spec.Min, pool.Spec.Buffer, pool.Spec.Max = 3, 0, 0
+	pool.Spec.CapacitySpec = capacity(0, 0, 3, 3)
 	if err := c.Update(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -203,14 +233,15 @@ func TestPoolWarmsToMin(t *testing.T) {
 }
 
 // TestWarmBatchWrites: a batch of N from a warm pool is recorded with O(1)
-// writes: one status update, no pod writes.
+// writes: one annotation write (the record) and one status write, no pod
+// writes.
 func TestWarmBatchWrites(t *testing.T) {
 	c, ns := setup(t)
 	w, _ := startController(t, ns)
 	ctx := context.Background()
 	const n = 40
 	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
-		Spec: sbv1.PoolSpec{Template: template(), Min: n}}); err != nil {
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, n, n)}}); err != nil {
 		t.Fatal(err)
 	}
 	waitPoolFree(t, c, ns, "p", n)
@@ -224,6 +255,9 @@ func TestWarmBatchWrites(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // writes that would follow the allocation
 	writes := w.Since(before)
 	t.Logf("writes for a warm batch of %d: %v", n, writes)
+	if got := writes["PUT batchsandboxes"]; got != 1 {
+		t.Errorf("batch record writes = %d, want 1 (%v)", got, writes)
+	}
 	if got := writes["PUT batchsandboxes/status"]; got != 1 {
 		t.Errorf("batch status writes = %d, want 1 (%v)", got, writes)
 	}
@@ -233,22 +267,19 @@ func TestWarmBatchWrites(t *testing.T) {
 	if total := k8stest.Total(writes); total > 3 {
 		t.Errorf("total writes = %d, want <= 3 (%v)", total, writes)
 	}
-	names := claimPods(b)
+	names, ips, warm := allocation(t, b)
 	seen := map[string]bool{}
-	for i, s := range b.Status.Sandboxes {
-		if s.Source != sbv1.SourcePool || !s.Ready || s.IP == "" || s.Index != int32(i) {
-			t.Errorf("claim %d: %+v", i, s)
+	for i, pod := range names {
+		if !warm[i] || ips[i] == "" || poolPods[pod] == nil || ips[i] != poolPods[pod].Status.PodIP {
+			t.Errorf("claim %d: pod %s ip %q warm %v", i, pod, ips[i], warm[i])
 		}
-		if poolPods[s.Pod] == nil {
-			t.Errorf("claim %d: pod %s is not a pool pod", i, s.Pod)
+		if seen[pod] {
+			t.Errorf("pod %s allocated twice", pod)
 		}
-		if seen[s.Pod] {
-			t.Errorf("pod %s allocated twice", s.Pod)
-		}
-		seen[s.Pod] = true
+		seen[pod] = true
 	}
-	if len(names) != n || b.Status.Ready != n {
-		t.Errorf("allocated %d, ready %d, want %d", len(names), b.Status.Ready, n)
+	if len(names) != n || b.Status.Ready != n || b.Status.Replicas != n || b.Annotations[sbv1.AnnoPoolName] != "p" {
+		t.Errorf("allocated %d, status %+v, want %d", len(names), b.Status, n)
 	}
 
 	// Deleting the batch deletes its pods; the pool refills to min.
@@ -274,7 +305,7 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 	ctx := context.Background()
 	_, stop := startController(t, ns)
 	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
-		Spec: sbv1.PoolSpec{Template: template(), Min: 10}}); err != nil {
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, 10, 10)}}); err != nil {
 		t.Fatal(err)
 	}
 	waitPoolFree(t, c, ns, "p", 10)
@@ -282,7 +313,7 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := waitBatch(t, c, ns, "a")
-	aPods := claimPods(a)
+	aPods := claimPods(t, a)
 	stop()
 
 	_, stop2 := startController(t, ns)
@@ -299,12 +330,13 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 	pool, cold := 0, 0
 	for _, name := range []string{"b1", "b2", "b3"} {
 		b := waitBatch(t, c, ns, name)
-		for _, s := range b.Status.Sandboxes {
-			if prev, dup := owner[s.Pod]; dup {
-				t.Errorf("pod %s allocated to %s and %s", s.Pod, prev, name)
+		pods, _, warm := allocation(t, b)
+		for i, pod := range pods {
+			if prev, dup := owner[pod]; dup {
+				t.Errorf("pod %s allocated to %s and %s", pod, prev, name)
 			}
-			owner[s.Pod] = name
-			if s.Source == sbv1.SourcePool {
+			owner[pod] = name
+			if warm[i] {
 				pool++
 			} else {
 				cold++
@@ -322,7 +354,7 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p"}, &p); err != nil {
 			return false, err.Error()
 		}
-		return p.Status.Allocated == 10 && p.Status.Free == 0, fmt.Sprintf("%+v", p.Status)
+		return p.Status.Allocated == 10 && p.Status.Available == 0, fmt.Sprintf("%+v", p.Status)
 	})
 
 	// A batch deleted while no controller runs keeps its pods (finalizer)
@@ -351,17 +383,16 @@ func TestNoDoubleAllocationAcrossRestart(t *testing.T) {
 }
 
 // TestColdBatch: without a pool every claim gets a pod of its own, with
-// its patch applied; deleting the batch removes them with one write.
+// its shard patch applied; deleting the batch removes them with one write.
 func TestColdBatch(t *testing.T) {
 	c, ns := setup(t)
 	w, _ := startController(t, ns)
 	ctx := context.Background()
 	const n = 12
-	tpl := template()
 	b := &sbv1.BatchSandbox{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cold", Finalizers: []string{sbv1.FinalizerRelease}},
-		Spec: sbv1.BatchSandboxSpec{Replicas: n, Template: &tpl, Patches: []sbv1.SandboxPatch{
-			{Env: map[string]string{"A": "patched", "B": "2"}, Labels: map[string]string{"claim": "zero"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cold"},
+		Spec: sbv1.BatchSandboxSpec{Replicas: ptr(int32(n)), Template: template(), ShardPatches: []runtime.RawExtension{
+			{Raw: []byte(`{"metadata":{"labels":{"claim":"zero"}},"spec":{"containers":[{"name":"main","env":[{"name":"A","value":"patched"},{"name":"B","value":"2"}]}]}}`)},
 		}},
 	}
 	before := w.Snapshot()
@@ -381,8 +412,9 @@ func TestColdBatch(t *testing.T) {
 	if len(ps) != n {
 		t.Fatalf("%d pods, want %d", len(ps), n)
 	}
-	p0 := ps[b.Status.Sandboxes[0].Pod]
-	if p0 == nil || p0.Labels["claim"] != "zero" {
+	names, ips, _ := allocation(t, b)
+	p0 := ps[names[0]]
+	if p0 == nil || p0.Labels["claim"] != "zero" || p0.Labels[sbv1.LabelPodIndex] != "0" {
 		t.Fatalf("claim 0 pod %v lacks its patch labels", p0)
 	}
 	env := map[string]string{}
@@ -392,11 +424,16 @@ func TestColdBatch(t *testing.T) {
 	if env["A"] != "patched" || env["B"] != "2" {
 		t.Errorf("claim 0 env = %v", env)
 	}
-	if p1 := ps[b.Status.Sandboxes[1].Pod]; p1.Spec.Containers[0].Env[0].Value != "1" {
+	if p1 := ps[names[1]]; len(p1.Spec.Containers[0].Env) != 1 || p1.Spec.Containers[0].Env[0].Value != "1" {
 		t.Errorf("claim 1 env = %v (patch leaked)", p1.Spec.Containers[0].Env)
 	}
-	if !slices.Equal(slices.Sorted(maps.Keys(ps)), slices.Sorted(slices.Values(claimPods(b)))) {
-		t.Errorf("pods %v, claims %v", slices.Collect(maps.Keys(ps)), claimPods(b))
+	if !slices.Equal(slices.Sorted(maps.Keys(ps)), slices.Sorted(slices.Values(names))) {
+		t.Errorf("pods %v, claims %v", slices.Collect(maps.Keys(ps)), names)
+	}
+	for i, ip := range ips {
+		if ip == "" || ip != ps[names[i]].Status.PodIP {
+			t.Errorf("endpoint %d = %q, pod IP %q", i, ip, ps[names[i]].Status.PodIP)
+		}
 	}
 
 	before = w.Snapshot()
@@ -417,15 +454,49 @@ func TestColdBatch(t *testing.T) {
 	})
 }
 
-func TestExpiryAndStop(t *testing.T) {
+// TestDeletedPodIsReplaced: a claim whose pod is deleted gets a new pod
+// (warm from the pool when it can), and the old one is never handed out
+// again (OpenSandbox's #954 left the claim empty).
+func TestDeletedPodIsReplaced(t *testing.T) {
 	c, ns := setup(t)
 	startController(t, ns)
 	ctx := context.Background()
-	tpl := template()
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, 4, 4)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolFree(t, c, ns, "p", 4)
+	if err := c.Create(ctx, newBatch(ns, "b", "p", 2)); err != nil {
+		t.Fatal(err)
+	}
+	b := waitBatch(t, c, ns, "b")
+	first := claimPods(t, b)
+	victim := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first[1]}}
+	if err := c.Delete(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "claim 1 replaced", func() (bool, string) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+			return false, err.Error()
+		}
+		pods, ips, _ := allocation(t, b)
+		return pods[0] == first[0] && pods[1] != "" && pods[1] != first[1] && ips[1] != "" && b.Status.Ready == 2,
+			fmt.Sprintf("pods %v ips %v status %+v", pods, ips, b.Status)
+	})
+	var rel struct{ Pods []string }
+	if err := json.Unmarshal([]byte(b.Annotations[sbv1.AnnoAllocRelease]), &rel); err != nil || !slices.Contains(rel.Pods, first[1]) {
+		t.Errorf("alloc-release %q lacks %s", b.Annotations[sbv1.AnnoAllocRelease], first[1])
+	}
+}
+
+func TestExpiryAndScaleToZero(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
 	exp := metav1.NewTime(time.Now().Add(2 * time.Second))
 	b := &sbv1.BatchSandbox{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "exp"},
-		Spec:       sbv1.BatchSandboxSpec{Replicas: 2, Template: &tpl, ExpireTime: &exp},
+		Spec:       sbv1.BatchSandboxSpec{Replicas: ptr(int32(2)), Template: template(), ExpireTime: &exp},
 	}
 	if err := c.Create(ctx, b); err != nil {
 		t.Fatal(err)
@@ -438,40 +509,160 @@ func TestExpiryAndStop(t *testing.T) {
 
 	s := &sbv1.BatchSandbox{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "stop"},
-		Spec:       sbv1.BatchSandboxSpec{Replicas: 2, Template: &tpl},
+		Spec:       sbv1.BatchSandboxSpec{Replicas: ptr(int32(2)), Template: template()},
 	}
 	if err := c.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	s = waitBatch(t, c, ns, "stop")
-	s.Spec.Stopped = true
+	s.Spec.Replicas = ptr(int32(0))
 	if err := c.Update(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "batch stopped", func() (bool, string) {
+	eventually(t, 30*time.Second, "batch scaled to zero", func() (bool, string) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
 			return false, err.Error()
 		}
 		n := len(pods(t, c, ns, client.MatchingLabels{sbv1.LabelBatch: "stop"}))
-		return s.Status.Phase == sbv1.BatchStopped && n == 0, fmt.Sprintf("%s, %d pods", s.Status.Phase, n)
+		return s.Status.Replicas == 0 && s.Status.ObservedGeneration == s.Generation && n == 0, fmt.Sprintf("%+v, %d pods", s.Status, n)
 	})
 }
 
-func TestValidation(t *testing.T) {
+// TestBadManifests: what the schema can refuse is refused at the API; the
+// rest gets a clear status condition, never a crash loop.
+func TestBadManifests(t *testing.T) {
 	c, ns := setup(t)
+	w, _ := startController(t, ns)
 	ctx := context.Background()
-	for i, b := range []sbv1.BatchSandboxSpec{
-		{Replicas: 1},               // neither pool nor template
-		{Replicas: 0, PoolRef: "p"}, // no replicas
-		{Replicas: 1, PoolRef: "p", Patches: make([]sbv1.SandboxPatch, 2)},
+	if err := c.Create(ctx, &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "neg"},
+		Spec: sbv1.BatchSandboxSpec{Replicas: ptr(int32(-1)), Template: template()}}); !apierrors.IsInvalid(err) {
+		t.Errorf("replicas -1: create = %v, want Invalid", err)
+	}
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inv"},
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(5, 2, 0, 10)}}); !apierrors.IsInvalid(err) {
+		t.Errorf("pool bufferMin > bufferMax: create = %v, want Invalid", err)
+	}
+	noImage := template()
+	noImage.Spec.Containers[0].Image = ""
+	for _, tc := range []struct {
+		name   string
+		spec   sbv1.BatchSandboxSpec
+		reason string
+	}{
+		{"nopool", sbv1.BatchSandboxSpec{Replicas: ptr(int32(2)), PoolRef: "missing"}, sbv1.ReasonPoolNotFound},
+		{"noimage", sbv1.BatchSandboxSpec{Replicas: ptr(int32(2)), Template: noImage}, sbv1.ReasonInvalidTemplate},
+		{"nothing", sbv1.BatchSandboxSpec{Replicas: ptr(int32(1))}, sbv1.ReasonInvalidTemplate},
+		{"badpatch", sbv1.BatchSandboxSpec{Replicas: ptr(int32(1)), Template: template(),
+			ShardPatches: []runtime.RawExtension{{Raw: []byte(`{"spec":{"containers":[{"name":"main","image":""}]}}`)}}}, sbv1.ReasonInvalidTemplate},
 	} {
-		obj := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("bad%d", i)}, Spec: b}
-		if err := c.Create(ctx, obj); !apierrors.IsInvalid(err) {
-			t.Errorf("%d: create = %v, want Invalid", i, err)
+		b := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tc.name}, Spec: tc.spec}
+		if err := c.Create(ctx, b); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		eventually(t, 30*time.Second, tc.name+" condition", func() (bool, string) {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+				return false, err.Error()
+			}
+			for _, cd := range b.Status.Conditions {
+				if cd.Type == sbv1.ConditionReady && cd.Status == "False" && cd.Reason == tc.reason && cd.Message != "" {
+					return b.Status.Phase == sbv1.PhaseFailed, fmt.Sprintf("%+v", b.Status)
+				}
+			}
+			return false, fmt.Sprintf("%+v", b.Status)
+		})
+	}
+	pool := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "noimage"},
+		Spec: sbv1.PoolSpec{Template: noImage, CapacitySpec: capacity(0, 0, 3, 3)}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pool condition", func() (bool, string) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+			return false, err.Error()
+		}
+		for _, cd := range pool.Status.Conditions {
+			if cd.Type == "Ready" && cd.Status == metav1.ConditionFalse && cd.Reason == sbv1.ReasonInvalidTemplate {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", pool.Status)
+	})
+	// No crash loop: the bad objects settle and cost no further writes.
+	time.Sleep(time.Second)
+	before := w.Snapshot()
+	time.Sleep(2 * time.Second)
+	if writes := w.Since(before); k8stest.Total(writes) != 0 {
+		t.Errorf("bad manifests keep the controller writing: %v", writes)
+	}
+	if n := len(pods(t, c, ns, client.MatchingLabels{})); n != 0 {
+		t.Errorf("%d pods made from bad manifests", n)
+	}
+	// A pool that appears later serves the waiting batch.
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "missing"},
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, 2, 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, c, ns, "nopool")
+}
+
+// TestPauseAndSnapshotAnswered: spec.pause and SandboxSnapshot get a clear
+// answer (Unsupported) instead of hanging.
+func TestPauseAndSnapshotAnswered(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
+	b := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
+		Spec: sbv1.BatchSandboxSpec{Replicas: ptr(int32(1)), Template: template()}}
+	if err := c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	b = waitBatch(t, c, ns, "p")
+	b.Spec.Pause = ptr(true)
+	if err := c.Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "PauseFailed", func() (bool, string) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+			return false, err.Error()
+		}
+		for _, cd := range b.Status.Conditions {
+			if cd.Type == sbv1.ConditionPauseFailed && cd.Status == "True" && cd.Reason == sbv1.ReasonUnsupported {
+				return b.Status.PauseObservedGeneration == b.Generation && b.Status.Phase == sbv1.PhaseSucceed, fmt.Sprintf("%+v", b.Status)
+			}
+		}
+		return false, fmt.Sprintf("%+v", b.Status)
+	})
+	snap := &sbv1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "s"}, Spec: sbv1.SandboxSnapshotSpec{SandboxName: "p"}}
+	if err := c.Create(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "snapshot failed", func() (bool, string) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(snap), snap); err != nil {
+			return false, err.Error()
+		}
+		return snap.Status.Phase == sbv1.SnapshotFailed && snap.Status.Message != "", fmt.Sprintf("%+v", snap.Status)
+	})
+}
+
+// TestOpenSandboxManifests: OpenSandbox's own sample manifests apply
+// unchanged (strict field validation, as kubectl does) and are served.
+func TestOpenSandboxManifests(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
+	for _, f := range []string{"sandbox_v1alpha1_pool.yaml", "sandbox_v1alpha1_batchsandbox.yaml", "sandbox_v1alpha1_batchsandbox-pooled.yaml"} {
+		objs := k8stest.ReadManifests(t, filepath.Join("..", "..", "..", "config", "samples", f))
+		for _, o := range objs {
+			o.SetNamespace(ns)
+			if err := c.Create(ctx, o, client.FieldValidation("Strict")); err != nil {
+				t.Fatalf("%s: %s: %v", f, o.GetName(), err)
+			}
 		}
 	}
-	p := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bad"}, Spec: sbv1.PoolSpec{Template: template(), Min: 5, Max: 2}}
-	if err := c.Create(ctx, p); !apierrors.IsInvalid(err) {
-		t.Errorf("pool min > max: create = %v, want Invalid", err)
+	for _, name := range []string{"batchsandbox-sample", "batchsandbox-pooled-sample"} {
+		b := waitBatch(t, c, ns, name)
+		if pods, ips, _ := allocation(t, b); len(pods) != int(b.GetReplicas()) || slices.Contains(ips, "") {
+			t.Errorf("%s: pods %v endpoints %v", name, pods, ips)
+		}
 	}
 }

@@ -3,7 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
-	"slices"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -15,32 +15,33 @@ import (
 
 // ledger is the controller's in-memory record of which pool pods belong to
 // which batch. Allocation happens here, under one mutex, so a pod can never
-// be handed to two batches; the record is persisted as the batch's status
-// (one write per batch) and rebuilt from all batch statuses, read straight
-// from the API server, when the controller starts.
+// be handed to two batches; the record is persisted in the batch's
+// annotations (one write per batch, see record) and rebuilt from all
+// batches, read straight from the API server, when the controller starts.
 //
-// Invariants: a pod name is in at most one of byPod and gone; byPod[p] = b
-// iff p is a pool claim (not Gone) in batches[b].
+// Invariants: byPod[p] = b iff p is the pod of a Pool claim of batches[b]
+// or was taken by an allocation of b not yet committed or undone; a pod in
+// gone is never handed out (the controller deleted or released it and the
+// cache may still show it).
 type ledger struct {
 	mu      sync.Mutex
 	loaded  bool
-	batches map[types.NamespacedName][]sbv1.SandboxStatus
+	batches map[types.NamespacedName]record
 	byPod   map[types.NamespacedName]types.NamespacedName // pool pod -> batch
-	// gone holds pods the controller deleted, until the cache shows them
-	// terminating or absent (a stale cache would otherwise report them free).
-	gone map[types.NamespacedName]time.Time
+	gone    map[types.NamespacedName]time.Time
 }
 
 func newLedger() *ledger {
 	return &ledger{
-		batches: map[types.NamespacedName][]sbv1.SandboxStatus{},
+		batches: map[types.NamespacedName]record{},
 		byPod:   map[types.NamespacedName]types.NamespacedName{},
 		gone:    map[types.NamespacedName]time.Time{},
 	}
 }
 
 // load rebuilds the ledger from every BatchSandbox (r must read from the
-// API server, not a cache) once; later calls return at once.
+// API server, not a cache) once; later calls return at once. A batch whose
+// record cannot be parsed is skipped (its reconcile reports it).
 func (l *ledger) load(ctx context.Context, r client.Reader) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -53,45 +54,72 @@ func (l *ledger) load(ctx context.Context, r client.Reader) error {
 	}
 	for i := range list.Items {
 		b := &list.Items[i]
-		if len(b.Status.Sandboxes) > 0 {
-			l.recordLocked(client.ObjectKeyFromObject(b), b.Status.Sandboxes)
+		rec, ok, err := parseRecord(b.Annotations)
+		if err != nil {
+			slog.Warn("controller: ignoring an unreadable allocation record", "batch", client.ObjectKeyFromObject(b), "err", err)
+			continue
+		}
+		if ok {
+			l.recordLocked(client.ObjectKeyFromObject(b), rec)
 		}
 	}
 	l.loaded = true
 	return nil
 }
 
-func (l *ledger) recordLocked(batch types.NamespacedName, claims []sbv1.SandboxStatus) {
-	l.batches[batch] = claims
-	for _, c := range claims {
-		if c.Source == sbv1.SourcePool && !c.Gone {
-			l.byPod[types.NamespacedName{Namespace: batch.Namespace, Name: c.Pod}] = batch
+// recordLocked makes rec the batch's record. Preconditions: l.mu is held.
+func (l *ledger) recordLocked(batch types.NamespacedName, rec record) {
+	if old, ok := l.batches[batch]; ok {
+		for _, c := range old.Claims {
+			if c.Pool && c.Pod != "" {
+				delete(l.byPod, l.key(batch, c.Pod))
+			}
+		}
+	}
+	l.batches[batch] = rec.clone()
+	for _, c := range rec.Claims {
+		if c.Pool && c.Pod != "" {
+			l.byPod[l.key(batch, c.Pod)] = batch
+		}
+	}
+	now := time.Now()
+	for _, p := range rec.Released {
+		if _, ok := l.gone[l.key(batch, p)]; !ok {
+			l.gone[l.key(batch, p)] = now
 		}
 	}
 }
 
-// claims returns a copy of the batch's record, and whether it has one.
-func (l *ledger) claims(batch types.NamespacedName) ([]sbv1.SandboxStatus, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c, ok := l.batches[batch]
-	return slices.Clone(c), ok
+func (l *ledger) key(batch types.NamespacedName, pod string) types.NamespacedName {
+	return types.NamespacedName{Namespace: batch.Namespace, Name: pod}
 }
 
-// update replaces the record of a batch that has one (readiness changes).
-// Pool claims may only turn Gone.
-func (l *ledger) update(batch types.NamespacedName, claims []sbv1.SandboxStatus) {
+// get returns a copy of the batch's record, and whether it has one.
+func (l *ledger) get(batch types.NamespacedName) (record, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.batches[batch]; !ok {
-		return
+	r, ok := l.batches[batch]
+	return r.clone(), ok
+}
+
+// adopt records rec for a batch the ledger does not know yet (recorded by
+// an earlier controller process after this one loaded) and returns the
+// ledger's record.
+func (l *ledger) adopt(batch types.NamespacedName, rec record) record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if cur, ok := l.batches[batch]; ok {
+		return cur.clone()
 	}
-	for _, c := range claims {
-		if c.Source == sbv1.SourcePool && c.Gone {
-			delete(l.byPod, types.NamespacedName{Namespace: batch.Namespace, Name: c.Pod})
-		}
-	}
-	l.batches[batch] = slices.Clone(claims)
+	l.recordLocked(batch, rec)
+	return rec.clone()
+}
+
+// commit records rec as the batch's persisted record.
+func (l *ledger) commit(batch types.NamespacedName, rec record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recordLocked(batch, rec)
 }
 
 // owner returns the batch a pool pod is allocated to.
@@ -102,35 +130,43 @@ func (l *ledger) owner(pod types.NamespacedName) (types.NamespacedName, bool) {
 	return b, ok
 }
 
-// allocated reports whether pod is taken or was deleted by the controller.
-func (l *ledger) allocated(pod types.NamespacedName) bool {
+// taken reports whether pod is allocated or was deleted by the controller.
+func (l *ledger) taken(pod types.NamespacedName) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, taken := l.byPod[pod]
+	_, busy := l.byPod[pod]
 	_, gone := l.gone[pod]
-	return taken || gone
+	return busy || gone
 }
 
-// allocate atomically records claims for batch, taking up to want pods
-// from free (pool pods in the batch's namespace, as the cache sees them):
-// pick(i) says whether claim i may be served from the pool, cold(i) makes
-// claim i's cold record. It returns the record and a function that undoes
-// it (for a failed status write). A batch that has a record keeps it.
-func (l *ledger) allocate(batch types.NamespacedName, replicas int32, free []string,
-	pick func(i int32) bool, cold func(i int32) sbv1.SandboxStatus, poolClaim func(i int32, pod string) sbv1.SandboxStatus,
-) (claims []sbv1.SandboxStatus, undo func(), fresh bool) {
+// allocate gives a pod to every claim of rec below replicas that has none
+// (and is not done), adding claims up to replicas: a free pool pod (from
+// free, in order, skipping any taken meanwhile) where warm(i) allows, else
+// cold(i, replacement) names a pod to create. Taken pool pods are reserved
+// at once, so concurrent allocations never share one; undo releases them
+// if the record cannot be persisted. The ledger's record changes only
+// with commit.
+func (l *ledger) allocate(batch types.NamespacedName, rec record, replicas int, free []string,
+	warm func(i int) bool, cold func(i int, replacement bool) string,
+) (out record, undo func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c, ok := l.batches[batch]; ok {
-		return slices.Clone(c), func() {}, false
-	}
-	claims = make([]sbv1.SandboxStatus, 0, replicas)
-	var taken []types.NamespacedName
+	out = rec.clone()
+	var reserved []types.NamespacedName
 	fi := 0
 	for i := range replicas {
-		if pick(i) {
+		replacement := i < len(out.Claims)
+		if !replacement {
+			out.Claims = append(out.Claims, claim{})
+		}
+		c := &out.Claims[i]
+		if c.Pod != "" || c.Done {
+			continue
+		}
+		*c = claim{}
+		if warm(i) {
 			for fi < len(free) {
-				p := types.NamespacedName{Namespace: batch.Namespace, Name: free[fi]}
+				p := l.key(batch, free[fi])
 				fi++
 				_, busy := l.byPod[p]
 				_, gone := l.gone[p]
@@ -138,45 +174,56 @@ func (l *ledger) allocate(batch types.NamespacedName, replicas int32, free []str
 					continue
 				}
 				l.byPod[p] = batch
-				taken = append(taken, p)
-				claims = append(claims, poolClaim(i, p.Name))
-				goto next
+				reserved = append(reserved, p)
+				c.Pod, c.Pool = p.Name, true
+				break
 			}
 		}
-		claims = append(claims, cold(i))
-	next:
+		if c.Pod == "" {
+			c.Pod = cold(i, replacement)
+		}
 	}
-	l.batches[batch] = claims
 	undo = func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		for _, p := range taken {
-			delete(l.byPod, p)
+		for _, p := range reserved {
+			if l.byPod[p] == batch {
+				delete(l.byPod, p)
+			}
 		}
-		delete(l.batches, batch)
+		// Pods of the committed record stay reserved.
+		if cur, ok := l.batches[batch]; ok {
+			for _, c := range cur.Claims {
+				if c.Pool && c.Pod != "" {
+					l.byPod[l.key(batch, c.Pod)] = batch
+				}
+			}
+		}
 	}
-	return slices.Clone(claims), undo, true
+	return out, undo
 }
 
-// release forgets a batch and marks its pool pods gone; it returns the
-// claims it had.
-func (l *ledger) release(batch types.NamespacedName) []sbv1.SandboxStatus {
+// release forgets a batch and marks its pods gone; it returns the record.
+func (l *ledger) release(batch types.NamespacedName) record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	claims := l.batches[batch]
+	rec := l.batches[batch]
 	now := time.Now()
-	for _, c := range claims {
-		if c.Source == sbv1.SourcePool {
-			p := types.NamespacedName{Namespace: batch.Namespace, Name: c.Pod}
-			delete(l.byPod, p)
+	for _, c := range rec.Claims {
+		if c.Pod != "" {
+			p := l.key(batch, c.Pod)
+			if l.byPod[p] == batch {
+				delete(l.byPod, p)
+			}
 			l.gone[p] = now
 		}
 	}
 	delete(l.batches, batch)
-	return claims
+	return rec
 }
 
-// markGone records that the controller deleted a free pool pod.
+// markGone records that the controller deletes a free pool pod; false if
+// it is allocated.
 func (l *ledger) markGone(pod types.NamespacedName) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -194,27 +241,16 @@ func (l *ledger) unmarkGone(pod types.NamespacedName) {
 	delete(l.gone, pod)
 }
 
-// settle drops gone entries the cache has caught up with (seen reports
-// whether the cache still shows the pod as live) or that are old.
-func (l *ledger) settle(seenLive func(types.NamespacedName) bool, maxAge time.Duration) {
+// settle drops gone entries the cache has caught up with (seenLive
+// reports whether the cache still shows the pod as live). A pod that stays
+// live (its delete keeps failing) stays gone: handing it out would give a
+// released sandbox to a new claim.
+func (l *ledger) settle(seenLive func(types.NamespacedName) bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for p, t := range l.gone {
-		if !seenLive(p) || time.Since(t) > maxAge {
+	for p := range l.gone {
+		if !seenLive(p) {
 			delete(l.gone, p)
 		}
 	}
-}
-
-// counts returns the number of pods allocated from each pool pod set.
-func (l *ledger) allocatedIn(pods []types.NamespacedName) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, p := range pods {
-		if _, ok := l.byPod[p]; ok {
-			n++
-		}
-	}
-	return n
 }

@@ -14,34 +14,54 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
 
-// Pod layout constants. The agent binary travels in an emptyDir: the init
-// container (AgentImage) copies /moat into it, and the sandbox container
-// (the user's image, which need not contain moat) runs it as its entrypoint.
+// Pod layout. The agent binary travels in an emptyDir: the init container
+// (the agent image) copies it there, and the sandbox container (the user's
+// image, which need not contain moat) runs it as its entrypoint, with the
+// container's own command as its child.
 const (
-	// LabelManaged is on every pod the controller makes; the controller's
-	// pod cache is restricted to it.
-	LabelManaged = sbv1.Group + "/managed"
-
 	agentVolume    = "moat-agent"
 	agentDir       = "/opt/moat"
 	agentPath      = agentDir + "/moat"
 	initContainer  = "moat-agent"
-	sandboxName    = "sandbox"
 	agentPort      = 44772
-	agentTokenEnv  = "EXECD_ACCESS_TOKEN"
-	agentTokenKey  = "token"
 	terminateGrace = 5
 )
 
-// templateHash is a short stable hash of t, stored on pool pods so a
-// template change retires old pods.
-func templateHash(t sbv1.SandboxTemplate, agentImage string) string {
+// AgentPort is the port of moat's agent in a sandbox pod.
+const AgentPort = agentPort
+
+// templateError is a template the controller cannot turn into a pod; it
+// becomes a status condition (never a crash loop).
+type templateError struct{ msg string }
+
+func (e *templateError) Error() string { return e.msg }
+
+// checkTemplate reports why t cannot make a sandbox pod.
+func checkTemplate(t *corev1.PodTemplateSpec) error {
+	if t == nil {
+		return &templateError{"no pod template"}
+	}
+	if len(t.Spec.Containers) == 0 {
+		return &templateError{"the pod template has no containers"}
+	}
+	for _, c := range t.Spec.Containers {
+		if strings.TrimSpace(c.Image) == "" {
+			return &templateError{fmt.Sprintf("container %q of the pod template has no image", c.Name)}
+		}
+	}
+	return nil
+}
+
+// templateHash is a short stable hash of a pool's template, stored on its
+// pods (LabelPoolRevision) so a template change retires old pods.
+func templateHash(t *corev1.PodTemplateSpec, agentImage string) string {
 	b, _ := json.Marshal(struct {
-		T sbv1.SandboxTemplate
+		T *corev1.PodTemplateSpec
 		A string
 	}{t, agentImage})
 	sum := sha256.Sum256(b)
@@ -66,76 +86,115 @@ func podName(base, suffix string) string {
 	return base + "-" + suffix
 }
 
-// newPod renders t as a sandbox pod. extraEnv (a claim's patch) overrides
-// t.Env; labels and annotations are added to the pod's.
-func newPod(ns, name string, t sbv1.SandboxTemplate, agentImage string, extraEnv, labels, annotations map[string]string) *corev1.Pod {
-	env := maps.Clone(t.Env)
-	if env == nil {
-		env = map[string]string{}
+// coldPodName names claim i's pod in the batch incarnation uid. The first
+// pod of a claim has a deterministic name (a create repeated after a
+// restart finds the pod it made before; the name is in the record before
+// the create anyway); a replacement of a deleted pod gets a random tail.
+// The uid part keeps a batch re-created under the same name from meeting
+// the terminating pods of its predecessor.
+func coldPodName(batch string, uid types.UID, i int, replacement bool) string {
+	u := strings.ReplaceAll(string(uid), "-", "")
+	if len(u) > 6 {
+		u = u[:6]
 	}
-	maps.Copy(env, extraEnv)
-	var envVars []corev1.EnvVar
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		envVars = append(envVars, corev1.EnvVar{Name: k, Value: env[k]})
+	s := fmt.Sprintf("%s-%d", u, i)
+	if replacement {
+		s += "-" + randomSuffix(4)
 	}
-	if t.AgentTokenSecret != "" {
-		envVars = append(envVars, corev1.EnvVar{Name: agentTokenEnv, ValueFrom: &corev1.EnvVarSource{
-			SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: t.AgentTokenSecret},
-				Key:                  agentTokenKey,
-			},
-		}})
+	return podName(batch, s)
+}
+
+// applyShardPatch applies a strategic merge patch to a pod template.
+func applyShardPatch(t *corev1.PodTemplateSpec, patch []byte) (*corev1.PodTemplateSpec, error) {
+	if len(patch) == 0 || string(patch) == "null" || string(patch) == "{}" {
+		return t, nil
 	}
-	if t.AgentImage != "" {
-		agentImage = t.AgentImage
+	orig, err := json.Marshal(t)
+	if err != nil {
+		return nil, err
 	}
-	cmd := []string{agentPath, "execd", "--port", strconv.Itoa(agentPort)}
-	if len(t.Entrypoint) > 0 {
-		cmd = append(append(cmd, "--"), t.Entrypoint...)
+	out, err := strategicpatch.StrategicMergePatch(orig, patch, corev1.PodTemplateSpec{})
+	if err != nil {
+		return nil, &templateError{fmt.Sprintf("shard patch: %v", err)}
 	}
-	mount := []corev1.VolumeMount{{Name: agentVolume, MountPath: agentDir}}
-	grace := int64(terminateGrace)
-	noToken := false
+	var res corev1.PodTemplateSpec
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, &templateError{fmt.Sprintf("shard patch: %v", err)}
+	}
+	return &res, checkTemplate(&res)
+}
+
+// wantsAgent reports whether the controller adds its agent to pods of t.
+func wantsAgent(t *corev1.PodTemplateSpec) bool {
+	if t.Annotations[sbv1.AnnoAgent] == "false" {
+		return false
+	}
+	for _, c := range t.Spec.InitContainers {
+		if c.Name == initContainer {
+			return false // already carries it
+		}
+	}
+	return true
+}
+
+// newPod renders t as a sandbox pod named name, with the controller's
+// labels added. Unless the template opts out (AnnoAgent "false"), the
+// first container runs moat's agent (copied from agentImage by an init
+// container), which starts the container's command and args, if any, as
+// its child. A container without a command runs the agent alone: the
+// controller cannot know the image's entrypoint.
+func newPod(ns, name string, t *corev1.PodTemplateSpec, agentImage string, labels map[string]string) *corev1.Pod {
+	t = t.DeepCopy()
 	pl := map[string]string{}
 	maps.Copy(pl, t.Labels)
 	maps.Copy(pl, labels)
-	pl[LabelManaged] = "true"
-	pa := map[string]string{}
-	maps.Copy(pa, t.Annotations)
-	maps.Copy(pa, annotations)
+	pl[sbv1.LabelManaged] = sbv1.ManagedBy
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: pl, Annotations: pa},
-		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			TerminationGracePeriodSeconds: &grace,
-			AutomountServiceAccountToken:  &noToken,
-			EnableServiceLinks:            &noToken,
-			NodeSelector:                  t.NodeSelector,
-			Tolerations:                   t.Tolerations,
-			Volumes: []corev1.Volume{{Name: agentVolume, VolumeSource: corev1.VolumeSource{
-				EmptyDir: &corev1.EmptyDirVolumeSource{},
-			}}},
-			InitContainers: []corev1.Container{{
-				Name:         initContainer,
-				Image:        agentImage,
-				Command:      []string{"/moat", "controller", "copy-agent", agentPath},
-				VolumeMounts: mount,
-			}},
-			Containers: []corev1.Container{{
-				Name:         sandboxName,
-				Image:        t.Image,
-				Command:      cmd,
-				Env:          envVars,
-				WorkingDir:   t.WorkingDir,
-				Resources:    t.Resources,
-				VolumeMounts: mount,
-				Ports:        []corev1.ContainerPort{{Name: "agent", ContainerPort: agentPort, Protocol: corev1.ProtocolTCP}},
-			}},
-		},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: pl, Annotations: t.Annotations},
+		Spec:       t.Spec,
 	}
-	if t.RuntimeClassName != "" {
-		rc := t.RuntimeClassName
-		p.Spec.RuntimeClassName = &rc
+	s := &p.Spec
+	if s.RestartPolicy == "" {
+		// A sandbox whose agent exits is over; the record says so.
+		s.RestartPolicy = corev1.RestartPolicyNever
+	}
+	if s.TerminationGracePeriodSeconds == nil {
+		g := int64(terminateGrace)
+		s.TerminationGracePeriodSeconds = &g
+	}
+	if s.AutomountServiceAccountToken == nil {
+		// Sandboxes run untrusted code: no API credentials unless asked.
+		no := false
+		s.AutomountServiceAccountToken = &no
+	}
+	if s.EnableServiceLinks == nil {
+		no := false
+		s.EnableServiceLinks = &no
+	}
+	if !wantsAgent(t) {
+		return p
+	}
+	if img := t.Annotations[sbv1.AnnoAgentImage]; img != "" {
+		agentImage = img
+	}
+	mount := corev1.VolumeMount{Name: agentVolume, MountPath: agentDir, ReadOnly: true}
+	s.Volumes = append(s.Volumes, corev1.Volume{Name: agentVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	s.InitContainers = append([]corev1.Container{{
+		Name:         initContainer,
+		Image:        agentImage,
+		Command:      []string{"/moat", "controller", "copy-agent", agentPath},
+		VolumeMounts: []corev1.VolumeMount{{Name: agentVolume, MountPath: agentDir}},
+	}}, s.InitContainers...)
+	c := &s.Containers[0]
+	child := slices.Concat(c.Command, c.Args)
+	cmd := []string{agentPath, "execd", "--port", strconv.Itoa(agentPort)}
+	if len(child) > 0 {
+		cmd = append(append(cmd, "--"), child...)
+	}
+	c.Command, c.Args = cmd, nil
+	c.VolumeMounts = append(c.VolumeMounts, mount)
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == agentPort }) {
+		c.Ports = append(c.Ports, corev1.ContainerPort{Name: "execd", ContainerPort: agentPort, Protocol: corev1.ProtocolTCP})
 	}
 	return p
 }
@@ -146,19 +205,7 @@ func podReady(p *corev1.Pod) bool {
 	return p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
 }
 
-// podDone: the pod can no longer serve (finished or being deleted).
-func podDone(p *corev1.Pod) bool {
-	return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-}
-
-// coldPodName is the deterministic name of claim i's cold pod in the
-// batch incarnation uid, so that a create repeated after a controller
-// restart finds the pod it made before, while a batch re-created under the
-// same name never meets the terminating pods of its predecessor.
-func coldPodName(batch string, uid types.UID, i int32) string {
-	u := strings.ReplaceAll(string(uid), "-", "")
-	if len(u) > 6 {
-		u = u[:6]
-	}
-	return podName(batch, fmt.Sprintf("%s-%d", u, i))
+// podEnded: the pod's containers finished; it will never serve again.
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }

@@ -3,11 +3,15 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -17,9 +21,10 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
 
-// poolReconciler keeps each Pool at its size: it creates pods up to
-// max(min, allocated+buffer) (capped by max) and deletes free pods beyond
-// that, or whose template is stale.
+// poolReconciler keeps each Pool at its size (see poolTarget): it creates
+// pods up to the target and deletes free pods beyond it, or whose template
+// is stale. A template that cannot make a pod sets Ready=False with the
+// reason instead.
 type poolReconciler struct {
 	c      client.Client
 	ledger *ledger
@@ -46,12 +51,12 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	var pool sbv1.Pool
 	if err := r.c.Get(ctx, req.NamespacedName, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, r.deleteFree(ctx, req.NamespacedName, nil)
+			return reconcile.Result{}, r.deleteFree(ctx, req.NamespacedName)
 		}
 		return reconcile.Result{}, err
 	}
 	if pool.DeletionTimestamp != nil {
-		if err := r.deleteFree(ctx, req.NamespacedName, nil); err != nil {
+		if err := r.deleteFree(ctx, req.NamespacedName); err != nil {
 			return reconcile.Result{}, err
 		}
 		if controllerutil.RemoveFinalizer(&pool, sbv1.FinalizerRelease) {
@@ -69,20 +74,24 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	terr := checkTemplate(pool.Spec.Template)
 	hash := templateHash(pool.Spec.Template, r.opts.AgentImage)
 	seen := map[string]bool{}
 	var free, pending, stale []*corev1.Pod
-	allocated := 0
+	allocated, updated := 0, 0
 	for _, p := range pods {
 		seen[p.Name] = true
 		key := client.ObjectKeyFromObject(p)
+		if p.DeletionTimestamp == nil && p.Labels[sbv1.LabelPoolRevision] == hash {
+			updated++
+		}
 		switch {
 		case p.DeletionTimestamp != nil:
-		case r.ledger.allocated(key):
-			if _, taken := r.ledger.owner(key); taken {
+		case r.ledger.taken(key):
+			if _, ok := r.ledger.owner(key); ok {
 				allocated++
 			}
-		case podDone(p) || p.Labels[sbv1.LabelTemplateHash] != hash:
+		case podEnded(p) || p.Labels[sbv1.LabelPoolRevision] != hash:
 			stale = append(stale, p)
 		case podReady(p):
 			free = append(free, p)
@@ -91,17 +100,15 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 	inflight := r.pending(req.NamespacedName, seen)
-
-	want := max(int(pool.Spec.Min), allocated+int(pool.Spec.Buffer))
-	if pool.Spec.Max > 0 {
-		want = min(want, int(pool.Spec.Max))
-	}
+	want := poolTarget(pool.Spec.CapacitySpec, allocated, len(free)+len(pending)+inflight)
 	have := allocated + len(free) + len(pending) + inflight
 	var errs []error
 	if err := r.deletePods(ctx, stale); err != nil {
 		errs = append(errs, err)
 	}
 	switch {
+	case terr != nil:
+		// Nothing to create from; the condition says why.
 	case have < want:
 		if err := r.create(ctx, &pool, hash, want-have); err != nil {
 			errs = append(errs, err)
@@ -120,17 +127,27 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 
 	st := sbv1.PoolStatus{
 		ObservedGeneration: pool.Generation,
+		Revision:           hash,
 		Total:              int32(allocated + len(free) + len(pending)),
-		Free:               int32(len(free)),
 		Allocated:          int32(allocated),
-		Pending:            int32(len(pending) + inflight),
+		Available:          int32(len(free)),
+		Updated:            int32(updated),
+		Conditions:         slices.Clone(pool.Status.Conditions),
 	}
+	cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Serving", ObservedGeneration: pool.Generation,
+		Message: fmt.Sprintf("%d available, %d allocated, %d starting", len(free), allocated, len(pending)+inflight)}
+	if terr != nil {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, sbv1.ReasonInvalidTemplate, terr.Error()
+	} else if len(errs) > 0 {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, sbv1.ReasonCreateFailed, errs[0].Error()
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
 	r.mu.Lock()
 	last, wrote := r.lastStatus[pool.UID]
 	r.mu.Unlock()
 	// Compare with what this process last wrote too: the cached pool may
 	// not show it yet, and a write from that stale copy would conflict.
-	if st != pool.Status && (!wrote || st != last) {
+	if !poolStatusEqual(st, pool.Status) && (!wrote || !poolStatusEqual(st, last)) {
 		pool.Status = st
 		switch err := r.c.Status().Update(ctx, &pool); {
 		case err == nil:
@@ -156,6 +173,33 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	return reconcile.Result{}, nil
 }
 
+// poolTarget is the number of pods a pool should hold (allocated plus
+// free), given allocated pods and avail free or starting ones: the free
+// ones are kept within [BufferMin, BufferMax] (refilled to BufferMax when
+// they fall below BufferMin), and the total within [PoolMin, PoolMax].
+func poolTarget(c sbv1.CapacitySpec, allocated, avail int) int {
+	free := avail
+	switch {
+	case free < int(c.BufferMin):
+		free = int(c.BufferMax)
+	case free > int(c.BufferMax):
+		free = int(c.BufferMax)
+	}
+	return min(max(allocated+free, int(c.PoolMin)), int(c.PoolMax))
+}
+
+// poolStatusEqual compares two statuses, ignoring condition times.
+func poolStatusEqual(a, b sbv1.PoolStatus) bool {
+	strip := func(s sbv1.PoolStatus) sbv1.PoolStatus {
+		s.Conditions = slices.Clone(s.Conditions)
+		for i := range s.Conditions {
+			s.Conditions[i].LastTransitionTime = metav1.Time{}
+		}
+		return s
+	}
+	return equality.Semantic.DeepEqual(strip(a), strip(b))
+}
+
 // poolPods lists the pool's pods from the cache and settles the ledger's
 // deleted set against it.
 func (r *poolReconciler) poolPods(ctx context.Context, pool types.NamespacedName) ([]*corev1.Pod, error) {
@@ -173,7 +217,7 @@ func (r *poolReconciler) poolPods(ctx context.Context, pool types.NamespacedName
 	}
 	r.ledger.settle(func(p types.NamespacedName) bool {
 		return p.Namespace != pool.Namespace || live[p]
-	}, 5*time.Minute)
+	})
 	return out, nil
 }
 
@@ -202,8 +246,8 @@ func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash strin
 		r.inflight[key] = map[string]time.Time{}
 	}
 	for i := range pods {
-		pods[i] = newPod(pool.Namespace, podName(pool.Name, randomSuffix(8)), pool.Spec.Template, r.opts.AgentImage, nil,
-			map[string]string{sbv1.LabelPool: pool.Name, sbv1.LabelTemplateHash: hash}, nil)
+		pods[i] = newPod(pool.Namespace, podName(pool.Name, randomSuffix(8)), pool.Spec.Template, r.opts.AgentImage,
+			map[string]string{sbv1.LabelPool: pool.Name, sbv1.LabelPoolRevision: hash})
 		r.inflight[key][pods[i].Name] = time.Now()
 	}
 	r.mu.Unlock()
@@ -239,14 +283,14 @@ func (r *poolReconciler) deletePods(ctx context.Context, pods []*corev1.Pod) err
 
 // deleteFree deletes every unallocated pod of a deleted pool; allocated
 // ones stay with their batch until it releases them.
-func (r *poolReconciler) deleteFree(ctx context.Context, pool types.NamespacedName, _ *sbv1.Pool) error {
+func (r *poolReconciler) deleteFree(ctx context.Context, pool types.NamespacedName) error {
 	pods, err := r.poolPods(ctx, pool)
 	if err != nil {
 		return err
 	}
 	var free []*corev1.Pod
 	for _, p := range pods {
-		if p.DeletionTimestamp == nil && !r.ledger.allocated(client.ObjectKeyFromObject(p)) {
+		if p.DeletionTimestamp == nil && !r.ledger.taken(client.ObjectKeyFromObject(p)) {
 			free = append(free, p)
 		}
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -68,5 +71,28 @@ func RequireTools(t testing.TB) {
 			t.Fatal(msg)
 		}
 		t.Skip(msg)
+	}
+}
+
+// ReadManifests reads the objects of a YAML file of one or more documents.
+func ReadManifests(t testing.TB, path string) []*unstructured.Unstructured {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var o unstructured.Unstructured
+		if err := dec.Decode(&o.Object); err == io.EOF {
+			return out
+		} else if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(o.Object) > 0 {
+			out = append(out, &o)
+		}
 	}
 }

@@ -1,12 +1,13 @@
 // Package kubernetes is the "kubernetes" sandbox backend: every sandbox is
-// a BatchSandbox (sandbox.moat.dev/v1alpha1) of one replica, served by
-// `moat controller` from a Pool or created cold, and its endpoint is the
-// pod IP. The backend keeps no state of its own: List and Status read the
-// BatchSandboxes of its scope, so a restarted server re-adopts them.
+// a BatchSandbox (OpenSandbox's sandbox.opensandbox.io/v1alpha1) of one
+// replica, served by `moat controller` from a Pool or created from a pod
+// template, and its endpoint is the pod IP (the batch's endpoints
+// annotation). The backend keeps no state of its own: List and Status read
+// the BatchSandboxes of its scope, so a restarted server re-adopts them.
 //
 // Mapping: Create = create a Secret with the agent token plus the
-// BatchSandbox; Stop = set spec.stopped (the controller deletes the pod
-// and keeps the record); Delete = delete both and wait until the
+// BatchSandbox; Stop = scale it to 0 replicas (the controller deletes the
+// pod and keeps the batch); Delete = delete both and wait until the
 // controller has released the pod. Pause and snapshots are not supported.
 package kubernetes
 
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,11 +40,14 @@ import (
 
 // Labels and annotations the backend puts on its BatchSandboxes.
 const (
-	labelScope      = sbv1.Group + "/server-scope"
-	annoLabels      = sbv1.Group + "/sandbox-labels"
-	annoCreated     = sbv1.Group + "/created-at"
-	annoClass       = sbv1.Group + "/class"
+	labelScope      = "moat." + sbv1.Group + "/server-scope"
+	annoLabels      = "moat." + sbv1.Group + "/sandbox-labels"
+	annoCreated     = "moat." + sbv1.Group + "/created-at"
+	annoClass       = "moat." + sbv1.Group + "/class"
 	tokenSecretSufx = "-agent"
+	tokenEnv        = "EXECD_ACCESS_TOKEN"
+	tokenKey        = "token"
+	containerName   = "sandbox"
 )
 
 // Config configures the backend.
@@ -157,20 +162,25 @@ func classify(what string, err error) error {
 	}
 }
 
-func (r *Runtime) template(spec runtime.Spec) sbv1.SandboxTemplate {
-	t := sbv1.SandboxTemplate{
+// template renders spec as the pod template of its BatchSandbox (the
+// controller adds the agent, which runs the entrypoint as its child).
+func (r *Runtime) template(spec runtime.Spec) *corev1.PodTemplateSpec {
+	c := corev1.Container{
+		Name:       containerName,
 		Image:      spec.Image,
-		Entrypoint: spec.Entrypoint,
-		Env:        maps.Clone(spec.Env),
+		Command:    slices.Clone(spec.Entrypoint),
 		WorkingDir: spec.WorkingDir,
-		AgentImage: r.cfg.AgentImage,
-		Labels:     map[string]string{labelScope: r.cfg.Scope},
 	}
-	if spec.Class != "" {
-		t.RuntimeClassName = spec.Class
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
 	}
 	if spec.AgentToken != "" {
-		t.AgentTokenSecret = spec.ID + tokenSecretSufx
+		c.Env = append(c.Env, corev1.EnvVar{Name: tokenEnv, ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: spec.ID + tokenSecretSufx},
+				Key:                  tokenKey,
+			},
+		}})
 	}
 	lim := corev1.ResourceList{}
 	if spec.Resources.CPUMillis > 0 {
@@ -184,7 +194,19 @@ func (r *Runtime) template(spec runtime.Spec) sbv1.SandboxTemplate {
 	}
 	// PidsLimit is a node (kubelet) setting in Kubernetes; not per pod.
 	if len(lim) > 0 {
-		t.Resources = corev1.ResourceRequirements{Limits: lim, Requests: lim}
+		c.Resources = corev1.ResourceRequirements{Limits: lim, Requests: lim}
+	}
+	t := &corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{labelScope: r.cfg.Scope}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{c}},
+	}
+	if spec.Class != "" {
+		t.Spec.RuntimeClassName = &spec.Class
+	}
+	if r.cfg.AgentImage != "" {
+		// The controller's agent injection uses its --agent-image; a
+		// server-specific image travels as an explicit init container.
+		t.Annotations = map[string]string{sbv1.AnnoAgentImage: r.cfg.AgentImage}
 	}
 	return t
 }
@@ -208,26 +230,24 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	created := time.Now().UTC().Truncate(time.Microsecond)
 	tpl := r.template(spec)
+	one := int32(1)
 	b := &sbv1.BatchSandbox{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: r.cfg.Namespace, Name: spec.ID,
 			Labels:      map[string]string{labelScope: r.cfg.Scope},
 			Annotations: map[string]string{annoLabels: string(labels), annoCreated: created.Format(time.RFC3339Nano), annoClass: spec.Class},
-			// Set here so the controller need not add it (one write less).
+			// Set here so the controller need not add it.
 			Finalizers: []string{sbv1.FinalizerRelease},
 		},
-		Spec: sbv1.BatchSandboxSpec{Replicas: 1, Template: &tpl},
+		Spec: sbv1.BatchSandboxSpec{Replicas: &one, Template: tpl},
 	}
 	if r.cfg.Pool != "" {
 		var pool sbv1.Pool
 		err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: r.cfg.Pool}, &pool)
 		if err == nil && poolServes(pool.Spec.Template, tpl) {
-			// Served warm; env the pool's pods lack forces a cold pod
-			// (the controller creates claims with an Env patch cold).
+			// Served warm when the pool has a free pod; else created
+			// from the template.
 			b.Spec.PoolRef = r.cfg.Pool
-			if extra := envDiff(pool.Spec.Template.Env, tpl.Env); len(extra) > 0 {
-				b.Spec.Patches = []sbv1.SandboxPatch{{Env: extra}}
-			}
 		}
 	}
 	if err := r.c.Create(ctx, b); err != nil {
@@ -236,9 +256,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if spec.AgentToken != "" {
 		owner := metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))
 		sec := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: tpl.AgentTokenSecret,
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: spec.ID + tokenSecretSufx,
 				Labels: map[string]string{labelScope: r.cfg.Scope}, OwnerReferences: []metav1.OwnerReference{*owner}},
-			StringData: map[string]string{"token": spec.AgentToken},
+			StringData: map[string]string{tokenKey: spec.AgentToken},
 		}
 		if err := r.c.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
 			r.Delete(context.WithoutCancel(ctx), spec.ID)
@@ -305,19 +325,28 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 	if s := b.Annotations[annoLabels]; s != "" && s != "null" {
 		json.Unmarshal([]byte(s), &st.Labels)
 	}
+	pods, ips := b.AllocatedPods(), b.Endpoints()
+	_, ended := b.Condition(sbv1.ConditionPodFailed)
 	switch {
-	case b.DeletionTimestamp != nil, b.Spec.Stopped && b.Status.Phase == sbv1.BatchStopped:
+	case b.DeletionTimestamp != nil:
 		st.State = runtime.StateStopped
-	case b.Spec.Stopped:
-		st.State, st.Message = runtime.StateCreating, "stopping"
-	case b.Status.Phase == sbv1.BatchFailed:
-		st.State, st.Message = runtime.StateUnknown, b.Status.Message
-	case len(b.Status.Sandboxes) > 0 && b.Status.Sandboxes[0].Gone:
-		st.State, st.Message = runtime.StateStopped, "pod gone"
-	case len(b.Status.Sandboxes) > 0 && b.Status.Sandboxes[0].Ready:
-		st.State, st.IP = runtime.StateRunning, b.Status.Sandboxes[0].IP
+	case b.GetReplicas() == 0 && b.Status.ObservedGeneration == b.Generation && b.Status.Replicas == 0:
+		st.State = runtime.StateStopped
+	case b.GetReplicas() == 0:
+		st.Message = "stopping"
+	case b.Status.Phase == sbv1.PhaseFailed:
+		st.State = runtime.StateUnknown
+		if c, ok := b.Condition(sbv1.ConditionReady); ok {
+			st.Message = c.Message
+		}
+	case ended:
+		st.State, st.Message = runtime.StateStopped, "pod ended"
+	case len(pods) > 0 && len(ips) > 0 && ips[0] != "" && b.Status.Ready > 0:
+		st.State, st.IP = runtime.StateRunning, ips[0]
 	default:
-		st.Message = b.Status.Message
+		if c, ok := b.Condition(sbv1.ConditionReady); ok {
+			st.Message = c.Message
+		}
 	}
 	return st
 }
@@ -344,9 +373,10 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 	return out, nil
 }
 
-// Stop implements runtime.Runtime: the controller deletes the pod (the
-// kubelet gives it its termination grace) and keeps the record; Stop
-// returns when that is done (bounded by grace plus DeleteTimeout).
+// Stop implements runtime.Runtime: the batch is scaled to 0, so the
+// controller deletes the pod (the kubelet gives it its termination grace)
+// and keeps the batch; Stop returns when that is done (bounded by grace
+// plus DeleteTimeout).
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
 	b, err := r.get(ctx, id)
 	if err != nil {
@@ -355,8 +385,8 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	if b.DeletionTimestamp != nil {
 		return nil
 	}
-	if !b.Spec.Stopped {
-		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"stopped":true}}`))
+	if b.GetReplicas() != 0 {
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":0}}`))
 		if err := r.c.Patch(ctx, b, patch); err != nil {
 			return classify("stop sandbox "+id, err)
 		}
@@ -433,20 +463,20 @@ func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, er
 }
 
 // poolServes reports whether a pool pod made from pt can stand in for a
-// sandbox of template t (same image, command and limits).
-func poolServes(pt, t sbv1.SandboxTemplate) bool {
-	return pt.Image == t.Image && slices.Equal(pt.Entrypoint, t.Entrypoint) && pt.WorkingDir == t.WorkingDir &&
-		pt.RuntimeClassName == t.RuntimeClassName && pt.Resources.Limits.Cpu().Equal(*t.Resources.Limits.Cpu()) &&
-		pt.Resources.Limits.Memory().Equal(*t.Resources.Limits.Memory()) && pt.AgentTokenSecret == t.AgentTokenSecret
+// sandbox of template t: the same container (image, command, working
+// directory, environment, limits, token) and runtime class. The pool's
+// pods cannot take another environment: it is set when a pod starts.
+func poolServes(pt, t *corev1.PodTemplateSpec) bool {
+	if pt == nil || len(pt.Spec.Containers) != 1 || len(t.Spec.Containers) != 1 {
+		return false
+	}
+	a, b := pt.Spec.Containers[0], t.Spec.Containers[0]
+	return a.Image == b.Image && slices.Equal(slices.Concat(a.Command, a.Args), b.Command) && a.WorkingDir == b.WorkingDir &&
+		equality.Semantic.DeepEqual(a.Env, b.Env) && a.Resources.Limits.Cpu().Equal(*b.Resources.Limits.Cpu()) &&
+		a.Resources.Limits.Memory().Equal(*b.Resources.Limits.Memory()) &&
+		ptrEqual(pt.Spec.RuntimeClassName, t.Spec.RuntimeClassName)
 }
 
-// envDiff returns the entries of want that have lacks or differs in.
-func envDiff(have, want map[string]string) map[string]string {
-	out := map[string]string{}
-	for k, v := range want {
-		if hv, ok := have[k]; !ok || hv != v {
-			out[k] = v
-		}
-	}
-	return out
+func ptrEqual(a, b *string) bool {
+	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
 }

@@ -133,7 +133,7 @@ func TestPodSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.Status.Sandboxes[0].Pod}, &pod); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.AllocatedPods()[0]}, &pod); err != nil {
 		t.Fatal(err)
 	}
 	main := pod.Spec.Containers[0]
@@ -172,9 +172,9 @@ func TestPoolBacked(t *testing.T) {
 	ns := namespace(t)
 	c := adminClient(t)
 	ctx := context.Background()
-	tpl := sbv1.SandboxTemplate{Image: "busybox:test"}
+	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "busybox:test"}}}}
 	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
-		Spec: sbv1.PoolSpec{Template: tpl, Min: 2}}); err != nil {
+		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: 2, PoolMax: 2}}}); err != nil {
 		t.Fatal(err)
 	}
 	rt, err := kubernetes.New(env.Config, kubernetes.Config{Namespace: ns, Pool: "warm"})
@@ -185,7 +185,7 @@ func TestPoolBacked(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var p sbv1.Pool
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "warm"}, &p); err == nil && p.Status.Free == 2 {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "warm"}, &p); err == nil && p.Status.Available == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -196,8 +196,8 @@ func TestPoolBacked(t *testing.T) {
 	for _, tc := range []struct {
 		id   string
 		env  map[string]string
-		want sbv1.Source
-	}{{"warm-1", nil, sbv1.SourcePool}, {"cold-1", map[string]string{"K": "v"}, sbv1.SourceCold}} {
+		warm bool
+	}{{"warm-1", nil, true}, {"cold-1", map[string]string{"K": "v"}, false}} {
 		if _, err := rt.Create(ctx, runtime.Spec{ID: tc.id, Image: "busybox:test", Env: tc.env}); err != nil {
 			t.Fatal(err)
 		}
@@ -207,8 +207,16 @@ func TestPoolBacked(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tc.id}, &b); err != nil {
 			t.Fatal(err)
 		}
-		if got := b.Status.Sandboxes[0].Source; got != tc.want {
-			t.Errorf("%s: source %s, want %s", tc.id, got, tc.want)
+		pods := b.AllocatedPods()
+		var pod corev1.Pod
+		if len(pods) != 1 {
+			t.Fatalf("%s: pods %v", tc.id, pods)
+		}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: pods[0]}, &pod); err != nil {
+			t.Fatal(err)
+		}
+		if got := pod.Labels[sbv1.LabelPool] == "warm"; got != tc.warm {
+			t.Errorf("%s: pod %s labels %v, want warm %v", tc.id, pod.Name, pod.Labels, tc.warm)
 		}
 	}
 }

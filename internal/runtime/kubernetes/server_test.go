@@ -76,7 +76,7 @@ func TestServerLifecycle(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: sb.ID}, &b); err != nil {
 		t.Fatalf("no BatchSandbox for sandbox %s: %v", sb.ID, err)
 	}
-	if b.Spec.Replicas != 1 || b.Status.Phase != sbv1.BatchRunning {
+	if b.GetReplicas() != 1 || b.Status.Phase != sbv1.PhaseSucceed || len(b.Endpoints()) != 1 {
 		t.Errorf("BatchSandbox %+v / %+v", b.Spec, b.Status)
 	}
 	if err := cl.DeleteSandbox(ctx, sb.ID); err != nil {
