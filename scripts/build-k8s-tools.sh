@@ -17,6 +17,8 @@
 #   cni/bridge, cni/host-local, cni/loopback
 #                   github.com/containernetworking/plugins (CNI_VERSION)
 #   helm            helm.sh/helm/v4/cmd/helm               (HELM_VERSION)
+#   crictl          sigs.k8s.io/cri-tools/cmd/crictl       (CRICTL_VERSION;
+#                   the node harness removes leftover pod sandboxes with it)
 #
 # runc comes from Debian (scripts/install-deps.sh).
 #
@@ -37,6 +39,7 @@ CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.23.0}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CNI_VERSION=${CNI_VERSION:-v1.10.0}
 HELM_VERSION=${HELM_VERSION:-v4.3.2}
+CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 CACHE=${MOAT_CACHE:-/var/cache/moat}
 OUT="$CACHE/k8s/$K8S_VERSION"
 
@@ -211,6 +214,19 @@ build_helm() {
 	install_bin "$d/helm.tmp" helm
 }
 
+build_crictl() {
+	[[ -x "$OUT/crictl" ]] && return 0
+	log "building crictl $CRICTL_VERSION"
+	local d
+	d=$(scratch crictl)
+	(
+		cd "$d"
+		go get "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+		go build -trimpath -o "$d/crictl.tmp" -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl
+	)
+	install_bin "$d/crictl.tmp" crictl
+}
+
 build_controller_gen
 build_etcd
 build_kwok
@@ -218,4 +234,5 @@ build_kubernetes
 build_helm
 build_cni
 build_containerd
+build_crictl
 log "all tools present in $OUT"

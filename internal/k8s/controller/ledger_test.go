@@ -157,10 +157,10 @@ func TestPoolTarget(t *testing.T) {
 	}{
 		0: {sbv1.CapacitySpec{PoolMin: 100, PoolMax: 100}, 0, 0, 100},
 		1: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 0, 0, 5},
-		2: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 3, 13},  // within the buffer: keep
-		3: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 1, 15},  // below: refill to max
-		4: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 9, 15},  // above: shrink to max
-		5: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 12}, 10, 0, 12},  // capped by poolMax
+		2: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 3, 13}, // within the buffer: keep
+		3: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 1, 15}, // below: refill to max
+		4: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 50}, 10, 9, 15}, // above: shrink to max
+		5: {sbv1.CapacitySpec{BufferMin: 2, BufferMax: 5, PoolMax: 12}, 10, 0, 12}, // capped by poolMax
 		6: {sbv1.CapacitySpec{BufferMin: 0, BufferMax: 0, PoolMin: 4, PoolMax: 9}, 7, 0, 7},
 		7: {sbv1.CapacitySpec{BufferMin: 1, BufferMax: 3, PoolMin: 0, PoolMax: 0}, 0, 0, 0}, // poolMax 0: empty
 	} {
