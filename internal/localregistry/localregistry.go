@@ -53,6 +53,11 @@ func (r *Registry) Close() error { return r.srv.Close() }
 // PushDir pushes dir as a one-layer linux/amd64 image named repo:tag on r and
 // returns the full reference. env is the image config's environment.
 func (r *Registry) PushDir(ctx context.Context, dir, repoTag string, env []string) (string, error) {
+	return r.PushDirConfig(ctx, dir, repoTag, v1.Config{Env: env})
+}
+
+// PushDirConfig is PushDir with a whole image config (entrypoint, ...).
+func (r *Registry) PushDirConfig(ctx context.Context, dir, repoTag string, config v1.Config) (string, error) {
 	data, err := TarDir(dir)
 	if err != nil {
 		return "", err
@@ -71,7 +76,7 @@ func (r *Registry) PushDir(ctx context.Context, dir, repoTag string, env []strin
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config = v1.Config{Env: env}
+	cf.Config = config
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return "", err
 	}

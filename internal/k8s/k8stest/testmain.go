@@ -7,12 +7,16 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // Main runs a test binary's tests against one shared Env started with o
@@ -32,7 +36,9 @@ func Main(m *testing.M, env **Env, o Options) {
 			os.Exit(1)
 		}
 		fmt.Fprintln(os.Stderr, "SKIP:", msg)
-		os.Exit(m.Run())
+		code := m.Run()
+		StopSharedNode()
+		os.Exit(code)
 	}
 	e, err := Start(context.Background(), o)
 	if err != nil {
@@ -41,6 +47,7 @@ func Main(m *testing.M, env **Env, o Options) {
 	}
 	*env = e
 	code := m.Run()
+	StopSharedNode()
 	if err := e.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "k8stest: stop:", err)
 	}
@@ -93,6 +100,51 @@ func ReadManifests(t testing.TB, path string) []*unstructured.Unstructured {
 		}
 		if len(o.Object) > 0 {
 			out = append(out, &o)
+		}
+	}
+}
+
+var shared struct {
+	once sync.Once
+	node *Node
+	err  error
+}
+
+// SharedNode returns the test process's real single-node cluster,
+// starting it on first use (StopSharedNode, from TestMain, removes it).
+// It skips t in -short mode, fails without root under CI (skips
+// otherwise), and skips when the node tools are missing unless RequireEnv
+// is set.
+func SharedNode(t testing.TB) *Node {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("k8stest: real node skipped in -short mode")
+	}
+	testutil.RequiresRoot(t)
+	if miss := MissingNodeTools(); len(miss) > 0 {
+		msg := fmt.Sprintf("k8stest: node tools missing: %s (run scripts/build-k8s-tools.sh)", strings.Join(miss, ", "))
+		if os.Getenv(RequireEnv) != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	pause := testutil.BusyboxRootfs(t)
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		shared.node, shared.err = StartNode(ctx, NodeOptions{Name: fmt.Sprintf("t%d", os.Getpid()%100000), PauseRootfs: pause})
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.node
+}
+
+// StopSharedNode stops the node SharedNode started, if any.
+func StopSharedNode() {
+	if shared.node != nil {
+		if err := shared.node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "k8stest: stop node:", err)
 		}
 	}
 }

@@ -1,0 +1,118 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
+	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+// nodeFixture is what the real-node tests share: the node, its images and
+// a controller running against it.
+type nodeFixture struct {
+	node       *k8stest.Node
+	image      string // busybox, from the node's loopback registry
+	agentImage string // the moat binary at /moat
+}
+
+var (
+	nodeOnce sync.Once
+	nodeFix  *nodeFixture
+	nodeErr  error
+)
+
+// realNode returns the shared real node with the test images pushed and
+// `moat controller` (in-process) serving it.
+func realNode(t *testing.T) *nodeFixture {
+	t.Helper()
+	node := k8stest.SharedNode(t)
+	rootfs := testutil.BusyboxRootfs(t)
+	moatBin := testutil.MoatBinary(t)
+	nodeOnce.Do(func() {
+		ctx := context.Background()
+		f := &nodeFixture{node: node}
+		if f.image, nodeErr = node.Registry.PushDir(ctx, rootfs, "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); nodeErr != nil {
+			return
+		}
+		if f.agentImage, nodeErr = node.PushAgentImage(ctx, moatBin); nodeErr != nil {
+			return
+		}
+		mgr, err := controller.New(node.Config, controller.Options{AgentImage: f.agentImage})
+		if err != nil {
+			nodeErr = err
+			return
+		}
+		// Runs until the test process ends (the node goes with it).
+		go mgr.Start(context.Background())
+		nodeFix = f
+	})
+	if nodeErr != nil {
+		t.Fatal(nodeErr)
+	}
+	return nodeFix
+}
+
+// nodeNamespace makes a namespace on the node and waits for its default
+// service account (pods are refused until the controller-manager made it).
+func nodeNamespace(t *testing.T, f *nodeFixture) string {
+	t.Helper()
+	c, err := client.New(f.node.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("node%d", nsSeq.Add(1))
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var sa corev1.ServiceAccount
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &sa); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s: no default service account", ns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ns
+}
+
+func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime {
+	t.Helper()
+	rt, err := kubernetes.New(f.node.Config, kubernetes.Config{Namespace: ns, DeleteTimeout: 60 * time.Second, CreateTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// TestNodeConformance runs the runtime conformance suite against a real
+// kubelet and containerd: every sandbox is a real pod whose container runs
+// moat's agent (copied in by the init container from the agent image),
+// and the suite talks to that agent at the pod IP.
+func TestNodeConformance(t *testing.T) {
+	f := realNode(t)
+	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
+		return newNodeRuntime(t, f, nodeNamespace(t, f))
+	}, runtimetest.Options{
+		Image:        f.image,
+		AgentTimeout: 60 * time.Second,
+		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
+			return newNodeRuntime(t, f, rt.(*kubernetes.Runtime).Namespace())
+		},
+	})
+}
