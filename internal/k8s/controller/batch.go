@@ -42,8 +42,42 @@ type batchReconciler struct {
 	mu sync.Mutex
 	// created are pods created but maybe not yet in the cache.
 	created map[types.NamespacedName]time.Time
-	// lastWrite is when each batch's readiness was last written.
+	// lastWrite is when each batch's record was last written.
 	lastWrite map[types.UID]time.Time
+	// written is the status and finalizer this process last wrote per
+	// batch: the cached batch may not show them yet, and a write from that
+	// stale copy would only conflict.
+	written map[types.UID]writtenState
+}
+
+type writtenState struct {
+	status    sbv1.BatchSandboxStatus
+	finalizer bool
+	at        time.Time
+}
+
+func (r *batchReconciler) lastWritten(uid types.UID) (writtenState, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.written[uid]
+	return w, ok
+}
+
+func (r *batchReconciler) noteWritten(uid types.UID, f func(*writtenState)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.written == nil {
+		r.written = map[types.UID]writtenState{}
+	}
+	for u, w := range r.written {
+		if time.Since(w.at) > inflightTTL {
+			delete(r.written, u)
+		}
+	}
+	w := r.written[uid]
+	f(&w)
+	w.at = time.Now()
+	r.written[uid] = w
 }
 
 // recentlyCreated reports whether the controller created pod in the last
@@ -222,7 +256,8 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 			pods = refreshed
 		}
 	}
-	if !next.equal(rec) || !had || !controllerutil.ContainsFinalizer(b, sbv1.FinalizerRelease) {
+	w, _ := r.lastWritten(b.UID)
+	if !next.equal(rec) || !had || (!controllerutil.ContainsFinalizer(b, sbv1.FinalizerRelease) && !w.finalizer) {
 		if wait := r.untilNextWrite(b.UID); wait > 0 && had && onlyAddresses(rec, next) && !complete(next, replicas) {
 			// Readiness of created pods trickles in pod by pod: coalesce
 			// it into at most one write per statusInterval.
@@ -395,6 +430,7 @@ func (r *batchReconciler) writeRecord(ctx context.Context, b *sbv1.BatchSandbox,
 		return fmt.Errorf("record allocation of %s: %w", b.Name, err)
 	}
 	r.noteWrite(b.UID)
+	r.noteWritten(b.UID, func(w *writtenState) { w.finalizer = true })
 	return nil
 }
 
@@ -568,11 +604,17 @@ func removeCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionTy
 // expiry reconcile.
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure) (reconcile.Result, error) {
 	st := r.summarize(b, rec, pods, fail)
-	if !statusEqual(st, b.Status) {
+	last, wrote := r.lastWritten(b.UID)
+	if !statusEqual(st, b.Status) && !(wrote && statusEqual(st, last.status)) {
 		b.Status = st
 		if err := r.c.Status().Update(ctx, b); err != nil {
+			if apierrors.IsConflict(err) {
+				// A stale cache: the next event brings the fresh copy.
+				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+			}
 			return reconcile.Result{}, err
 		}
+		r.noteWritten(b.UID, func(w *writtenState) { w.status = st })
 	}
 	if b.Spec.ExpireTime != nil {
 		return reconcile.Result{RequeueAfter: time.Until(b.Spec.ExpireTime.Time) + 10*time.Millisecond}, nil
@@ -580,10 +622,17 @@ func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox,
 	return reconcile.Result{}, nil
 }
 
+// statusEqual compares two statuses, ignoring condition times.
 func statusEqual(a, b sbv1.BatchSandboxStatus) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
+	strip := func(s sbv1.BatchSandboxStatus) string {
+		s.Conditions = slices.Clone(s.Conditions)
+		for i := range s.Conditions {
+			s.Conditions[i].LastTransitionTime = nil
+		}
+		j, _ := json.Marshal(s)
+		return string(j)
+	}
+	return strip(a) == strip(b)
 }
 
 // releaseAll deletes a batch's pods: its created pods with one collection
