@@ -1,0 +1,121 @@
+// Package helm_test checks the Helm chart with helm itself (built from the
+// Go module proxy by scripts/build-k8s-tools.sh): `helm lint` passes and
+// `helm template` renders the objects the controller needs.
+package helm_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+)
+
+func helm(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(k8stest.AssetsDir(), "helm")
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv(k8stest.RequireEnv) != "" {
+			t.Fatalf("helm not built in %s (run scripts/build-k8s-tools.sh)", k8stest.AssetsDir())
+		}
+		t.Skipf("helm not built in %s (run scripts/build-k8s-tools.sh)", k8stest.AssetsDir())
+	}
+	return p
+}
+
+func run(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(helm(t), args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.Bytes()
+}
+
+func TestLint(t *testing.T) {
+	out := run(t, "lint", "--strict", "moat")
+	if !bytes.Contains(out, []byte("0 chart(s) failed")) {
+		t.Errorf("helm lint:\n%s", out)
+	}
+}
+
+func TestTemplate(t *testing.T) {
+	out := run(t, "template", "r1", "moat", "--namespace", "moat-system", "--include-crds",
+		"--set", "replicas=2", "--set", "hostNetwork=true", "--set", "apiServer.host=127.0.0.1", "--set", "apiServer.port=6443",
+		"--set", "image.repository=registry.example.com/moat", "--set", "image.tag=v1")
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	kinds := map[string]*unstructured.Unstructured{}
+	for {
+		var o unstructured.Unstructured
+		if err := dec.Decode(&o.Object); err != nil {
+			break
+		}
+		if len(o.Object) > 0 {
+			kinds[o.GetKind()+"/"+o.GetName()] = &o
+		}
+	}
+	for _, want := range []string{
+		"CustomResourceDefinition/pools.sandbox.opensandbox.io",
+		"CustomResourceDefinition/batchsandboxes.sandbox.opensandbox.io",
+		"CustomResourceDefinition/sandboxsnapshots.sandbox.opensandbox.io",
+		"ServiceAccount/r1-controller", "ClusterRole/r1-controller", "ClusterRoleBinding/r1-controller",
+		"ClusterRole/r1-server", "Deployment/r1-controller",
+	} {
+		if kinds[want] == nil {
+			t.Errorf("helm template lacks %s (has %v)", want, keys(kinds))
+		}
+	}
+	d := kinds["Deployment/r1-controller"]
+	if d == nil {
+		return
+	}
+	c, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	ctr := c[0].(map[string]any)
+	args := strings.Join(toStrings(ctr["args"]), " ")
+	for _, want := range []string{"--agent-image=registry.example.com/moat:v1", "--kube-api-qps=200", "--kube-api-burst=400", "--leader-elect", "--leader-elect-namespace=moat-system"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("controller args %q lack %q", args, want)
+		}
+	}
+	if hn, _, _ := unstructured.NestedBool(d.Object, "spec", "template", "spec", "hostNetwork"); !hn {
+		t.Error("hostNetwork not set")
+	}
+	if env := ctr["env"]; !strings.Contains(strings.ReplaceAll(toJSONish(env), " ", ""), "KUBERNETES_SERVICE_HOST") {
+		t.Errorf("env %v lacks the API server override", env)
+	}
+}
+
+func keys(m map[string]*unstructured.Unstructured) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+func toJSONish(v any) string {
+	var b strings.Builder
+	for _, x := range v.([]any) {
+		for k, val := range x.(map[string]any) {
+			b.WriteString(k + "=" + val.(string) + ";")
+		}
+	}
+	return b.String()
+}
