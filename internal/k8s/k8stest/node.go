@@ -59,6 +59,7 @@ type Node struct {
 	ContainerdSocket string
 
 	dir        string
+	env0       []string
 	env        *envtest.Environment
 	bridge     string
 	cgroupName string
@@ -100,6 +101,15 @@ type NodeOptions struct {
 	// Name is used in the node, bridge and cgroup names (default
 	// "moat"); keep it short and unique per concurrent test run.
 	Name string
+	// Bridge, Subnet and CgroupRoot override the pods' bridge name, their
+	// network (a /24 or larger whose first address is the host's) and the
+	// kubelet's cgroup root (tests pass a testnet lease's). Defaults:
+	// "mkn-<Name>", a free 10.240.0.0/12 /24, /moat-kubenode-<dir>.
+	Bridge     string
+	Subnet     *net.IPNet
+	CgroupRoot string
+	// Env is added to every component's environment (a testnet marker).
+	Env []string
 	// PauseRootfs is a rootfs directory holding /bin/sleep (a static
 	// busybox tree); the pod sandbox image is built from it.
 	PauseRootfs string
@@ -139,14 +149,14 @@ func StartNode(ctx context.Context, o NodeOptions) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{dir: dir, Name: "node-" + o.Name}
+	n := &Node{dir: dir, Name: "node-" + o.Name, env0: o.Env, cgroupName: strings.TrimPrefix(o.CgroupRoot, "/")}
 	defer func() {
 		if err != nil {
 			fmt.Fprintf(o.Log, "k8stest: node start failed: %v\n%s", err, n.Logs())
 			n.Stop()
 		}
 	}()
-	if err := n.startNetwork(o.Name); err != nil {
+	if err := n.startNetwork(o.Name, o.Bridge, o.Subnet); err != nil {
 		return nil, err
 	}
 	if err := n.startControlPlane(); err != nil {
@@ -176,15 +186,20 @@ func (n *Node) path(parts ...string) string {
 }
 
 // startNetwork creates the pods' bridge with a free /24.
-func (n *Node) startNetwork(name string) error {
-	subnet, err := freeSubnet()
-	if err != nil {
-		return err
+func (n *Node) startNetwork(name, bridge string, subnet *net.IPNet) error {
+	if subnet == nil {
+		var err error
+		if subnet, err = freeSubnet(); err != nil {
+			return err
+		}
 	}
 	n.Subnet = subnet
 	n.Gateway = append(net.IP(nil), subnet.IP.To4()...)
-	n.Gateway[3] = 1
-	n.bridge = "mkn-" + name
+	n.Gateway[3]++
+	n.bridge = bridge
+	if n.bridge == "" {
+		n.bridge = "mkn-" + name
+	}
 	if len(n.bridge) > 15 {
 		n.bridge = n.bridge[:15]
 	}
@@ -410,7 +425,9 @@ func (n *Node) nsenter(cmd ...string) *exec.Cmd {
 }
 
 func (n *Node) startKubelet(ctx context.Context) error {
-	n.cgroupName = "moat-kubenode-" + filepath.Base(n.dir)
+	if n.cgroupName == "" {
+		n.cgroupName = "moat-kubenode-" + filepath.Base(n.dir)
+	}
 	for _, m := range cgroupMounts() {
 		if err := os.MkdirAll(filepath.Join(m, n.cgroupName), 0o755); err != nil {
 			return fmt.Errorf("k8stest: cgroup root: %w", err)
@@ -484,7 +501,7 @@ func (n *Node) start(name string, env []string, bin string, args ...string) erro
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), n.env0...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 // Main runs a test binary's tests against one shared Env started with o
@@ -36,9 +37,7 @@ func Main(m *testing.M, env **Env, o Options) {
 			os.Exit(1)
 		}
 		fmt.Fprintln(os.Stderr, "SKIP:", msg)
-		code := m.Run()
-		StopSharedNode()
-		os.Exit(code)
+		os.Exit(m.Run())
 	}
 	e, err := Start(context.Background(), o)
 	if err != nil {
@@ -47,7 +46,6 @@ func Main(m *testing.M, env **Env, o Options) {
 	}
 	*env = e
 	code := m.Run()
-	StopSharedNode()
 	if err := e.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "k8stest: stop:", err)
 	}
@@ -104,18 +102,12 @@ func ReadManifests(t testing.TB, path string) []*unstructured.Unstructured {
 	}
 }
 
-var shared struct {
-	once sync.Once
-	node *Node
-	err  error
-}
-
-// SharedNode returns the test process's real single-node cluster,
-// starting it on first use (StopSharedNode, from TestMain, removes it).
-// It skips t in -short mode, fails without root under CI (skips
-// otherwise), and skips when the node tools are missing unless RequireEnv
-// is set.
-func SharedNode(t testing.TB) *Node {
+// StartTestNode starts a real single-node cluster for t on a leased test
+// network (testutil/testnet: bridge, subnet and cgroup parent of its own)
+// and stops it at t's end. It skips t in -short mode, fails without root
+// under CI (skips otherwise), and skips when the node tools are missing
+// unless RequireEnv is set.
+func StartTestNode(t testing.TB) *Node {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("k8stest: real node skipped in -short mode")
@@ -129,22 +121,23 @@ func SharedNode(t testing.TB) *Node {
 		t.Skip(msg)
 	}
 	pause := testutil.BusyboxRootfs(t)
-	shared.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		shared.node, shared.err = StartNode(ctx, NodeOptions{Name: fmt.Sprintf("t%d", os.Getpid()%100000), PauseRootfs: pause})
-	})
-	if shared.err != nil {
-		t.Fatal(shared.err)
+	lease := testnet.New(t, testnet.Bits(24))
+	subnet := &net.IPNet{IP: lease.Subnet.Addr().AsSlice(), Mask: net.CIDRMask(lease.Subnet.Bits(), 32)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	node, err := StartNode(ctx, NodeOptions{Name: lease.Name, Bridge: lease.Name, Subnet: subnet,
+		CgroupRoot: lease.CgroupParent, Env: []string{lease.Env()}, PauseRootfs: pause})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return shared.node
-}
-
-// StopSharedNode stops the node SharedNode started, if any.
-func StopSharedNode() {
-	if shared.node != nil {
-		if err := shared.node.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "k8stest: stop node:", err)
+	lease.Own(node.dir)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node logs:\n%s", node.Logs())
 		}
-	}
+		if err := node.Stop(); err != nil {
+			t.Errorf("stop node: %v", err)
+		}
+	})
+	return node
 }

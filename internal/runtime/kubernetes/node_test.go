@@ -3,7 +3,6 @@ package kubernetes_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,43 +26,35 @@ type nodeFixture struct {
 	agentImage string // the moat binary at /moat
 }
 
-var (
-	nodeOnce sync.Once
-	nodeFix  *nodeFixture
-	nodeErr  error
-)
-
-// realNode returns the shared real node with the test images pushed and
-// `moat controller` (in-process) serving it.
-func realNode(t *testing.T) *nodeFixture {
+// startRealNode starts a real node for t with the test images pushed and
+// `moat controller` (in-process) serving it until t ends.
+func startRealNode(t *testing.T) *nodeFixture {
 	t.Helper()
-	node := k8stest.SharedNode(t)
-	rootfs := testutil.BusyboxRootfs(t)
-	moatBin := testutil.MoatBinary(t)
-	nodeOnce.Do(func() {
-		ctx := context.Background()
-		f := &nodeFixture{node: node}
-		if f.image, nodeErr = node.Registry.PushDir(ctx, rootfs, "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); nodeErr != nil {
-			return
-		}
-		if f.agentImage, nodeErr = node.PushAgentImage(ctx, moatBin); nodeErr != nil {
-			return
-		}
-		mgr, err := controller.New(node.Config, controller.Options{AgentImage: f.agentImage})
-		if err != nil {
-			nodeErr = err
-			return
-		}
-		// Runs until the test process ends (the node goes with it).
-		go mgr.Start(context.Background())
-		nodeFix = f
-	})
-	if nodeErr != nil {
-		t.Fatal(nodeErr)
+	node := k8stest.StartTestNode(t)
+	ctx := context.Background()
+	f := &nodeFixture{node: node}
+	var err error
+	if f.image, err = node.Registry.PushDir(ctx, testutil.BusyboxRootfs(t), "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); err != nil {
+		t.Fatal(err)
 	}
-	return nodeFix
+	if f.agentImage, err = node.PushAgentImage(ctx, testutil.MoatBinary(t)); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := controller.New(node.Config, controller.Options{AgentImage: f.agentImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	return f
 }
-
 // nodeNamespace makes a namespace on the node and waits for its default
 // service account (pods are refused until the controller-manager made it).
 func nodeNamespace(t *testing.T, f *nodeFixture) string {
@@ -100,12 +91,19 @@ func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime
 	return rt
 }
 
-// TestNodeConformance runs the runtime conformance suite against a real
-// kubelet and containerd: every sandbox is a real pod whose container runs
-// moat's agent (copied in by the init container from the agent image),
-// and the suite talks to that agent at the pod IP.
-func TestNodeConformance(t *testing.T) {
-	f := realNode(t)
+// TestRealNode runs against a real single-node cluster (kubelet,
+// containerd, runc, CNI bridge; see k8stest.Node). Its subtests share the
+// node, which takes a while to start.
+func TestRealNode(t *testing.T) {
+	f := startRealNode(t)
+	t.Run("Conformance", func(t *testing.T) { testNodeConformance(t, f) })
+}
+
+// testNodeConformance runs the runtime conformance suite against the real
+// node: every sandbox is a real pod whose container runs moat's agent
+// (copied in by the init container from the agent image), and the suite
+// talks to that agent at the pod IP.
+func testNodeConformance(t *testing.T, f *nodeFixture) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
 		return newNodeRuntime(t, f, nodeNamespace(t, f))
 	}, runtimetest.Options{
