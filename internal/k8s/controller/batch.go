@@ -123,8 +123,11 @@ func (r *batchReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		if err := r.releaseAll(ctx, key, b.Spec.PoolRef); err != nil {
 			return reconcile.Result{}, err
 		}
+		orig := b.DeepCopy()
 		if controllerutil.RemoveFinalizer(&b, sbv1.FinalizerRelease) {
-			return reconcile.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &b))
+			// A patch, not an update: the cached copy may be older than
+			// the controller's last write, and the release is done.
+			return reconcile.Result{}, client.IgnoreNotFound(r.c.Patch(ctx, &b, client.MergeFrom(orig)))
 		}
 		return reconcile.Result{}, nil
 	}
@@ -639,7 +642,12 @@ func statusEqual(a, b sbv1.BatchSandboxStatus) bool {
 // delete, its pool pods one by one (pool pods carry no batch label, which
 // would have cost a write per pod at allocation).
 func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedName, poolRef string) error {
-	rec, _ := r.ledger.get(key)
+	rec, ok := r.ledger.get(key)
+	if !ok {
+		// Never allocated, or released already by this process (pods
+		// are created only after the record is written).
+		return nil
+	}
 	var errs []error
 	err := r.c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(key.Namespace),
 		client.MatchingLabels{sbv1.LabelBatch: key.Name, sbv1.LabelManaged: sbv1.ManagedBy})
