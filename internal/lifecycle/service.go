@@ -27,6 +27,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Bucket is the store bucket holding sandbox records.
@@ -533,6 +534,9 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 	if err != nil {
 		s.cleanupFailed(ctx, sb.ID)
 		s.fail(e, ReasonProvisionFailed, "sandbox start failed")
+		if errors.Is(err, volume.ErrSubPath) {
+			return errdefs.WithPublic(err, codeInvalidSubPath, "a volume's subPath leads out of the volume (through '..' or a symlink) or through a file")
+		}
 		if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) {
 			return err
 		}

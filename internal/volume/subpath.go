@@ -14,6 +14,11 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
+// ErrSubPath marks a subPath that cannot be mounted: one that leads out
+// of the volume (through ".." or a symlink) or through a file. It comes
+// wrapped with errdefs.ErrInvalidArgument.
+var ErrSubPath = errors.New("subPath cannot be resolved inside the volume")
+
 // CheckSubPath checks the shape of a subPath: relative, without "..",
 // without NUL. The empty subPath (the volume's root) is fine. It is the
 // lexical half of the confinement; OpenSubPath does the rest.
@@ -59,7 +64,7 @@ func OpenSubPath(root, sub string) (*os.File, error) {
 	}
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) || escapes(err) {
-			return nil, fmt.Errorf("subPath %q cannot be resolved inside the volume (%v): %w", sub, err, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("subPath %q: %w (%v): %w", sub, ErrSubPath, err, errdefs.ErrInvalidArgument)
 		}
 		return nil, fmt.Errorf("subPath %q: %w", sub, err)
 	}
@@ -95,7 +100,7 @@ func BindSubPath(root, sub, target string, readOnly bool) error {
 			t.Close()
 		}
 	default:
-		return fmt.Errorf("subPath %q is neither a directory nor a regular file: %w", sub, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("subPath %q: %w (neither a directory nor a regular file): %w", sub, ErrSubPath, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		return err
