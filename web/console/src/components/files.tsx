@@ -5,6 +5,20 @@ import type { FileInfo } from '../api'
 import { agent, api, raw } from '../api'
 import { Empty, ErrorBox, bytes, saveBlob, since, useAction, useMe, usePoll } from '../ui'
 
+const Folder = () => (
+  <svg class="icon" viewBox="0 0 16 16" aria-hidden="true">
+    <path d="M1.5 3.5h4.2l1.4 1.6h7.4v7.4h-13z" fill="#f1c45b" stroke="#c99a2e" />
+  </svg>
+)
+
+const FileIcon = ({ link }: { link?: boolean }) => (
+  <svg class="icon" viewBox="0 0 16 16" aria-hidden="true">
+    <path d="M3.5 1.5h6l3 3v10h-9z" fill="#fff" stroke="#7d8f98" />
+    <path d="M9.5 1.5v3h3" fill="none" stroke="#7d8f98" />
+    {link && <path d="M5.5 11.5l4-4m-3 0h3v3" fill="none" stroke="#2b8a9e" stroke-width="1.4" />}
+  </svg>
+)
+
 function join(dir: string, name: string) {
   return (dir.endsWith('/') ? dir : dir + '/') + name
 }
@@ -120,12 +134,11 @@ export function Files({ id }: { id: string }) {
                         go(f.path)
                       }}
                     >
-                      📁 {base(f.path)}/
+                      <Folder /> {base(f.path)}/
                     </a>
                   ) : (
                     <span>
-                      {f.type === 'symlink' ? '↪ ' : '📄 '}
-                      {base(f.path)}
+                      <FileIcon link={f.type === 'symlink'} /> {base(f.path)}
                     </span>
                   )}
                 </td>

@@ -1,12 +1,13 @@
 // CPU and memory of a sandbox over time, from the agent's
 // GET /metrics/watch stream (one JSON object per line, about every second),
-// drawn as SVG. The history is what this page has seen since it opened
-// (the last WINDOW seconds).
+// drawn as SVG. The history is what this page has seen since it opened:
+// the chart spans that time, at least a minute and at most WINDOW seconds.
 import { useEffect, useState } from 'preact/hooks'
 import type { Metrics } from '../api'
 import { agent, errText, raw } from '../api'
 
 const WINDOW = 300
+const MIN_SPAN = 60
 
 interface Point {
   t: number
@@ -20,9 +21,11 @@ function Chart(props: { title: string; points: { t: number; v: number }[]; max: 
   const H = 160
   const pad = { l: 44, r: 8, t: 10, b: 20 }
   const now = props.points.length ? props.points[props.points.length - 1].t : Date.now()
-  const t0 = now - WINDOW * 1000
+  const first = props.points.length ? props.points[0].t : now
+  const span = Math.min(WINDOW, Math.max(MIN_SPAN, Math.ceil((now - first) / 1000)))
+  const t0 = now - span * 1000
   const max = props.max > 0 ? props.max : 1
-  const x = (t: number) => pad.l + ((t - t0) / (WINDOW * 1000)) * (W - pad.l - pad.r)
+  const x = (t: number) => pad.l + ((t - t0) / (span * 1000)) * (W - pad.l - pad.r)
   const y = (v: number) => pad.t + (1 - Math.min(v, max) / max) * (H - pad.t - pad.b)
   const pts = props.points.filter((p) => p.t >= t0)
   const line = pts.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(' ')
@@ -45,7 +48,7 @@ function Chart(props: { title: string; points: { t: number; v: number }[]; max: 
           </g>
         ))}
         <text x={pad.l} y={H - 4} class="axis">
-          −{WINDOW / 60} min
+          −{span >= 120 ? `${Math.round(span / 60)} min` : `${span} s`}
         </text>
         <text x={W - pad.r} y={H - 4} text-anchor="end" class="axis">
           now
