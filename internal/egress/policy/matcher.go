@@ -65,6 +65,15 @@ func (m *Matcher) Default() Action { return m.policy.DefaultAction }
 // rule (by index) that matches, else the default. IP and CIDR rules never
 // match names. The cost is one map lookup per label of name.
 func (m *Matcher) Evaluate(name string) Action {
+	if a, ok := m.Explicit(name); ok {
+		return a
+	}
+	return m.policy.DefaultAction
+}
+
+// Explicit returns the action of the first domain or wildcard rule that
+// matches name, and false when no rule does (the default action applies).
+func (m *Matcher) Explicit(name string) (Action, bool) {
 	name = NormalizeName(name)
 	best := -1
 	if i, ok := m.exact[name]; ok {
@@ -81,9 +90,27 @@ func (m *Matcher) Evaluate(name string) Action {
 		}
 	}
 	if best < 0 {
-		return m.policy.DefaultAction
+		return "", false
 	}
-	return m.policy.Egress[best].Action
+	return m.policy.Egress[best].Action, true
+}
+
+// ExplicitlyAllows reports whether an allow rule (not the default) covers
+// host, a DNS name or "*.suffix"; for a wildcard, a rule must cover every
+// subdomain of suffix (a wildcard rule on suffix or on a parent of it).
+func (m *Matcher) ExplicitlyAllows(host string) bool {
+	host = NormalizeName(host)
+	if suffix, ok := strings.CutPrefix(host, "*."); ok {
+		// A probe subdomain that only wildcard rules can match.
+		probe := "x--moat-probe." + suffix
+		if _, exact := m.exact[probe]; exact {
+			return false
+		}
+		a, ok := m.Explicit(probe)
+		return ok && a == Allow
+	}
+	a, ok := m.Explicit(host)
+	return ok && a == Allow
 }
 
 // EvaluateAddr returns the action of the first IP or CIDR rule containing

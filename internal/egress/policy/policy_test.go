@@ -374,3 +374,36 @@ func BenchmarkEvaluate(b *testing.B) {
 		m.Evaluate(names[i%len(names)])
 	}
 }
+
+func TestExplicitlyAllows(t *testing.T) {
+	m, err := Compile(NetworkPolicy{DefaultAction: Allow, Egress: []Rule{
+		{Action: Deny, Target: "bad.example.com"},
+		{Action: Allow, Target: "*.example.com"},
+		{Action: Allow, Target: "api.test"},
+		{Action: Deny, Target: "*.denied.test"},
+		{Action: Allow, Target: "10.0.0.0/8"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		host string
+		want bool
+	}{
+		{"api.test", true},
+		{"API.test.", true},
+		{"a.example.com", true},
+		{"*.example.com", true},
+		{"*.x.example.com", true},
+		{"bad.example.com", false}, // an earlier deny rule
+		{"example.com", false},     // the wildcard does not cover the apex; default allow does not count
+		{"*.test", false},
+		{"other.test", false}, // only the default allows it
+		{"x.denied.test", false},
+		{"*.denied.test", false},
+	} {
+		if got := m.ExplicitlyAllows(tc.host); got != tc.want {
+			t.Errorf("%d: ExplicitlyAllows(%q) = %v, want %v", i, tc.host, got, tc.want)
+		}
+	}
+}
