@@ -32,7 +32,8 @@ type HostConfig struct {
 func HostTable(bridge string) string { return "moat-host-" + bridge }
 
 // ApplyHost installs (atomically replacing) the host table for cfg.Bridge:
-//   - input: from the bridge only replies and DNS to the gateway are
+//   - input: from the bridge only replies, DNS to the gateway and
+//     connections the intercept table redirected (InterceptMark) are
 //     accepted, so sandboxes cannot reach host services (the moat API
 //     included) through the bridge address or any other host address;
 //   - forward: sandbox traffic may leave, replies may come back; nothing is
@@ -93,6 +94,12 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 		concat(fromBridge, established, []expr.Any{accept()}),
 		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_UDP, 53), []expr.Any{accept()}),
 		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_TCP, 53), []expr.Any{accept()}),
+		// Connections the intercept table redirected to the credential proxy.
+		concat(fromBridge, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: nativeU32(InterceptMark)},
+			accept(),
+		}),
 		concat(fromBridge, icmp6Type(133), []expr.Any{accept()}), // router solicitation
 		concat(fromBridge, icmp6Type(135), []expr.Any{accept()}), // neighbour solicitation
 		concat(fromBridge, icmp6Type(136), []expr.Any{accept()}), // neighbour advertisement
