@@ -23,6 +23,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("MOAT_API_KEY")
 			}
+			cfg.VaultKey = os.Getenv("MOAT_VAULT_KEY")
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -64,5 +65,8 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.BoolVar(&cfg.ConsoleSecureCookie, "console-secure-cookie", false, "mark the console session cookie Secure even over plain HTTP (TLS terminated by a proxy in front)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	f.StringVar(&cfg.AuditLog, "audit-log", "", `audit log file: one JSON line per mutating API call, rotated at 64 MiB (default <root>/audit.log; "off" disables)`)
+	f.StringVar(&cfg.VaultKeyFile, "vault-key-file", "", "key sealing Credential Vault state in the store, created on first start (default <root>/vault.key; $MOAT_VAULT_KEY overrides)")
+	f.StringVar(&cfg.VaultUpstreamCAFile, "vault-upstream-ca", "", "PEM CA certificates the credential proxy trusts for upstream servers, besides the host's roots")
+	f.BoolVar(&cfg.VaultInsecureWrites, "vault-insecure-writes", false, "allow Credential Vault writes over plain HTTP from non-loopback clients")
 	return cmd
 }

@@ -22,6 +22,11 @@
 //
 // Enforcement survives the moat server: Close releases resources but keeps
 // every sandbox's ruleset (fail closed), and a restarted server re-Attaches.
+//
+// Credential Vault (intercept.go): AttachProxy puts an attached sandbox's
+// HTTP(S) through the credential proxy (package mitm) via the configured
+// Interceptor. The proxy injects a credential only towards an address the
+// sandbox resolved for the bound host through this enforcer's DNS proxy.
 package egress
 
 import (
@@ -36,6 +41,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -69,6 +75,9 @@ type Config struct {
 	// proxy without being attached (no network policy: allow all names).
 	// Unset means such queries are refused.
 	Unattached netip.Prefix
+	// Interceptor sends Credential Vault sandboxes' HTTP(S) through the
+	// credential proxy (AttachProxy). Nil: the vault is unsupported.
+	Interceptor Interceptor
 }
 
 // Enforcer applies network policies to sandboxes. It is safe for
@@ -94,6 +103,8 @@ type sandbox struct {
 	matcher  *policy.Matcher
 	names    map[string]resolvedName
 	detached bool
+	// proxy is the sandbox's credential proxy client (AttachProxy), if any.
+	proxy *mitm.Client
 }
 
 type resolvedName struct {
@@ -262,8 +273,9 @@ func (e *Enforcer) Detach(ctx context.Context, id string) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.detached = true
+	perr := e.releaseProxyLocked(ctx, sb)
 	err := sb.fw.Remove(ctx)
-	return errors.Join(err, sb.fw.Close())
+	return errors.Join(perr, err, sb.fw.Close())
 }
 
 // Close releases every sandbox's namespace handle but leaves the rulesets

@@ -44,8 +44,17 @@ type HandlerOptions struct {
 	// Token, if set, must be sent in AuthHeader on /policy requests; it is
 	// compared in constant time.
 	Token string
+	// Authorized, if set, admits a request without the token (e.g. one the
+	// server authenticated with an API key that may drive the sandbox).
+	Authorized func(*http.Request) bool
 	// Logger receives internal errors. Default slog.Default().
 	Logger *slog.Logger
+	// Vault serves the Credential Vault routes; nil answers them with
+	// 412 CREDENTIAL_VAULT::NOT_ENABLED.
+	Vault VaultService
+	// InsecureVaultWrites allows Credential Vault writes over plain HTTP
+	// from non-loopback clients.
+	InsecureVaultWrites bool
 }
 
 // NewHandler returns the OpenSandbox egress sidecar API for sandbox id:
@@ -55,11 +64,13 @@ type HandlerOptions struct {
 //	PATCH  /policy   JSON rule array merged ahead of the current rules
 //	DELETE /policy   JSON target array removed from the rules
 //	GET    /healthz  "ok"
+//	…      /credential-vault…  the Credential Vault (see mountVault)
 //
-// Errors are text/plain, as upstream: "unauthorized", "invalid policy: …".
+// /policy errors are text/plain, as upstream: "unauthorized", "invalid
+// policy: …"; Credential Vault errors are JSON {code, message}.
 // The server mounts it per sandbox (strip any path prefix first).
 func NewHandler(svc PolicyService, id string, opts HandlerOptions) http.Handler {
-	h := &handler{svc: svc, id: id, token: opts.Token, log: opts.Logger}
+	h := &handler{svc: svc, id: id, token: opts.Token, authorizedFn: opts.Authorized, log: opts.Logger, vault: opts.Vault, insecureWrites: opts.InsecureVaultWrites}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -69,6 +80,7 @@ func NewHandler(svc PolicyService, id string, opts HandlerOptions) http.Handler 
 	mux.Handle("PUT /policy", h.wrap(h.replace))
 	mux.Handle("PATCH /policy", h.wrap(h.patch))
 	mux.Handle("DELETE /policy", h.wrap(h.remove))
+	h.mountVault(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok")
@@ -77,10 +89,13 @@ func NewHandler(svc PolicyService, id string, opts HandlerOptions) http.Handler 
 }
 
 type handler struct {
-	svc   PolicyService
-	id    string
-	token string
-	log   *slog.Logger
+	svc            PolicyService
+	id             string
+	token          string
+	authorizedFn   func(*http.Request) bool
+	log            *slog.Logger
+	vault          VaultService
+	insecureWrites bool
 }
 
 // wrap adds authentication and turns a returned error into the plain-text
@@ -98,7 +113,7 @@ func (h *handler) wrap(fn func(w http.ResponseWriter, r *http.Request) error) ht
 }
 
 func (h *handler) authorized(r *http.Request) bool {
-	if h.token == "" {
+	if h.token == "" || (h.authorizedFn != nil && h.authorizedFn(r)) {
 		return true
 	}
 	got := r.Header.Get(AuthHeader)

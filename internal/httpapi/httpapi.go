@@ -55,6 +55,9 @@ type Config struct {
 	Ingress *ingress.Endpoints
 	// Audit, if set, receives one record per mutating call (see audited).
 	Audit AuditSink
+	// InsecureVaultWrites allows Credential Vault writes (they carry
+	// credential values) over plain HTTP from non-loopback clients.
+	InsecureVaultWrites bool
 }
 
 // Metrics is the optional Prometheus instrumentation (internal/metrics).
@@ -88,6 +91,7 @@ func New(cfg Config, svc *lifecycle.Service, log *slog.Logger) *Server {
 	}
 	s.web = &web.Adapter{Log: log, Codes: codeOf}
 	s.proxy = newProxy(svc, s.web, log)
+	s.proxy.egress = s.egressHandler
 	return s
 }
 
@@ -281,6 +285,15 @@ func toCreateRequest(b createSandboxRequest) (lifecycle.CreateRequest, error) {
 	if len(b.NetworkPolicy) > 0 && string(b.NetworkPolicy) != "null" {
 		req.NetworkPolicy = b.NetworkPolicy
 	}
+	if len(b.CredentialProxy) > 0 && string(b.CredentialProxy) != "null" {
+		var cp struct {
+			Enabled *bool `json:"enabled"`
+		}
+		if err := json.Unmarshal(b.CredentialProxy, &cp); err != nil {
+			return req, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "credentialProxy must be an object {\"enabled\": bool}")
+		}
+		req.CredentialProxy = cp.Enabled != nil && *cp.Enabled
+	}
 	return req, nil
 }
 
@@ -467,13 +480,15 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 	}
 	if port == EgressPort && !signed {
 		// The egress sidecar port of upstream maps to the server's egress
-		// API for sandboxes that have a network policy.
+		// API for sandboxes that have a network policy. moat serves it
+		// itself, so both modes answer the server-proxy shape upstream
+		// clients use for it, with the token.
 		tok, err := s.svc.EgressToken(r.Context(), id)
 		if err != nil {
 			return err
 		}
 		if tok != "" {
-			web.WriteJSON(w, http.StatusOK, endpointJSON{Endpoint: fmt.Sprintf("%s/sandboxes/%s/egress", host, id),
+			web.WriteJSON(w, http.StatusOK, endpointJSON{Endpoint: fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, EgressPort),
 				Headers: map[string]string{egress.AuthHeader: tok}})
 			return nil
 		}
@@ -517,20 +532,42 @@ func ingressEndpoint(e *ingress.Endpoints, reqHost, id string, port int, signed 
 // EgressPort is the OpenSandbox egress sidecar port.
 const EgressPort = 18080
 
-// egress serves the OpenSandbox egress API (/policy) of one sandbox.
+// egress serves the OpenSandbox egress API (/policy, /credential-vault)
+// of one sandbox at /sandboxes/{id}/egress/ (moat's earlier shape; the
+// endpoint of port 18080 answers /sandboxes/{id}/proxy/18080, which
+// serves the same handler, see proxy.serve).
 func (s *Server) egress(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	tok, err := s.svc.EgressToken(r.Context(), id)
+	h, err := s.egressHandler(r, id)
 	if err != nil {
 		return err
 	}
-	if tok == "" {
+	if h == nil {
 		return errdefs.WithPublic(errdefs.ErrNotFound, "SANDBOX::NO_NETWORK_POLICY", "sandbox has no network policy")
 	}
-	h := egress.NewHandler(s.svc.EgressPolicies(r.Context()), id, egress.HandlerOptions{Token: tok, Logger: s.log})
+	serveEgress(w, r, h)
+	return nil
+}
+
+// egressHandler returns the egress API of sandbox id, nil if it has no
+// network policy. Its token is the sandbox's egress token; a holder of
+// the API key may present that instead (the SDKs do in server-proxy
+// mode).
+func (s *Server) egressHandler(r *http.Request, id string) (http.Handler, error) {
+	tok, err := s.svc.EgressToken(r.Context(), id)
+	if err != nil || tok == "" {
+		return nil, err
+	}
+	return egress.NewHandler(s.svc.EgressPolicies(r.Context()), id, egress.HandlerOptions{
+		Token: tok, Authorized: canDrive, Logger: s.log,
+		Vault: s.svc.CredentialVaults(), InsecureVaultWrites: s.cfg.InsecureVaultWrites,
+	}), nil
+}
+
+// serveEgress runs the egress API on the path under the route's prefix.
+func serveEgress(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = "/" + r.PathValue("path")
 	r2.URL.RawPath = ""
 	h.ServeHTTP(w, r2)
-	return nil
 }

@@ -31,6 +31,8 @@ type proxy struct {
 	svc *lifecycle.Service
 	web *web.Adapter
 	rp  *httputil.ReverseProxy
+	// egress returns a sandbox's egress API (nil: it has none).
+	egress func(r *http.Request, id string) (http.Handler, error)
 }
 
 func newProxy(svc *lifecycle.Service, wa *web.Adapter, log *slog.Logger) *proxy {
@@ -80,6 +82,19 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
+	}
+	if port == EgressPort && p.egress != nil {
+		// Port 18080 is the egress API (upstream's sidecar), which moat
+		// serves itself for sandboxes with a network policy.
+		h, err := p.egress(r, id)
+		if err != nil {
+			return err
+		}
+		if h != nil {
+			p.svc.Touch(r.Context(), id)
+			serveEgress(w, r, h)
+			return nil
+		}
 	}
 	ep, err := p.svc.Endpoint(r.Context(), id, port)
 	if err != nil {

@@ -34,8 +34,8 @@ type createSandboxRequest struct {
 	NetworkPolicy  json.RawMessage     `json:"networkPolicy"`
 	SecureAccess   bool                `json:"secureAccess"`
 	Volumes        []json.RawMessage   `json:"volumes"`
-	// CredentialProxy is accepted and ignored (upstream's Credential Vault
-	// MITM); it is declared so that the spec conformance test sees it.
+	// CredentialProxy is {enabled: bool}: the Credential Vault's
+	// intercepting proxy (requires networkPolicy).
 	CredentialProxy json.RawMessage `json:"credentialProxy"`
 }
 

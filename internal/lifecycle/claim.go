@@ -120,6 +120,9 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName str
 // and resources come from the template and may only repeat it.
 func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
 	t := def.Template
+	if req.CredentialProxy {
+		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("credentialProxy cannot be enabled on a sandbox claimed from pool %s: the sandbox CA is installed when a sandbox starts", def.Name))
+	}
 	if req.SnapshotID != "" && req.SnapshotID != t.SnapshotID {
 		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("snapshotId %q differs from pool %s's snapshot %q", req.SnapshotID, def.Name, t.SnapshotID))
 	}

@@ -83,6 +83,9 @@ func (s *Service) Recover(ctx context.Context) error {
 			if err := s.attachEgress(ctx, sb.ID, rst.IP, *e.sb.NetworkPolicy); err != nil {
 				// Its old ruleset stays installed in the netns; log loudly.
 				s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
+			} else if err := s.recoverCredProxy(ctx, e); err != nil {
+				// Bound hosts are reached without credentials until fixed.
+				s.log.Error("recover: restart the credential proxy", "id", sb.ID, "err", err)
 			}
 		}
 		if e.sb.Status != sb.Status {

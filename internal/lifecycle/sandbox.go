@@ -64,6 +64,9 @@ type Sandbox struct {
 	AccessToken string `json:"accessToken,omitempty"`
 	// EgressToken authenticates the sandbox's egress API (OPENSANDBOX-EGRESS-AUTH).
 	EgressToken string `json:"egressToken,omitempty"`
+	// CredentialProxy is set for sandboxes created with credentialProxy
+	// enabled (the Credential Vault); see credvault.go.
+	CredentialProxy *CredentialProxyRecord `json:"credentialProxy,omitempty"`
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
 	// the Lifecycle API.
 	Warm bool `json:"warm,omitempty"`
@@ -132,8 +135,11 @@ type CreateRequest struct {
 	Platform   *Platform
 	// NetworkPolicy is the raw OpenSandbox networkPolicy JSON, if any.
 	NetworkPolicy []byte
-	SecureAccess  bool
-	HasVolumes    bool
+	// CredentialProxy is credentialProxy.enabled: intercept the sandbox's
+	// HTTP(S) for the Credential Vault (requires NetworkPolicy).
+	CredentialProxy bool
+	SecureAccess    bool
+	HasVolumes      bool
 	// Volumes are the parsed OpenSandbox volumes (see ParseVolumes).
 	Volumes []Volume
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -109,6 +110,9 @@ type Deps struct {
 	Metrics Metrics
 	// Quotas is optional; nil limits no tenant (see tenancy.go).
 	Quotas Quotas
+	// Sealer encrypts Credential Vault state for the store; without it
+	// credentialProxy is refused (501).
+	Sealer *vault.Sealer
 }
 
 // Metrics receives lifecycle observations (see internal/metrics). Calls
@@ -156,6 +160,9 @@ type entry struct {
 	// createdClaims are the volumes this sandbox's create made (not
 	// persisted); a failed create deletes them again. Guarded by mu.
 	createdClaims []string
+	// cred is the credential proxy (CA and vault) of a sandbox created
+	// with credentialProxy; its persisted form is sb.CredentialProxy.
+	cred *credProxy
 }
 
 // Service is the lifecycle service. It is safe for concurrent use.
@@ -389,6 +396,9 @@ func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, err
 		}
 		np = &p
 	}
+	if err := s.checkCredentialProxy(req, np, memory != nil); err != nil {
+		return Sandbox{}, err
+	}
 	if req.SecureAccess && !s.cfg.SecureAccess {
 		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess needs the ingress gateway (moat serve --ingress-listen)")
 	}
@@ -424,6 +434,10 @@ func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, err
 	}
 	if np != nil {
 		sb.EgressToken = newToken()
+	}
+	if req.CredentialProxy {
+		// Marks the sandbox; provision makes its CA (newCredProxy).
+		sb.CredentialProxy = &CredentialProxyRecord{}
 	}
 	if req.SecureAccess {
 		sb.AccessToken = newToken()
@@ -508,11 +522,25 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		}
 		return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q failed", sb.Image))
 	}
+	env := sb.Env
+	if sb.CredentialProxy != nil && e.cred == nil {
+		if err := s.newCredProxy(e); err != nil {
+			s.fail(e, ReasonProvisionFailed, "could not create the sandbox CA")
+			return err
+		}
+	}
+	if e.cred != nil {
+		env = cloneMap(sb.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		env[TrustCAEnv] = string(e.cred.ca.CertPEM())
+	}
 	spec := runtime.Spec{
 		ID:         sb.ID,
 		Image:      img.Name,
 		Entrypoint: sb.Entrypoint,
-		Env:        sb.Env,
+		Env:        env,
 		Resources:  sb.Resources,
 		Class:      sb.Class,
 		AgentToken: sb.AgentToken,
@@ -550,6 +578,13 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 			s.cleanupFailed(ctx, sb.ID)
 			s.fail(e, ReasonProvisionFailed, "could not apply the network policy")
 			return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+		}
+		if e.cred != nil {
+			if err := s.attachCredProxy(ctx, e); err != nil {
+				s.cleanupFailed(ctx, sb.ID)
+				s.fail(e, ReasonProvisionFailed, "could not start the credential proxy")
+				return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not start the credential proxy")
+			}
 		}
 	}
 	if err := s.waitAgent(ctx, sb.ID, readyToken); err != nil {

@@ -8,11 +8,15 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -46,7 +50,16 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 	if err := nft.ApplyHost(ctx, nft.HostConfig{Bridge: netm.Bridge(), Subnet: netm.Subnet(), Gateway: gw, Subnet6: netm.Subnet6()}); err != nil {
 		return backend{}, fmt.Errorf("host firewall: %w", err)
 	}
-	enf, err := newEnforcer(cfg, netm, d)
+	vp, err := startCredentialProxy(ctx, run, cfg, netm, d)
+	if err != nil {
+		return backend{}, err
+	}
+	defer func() {
+		if err != nil {
+			vp.stop()
+		}
+	}()
+	enf, err := newEnforcer(cfg, netm, d, egress.HostInterceptor{Proxy: vp.proxy, Bridge: netm.Bridge()})
 	if err != nil {
 		return backend{}, err
 	}
@@ -94,6 +107,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 	closeAll := func() error {
 		stopDNS()
 		<-dnsDone
+		vp.stop()
 		err := errors.Join(enf.Close(), rt.Close())
 		imgs.Close()
 		return err
@@ -101,7 +115,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 	return backend{rt: rt, egress: egressAdapter{enf: enf, netm: netm}, committer: imageCommitter{d.images}, close: closeAll}, nil
 }
 
-func newEnforcer(cfg Config, netm *network.Manager, d deps) (*egress.Enforcer, error) {
+func newEnforcer(cfg Config, netm *network.Manager, d deps, icpt egress.Interceptor) (*egress.Enforcer, error) {
 	ups, err := cfg.DNSUpstreams, error(nil)
 	if len(ups) == 0 {
 		ups, err = dnsproxy.UpstreamsFromResolvConf("/etc/resolv.conf")
@@ -118,12 +132,86 @@ func newEnforcer(cfg Config, netm *network.Manager, d deps) (*egress.Enforcer, e
 	}
 	blocked = append(blocked, hostAddrs()...)
 	return egress.New(egress.Config{
-		DNS:        netip.AddrPortFrom(netm.Gateway(), 53),
-		Upstreams:  ups,
-		Blocked:    blocked,
-		Logger:     d.log,
-		Unattached: netm.Subnet(),
+		DNS:         netip.AddrPortFrom(netm.Gateway(), 53),
+		Upstreams:   ups,
+		Blocked:     blocked,
+		Logger:      d.log,
+		Unattached:  netm.Subnet(),
+		Interceptor: icpt,
 	})
+}
+
+// credentialProxy is the Credential Vault's proxy of the native backend:
+// listening on the bridge gateway (a free port), fed by the intercept
+// table of the bridge.
+type credentialProxy struct {
+	proxy *mitm.Proxy
+	stop  func()
+}
+
+// startCredentialProxy binds the proxy on the gateway (and the IPv6
+// gateway with --subnet6), installs the bridge's intercept table pointing
+// at it (empty: sandboxes are added as they attach, or re-attach after a
+// restart) and serves until run ends or stop is called.
+func startCredentialProxy(ctx, run context.Context, cfg Config, netm *network.Manager, d deps) (_ credentialProxy, err error) {
+	roots, err := cfg.vaultRoots()
+	if err != nil {
+		return credentialProxy{}, err
+	}
+	p := mitm.New(mitm.Config{Logger: d.log, RootCAs: roots})
+	var lns []net.Listener
+	defer func() {
+		if err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
+		}
+	}()
+	icfg := nft.InterceptConfig{Bridge: netm.Bridge()}
+	for _, gw := range []netip.Addr{netm.Gateway(), netm.Gateway6()} {
+		if !gw.IsValid() {
+			continue
+		}
+		ln, err := listenFreePort(ctx, gw)
+		if err != nil {
+			return credentialProxy{}, fmt.Errorf("credential proxy on %s: %w", gw, err)
+		}
+		lns = append(lns, ln)
+		ap := ln.Addr().(*net.TCPAddr).AddrPort()
+		if gw.Is4() {
+			icfg.Proxy = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		} else {
+			icfg.Proxy6 = ap
+		}
+	}
+	if err := nft.ApplyIntercept(ctx, icfg); err != nil {
+		return credentialProxy{}, fmt.Errorf("credential proxy: %w", err)
+	}
+	sctx, cancel := context.WithCancel(run)
+	var wg sync.WaitGroup
+	for _, ln := range lns {
+		wg.Go(func() {
+			if err := p.Serve(sctx, ln); err != nil {
+				d.log.Error("credential proxy stopped", "addr", ln.Addr(), "err", err)
+			}
+		})
+	}
+	var once sync.Once
+	return credentialProxy{proxy: p, stop: func() { once.Do(func() { cancel(); wg.Wait() }) }}, nil
+}
+
+// listenFreePort listens on a free TCP port of addr. An IPv6 gateway
+// address may still be in duplicate address detection right after the
+// bridge came up; that is retried for a few seconds.
+func listenFreePort(ctx context.Context, addr netip.Addr) (net.Listener, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", netip.AddrPortFrom(addr, 0).String())
+		if err == nil || time.Now().After(deadline) || !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return ln, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // hostAddrs are the host's own addresses, unreachable from any sandbox
@@ -155,6 +243,16 @@ func (a egressAdapter) Detach(ctx context.Context, id string) error { return a.e
 func (a egressAdapter) Get(id string) (policy.NetworkPolicy, error) { return a.enf.Get(id) }
 func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error) {
 	return a.enf.Modify(ctx, id, fn)
+}
+
+// AttachProxy implements lifecycle.CredentialProxy.
+func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error {
+	return a.enf.AttachProxy(ctx, id, ca, rules)
+}
+
+// SetProxyRules implements lifecycle.CredentialProxy.
+func (a egressAdapter) SetProxyRules(id string, rules *vault.Rules) error {
+	return a.enf.SetProxyRules(id, rules)
 }
 
 // ociImages adapts the image store to what the OCI backend needs. It holds

@@ -123,6 +123,21 @@ type Config struct {
 	// VolumeSize is the capacity of a native named volume (pvc) created
 	// without pvc.storage, a Kubernetes quantity. Default "1Gi".
 	VolumeSize string
+	// VaultKeyFile holds the key (64 hex digits) that seals Credential
+	// Vault state and sandbox CA keys in the store. Default
+	// <Root>/vault.key, created on first start; $MOAT_VAULT_KEY overrides
+	// the file.
+	VaultKeyFile string
+	// VaultKey is the key itself (from $MOAT_VAULT_KEY, never argv).
+	VaultKey string
+	// VaultUpstreamCAFile adds PEM CA certificates to the host's roots
+	// when the credential proxy verifies upstream servers (e.g. a private
+	// API's CA). Default "": the host's roots only.
+	VaultUpstreamCAFile string
+	// VaultInsecureWrites allows Credential Vault writes (they carry
+	// credential values) over plain HTTP from non-loopback clients.
+	// Default false: TLS or loopback, as upstream.
+	VaultInsecureWrites bool
 }
 
 // diskQuotaBytes is DiskQuota in bytes (0 = unlimited).
@@ -233,6 +248,12 @@ func (c *Config) Validate() error {
 	}
 	if c.KeySecretFile == "" {
 		c.KeySecretFile = filepath.Join(c.Root, "key-secret")
+	}
+	if c.VaultKeyFile == "" {
+		c.VaultKeyFile = filepath.Join(c.Root, "vault.key")
+	}
+	if c.VaultUpstreamCAFile != "" && !filepath.IsAbs(c.VaultUpstreamCAFile) {
+		errs = append(errs, fmt.Errorf("vault-upstream-ca %q must be an absolute path", c.VaultUpstreamCAFile))
 	}
 	if c.AuditLog == "" {
 		c.AuditLog = filepath.Join(c.Root, "audit.log")

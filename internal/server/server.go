@@ -98,6 +98,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	// GET /metrics (behind the API key); moat_sandboxes is counted at
 	// scrape time, when s.svc is set.
 	reg := metrics.New(metrics.Options{States: func() map[string]int { return stateCounts(s.svc) }, KnownStates: knownStates()})
+	sealer, err := cfg.vaultSealer()
+	if err != nil {
+		return nil, fmt.Errorf("vault key: %w", err)
+	}
 	// Tenants, API keys and quotas (nil without auth: one anonymous admin).
 	var quotas lifecycle.Quotas
 	if !cfg.NoAuth {
@@ -112,7 +116,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	}
 	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths}, lifecycle.Deps{
 		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
-		Committer: be.committer, Metrics: reg, Quotas: quotas,
+		Committer: be.committer, Metrics: reg, Quotas: quotas, Sealer: sealer,
 	})
 	if err != nil {
 		return nil, err
@@ -120,7 +124,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
-	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg}
+	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites}
 	if s.tenants != nil {
 		apiCfg.Auth = s.tenants
 	}

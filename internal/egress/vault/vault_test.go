@@ -276,12 +276,12 @@ func TestRulesMatchAndInject(t *testing.T) {
 		{"http", "a.b.registry.test", 80, "GET", "/v2/x", "registry"},
 		{"https", "registry.test", 443, "GET", "/v2/x", ""}, // the apex is not a subdomain
 		{"https", "a.registry.test", 443, "GET", "/v1/x", ""},
-		{"https", "a.registry.test", 443, "GET", "/v2/../admin", ""},  // dot segments
-		{"https", "a.registry.test", 443, "GET", "/v2/a%2Fb", ""},     // escaped slash
-		{"https", "a.registry.test", 443, "GET", "/v2//x", ""},        // empty segment
-		{"https", "multi.test", 443, "GET", "/a/b/c", "multi"},        // inner *
-		{"https", "multi.test", 443, "GET", "/a/b/x/c", "multi"},      // * spans /
-		{"https", "multi.test", 443, "GET", "/a/b/c/d", ""},           // must end in /c
+		{"https", "a.registry.test", 443, "GET", "/v2/../admin", ""}, // dot segments
+		{"https", "a.registry.test", 443, "GET", "/v2/a%2Fb", ""},    // escaped slash
+		{"https", "a.registry.test", 443, "GET", "/v2//x", ""},       // empty segment
+		{"https", "multi.test", 443, "GET", "/a/b/c", "multi"},       // inner *
+		{"https", "multi.test", 443, "GET", "/a/b/x/c", "multi"},     // * spans /
+		{"https", "multi.test", 443, "GET", "/a/b/c/d", ""},          // must end in /c
 		{"https", "multi.test", 443, "GET", "/exact", "multi"},
 		{"https", "multi.test", 443, "GET", "/exact/", ""},
 		{"https", "maps.test", 443, "GET", "/geo/../x", "maps"}, // "/*" matches any path

@@ -22,6 +22,99 @@ func (e Action) Valid() bool {
 	}
 }
 
+// Defines values for CredentialAuthIn.
+const (
+	CredentialAuthInHeader CredentialAuthIn = "header"
+	CredentialAuthInQuery  CredentialAuthIn = "query"
+)
+
+// Valid indicates whether the value is a known member of the CredentialAuthIn enum.
+func (e CredentialAuthIn) Valid() bool {
+	switch e {
+	case CredentialAuthInHeader:
+		return true
+	case CredentialAuthInQuery:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CredentialAuthType.
+const (
+	CredentialAuthTypeAPIKey        CredentialAuthType = "apiKey"
+	CredentialAuthTypeBasic         CredentialAuthType = "basic"
+	CredentialAuthTypeBearer        CredentialAuthType = "bearer"
+	CredentialAuthTypeCustomHeaders CredentialAuthType = "customHeaders"
+)
+
+// Valid indicates whether the value is a known member of the CredentialAuthType enum.
+func (e CredentialAuthType) Valid() bool {
+	switch e {
+	case CredentialAuthTypeAPIKey:
+		return true
+	case CredentialAuthTypeBasic:
+		return true
+	case CredentialAuthTypeBearer:
+		return true
+	case CredentialAuthTypeCustomHeaders:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CredentialMatchPorts.
+const (
+	CredentialMatchPortsN443 CredentialMatchPorts = 443
+	CredentialMatchPortsN80  CredentialMatchPorts = 80
+)
+
+// Valid indicates whether the value is a known member of the CredentialMatchPorts enum.
+func (e CredentialMatchPorts) Valid() bool {
+	switch e {
+	case CredentialMatchPortsN443:
+		return true
+	case CredentialMatchPortsN80:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CredentialMatchSchemes.
+const (
+	CredentialMatchSchemesHTTP  CredentialMatchSchemes = "http"
+	CredentialMatchSchemesHTTPS CredentialMatchSchemes = "https"
+)
+
+// Valid indicates whether the value is a known member of the CredentialMatchSchemes enum.
+func (e CredentialMatchSchemes) Valid() bool {
+	switch e {
+	case CredentialMatchSchemesHTTP:
+		return true
+	case CredentialMatchSchemesHTTPS:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for InlineCredentialSourceType.
+const (
+	InlineCredentialSourceTypeInline InlineCredentialSourceType = "inline"
+)
+
+// Valid indicates whether the value is a known member of the InlineCredentialSourceType enum.
+func (e InlineCredentialSourceType) Valid() bool {
+	switch e {
+	case InlineCredentialSourceTypeInline:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PolicyStatusResponseEnforcementMode.
 const (
 	PolicyStatusResponseEnforcementModeDNS    PolicyStatusResponseEnforcementMode = "dns"
@@ -79,6 +172,158 @@ func (e PolicyStatusResponseStatus) Valid() bool {
 // Action defines model for Action.
 type Action string
 
+// Credential defines model for Credential.
+type Credential struct {
+	// Name Printable characters, no `/`.
+	Name   string                 `json:"name"`
+	Source InlineCredentialSource `json:"source"`
+}
+
+// CredentialAuth `bearer {credential}` → `Authorization: Bearer <value>`; `basic {credential}` → `Authorization: Basic <value>`
+// (the value is base64(user:pass)); `apiKey {name, credential, in?}` → header `name` (or, with `in: query`,
+// a query parameter); `customHeaders {headers[{name, credential}]}`. `credential` names a credential of the
+// vault. Headers set by a binding replace what the sandbox sent; framing and proxy headers are reserved.
+type CredentialAuth struct {
+	Credential *string              `json:"credential,omitempty"`
+	Headers    *[]CustomHeaderEntry `json:"headers,omitempty"`
+
+	// In moat extension for apiKey (default header).
+	In   *CredentialAuthIn  `json:"in,omitempty"`
+	Name *string            `json:"name,omitempty"`
+	Type CredentialAuthType `json:"type"`
+}
+
+// CredentialAuthIn moat extension for apiKey (default header).
+type CredentialAuthIn string
+
+// CredentialAuthType defines model for CredentialAuth.Type.
+type CredentialAuthType string
+
+// CredentialAuthMetadata The auth type, plus the header or parameter name of an apiKey; never which credential it uses.
+type CredentialAuthMetadata struct {
+	In   *string `json:"in,omitempty"`
+	Name *string `json:"name,omitempty"`
+	Type string  `json:"type"`
+}
+
+// CredentialBinding defines model for CredentialBinding.
+type CredentialBinding struct {
+	// Auth `bearer {credential}` → `Authorization: Bearer <value>`; `basic {credential}` → `Authorization: Basic <value>`
+	// (the value is base64(user:pass)); `apiKey {name, credential, in?}` → header `name` (or, with `in: query`,
+	// a query parameter); `customHeaders {headers[{name, credential}]}`. `credential` names a credential of the
+	// vault. Headers set by a binding replace what the sandbox sent; framing and proxy headers are reserved.
+	Auth  CredentialAuth  `json:"auth"`
+	Match CredentialMatch `json:"match"`
+	Name  string          `json:"name"`
+}
+
+// CredentialBindingListResponse defines model for CredentialBindingListResponse.
+type CredentialBindingListResponse struct {
+	Bindings []CredentialBindingMetadata `json:"bindings"`
+	Revision int64                       `json:"revision"`
+}
+
+// CredentialBindingMetadata defines model for CredentialBindingMetadata.
+type CredentialBindingMetadata struct {
+	// Auth The auth type, plus the header or parameter name of an apiKey; never which credential it uses.
+	Auth  CredentialAuthMetadata `json:"auth"`
+	Match CredentialMatch        `json:"match"`
+	Name  string                 `json:"name"`
+
+	// Revision The vault revision that added or last replaced it.
+	Revision int64 `json:"revision"`
+}
+
+// CredentialBindingMutationSet defines model for CredentialBindingMutationSet.
+type CredentialBindingMutationSet struct {
+	Add     *[]CredentialBinding `json:"add,omitempty"`
+	Delete  *[]string            `json:"delete,omitempty"`
+	Replace *[]CredentialBinding `json:"replace,omitempty"`
+}
+
+// CredentialListResponse defines model for CredentialListResponse.
+type CredentialListResponse struct {
+	Credentials []CredentialMetadata `json:"credentials"`
+	Revision    int64                `json:"revision"`
+}
+
+// CredentialMatch defines model for CredentialMatch.
+type CredentialMatch struct {
+	// Hosts DNS names or `*.suffix` (subdomains only, not the apex). IP addresses are refused.
+	Hosts   []string  `json:"hosts"`
+	Methods *[]string `json:"methods,omitempty"`
+
+	// Paths Patterns starting with `/`; `*` matches any run of characters, `/` included. A request path that is
+	// not canonical (dot segments, `//`, escaped slashes) matches only `/*`.
+	Paths *[]string `json:"paths,omitempty"`
+
+	// Ports Defaults to the schemes' ports (https 443, http 80); only the intercepted ports are accepted.
+	Ports   *[]CredentialMatchPorts   `json:"ports,omitempty"`
+	Schemes *[]CredentialMatchSchemes `json:"schemes,omitempty"`
+}
+
+// CredentialMatchPorts defines model for CredentialMatch.Ports.
+type CredentialMatchPorts int
+
+// CredentialMatchSchemes defines model for CredentialMatch.Schemes.
+type CredentialMatchSchemes string
+
+// CredentialMetadata defines model for CredentialMetadata.
+type CredentialMetadata struct {
+	Name string `json:"name"`
+
+	// Revision The vault revision that added or last replaced it.
+	Revision   int64  `json:"revision"`
+	SourceType string `json:"sourceType"`
+}
+
+// CredentialMutationSet defines model for CredentialMutationSet.
+type CredentialMutationSet struct {
+	Add     *[]Credential `json:"add,omitempty"`
+	Delete  *[]string     `json:"delete,omitempty"`
+	Replace *[]Credential `json:"replace,omitempty"`
+}
+
+// CredentialVaultCreateRequest defines model for CredentialVaultCreateRequest.
+type CredentialVaultCreateRequest struct {
+	Bindings    []CredentialBinding `json:"bindings"`
+	Credentials []Credential        `json:"credentials"`
+}
+
+// CredentialVaultMutationRequest defines model for CredentialVaultMutationRequest.
+type CredentialVaultMutationRequest struct {
+	Bindings    *CredentialBindingMutationSet `json:"bindings,omitempty"`
+	Credentials *CredentialMutationSet        `json:"credentials,omitempty"`
+
+	// ExpectedRevision Optional optimistic concurrency guard; a stale value is a 409.
+	ExpectedRevision *int64 `json:"expectedRevision,omitempty"`
+}
+
+// CredentialVaultState defines model for CredentialVaultState.
+type CredentialVaultState struct {
+	Bindings    []CredentialBindingMetadata `json:"bindings"`
+	Credentials []CredentialMetadata        `json:"credentials"`
+	Revision    int64                       `json:"revision"`
+}
+
+// CustomHeaderEntry defines model for CustomHeaderEntry.
+type CustomHeaderEntry struct {
+	Credential string `json:"credential"`
+	Name       string `json:"name"`
+}
+
+// InlineCredentialSource defines model for InlineCredentialSource.
+type InlineCredentialSource struct {
+	// Type Defaults to `inline`, the only source type.
+	Type *InlineCredentialSourceType `json:"type,omitempty"`
+
+	// Value Never returned, logged or stored unencrypted. No control characters but tab.
+	Value *string `json:"value,omitempty"`
+}
+
+// InlineCredentialSourceType Defaults to `inline`, the only source type.
+type InlineCredentialSourceType string
+
 // NetworkPolicy The same shape as `CreateSandboxRequest.networkPolicy` in the lifecycle API. Rules are evaluated in order;
 // the first match wins.
 type NetworkPolicy struct {
@@ -125,8 +370,20 @@ type PolicyStatusResponseMode string
 // PolicyStatusResponseStatus defines model for PolicyStatusResponse.Status.
 type PolicyStatusResponseStatus string
 
+// VaultErrorResponse defines model for VaultErrorResponse.
+type VaultErrorResponse struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
 // PolicyStatus defines model for PolicyStatus.
 type PolicyStatus = PolicyStatusResponse
+
+// VaultError defines model for VaultError.
+type VaultError = VaultErrorResponse
+
+// VaultState defines model for VaultState.
+type VaultState = CredentialVaultState
 
 // FullPolicy defines model for FullPolicy.
 type FullPolicy = NetworkPolicy
@@ -142,6 +399,12 @@ type ReplacePolicyJSONBody = NetworkPolicy
 
 // PutPolicyJSONBody defines parameters for PutPolicy.
 type PutPolicyJSONBody = NetworkPolicy
+
+// PatchCredentialVaultJSONRequestBody defines body for PatchCredentialVault for application/json ContentType.
+type PatchCredentialVaultJSONRequestBody = CredentialVaultMutationRequest
+
+// CreateCredentialVaultJSONRequestBody defines body for CreateCredentialVault for application/json ContentType.
+type CreateCredentialVaultJSONRequestBody = CredentialVaultCreateRequest
 
 // DeletePolicyRulesJSONRequestBody defines body for DeletePolicyRules for application/json ContentType.
 type DeletePolicyRulesJSONRequestBody = DeletePolicyRulesJSONBody

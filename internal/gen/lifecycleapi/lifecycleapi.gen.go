@@ -340,7 +340,10 @@ type BatchCreateSandboxRequest struct {
 	// Count How many sandboxes to create. Out of range → 400 `SANDBOX::INVALID_PARAMETER`.
 	Count int `json:"count"`
 
-	// CredentialProxy Upstream field (transparent MITM for Credential Vault); requires `networkPolicy`. Ignored by moat.
+	// CredentialProxy `{enabled: true}` turns on the Credential Vault's transparent TLS-intercepting egress proxy (OSEP-0012):
+	// the sandbox trusts a per-sandbox CA that moat installs in its trust store, and the egress API of port
+	// 18080 gains `/credential-vault`. Requires `networkPolicy` (400 otherwise); 501 on runtimes without
+	// egress enforcement; 400 with `extensions.poolRef` or a memory `snapshotId`.
 	CredentialProxy *struct {
 		Enabled *bool `json:"enabled,omitempty"`
 	} `json:"credentialProxy,omitempty"`
@@ -432,7 +435,10 @@ type CreatePoolRequest struct {
 
 // CreateSandboxRequest Set exactly one of `image` or `snapshotId`.
 type CreateSandboxRequest struct {
-	// CredentialProxy Upstream field (transparent MITM for Credential Vault); requires `networkPolicy`. Ignored by moat.
+	// CredentialProxy `{enabled: true}` turns on the Credential Vault's transparent TLS-intercepting egress proxy (OSEP-0012):
+	// the sandbox trusts a per-sandbox CA that moat installs in its trust store, and the egress API of port
+	// 18080 gains `/credential-vault`. Requires `networkPolicy` (400 otherwise); 501 on runtimes without
+	// egress enforcement; 400 with `extensions.poolRef` or a memory `snapshotId`.
 	CredentialProxy *struct {
 		Enabled *bool `json:"enabled,omitempty"`
 	} `json:"credentialProxy,omitempty"`

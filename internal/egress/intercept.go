@@ -1,0 +1,119 @@
+//go:build linux
+
+package egress
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
+	"github.com/moat-sandbox/moat/internal/egress/nft"
+	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// Interceptor sends a sandbox's outbound HTTP(S) through the credential
+// proxy (Credential Vault). It is how the enforcer stays independent of
+// where sandboxes live: the native backend redirects on its bridge
+// (HostInterceptor); another backend (Docker) supplies its own.
+type Interceptor interface {
+	// Intercept starts sending new connections from ip to ports 80 and
+	// 443 through the proxy, served as client c.
+	Intercept(ctx context.Context, ip netip.Addr, c *mitm.Client) error
+	// Release stops it (idempotent).
+	Release(ctx context.Context, ip netip.Addr) error
+}
+
+// HostInterceptor redirects on the host with the intercept table of a
+// bridge (nft.ApplyIntercept, installed by the caller) to Proxy.
+type HostInterceptor struct {
+	Proxy  *mitm.Proxy
+	Bridge string
+}
+
+// Intercept implements Interceptor.
+func (h HostInterceptor) Intercept(ctx context.Context, ip netip.Addr, c *mitm.Client) error {
+	if err := h.Proxy.Register(ip, c); err != nil {
+		return err
+	}
+	if err := nft.AddInterceptClient(ctx, h.Bridge, ip); err != nil {
+		h.Proxy.Unregister(ip)
+		return err
+	}
+	return nil
+}
+
+// Release implements Interceptor.
+func (h HostInterceptor) Release(ctx context.Context, ip netip.Addr) error {
+	err := nft.RemoveInterceptClient(ctx, h.Bridge, ip)
+	h.Proxy.Unregister(ip)
+	return err
+}
+
+// AttachProxy starts the credential proxy for attached sandbox id: its
+// HTTP(S) goes through the Interceptor, TLS to bound hosts is terminated
+// with ca, and rules (nil: none yet) say what to inject. Credentials are
+// injected only towards addresses the sandbox resolved for the host
+// through the DNS proxy, which the enforcer records.
+func (e *Enforcer) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error {
+	if e.cfg.Interceptor == nil {
+		return fmt.Errorf("egress: this server cannot intercept sandbox traffic (no credential proxy): %w", errdefs.ErrNotImplemented)
+	}
+	sb, err := e.lookup(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.detached {
+		return fmt.Errorf("egress: sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if sb.proxy != nil {
+		sb.proxy.SetRules(rules)
+		return nil
+	}
+	c := mitm.NewClient(id, ca, sb.resolvedTo)
+	c.SetRules(rules)
+	if err := e.cfg.Interceptor.Intercept(ctx, sb.ip, c); err != nil {
+		return fmt.Errorf("egress: sandbox %q: credential proxy: %w", id, err)
+	}
+	sb.proxy = c
+	return nil
+}
+
+// SetProxyRules replaces the injection rules of sandbox id; the next
+// request of every connection uses them.
+func (e *Enforcer) SetProxyRules(id string, rules *vault.Rules) error {
+	sb, err := e.lookup(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.detached || sb.proxy == nil {
+		return fmt.Errorf("egress: sandbox %q has no credential proxy: %w", id, errdefs.ErrNotFound)
+	}
+	sb.proxy.SetRules(rules)
+	return nil
+}
+
+// releaseProxyLocked undoes AttachProxy. Preconditions: sb.mu is held.
+func (e *Enforcer) releaseProxyLocked(ctx context.Context, sb *sandbox) error {
+	if sb.proxy == nil {
+		return nil
+	}
+	sb.proxy = nil
+	return e.cfg.Interceptor.Release(ctx, sb.ip)
+}
+
+// resolvedTo reports whether the sandbox's DNS lookups of host returned
+// ip (recently enough to be remembered).
+func (sb *sandbox) resolvedTo(host string, ip netip.Addr) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	r, ok := sb.names[policy.NormalizeName(host)]
+	return ok && slices.Contains(r.ips, ip.Unmap())
+}
