@@ -41,6 +41,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The token must not leak into children; they get the filtered env.
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
 	baseEnv := proc.ChildEnv(os.Environ())
+	// A Credential Vault sandbox trusts its CA before any child starts.
+	baseEnv = installTrust("/", os.Getenv(trustCAEnv), baseEnv, log)
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
