@@ -88,7 +88,7 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 	var ep endpointResp
 	srv.mustJSON(200, "GET", "/v1/sandboxes/"+denied+"/endpoints/18080", nil, &ep)
 	tok := ep.Headers["OPENSANDBOX-EGRESS-AUTH"]
-	if tok == "" || !strings.HasSuffix(ep.Endpoint, "/sandboxes/"+denied+"/egress") {
+	if tok == "" || !strings.HasSuffix(ep.Endpoint, "/sandboxes/"+denied+"/proxy/18080") {
 		t.Fatalf("egress endpoint %+v", ep)
 	}
 	patch := func(token string) (int, []byte) {

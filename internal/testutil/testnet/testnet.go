@@ -361,9 +361,10 @@ func (n *Net) release() {
 }
 
 // expected reports whether a swept object is one a moat server keeps on
-// purpose after a clean shutdown: its bridge and its host nft table.
+// purpose after a clean shutdown: its bridge, its host nft table and its
+// credential proxy's intercept table (nft.InterceptTable).
 func expected(n *Net, what string) bool {
-	return what == "link "+n.Name || what == "nft table inet moat-host-"+n.Name
+	return what == "link "+n.Name || what == "nft table inet moat-host-"+n.Name || what == "nft table inet moat-vault-"+n.Name
 }
 
 // sweep removes everything of the slot, plus mounts and directories under

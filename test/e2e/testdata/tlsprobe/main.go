@@ -1,0 +1,55 @@
+// Command tlsprobe is copied into sandboxes by the Credential Vault e2e
+// test. It makes one HTTP(S) GET with the sandbox's own trust store (Go
+// reads SSL_CERT_FILE and the distributions' bundle paths) and prints the
+// outcome as one JSON line: status, the TLS peer's issuer, the body, or
+// the error. With -insecure it skips verification but still reports the
+// issuer, to tell which certificate the sandbox was shown.
+package main
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+type result struct {
+	Status int    `json:"status"`
+	Issuer string `json:"issuer,omitempty"`
+	Body   string `json:"body,omitempty"`
+	Err    string `json:"err,omitempty"`
+}
+
+func main() {
+	insecure := flag.Bool("insecure", false, "do not verify the server certificate")
+	flag.Parse()
+	var out result
+	defer func() { json.NewEncoder(os.Stdout).Encode(out) }()
+	req, err := http.NewRequest("GET", flag.Arg(0), nil)
+	if err != nil {
+		out.Err = err.Error()
+		return
+	}
+	for _, h := range flag.Args()[1:] {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	c := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: *insecure},
+	}}
+	resp, err := c.Do(req)
+	if err != nil {
+		out.Err = err.Error()
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	out.Status, out.Body = resp.StatusCode, string(b)
+	if resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
+		out.Issuer = resp.TLS.PeerCertificates[0].Issuer.CommonName
+	}
+}
