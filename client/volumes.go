@@ -33,8 +33,8 @@ type PVCVolume struct {
 	// CreateIfNotExists defaults to true on the server; set it to a false
 	// value to require an existing volume.
 	CreateIfNotExists *bool `json:"createIfNotExists,omitempty"`
-	// DeleteOnSandboxTermination deletes the volume with the sandbox (if
-	// moat created it and no other sandbox uses it).
+	// DeleteOnSandboxTermination deletes the volume with the sandbox, if
+	// this create made it and no other sandbox uses it then.
 	DeleteOnSandboxTermination bool `json:"deleteOnSandboxTermination,omitempty"`
 	// Storage is the capacity of a created volume ("1Gi").
 	Storage      string   `json:"storage,omitempty"`

@@ -109,38 +109,41 @@ func TestPVCNotFound(t *testing.T) {
 }
 
 // TestPVCDeleteOnTermination: a claim marked deleteOnSandboxTermination
-// goes with the sandbox that asked, unless another sandbox still uses it;
-// a claim without the flag stays.
+// goes with the sandbox whose create made it, unless another sandbox
+// still uses it; a claim that existed before the create is never deleted.
 func TestPVCDeleteOnTermination(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
+	gone := func(name string, want bool) {
+		t.Helper()
+		if _, err := h.rt.GetVolume(ctx, name); errdefs.IsNotFound(err) != want {
+			t.Fatalf("volume %s: %v, want gone=%v", name, err, want)
+		}
+	}
 	a, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{DeleteOnSandboxTermination: true})))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(a.Claims) != 1 || !a.Claims[0].Created {
+		t.Fatalf("claims of the creating sandbox: %+v", a.Claims)
 	}
 	b, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.svc.Delete(ctx, a.ID)
-	if _, err := h.rt.GetVolume(ctx, "scratch"); err != nil {
-		t.Fatalf("a volume still in use was deleted: %v", err)
-	}
+	gone("scratch", false) // still used by b
 	h.svc.Delete(ctx, b.ID)
-	if _, err := h.rt.GetVolume(ctx, "scratch"); err != nil {
-		t.Fatalf("the last user did not ask for deletion, yet: %v", err)
-	}
-	c, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{DeleteOnSandboxTermination: true}), pvc("e", "keep", PVCVolume{})))
+	gone("scratch", false) // b did not ask
+	c, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{DeleteOnSandboxTermination: true}), pvc("e", "fresh", PVCVolume{DeleteOnSandboxTermination: true}),
+		pvc("f", "keep", PVCVolume{})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.svc.Delete(ctx, c.ID)
-	if _, err := h.rt.GetVolume(ctx, "scratch"); !errdefs.IsNotFound(err) {
-		t.Fatalf("scratch after its last user asked for deletion: %v", err)
-	}
-	if _, err := h.rt.GetVolume(ctx, "keep"); err != nil {
-		t.Fatalf("keep: %v", err)
-	}
+	gone("scratch", false) // existed before c
+	gone("fresh", true)
+	gone("keep", false)
 }
 
 // TestPVCFailedCreate: a create that fails after making its claims

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -504,6 +505,9 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		created, err := s.ensureClaimsLocked(ctx, sb.ID, sb.Claims)
 		s.volMu.Unlock()
 		e.createdClaims = created
+		for i := range sb.Claims {
+			sb.Claims[i].Created = slices.Contains(created, sb.Claims[i].Name)
+		}
 		if err != nil {
 			s.fail(e, ReasonProvisionFailed, "volumes unavailable")
 			return err

@@ -72,11 +72,14 @@ type Claim struct {
 	// Create: make the volume if it does not exist (createIfNotExists).
 	Create bool `json:"create,omitempty"`
 	// DeleteOnTermination: delete the volume when the sandbox is deleted,
-	// if moat created it and no other sandbox uses it.
-	DeleteOnTermination bool     `json:"deleteOnTermination,omitempty"`
-	SizeBytes           int64    `json:"sizeBytes,omitempty"`
-	StorageClass        string   `json:"storageClass,omitempty"`
-	AccessModes         []string `json:"accessModes,omitempty"`
+	// if this sandbox's create made it (Created) and no other sandbox uses
+	// it then. A pre-existing volume is never deleted (upstream's rule).
+	DeleteOnTermination bool `json:"deleteOnTermination,omitempty"`
+	// Created records that this sandbox's create made the volume.
+	Created      bool     `json:"created,omitempty"`
+	SizeBytes    int64    `json:"sizeBytes,omitempty"`
+	StorageClass string   `json:"storageClass,omitempty"`
+	AccessModes  []string `json:"accessModes,omitempty"`
 }
 
 var volumeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -340,13 +343,13 @@ func (s *Service) volumeUsersLocked(name string) []string {
 }
 
 // releaseClaims deletes the claims of e marked deleteOnSandboxTermination
-// once e is gone, unless another sandbox uses them or moat did not create
-// them (a pre-existing volume is never deleted). Errors are logged: the
+// that e's create made, once e is gone, unless another sandbox uses them
+// (a pre-existing volume is never deleted). Errors are logged: the
 // sandbox is gone either way.
 func (s *Service) releaseClaims(ctx context.Context, e *entry) {
 	var names []string
 	for _, c := range e.sb.Claims {
-		if c.DeleteOnTermination {
+		if c.DeleteOnTermination && c.Created {
 			names = append(names, c.Name)
 		}
 	}

@@ -148,15 +148,21 @@ func pvcRoundTrip(p *pvcEnv) {
 	srv.do("DELETE", "/v1/sandboxes/"+b, nil)
 
 	// The data outlives its sandboxes. deleteOnSandboxTermination deletes
-	// a volume moat created once its last user that asked for it goes, as
-	// upstream does, and never while another sandbox uses it.
+	// a volume that the sandbox's create made, as upstream does, and never
+	// one that existed before or that another sandbox uses.
 	c := p.create(pvcVol("data", claim, "/data", nil, map[string]any{"createIfNotExists": false, "deleteOnSandboxTermination": true}))
 	if out := p.sh(c, "cat /data/a.txt"); out != "from-a" {
 		t.Errorf("a later sandbox reads %q", out)
 	}
 	srv.do("DELETE", "/v1/sandboxes/"+c, nil)
+	if _, code := p.volume(claim); code != 200 {
+		t.Errorf("a pre-existing volume after a deleteOnSandboxTermination sandbox: %d, want 200", code)
+	}
+	if code, body, _ := srv.do("DELETE", "/v1/volumes/"+claim, nil); code != 204 {
+		t.Errorf("delete: %d %s", code, body)
+	}
 	if _, code := p.volume(claim); code != 404 {
-		t.Errorf("volume after its deleteOnSandboxTermination sandbox: %d, want 404", code)
+		t.Errorf("volume after delete: %d, want 404", code)
 	}
 	scratch := fmt.Sprintf("e2e-scratch-%06x", rand.Uint32()&0xffffff)
 	t.Cleanup(func() { srv.do("DELETE", "/v1/volumes/"+scratch, nil) })
@@ -167,11 +173,11 @@ func pvcRoundTrip(p *pvcEnv) {
 		t.Errorf("volume still used by another sandbox: %d, want 200", code)
 	}
 	srv.do("DELETE", "/v1/sandboxes/"+e, nil)
-	if code, body, _ := srv.do("DELETE", "/v1/volumes/"+scratch, nil); code != 204 {
-		t.Errorf("delete: %d %s", code, body)
-	}
+	srv.do("DELETE", "/v1/volumes/"+scratch, nil)
+	f := p.create(pvcVol("s", scratch, "/s", nil, map[string]any{"deleteOnSandboxTermination": true}))
+	srv.do("DELETE", "/v1/sandboxes/"+f, nil)
 	if _, code := p.volume(scratch); code != 404 {
-		t.Errorf("volume after delete: %d, want 404", code)
+		t.Errorf("volume after the sandbox that made it: %d, want 404", code)
 	}
 }
 

@@ -904,8 +904,8 @@ type TenantUsage struct {
 // `pvc`: a named volume of the runtime, as upstream defines it: a moat-managed volume on the native runtime
 // (a quota filesystem of `storage` bytes, default 1Gi), a Docker named volume, a Kubernetes
 // PersistentVolumeClaim. A missing claim is created unless `createIfNotExists` is false, then 404
-// `VOLUME::PVC_NOT_FOUND`. `deleteOnSandboxTermination` deletes the volume with the sandbox if moat created it
-// and no other sandbox uses it. A bad `claimName` → 400 `VOLUME::INVALID_PVC_NAME`; a bad `storage` → 400
+// `VOLUME::PVC_NOT_FOUND`. `deleteOnSandboxTermination` deletes the volume with the sandbox if this sandbox's
+// create made it and no other sandbox uses it then (a pre-existing volume is never deleted). A bad `claimName` → 400 `VOLUME::INVALID_PVC_NAME`; a bad `storage` → 400
 // `VOLUME::INVALID_STORAGE`. `subPath` mounts a directory (created if missing) of the volume instead of its
 // root; it is resolved inside the volume, so no `..` or symlink leads out (400 `VOLUME::INVALID_SUB_PATH`).
 // Volumes are not part of snapshots.
