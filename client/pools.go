@@ -46,7 +46,9 @@ type PoolStatus struct {
 
 // Pool is a warm pool as the server reports it.
 type Pool struct {
-	Name         string       `json:"name"`
+	Name string `json:"name"`
+	// Tenant owns the pool (pool names are per tenant).
+	Tenant       string       `json:"tenant,omitempty"`
 	Template     PoolTemplate `json:"template"`
 	CapacitySpec PoolCapacity `json:"capacitySpec"`
 	Status       PoolStatus   `json:"status"`

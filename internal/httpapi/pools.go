@@ -9,6 +9,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
@@ -38,8 +39,9 @@ type poolRequest struct {
 func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) lifecycleapi.Pool {
 	t := p.Template
 	c := p.Capacity
+	owner := tenant.Normalize(p.Tenant)
 	return lifecycleapi.Pool{
-		Name: p.Name,
+		Name: p.Name, Tenant: &owner,
 		Template: lifecycleapi.PoolTemplate{Image: poolImage(t.Image), SnapshotID: optString(t.SnapshotID),
 			Entrypoint: optSlice(t.Entrypoint), Env: optMap(t.Env), ResourceLimits: optMap(t.ResourceLimits),
 			Extensions: extensionsOut(t.Extensions), Volumes: volumesOut(t.Volumes)},

@@ -159,12 +159,14 @@ func (s *server) deleteAll() {
 	if s.cmd == nil {
 		return
 	}
-	var pools struct{ Items []struct{ Name string } }
+	var pools struct{ Items []struct{ Name, Tenant string } }
 	if code, b, _ := s.do("GET", "/v1/pools", nil); code == 200 {
 		json.Unmarshal(b, &pools)
 	}
 	for _, p := range pools.Items {
-		s.do("DELETE", "/v1/pools/"+p.Name, nil)
+		// Pool names are per tenant: the server key (an admin) names
+		// another tenant's pool in that tenant.
+		s.do("DELETE", "/v1/pools/"+p.Name, nil, "X-Moat-Tenant", p.Tenant)
 	}
 	var list struct{ Items []struct{ ID string } }
 	if code, b, _ := s.do("GET", "/v1/sandboxes?pageSize=1000", nil); code == 200 {

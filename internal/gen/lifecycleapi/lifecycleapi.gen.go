@@ -722,6 +722,10 @@ type Pool struct {
 	// sandboxes start from the snapshot, a batch with `snapshotId` and `extensions.poolRef` claims them, and the
 	// snapshot cannot be deleted while the pool exists (409 `SNAPSHOT::IN_USE`).
 	Template PoolTemplate `json:"template"`
+
+	// Tenant The tenant that owns the pool (pool names are per tenant). An admin addresses another tenant's pool
+	// with header `X-Moat-Tenant`.
+	Tenant *string `json:"tenant,omitempty"`
 }
 
 // PoolCapacity defines model for PoolCapacity.
