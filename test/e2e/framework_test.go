@@ -159,7 +159,9 @@ func (s *server) deleteAll() {
 	if s.cmd == nil {
 		return
 	}
-	var pools struct{ Items []struct{ Name, Tenant string } }
+	var pools struct {
+		Items []struct{ Name, Tenant string }
+	}
 	if code, b, _ := s.do("GET", "/v1/pools", nil); code == 200 {
 		json.Unmarshal(b, &pools)
 	}
