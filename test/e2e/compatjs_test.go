@@ -28,7 +28,17 @@ func TestCompatJSSDK(t *testing.T) {
 	ref := startRegistry(t)
 	srv.start()
 
-	cmd := exec.Command(node, "--test", "--test-concurrency=1", "--test-reporter=spec", "compat.test.mjs")
+	// Every suite file of the directory (compat.test.mjs and the feature
+	// files next to it, e.g. volumes.test.mjs), one after the other.
+	files, err := filepath.Glob(filepath.Join(dir, "*.test.mjs"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no *.test.mjs in %s (%v)", dir, err)
+	}
+	args := []string{"--test", "--test-concurrency=1", "--test-reporter=spec"}
+	for _, f := range files {
+		args = append(args, filepath.Base(f))
+	}
+	cmd := exec.Command(node, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"MOAT_URL=http://"+srv.addr,
