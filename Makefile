@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
+.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,8 +15,16 @@ help: ## List targets
 deps: ## Install the Debian packages moat needs (root, idempotent)
 	@bash scripts/install-deps.sh
 
-build: console ## Build the static moat binary into bin/moat (with the web console)
+build: console agent ## Build the static moat binary into bin/moat (with the web console and the agent)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/moat
+
+# The in-sandbox agent is its own lean artifact; moat embeds it from
+# internal/agentbin/payload, so it is built first.
+AGENT_PAYLOAD := internal/agentbin/payload/moat-agent
+
+agent: ## Build the in-sandbox agent (cmd/moat-agent) into bin/moat-agent, where moat embeds it from
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/moat-agent ./cmd/moat-agent
+	cp bin/moat-agent $(AGENT_PAYLOAD).tmp && mv $(AGENT_PAYLOAD).tmp $(AGENT_PAYLOAD)
 
 # The web console is built from web/console into internal/console/dist/app,
 # which the binary embeds; it is rebuilt when its sources or lockfile change.
@@ -88,7 +96,7 @@ test: deps deps-browser deps-runsc deps-docker deps-k8s check-generated vet buil
 	@# cgroup or process behind (see internal/testutil/leakcheck).
 	@run=$$(mktemp -d /tmp/mtr.XXXXXX) && \
 	$(GO) run ./internal/testutil/leakcheck snapshot $$run && \
-	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
+	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
 		$(GO) test $(TESTFLAGS) -p 1 ./... && (cd client && $(GO) test -count=1 ./...); rc=$$?; } ; \
 	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
 	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc
@@ -104,4 +112,4 @@ fmt: ## gofmt
 	gofmt -w $$(git ls-files '*.go')
 
 clean: ## Remove build output
-	rm -rf bin internal/console/dist/app
+	rm -rf bin internal/console/dist/app $(AGENT_PAYLOAD)

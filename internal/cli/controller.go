@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/moat-sandbox/moat/config/crd"
+	"github.com/moat-sandbox/moat/internal/agentbin"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 )
@@ -39,8 +41,7 @@ Pools keep warm sandbox pods; a BatchSandbox takes its sandboxes from its
 pool in one step, recorded with a single write of its alloc-status and
 endpoints annotations, and creates the rest. Pods get the moat agent from
 --agent-image through an init container (moat controller copy-agent) and
-run ` + "`moat execd`" + ` as their entrypoint, with the container's own command
-as its child.`,
+run it as their entrypoint, with the container's own command as its child.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var level slog.Level
@@ -81,16 +82,22 @@ as its child.`,
 	return cmd
 }
 
-// newCopyAgentCommand is the agent init container's entrypoint: it copies
-// the running moat binary to DEST (an emptyDir the sandbox container runs
-// it from), so the sandbox image needs no moat of its own.
+// newCopyAgentCommand is the agent init container's entrypoint: it writes
+// the agent this moat carries (internal/agentbin) to DEST, an emptyDir the
+// sandbox container runs it from, so the sandbox image needs no moat of
+// its own. A moat built without its agent copies itself instead (its
+// `moat execd` alias serves as the agent).
 func newCopyAgentCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "copy-agent DEST",
-		Short: "Copy this moat binary to DEST (the agent init container's job)",
+		Short: "Write the in-sandbox agent to DEST (the agent init container's job)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return copySelf(args[0])
+			err := agentbin.WriteTo(args[0])
+			if errors.Is(err, agentbin.ErrMissing) {
+				return copySelf(args[0])
+			}
+			return err
 		},
 	}
 }

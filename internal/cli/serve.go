@@ -40,6 +40,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
+	f.StringVar(&cfg.AgentPath, "agent-path", "", "in-sandbox agent binary for the oci and docker runtimes (a static cmd/moat-agent build; default: the one moat carries)")
 	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address for --runtime docker (default unix:///var/run/docker.sock)")
 	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime: runc, crun or runsc")
 	f.StringVar(&cfg.APIKey, "api-key", "", "API key (prefer $MOAT_API_KEY or --api-key-file: argv is visible to other users)")

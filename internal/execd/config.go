@@ -11,11 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
 // DefaultPort is the port the agent listens on inside every sandbox.
-const DefaultPort = 44772
+const DefaultPort = agentproto.Port
 
 // Config is the agent's configuration, loaded once by ParseArgs: defaults,
 // then the --config file, then environment, then flags. To add a field, add
@@ -45,12 +46,6 @@ type Config struct {
 	NoKernels bool
 }
 
-// fileConfig is the JSON written by the runtime to /.moat/agent.json.
-type fileConfig struct {
-	Token string `json:"token"`
-	Port  int    `json:"port"`
-}
-
 // ParseArgs builds a Config from the arguments after "execd" and the
 // environment (getenv, usually os.Getenv).
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
@@ -75,7 +70,7 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 		if err != nil {
 			return Config{}, fmt.Errorf("read config: %w", classifyOSError(err))
 		}
-		var fc fileConfig
+		var fc agentproto.Config
 		if err := json.Unmarshal(data, &fc); err != nil {
 			return Config{}, errdefs.Invalid("INVALID_ARGUMENT", fmt.Sprintf("config %s: %v", *configPath, err))
 		}

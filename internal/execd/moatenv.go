@@ -4,21 +4,18 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
+
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
-// setEnvRequest is the body of POST /moat/v1/env.
-type setEnvRequest struct {
-	Envs map[string]string `json:"envs"`
-}
-
 // handleSetEnv is a moat extension: it adds variables to the environment
 // of every later command, session, PTY and code context. The lifecycle
 // server calls it when a warm pool sandbox is claimed with env.
 func (s *Server) handleSetEnv(w http.ResponseWriter, r *http.Request) error {
-	var req setEnvRequest
+	var req agentproto.SetEnvRequest
 	if err := web.DecodeJSON(r, &req, false); err != nil {
 		return errdefs.WithPublic(err, wire.CodeInvalidRequestBody, "invalid JSON body")
 	}
@@ -34,18 +31,13 @@ func (s *Server) handleSetEnv(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// setTokenRequest is the body of POST /moat/v1/token.
-type setTokenRequest struct {
-	Token string `json:"token"`
-}
-
 // handleSetToken is a moat extension: it replaces the access token (the
 // request itself is authorized by the current one). The lifecycle server
 // calls it right after restoring a sandbox from a memory snapshot, whose
 // agent still holds the snapshotted sandbox's token. Requests already
 // admitted are not affected.
 func (s *Server) handleSetToken(w http.ResponseWriter, r *http.Request) error {
-	var req setTokenRequest
+	var req agentproto.SetTokenRequest
 	if err := web.DecodeJSON(r, &req, false); err != nil {
 		return errdefs.WithPublic(err, wire.CodeInvalidRequestBody, "invalid JSON body")
 	}

@@ -2,6 +2,9 @@ package execd
 
 import (
 	"net/http"
+	"strconv"
+
+	"github.com/moat-sandbox/moat/internal/agentproto"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/execd/metrics"
@@ -13,7 +16,7 @@ import (
 // the moat extensions and the JSON 404 for everything else.
 func (s *Server) table() [][]wire.Route {
 	return [][]wire.Route{
-		{{Pattern: "GET /ping", Handler: func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(http.StatusOK); return nil }}},
+		{{Pattern: "GET " + agentproto.PingPath, Handler: ping}},
 		s.commands.Routes(),
 		s.files.Routes(),
 		s.code.Routes(),
@@ -21,13 +24,20 @@ func (s *Server) table() [][]wire.Route {
 		metrics.Routes(),
 		s.proxy.Routes(),
 		{
-			{Pattern: "POST /moat/v1/env", Handler: s.handleSetEnv},
-			{Pattern: "POST /moat/v1/token", Handler: s.handleSetToken},
+			{Pattern: "POST " + agentproto.EnvPath, Handler: s.handleSetEnv},
+			{Pattern: "POST " + agentproto.TokenPath, Handler: s.handleSetToken},
 		},
 		{{Pattern: "/", Handler: func(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.WithPublic(errdefs.ErrNotFound, wire.CodeUnknown, "route not found: "+r.Method+" "+r.URL.Path)
 		}}},
 	}
+}
+
+// ping answers the health check with the agent protocol version.
+func ping(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set(agentproto.VersionHeader, strconv.Itoa(agentproto.Version))
+	w.WriteHeader(http.StatusOK)
+	return nil
 }
 
 // routes builds the handler: the route table behind the access token

@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/execd/code"
 	"github.com/moat-sandbox/moat/internal/execd/command"
 	"github.com/moat-sandbox/moat/internal/execd/files"
@@ -43,7 +44,7 @@ import (
 )
 
 // TokenHeader carries the agent access token.
-const TokenHeader = "X-EXECD-ACCESS-TOKEN"
+const TokenHeader = agentproto.TokenHeader
 
 // unauthorizedBody is upstream's exact 401 body (not the code/message shape).
 const unauthorizedBody = `{"error":"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}`

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -116,7 +117,7 @@ func (s *Server) credential(r *http.Request, access tenant.Access) string {
 		return k
 	}
 	if access == tenant.AccessData {
-		if k := r.Header.Get("X-EXECD-ACCESS-TOKEN"); k != "" && (tenant.LooksLikeKey(k) || s.auth.IsRootKey(k)) {
+		if k := r.Header.Get(agentproto.TokenHeader); k != "" && (tenant.LooksLikeKey(k) || s.auth.IsRootKey(k)) {
 			return k
 		}
 		return ""

@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
-	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
@@ -101,12 +101,12 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	t := target{addr: ep.Address, path: "/" + r.PathValue("path")}
-	if port == runtime.AgentPort && canDrive(r) {
+	if port == agentproto.Port && canDrive(r) {
 		// The caller authenticated with a key (in an API-key header, or
 		// in X-EXECD-ACCESS-TOKEN itself); an agent token it sent instead
 		// goes through unchanged.
-		if k := r.Header.Get("X-EXECD-ACCESS-TOKEN"); k == "" || k != ep.Headers["X-EXECD-ACCESS-TOKEN"] {
-			t.token = ep.Headers["X-EXECD-ACCESS-TOKEN"]
+		if k := r.Header.Get(agentproto.TokenHeader); k == "" || k != ep.Headers[agentproto.TokenHeader] {
+			t.token = ep.Headers[agentproto.TokenHeader]
 		}
 	}
 	p.svc.Touch(r.Context(), id)
@@ -127,7 +127,7 @@ func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header.Del(h)
 	}
 	if t.token != "" {
-		pr.Out.Header.Set("X-EXECD-ACCESS-TOKEN", t.token)
+		pr.Out.Header.Set(agentproto.TokenHeader, t.token)
 	}
 	pr.Out.Header.Del("X-Forwarded-For")
 	pr.SetXForwarded()

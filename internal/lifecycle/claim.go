@@ -1,17 +1,14 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
-	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // MaxBatch is the largest batch create.
@@ -294,16 +291,21 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 }
 
 // applyEnv adds env to the agents of claimed sandboxes (the moat
-// extension POST /moat/v1/env), concurrently. Callers hold the entries.
+// extension agentproto.EnvPath), concurrently. Callers hold the entries.
 func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string]string) error {
-	body, _ := json.Marshal(map[string]any{"envs": env})
 	errs := make([]error, len(claimed))
 	var wg sync.WaitGroup
 	for i, e := range claimed {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = s.postAgent(ctx, e.sb.ID, e.sb.AgentToken, "/moat/v1/env", "set env on", body)
+			ep, err := s.deps.Runtime.Endpoint(ctx, e.sb.ID, agentproto.Port)
+			if err == nil {
+				err = s.agent().SetEnv(ctx, ep, e.sb.AgentToken, env)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("set env on %s: %w", e.sb.ID, err)
+			}
 		}()
 	}
 	wg.Wait()
@@ -311,32 +313,17 @@ func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string
 }
 
 // rotateToken gives the agent of a sandbox restored from a memory
-// snapshot its own access token (the moat extension POST /moat/v1/token,
+// snapshot its own access token (the moat extension agentproto.TokenPath,
 // authorized by the token the agent was checkpointed with). Until then
 // the restored agent accepts only the source's token, which the server
 // never shows to clients of the restored sandbox.
 func (s *Service) rotateToken(ctx context.Context, id, old, token string) error {
-	body, _ := json.Marshal(map[string]string{"token": token})
-	return s.postAgent(ctx, id, old, "/moat/v1/token", "rotate token of", body)
-}
-
-// postAgent POSTs a JSON body to a moat extension path of sandbox id's
-// agent with token and wants 200; what names the action in errors.
-func (s *Service) postAgent(ctx context.Context, id, token, path, what string, body []byte) error {
-	ep, err := s.deps.Runtime.Endpoint(ctx, id, runtime.AgentPort)
-	if err != nil {
-		return err
+	ep, err := s.deps.Runtime.Endpoint(ctx, id, agentproto.Port)
+	if err == nil {
+		err = s.agent().RotateToken(ctx, ep, old, token)
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+path, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-EXECD-ACCESS-TOKEN", token)
-	resp, err := s.deps.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %v: %w", what, id, err, errdefs.ErrUnavailable)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: agent status %d: %w", what, id, resp.StatusCode, errdefs.ErrUnavailable)
+		return fmt.Errorf("rotate token of %s: %w", id, err)
 	}
 	return nil
 }

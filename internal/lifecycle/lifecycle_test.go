@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -392,7 +393,7 @@ func TestEndpoint(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	sb, _ := h.svc.Create(ctx, req(time.Hour))
-	ep, err := h.svc.Endpoint(ctx, sb.ID, runtime.AgentPort)
+	ep, err := h.svc.Endpoint(ctx, sb.ID, agentproto.Port)
 	if err != nil || ep.Address == "" || ep.Headers["X-EXECD-ACCESS-TOKEN"] != sb.AgentToken || sb.AgentToken == "" {
 		t.Fatalf("agent endpoint %+v %v", ep, err)
 	}

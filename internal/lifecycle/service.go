@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -657,42 +658,25 @@ func (s *Service) fail(e *entry, reason, msg string) {
 	e.failedAt = s.now()
 }
 
-// waitAgent polls the agent's /ping until it answers 200.
+// waitAgent polls the agent's /ping until it answers 200 (within
+// AgentReadyTimeout). Agents of every protocol version since
+// agentproto.MinVersion are accepted: a sandbox whose agent came from an
+// older moat is driven as before.
 func (s *Service) waitAgent(ctx context.Context, id, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.AgentReadyTimeout)
 	defer cancel()
-	ep, err := s.deps.Runtime.Endpoint(ctx, id, runtime.AgentPort)
+	ep, err := s.deps.Runtime.Endpoint(ctx, id, agentproto.Port)
 	if err != nil {
 		return err
 	}
-	url := "http://" + ep + "/ping"
-	delay := 250 * time.Microsecond
-	var last error
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if token != "" {
-			req.Header.Set("X-EXECD-ACCESS-TOKEN", token)
-		}
-		resp, err := s.deps.HTTP.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Errorf("agent /ping: status %d", resp.StatusCode)
-		} else {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent of %s not ready: %v: %w", id, last, errdefs.ErrDeadlineExceeded)
-		case <-time.After(delay):
-		}
-		if delay < 2*time.Millisecond {
-			delay *= 2
-		}
+	if _, err := s.agent().WaitReady(ctx, ep, token); err != nil {
+		return fmt.Errorf("agent of %s: %w", id, err)
 	}
+	return nil
 }
+
+// agent is the client of the sandbox agents.
+func (s *Service) agent() *agentproto.Client { return &agentproto.Client{HTTP: s.deps.HTTP} }
 
 // Get returns one sandbox.
 func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
@@ -999,8 +983,8 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 		return Endpoint{}, err
 	}
 	ep := Endpoint{Address: addr, AccessToken: access}
-	if port == runtime.AgentPort && token != "" {
-		ep.Headers = map[string]string{"X-EXECD-ACCESS-TOKEN": token}
+	if port == agentproto.Port && token != "" {
+		ep.Headers = map[string]string{agentproto.TokenHeader: token}
 	}
 	if access != "" {
 		if ep.Headers == nil {

@@ -11,7 +11,7 @@ import (
 // it is bind-mounted into images that have no C library, so it must be a
 // static ELF executable (no PT_INTERP). A dynamically linked build
 // (CGO_ENABLED=1) would otherwise fail in every sandbox with runc's
-// "exec /.moat/moat: no such file or directory".
+// "exec /.moat/moat-agent: no such file or directory".
 func CheckAgentBinary(path string) error {
 	f, err := elf.Open(path)
 	if err != nil {
@@ -20,7 +20,7 @@ func CheckAgentBinary(path string) error {
 	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("agent binary %s is dynamically linked; build moat with CGO_ENABLED=0 (make build): %w", path, errdefs.ErrInvalidArgument)
+			return fmt.Errorf("agent binary %s is dynamically linked; build it with CGO_ENABLED=0 (make build): %w", path, errdefs.ErrInvalidArgument)
 		}
 	}
 	return nil

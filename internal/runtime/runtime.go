@@ -1,7 +1,7 @@
 // Package runtime defines the contract every sandbox backend implements.
 //
 // A Runtime owns the machinery of a sandbox: its root filesystem, its
-// process tree (with the moat agent, `moat execd`, as PID 1), its network
+// process tree (with the moat agent, cmd/moat-agent, as PID 1), its network
 // namespace and address, and its cgroup. The lifecycle service owns
 // everything else (expiry, metadata, API state) and persists it; it talks to
 // a backend only through this package.
@@ -21,9 +21,6 @@ import (
 	"context"
 	"time"
 )
-
-// AgentPort is the TCP port `moat execd` listens on inside every sandbox.
-const AgentPort = 44772
 
 // State is the backend-level state of a sandbox. It is coarser than the
 // Lifecycle API state machine, which lifecycle derives from it.

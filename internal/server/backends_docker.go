@@ -12,11 +12,16 @@ import (
 // daemon (its EnsureImage replaces moat's image store). Sandboxes get no
 // egress policy support on this backend.
 func newDocker(ctx, run context.Context, cfg Config, d deps) (backend, error) {
+	agent, err := cfg.agentBinary()
+	if err != nil {
+		return backend{}, err
+	}
 	rt, err := docker.New(ctx, docker.Config{
-		Host:     cfg.DockerHost,
-		Network:  "moat-" + cfg.Bridge,
-		StateDir: filepath.Join(cfg.Root, "docker"),
-		Scope:    cfg.Bridge,
+		AgentPath: agent,
+		Host:      cfg.DockerHost,
+		Network:   "moat-" + cfg.Bridge,
+		StateDir:  filepath.Join(cfg.Root, "docker"),
+		Scope:     cfg.Bridge,
 	}, docker.Deps{Logger: d.log})
 	if err != nil {
 		return backend{}, err

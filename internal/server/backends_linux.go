@@ -31,6 +31,10 @@ func addPlatformBackends(m map[string]factory) {
 // firewall and NAT), the shared egress DNS proxy on the bridge gateway, and
 // the OCI runtime whose sandboxes use that proxy as their resolver.
 func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error) {
+	agent, err := cfg.agentBinary()
+	if err != nil {
+		return backend{}, err
+	}
 	subnet, err := netip.ParsePrefix(cfg.Subnet)
 	if err != nil {
 		return backend{}, err
@@ -93,6 +97,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		Root:              filepath.Join(cfg.Root, "oci"),
 		RunRoot:           cfg.RunRoot,
 		DefaultClass:      cfg.RuntimeClass,
+		AgentPath:         agent,
 		DNSServers:        []string{gw.String()},
 		Resources:         runtime.Resources{DiskBytes: disk},
 		CgroupParent:      cfg.CgroupParent,

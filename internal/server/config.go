@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentbin"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/tenant"
@@ -116,6 +117,10 @@ type Config struct {
 	// plain-HTTP requests too (a TLS-terminating proxy in front of moat).
 	// Default false; requests over TLS always get a Secure cookie.
 	ConsoleSecureCookie bool
+	// AgentPath is the in-sandbox agent (a static cmd/moat-agent build)
+	// the oci and docker runtimes mount into sandboxes. Default "": the
+	// agent this moat carries, written once under <Root>/agent.
+	AgentPath string
 	// DiskQuota is the default writable-layer size of native sandboxes, a
 	// Kubernetes quantity ("10Gi"); resourceLimits.disk overrides it.
 	// Default "" (unlimited).
@@ -138,6 +143,20 @@ type Config struct {
 	// credential values) over plain HTTP from non-loopback clients.
 	// Default false: TLS or loopback, as upstream.
 	VaultInsecureWrites bool
+}
+
+// agentBinary returns the agent binary for the runtimes: AgentPath, or the
+// agent moat carries, installed under Root (agentbin.ErrMissing if this
+// moat was built without it).
+func (c *Config) agentBinary() (string, error) {
+	if c.AgentPath != "" {
+		return c.AgentPath, nil
+	}
+	p, err := agentbin.Install(filepath.Join(c.Root, "agent"))
+	if err != nil {
+		return "", fmt.Errorf("in-sandbox agent: %w", err)
+	}
+	return p, nil
 }
 
 // diskQuotaBytes is DiskQuota in bytes (0 = unlimited).

@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,38 +58,131 @@ func RepoRoot(t testing.TB) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-var (
-	buildOnce sync.Once
-	buildPath string
-	buildErr  error
-)
+// builds are the binaries built by Build in this process, by package.
+var builds struct {
+	mu   sync.Mutex
+	dirs []string
+	m    map[string]*build
+}
 
-// MoatBinary builds the static moat binary once per test process and
-// returns its path. Set MOAT_BIN to use a prebuilt one.
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Build builds the main package pkg (relative to the module root)
+// statically (CGO_ENABLED=0, -trimpath, with flags) once per test
+// process and returns the binary's path. RemoveBuilt deletes them.
+func Build(t testing.TB, pkg string, flags ...string) string {
+	t.Helper()
+	builds.mu.Lock()
+	if builds.m == nil {
+		builds.m = map[string]*build{}
+	}
+	b, ok := builds.m[pkg]
+	if !ok {
+		b = &build{}
+		builds.m[pkg] = b
+	}
+	builds.mu.Unlock()
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "moat-build-")
+		if err != nil {
+			b.err = err
+			return
+		}
+		builds.mu.Lock()
+		builds.dirs = append(builds.dirs, dir)
+		builds.mu.Unlock()
+		b.path = filepath.Join(dir, filepath.Base(pkg))
+		b.err = GoBuild(RepoRoot(t), b.path, pkg, flags...)
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+// RemoveBuilt deletes the binaries Build made (call it from TestMain).
+func RemoveBuilt() {
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	for _, d := range builds.dirs {
+		os.RemoveAll(d)
+	}
+	builds.dirs = nil
+	builds.m = nil
+}
+
+// AgentBinary builds the in-sandbox agent (cmd/moat-agent) as `make
+// build` does and returns its path. Set MOAT_AGENT_BIN to use a prebuilt
+// one.
+func AgentBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("MOAT_AGENT_BIN"); p != "" {
+		return p
+	}
+	return Build(t, "./cmd/moat-agent", "-ldflags=-s -w")
+}
+
+// payloadMu serializes MoatBinary's installation of the agent payload.
+var payloadMu sync.Mutex
+
+// MoatBinary builds the static moat binary once per test process, with
+// the agent it carries (AgentBinary, put first where internal/agentbin
+// embeds it), and returns its path. Set MOAT_BIN to use a prebuilt one.
 func MoatBinary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("MOAT_BIN"); p != "" {
 		return p
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "moat-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildPath = filepath.Join(dir, "moat")
-		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/moat")
-		cmd.Dir = RepoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/moat: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	agent := AgentBinary(t)
+	payloadMu.Lock()
+	err := installPayload(agent, filepath.Join(RepoRoot(t), "internal", "agentbin", "payload", "moat-agent"))
+	payloadMu.Unlock()
+	if err != nil {
+		t.Fatalf("agent payload: %v", err)
 	}
-	return buildPath
+	return Build(t, "./cmd/moat")
+}
+
+// GoBuild builds pkg statically (CGO_ENABLED=0, -trimpath) into out.
+func GoBuild(dir, out, pkg string, flags ...string) error {
+	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", out, pkg)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return nil
+}
+
+// installPayload copies the agent to dst through a temporary file and a
+// rename: test processes that build moat concurrently each see a
+// complete file (and, built from the same tree, the same one).
+func installPayload(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	f, err := os.CreateTemp(filepath.Dir(dst), ".moat-agent-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), dst)
 }
 
 // BusyboxRootfs returns a rootfs directory built from the host's

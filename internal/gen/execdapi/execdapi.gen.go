@@ -293,6 +293,17 @@ type Metrics struct {
 	Timestamp int64 `json:"timestamp"`
 }
 
+// MoatSetEnvRequest defines model for MoatSetEnvRequest.
+type MoatSetEnvRequest struct {
+	Envs map[string]string `json:"envs"`
+}
+
+// MoatSetTokenRequest defines model for MoatSetTokenRequest.
+type MoatSetTokenRequest struct {
+	// Token Printable ASCII without spaces.
+	Token string `json:"token"`
+}
+
 // Permission defines model for Permission.
 type Permission struct {
 	Group *string `json:"group,omitempty"`
@@ -555,6 +566,12 @@ type SetPermissionsJSONRequestBody SetPermissionsJSONBody
 
 // ReplaceInFilesJSONRequestBody defines body for ReplaceInFiles for application/json ContentType.
 type ReplaceInFilesJSONRequestBody ReplaceInFilesJSONBody
+
+// MoatSetEnvJSONRequestBody defines body for MoatSetEnv for application/json ContentType.
+type MoatSetEnvJSONRequestBody = MoatSetEnvRequest
+
+// MoatSetTokenJSONRequestBody defines body for MoatSetToken for application/json ContentType.
+type MoatSetTokenJSONRequestBody = MoatSetTokenRequest
 
 // CreatePtyJSONRequestBody defines body for CreatePty for application/json ContentType.
 type CreatePtyJSONRequestBody CreatePtyJSONBody

@@ -193,7 +193,7 @@ func TestPoolWarmsToMin(t *testing.T) {
 		}
 		// The agent travels in an emptyDir filled by the init container.
 		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != "moat:test" ||
-			p.Spec.Volumes[0].EmptyDir == nil || p.Spec.Containers[0].Command[0] != "/opt/moat/moat" ||
+			p.Spec.Volumes[0].EmptyDir == nil || p.Spec.Containers[0].Command[0] != "/opt/moat/moat-agent" ||
 			p.Spec.Containers[0].Command[1] != "execd" || p.Spec.Containers[0].Image != "busybox:test" ||
 			!slices.Equal(p.Spec.Containers[0].Command[4:], []string{"--", "sleep", "infinity"}) {
 			t.Errorf("pod %s spec: init %+v main %+v", p.Name, p.Spec.InitContainers, p.Spec.Containers[0])

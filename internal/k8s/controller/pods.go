@@ -17,18 +17,22 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/agentproto"
 )
 
 // Pod layout. The agent binary travels in an emptyDir: the init container
 // (the agent image) copies it there, and the sandbox container (the user's
 // image, which need not contain moat) runs it as its entrypoint, with the
-// container's own command as its child.
+// container's own command as its child. The init container runs `moat
+// controller copy-agent`, which writes the agent moat carries; the command
+// keeps the "execd" verb, which the lean agent accepts, so that an agent
+// image of an older moat (which copies the whole moat) still works.
 const (
 	agentVolume    = "moat-agent"
 	agentDir       = "/opt/moat"
-	agentPath      = agentDir + "/moat"
+	agentPath      = agentDir + "/moat-agent"
 	initContainer  = "moat-agent"
-	agentPort      = 44772
+	agentPort      = agentproto.Port
 	terminateGrace = 5
 )
 

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,14 +20,11 @@ import (
 // the stand-in agents can listen on the pod IPs and tests may dial them.
 const agentCIDR = "127.64.0.0/16"
 
-// AgentPort is the port of the stand-in agents (moat execd's).
-const AgentPort = 44772
-
 // agents plays the kubelet's part for the agent: for every running pod
-// with an IP it serves a stand-in of `moat execd` on podIP:44772 that
-// answers GET /ping (checking X-EXECD-ACCESS-TOKEN against the pod's
-// EXECD_ACCESS_TOKEN, read from its Secret like the kubelet would) and
-// POST /moat/v1/env. It stops serving when the pod goes away.
+// with an IP it serves a stand-in of the agent (agenttest.Agent) on
+// podIP:agentproto.Port that checks the token against the pod's
+// EXECD_ACCESS_TOKEN, read from its Secret like the kubelet would. It
+// stops serving when the pod goes away.
 type agents struct {
 	cs kubernetes.Interface
 
@@ -77,11 +76,11 @@ func (a *agents) sync(ctx context.Context) {
 		if !ok {
 			continue // its Secret is not there yet: retry
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(AgentPort)))
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(agentproto.Port)))
 		if err != nil {
 			continue // the previous owner of the IP is still closing
 		}
-		srv := &http.Server{Handler: stubAgent(token), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: agenttest.New(token), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		a.serving[ip] = &agent{uid: p.UID, srv: srv}
 	}
@@ -116,22 +115,4 @@ func (a *agents) closeAll() {
 		ag.srv.Close()
 		delete(a.serving, ip)
 	}
-}
-
-// stubAgent answers like the agent's /ping and claim-time env routes.
-func stubAgent(token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if token != "" && r.Header.Get("X-EXECD-ACCESS-TOKEN") != token {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		switch {
-		case r.URL.Path == "/ping":
-		case r.URL.Path == "/moat/v1/env" && r.Method == http.MethodPost:
-		default:
-			http.NotFound(w, r)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
 }

@@ -3,9 +3,9 @@
 // Docker 20.10+; the client negotiates the version down).
 //
 // A sandbox is the container "moat-<id>" on one user-defined bridge network
-// (Config.Network). Its entrypoint is the moat agent, bind-mounted
-// read-only at /.moat/moat and started as
-// `/.moat/moat execd --config /.moat/agent.json -- <user command>`, so the
+// (Config.Network). Its entrypoint is the moat agent (cmd/moat-agent),
+// bind-mounted read-only at /.moat/moat-agent and started as
+// `/.moat/moat-agent --config /.moat/agent.json -- <user command>`, so the
 // agent is PID 1 (Docker's init is disabled). agent.json, which holds the
 // agent token, lives in Config.StateDir on the host and is bind-mounted
 // read-only; the token is never stored in the container's config or labels.
@@ -49,6 +49,7 @@ import (
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -79,10 +80,7 @@ const (
 )
 
 // Paths inside every sandbox.
-const (
-	agentBinPath    = "/.moat/moat"
-	agentConfigPath = "/.moat/agent.json"
-)
+const ()
 
 // Defaults.
 const (
@@ -115,8 +113,9 @@ type Config struct {
 	// Subnet is the IPv4 subnet of the network when New creates it
 	// (e.g. "10.253.0.0/16"); empty lets the daemon choose.
 	Subnet string `json:"subnet,omitempty"`
-	// AgentPath is the host path of the moat binary bind-mounted into each
-	// sandbox (default os.Executable()). It must be a static binary.
+	// AgentPath is the host path of the agent binary (cmd/moat-agent)
+	// bind-mounted into each sandbox. Required; it must be a static binary.
+	// The server installs the agent moat carries (internal/agentbin).
 	AgentPath string `json:"agentPath,omitempty"`
 	// StateDir holds the per-sandbox agent.json files (default
 	// /var/lib/moat/docker). It must be visible to the daemon.
@@ -150,11 +149,7 @@ func (c *Config) setDefaults() error {
 		c.DefaultResources.PidsLimit = DefaultPidsLimit
 	}
 	if c.AgentPath == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("docker: agent path: %w", err)
-		}
-		c.AgentPath = exe
+		return fmt.Errorf("docker: Config.AgentPath is required: %w", errdefs.ErrInvalidArgument)
 	}
 	if err := runtime.CheckAgentBinary(c.AgentPath); err != nil {
 		return err
@@ -451,10 +446,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			rollback()
 		}
 	}()
-	agentConf, err := json.Marshal(struct {
-		Token string `json:"token"`
-		Port  int    `json:"port"`
-	}{spec.AgentToken, runtime.AgentPort})
+	agentConf, err := json.Marshal(agentproto.Config{Token: spec.AgentToken, Port: agentproto.Port})
 	if err != nil {
 		return runtime.Status{}, err
 	}
@@ -481,7 +473,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		Image:      spec.Image,
 		Hostname:   hostname,
 		User:       "0:0",
-		Entrypoint: []string{agentBinPath, "execd", "--config", agentConfigPath, "--"},
+		Entrypoint: agentproto.Args(nil),
 		Cmd:        user,
 		Env:        envList(spec.Env),
 		WorkingDir: spec.WorkingDir,
@@ -497,8 +489,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	host := &container.HostConfig{
 		NetworkMode: container.NetworkMode(r.cfg.Network),
 		Mounts: []mount.Mount{
-			{Type: mount.TypeBind, Source: r.cfg.AgentPath, Target: agentBinPath, ReadOnly: true},
-			{Type: mount.TypeBind, Source: r.agentConfPath(id), Target: agentConfigPath, ReadOnly: true},
+			{Type: mount.TypeBind, Source: r.cfg.AgentPath, Target: agentproto.BinPath, ReadOnly: true},
+			{Type: mount.TypeBind, Source: r.agentConfPath(id), Target: agentproto.ConfigPath, ReadOnly: true},
 		},
 		CapDrop:     []string{"ALL"},
 		CapAdd:      slices.Clone(keepCaps),

@@ -20,6 +20,7 @@ import (
 	"github.com/moby/moby/client"
 	"go.uber.org/goleak"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/localregistry"
@@ -31,9 +32,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if stubPath != "" {
-		os.RemoveAll(filepath.Dir(stubPath))
-	}
+	testutil.RemoveBuilt()
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreTopFunction("os/signal.signal_recv")); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -46,9 +45,6 @@ func TestMain(m *testing.M) {
 var (
 	setupOnce sync.Once
 	setupErr  error
-	stubOnce  sync.Once
-	stubPath  string
-	stubErr   error
 )
 
 // requireDocker makes the daemon usable (scripts/docker-setup.sh) and
@@ -67,33 +63,6 @@ func requireDocker(t testing.TB) {
 	if setupErr != nil {
 		t.Fatalf("docker is not usable: %v", setupErr)
 	}
-}
-
-// agentPath is the moat binary, or the stand-in agent of runtimetest when
-// MOAT_TEST_STUB_AGENT=1 (while `moat execd` is not usable).
-func agentPath(t testing.TB) string {
-	t.Helper()
-	if os.Getenv("MOAT_TEST_STUB_AGENT") != "1" {
-		return testutil.MoatBinary(t)
-	}
-	stubOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "moat-stubagent-")
-		if err != nil {
-			stubErr = err
-			return
-		}
-		stubPath = filepath.Join(dir, "stubagent")
-		cmd := exec.Command("go", "build", "-o", stubPath, "./internal/runtime/runtimetest/stubagent")
-		cmd.Dir = testutil.RepoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			stubErr = fmt.Errorf("build stubagent: %v\n%s", err, out)
-		}
-	})
-	if stubErr != nil {
-		t.Fatal(stubErr)
-	}
-	return stubPath
 }
 
 // importBusybox loads testutil.BusyboxRootfs into the daemon (`docker
@@ -162,7 +131,7 @@ func newEnv(t testing.TB, img string) *testEnv {
 		cfg: Config{
 			Network:   n.Name,
 			Subnet:    n.Subnet.String(),
-			AgentPath: agentPath(t),
+			AgentPath: runtimetest.AgentBinary(t),
 			StateDir:  t.TempDir(),
 			Scope:     fmt.Sprintf("test-%08x", rand.Uint32()),
 		},
@@ -289,8 +258,8 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 	if !slices.Contains(hc.SecurityOpt, "no-new-privileges") || hc.Init == nil || *hc.Init {
 		t.Errorf("SecurityOpt %v, Init %v", hc.SecurityOpt, hc.Init)
 	}
-	wantArgs := []string{"execd", "--config", "/.moat/agent.json", "--", "sleep", "3600"}
-	if c.Path != agentBinPath || !slices.Equal(c.Args, wantArgs) {
+	wantArgs := []string{"--config", "/.moat/agent.json", "--", "sleep", "3600"}
+	if c.Path != agentproto.BinPath || !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("process = %s %v", c.Path, c.Args)
 	}
 	if !slices.Contains(c.Config.Env, "IMAGE_ENV=1") || !slices.Contains(c.Config.Env, "FOO=bar") {
@@ -303,7 +272,7 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 	for _, m := range c.Mounts {
 		ro[m.Destination] = !m.RW
 	}
-	if !ro[agentBinPath] || !ro[agentConfigPath] {
+	if !ro[agentproto.BinPath] || !ro[agentproto.ConfigPath] {
 		t.Errorf("agent mounts not read-only: %+v", c.Mounts)
 	}
 	if strings.Contains(string(res.Raw), runtimetest.Token) {
@@ -403,7 +372,7 @@ func TestExitCode(t *testing.T) {
 	if err != nil || st.State != runtime.StateStopped || st.ExitCode != 137 {
 		t.Errorf("status %+v (%v), want stopped with exit code 137", st, err)
 	}
-	if _, err := r.Endpoint(ctx, id, runtime.AgentPort); !errdefs.IsFailedPrecondition(err) {
+	if _, err := r.Endpoint(ctx, id, agentproto.Port); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Endpoint of stopped = %v, want ErrFailedPrecondition", err)
 	}
 }
@@ -546,7 +515,7 @@ func TestContainment(t *testing.T) {
 func TestNewUnavailable(t *testing.T) {
 	dir := t.TempDir()
 	_, err := New(context.Background(), Config{
-		Host: "unix://" + filepath.Join(dir, "no.sock"), StateDir: dir, AgentPath: agentPath(t),
+		Host: "unix://" + filepath.Join(dir, "no.sock"), StateDir: dir, AgentPath: runtimetest.AgentBinary(t),
 	}, Deps{})
 	if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("New with no daemon = %v, want ErrUnavailable", err)

@@ -1,7 +1,8 @@
 // Package fake is an in-memory sandbox backend for unit tests of the
 // lifecycle service. It starts no processes: each running sandbox is an
-// httptest server on loopback that answers the agent's GET /ping, so
-// Endpoint(id, runtime.AgentPort) behaves like a real agent endpoint.
+// httptest server on loopback that answers the agent protocol (package
+// agentproto, served by agenttest.Agent), so
+// Endpoint(id, agentproto.Port) behaves like a real agent endpoint.
 //
 // It passes the runtimetest conformance suite. Tests can inject failures
 // with the function fields of Hooks.
@@ -9,10 +10,8 @@ package fake
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -51,6 +52,9 @@ type state struct {
 	// checkpoints maps a checkpoint name to the source's agent token.
 	checkpointable bool
 	checkpoints    map[string]string
+	// agentVersion is the protocol version new agents claim (0: the
+	// current one; see SetAgentVersion).
+	agentVersion int
 	// volumes are the named volumes (runtime.Volumes).
 	volumes map[string]runtime.Volume
 }
@@ -60,7 +64,7 @@ type sandbox struct {
 	upper   string // SnapshotDir, made on first use
 	status  runtime.Status
 	srv     *httptest.Server
-	agent   *fakeAgent
+	agent   *agenttest.Agent
 	paused  bool
 	created time.Time
 }
@@ -134,47 +138,6 @@ func validate(spec *runtime.Spec) error {
 	return nil
 }
 
-// fakeAgent is the state of a fake sandbox's agent.
-type fakeAgent struct {
-	mu    sync.Mutex
-	token string
-	env   map[string]string // from POST /moat/v1/env
-}
-
-// agentServer answers /ping, POST /moat/v1/env and POST /moat/v1/token
-// like the agent, with its token check.
-func agentServer(a *fakeAgent) *httptest.Server {
-	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if a.token != "" && req.Header.Get("X-EXECD-ACCESS-TOKEN") != a.token {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		switch {
-		case req.URL.Path == "/ping":
-		case req.URL.Path == "/moat/v1/env" && req.Method == http.MethodPost:
-			var body struct{ Envs map[string]string }
-			json.NewDecoder(req.Body).Decode(&body)
-			if a.env == nil {
-				a.env = map[string]string{}
-			}
-			maps.Copy(a.env, body.Envs)
-		case req.URL.Path == "/moat/v1/token" && req.Method == http.MethodPost:
-			var body struct{ Token string }
-			if err := json.NewDecoder(req.Body).Decode(&body); err != nil || body.Token == "" {
-				w.WriteHeader(http.StatusBadRequest)
-				return
-			}
-			a.token = body.Token
-		default:
-			http.NotFound(w, req)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-}
-
 // AgentState reports a sandbox's agent token and the env it was given
 // through POST /moat/v1/env.
 func (r *Runtime) AgentState(id string) (token string, env map[string]string, err error) {
@@ -184,9 +147,16 @@ func (r *Runtime) AgentState(id string) (token string, env map[string]string, er
 	if err != nil {
 		return "", nil, err
 	}
-	sb.agent.mu.Lock()
-	defer sb.agent.mu.Unlock()
-	return sb.agent.token, maps.Clone(sb.agent.env), nil
+	return sb.agent.Token(), sb.agent.Env(), nil
+}
+
+// SetAgentVersion makes the agents of sandboxes created from now on claim
+// protocol version v (agentproto), e.g. 1 for agents from before
+// versioning; 0 restores the current version.
+func (r *Runtime) SetAgentVersion(v int) {
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	r.st.agentVersion = v
 }
 
 // SetCheckpointable turns runtime.Checkpointer support on or off (off by
@@ -225,9 +195,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, name string) error {
 	if r.st.checkpoints == nil {
 		r.st.checkpoints = map[string]string{}
 	}
-	sb.agent.mu.Lock()
-	r.st.checkpoints[name] = sb.agent.token
-	sb.agent.mu.Unlock()
+	r.st.checkpoints[name] = sb.agent.Token()
 	return nil
 }
 
@@ -270,15 +238,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status
 			return runtime.Status{}, fmt.Errorf("volume %q: %w", m.Volume, errdefs.ErrNotFound)
 		}
 	}
-	agent := &fakeAgent{token: spec.AgentToken}
+	token := spec.AgentToken
 	if spec.Checkpoint != "" {
 		tok, ok := r.st.checkpoints[spec.Checkpoint]
 		if !ok {
 			return runtime.Status{}, fmt.Errorf("checkpoint %q: %w", spec.Checkpoint, errdefs.ErrFailedPrecondition)
 		}
-		agent.token = tok
+		token = tok
 	}
-	srv := agentServer(agent)
+	agent := agenttest.New(token)
+	agent.Version = r.st.agentVersion
+	srv := httptest.NewServer(agent)
 	sb := &sandbox{spec: spec, srv: srv, agent: agent, created: time.Now().UTC()}
 	sb.status = runtime.Status{
 		ID:        spec.ID,
@@ -389,7 +359,7 @@ func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, er
 	if err != nil {
 		return "", err
 	}
-	if port == runtime.AgentPort && sb.srv != nil {
+	if port == agentproto.Port && sb.srv != nil {
 		return sb.srv.Listener.Addr().String(), nil
 	}
 	return fmt.Sprintf("127.0.0.1:%d", port), nil

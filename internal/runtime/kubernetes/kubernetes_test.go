@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -123,7 +124,7 @@ func TestPodSpec(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
 	st := waitRunning(t, rt, spec.ID)
-	ep, err := rt.Endpoint(ctx, spec.ID, runtime.AgentPort)
+	ep, err := rt.Endpoint(ctx, spec.ID, agentproto.Port)
 	if err != nil || ep != st.IP+":44772" {
 		t.Errorf("Endpoint = %q, %v (ip %s)", ep, err, st.IP)
 	}

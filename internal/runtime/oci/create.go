@@ -14,6 +14,7 @@ import (
 
 	gorunc "github.com/containerd/go-runc"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
@@ -176,10 +177,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if len(hostname) > 12 {
 		hostname = strings.TrimRight(hostname[:12], "-")
 	}
-	agentConf, err := json.Marshal(struct {
-		Token string `json:"token"`
-		Port  int    `json:"port"`
-	}{spec.AgentToken, runtime.AgentPort})
+	agentConf, err := json.Marshal(agentproto.Config{Token: spec.AgentToken, Port: agentproto.Port})
 	if err != nil {
 		return runtime.Status{}, err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
@@ -96,7 +97,7 @@ type agentResult struct {
 // agentRun runs command through the sandbox agent's POST /command.
 func agentRun(t *testing.T, ctx context.Context, r *Runtime, id, command string, timeout time.Duration) agentResult {
 	t.Helper()
-	ep, err := r.Endpoint(ctx, id, runtime.AgentPort)
+	ep, err := r.Endpoint(ctx, id, agentproto.Port)
 	if err != nil {
 		t.Fatal(err)
 	}

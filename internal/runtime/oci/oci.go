@@ -1,7 +1,8 @@
 // Package oci is the native sandbox backend: it runs each sandbox as an OCI
 // container through runc, crun or runsc (no container daemon), with an
 // overlayfs root over the image layers, its own network namespace on the
-// moat bridge (package network), and the moat agent bind-mounted as PID 1.
+// moat bridge (package network), and the moat agent (cmd/moat-agent)
+// bind-mounted as PID 1.
 //
 // On-disk layout (Config.Root, default /var/lib/moat/oci):
 //
@@ -82,8 +83,10 @@ type Config struct {
 	// means runc, crun and runsc looked up on PATH. Only binaries that are
 	// found are offered.
 	Classes map[string]string `json:"classes,omitempty"`
-	// AgentPath is the host path of the moat binary bind-mounted into each
-	// sandbox (default os.Executable()).
+	// AgentPath is the host path of the agent binary (cmd/moat-agent)
+	// bind-mounted read-only into each sandbox as PID 1. Required; it must
+	// be a static binary. The server installs the agent moat carries
+	// (internal/agentbin).
 	AgentPath string `json:"agentPath,omitempty"`
 	// VolumeDefaultSize is the capacity, in bytes, of a named volume
 	// created without one (default volume.DefaultSize, 1 GiB).
@@ -120,11 +123,7 @@ func (c *Config) setDefaults() error {
 		c.DefaultClass = DefaultClass
 	}
 	if c.AgentPath == "" {
-		p, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("oci: agent path: %w", err)
-		}
-		c.AgentPath = p
+		return fmt.Errorf("oci: Config.AgentPath is required: %w", errdefs.ErrInvalidArgument)
 	}
 	if err := runtime.CheckAgentBinary(c.AgentPath); err != nil {
 		return err

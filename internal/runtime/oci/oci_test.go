@@ -50,39 +50,6 @@ func (f fakeImages) Rootfs(ctx context.Context, ref string) (Rootfs, error) {
 	}}, nil
 }
 
-var (
-	stubOnce sync.Once
-	stubPath string
-	stubErr  error
-)
-
-// agentPath is the moat binary, or the stand-in agent of runtimetest when
-// MOAT_TEST_STUB_AGENT=1 (while `moat execd` is not usable).
-func agentPath(t testing.TB) string {
-	t.Helper()
-	if os.Getenv("MOAT_TEST_STUB_AGENT") != "1" {
-		return testutil.MoatBinary(t)
-	}
-	stubOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "moat-stubagent-")
-		if err != nil {
-			stubErr = err
-			return
-		}
-		stubPath = filepath.Join(dir, "stubagent")
-		cmd := exec.Command("go", "build", "-o", stubPath, "./internal/runtime/runtimetest/stubagent")
-		cmd.Dir = testutil.RepoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			stubErr = fmt.Errorf("build stubagent: %v\n%s", err, out)
-		}
-	})
-	if stubErr != nil {
-		t.Fatal(stubErr)
-	}
-	return stubPath
-}
-
 // testEnv is one backend configuration with its own state, bridge and
 // subnet, torn down (with a leak check) at the end of the test.
 type testEnv struct {
@@ -102,7 +69,7 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 			RunRoot:      filepath.Join(dir, "run"),
 			DefaultClass: class,
 			Classes:      classes,
-			AgentPath:    agentPath(t),
+			AgentPath:    runtimetest.AgentBinary(t),
 			Subreaper:    true,
 			CgroupParent: n.CgroupParent,
 			Network: network.Config{
@@ -278,7 +245,7 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 			if err := json.Unmarshal(data, &spec); err != nil {
 				t.Fatal(err)
 			}
-			wantArgs := []string{"/.moat/moat", "execd", "--config", "/.moat/agent.json", "--", "sleep", "3600"}
+			wantArgs := []string{"/.moat/moat-agent", "--config", "/.moat/agent.json", "--", "sleep", "3600"}
 			if !slices.Equal(spec.Process.Args, wantArgs) || !spec.Process.NoNewPrivileges || spec.Process.Cwd != "/workspace" {
 				t.Errorf("process = %+v", spec.Process)
 			}

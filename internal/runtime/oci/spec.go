@@ -9,16 +9,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // Paths inside every sandbox.
 const (
-	agentBinPath    = "/.moat/moat"
-	agentConfigPath = "/.moat/agent.json"
-	defaultPath     = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	cpuPeriod       = 100000 // µs
+	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	cpuPeriod   = 100000 // µs
 )
 
 // defaultCaps is the capability set of the agent and, through it, of every
@@ -40,7 +39,7 @@ type bundleInput struct {
 	Args      []string
 	Env       []string
 	Cwd       string
-	AgentBin  string // host path of the moat binary
+	AgentBin  string // host path of the agent binary
 	AgentConf string // host path of agent.json
 	// Host paths of the per-sandbox /etc files.
 	HostsFile    string
@@ -91,8 +90,8 @@ func buildSpec(in bundleInput) *specs.Spec {
 			{Destination: "/etc/resolv.conf", Type: "bind", Source: in.ResolvConf, Options: []string{"rbind", "rprivate", "nosuid", "nodev", "noexec", "rw"}},
 			{Destination: "/etc/hosts", Type: "bind", Source: in.HostsFile, Options: []string{"rbind", "rprivate", "nosuid", "nodev", "noexec", "rw"}},
 			{Destination: "/etc/hostname", Type: "bind", Source: in.HostnameFile, Options: []string{"rbind", "rprivate", "nosuid", "nodev", "noexec", "rw"}},
-			{Destination: agentBinPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "rprivate", "nosuid", "nodev", "ro"}},
-			{Destination: agentConfigPath, Type: "bind", Source: in.AgentConf, Options: []string{"bind", "rprivate", "nosuid", "nodev", "noexec", "ro"}},
+			{Destination: agentproto.BinPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "rprivate", "nosuid", "nodev", "ro"}},
+			{Destination: agentproto.ConfigPath, Type: "bind", Source: in.AgentConf, Options: []string{"bind", "rprivate", "nosuid", "nodev", "noexec", "ro"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: in.CgroupsPath,
@@ -241,7 +240,7 @@ func processArgs(spec runtime.Spec, cfg image.Config) []string {
 	if len(user) == 0 {
 		user = append(slices.Clone(cfg.Entrypoint), cfg.Cmd...)
 	}
-	return append([]string{agentBinPath, "execd", "--config", agentConfigPath, "--"}, user...)
+	return agentproto.Args(user)
 }
 
 // nofile is the sandbox's open-files limit: 65536, or the host's hard limit

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -18,7 +19,7 @@ import (
 // /command (the moat agent; the suite's Token) and returns its output
 // (stdout and stderr lines, each ending in "\n") and exit code.
 func Exec(ctx context.Context, rt runtime.Runtime, id, command string) (string, int, error) {
-	ep, err := rt.Endpoint(ctx, id, runtime.AgentPort)
+	ep, err := rt.Endpoint(ctx, id, agentproto.Port)
 	if err != nil {
 		return "", -1, err
 	}
@@ -26,7 +27,7 @@ func Exec(ctx context.Context, rt runtime.Runtime, id, command string) (string, 
 	ctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/command", bytes.NewReader(body))
-	req.Header.Set("X-EXECD-ACCESS-TOKEN", Token)
+	req.Header.Set(agentproto.TokenHeader, Token)
 	req.Header.Set("Content-Type", "application/json")
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	defer client.CloseIdleConnections()

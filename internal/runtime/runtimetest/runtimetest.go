@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -137,9 +138,9 @@ func WaitAgent(t testing.TB, ctx context.Context, rt runtime.Runtime, id string,
 
 // PingAgent is WaitAgent returning an error, for benchmarks and goroutines.
 func PingAgent(ctx context.Context, rt runtime.Runtime, id string, timeout time.Duration) error {
-	ep, err := rt.Endpoint(ctx, id, runtime.AgentPort)
+	ep, err := rt.Endpoint(ctx, id, agentproto.Port)
 	if err != nil {
-		return fmt.Errorf("Endpoint(%s, %d): %w", id, runtime.AgentPort, err)
+		return fmt.Errorf("Endpoint(%s, %d): %w", id, agentproto.Port, err)
 	}
 	host, _, err := net.SplitHostPort(ep)
 	if err != nil {
@@ -153,26 +154,12 @@ func PingAgent(ctx context.Context, rt runtime.Runtime, id string, timeout time.
 		Transport: &http.Transport{DisableKeepAlives: true},
 	}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep+"/ping", nil)
-		req.Header.Set("X-EXECD-ACCESS-TOKEN", Token)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		last = err
-		if ctx.Err() != nil {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := (&agentproto.Client{HTTP: client}).WaitReady(ctx, ep, Token); err != nil {
+		return fmt.Errorf("agent of %s at %s after %v: %w", id, ep, timeout, err)
 	}
-	return fmt.Errorf("agent of %s at %s not ready after %v: %w", id, ep, timeout, last)
+	return nil
 }
 
 func listHas(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) (runtime.Status, bool) {
@@ -283,7 +270,7 @@ func (s *suite) unknownID(t *testing.T) {
 	if err := rt.Stop(ctx, id, time.Second); !errdefs.IsNotFound(err) {
 		t.Errorf("Stop = %v, want ErrNotFound", err)
 	}
-	if _, err := rt.Endpoint(ctx, id, runtime.AgentPort); !errdefs.IsNotFound(err) {
+	if _, err := rt.Endpoint(ctx, id, agentproto.Port); !errdefs.IsNotFound(err) {
 		t.Errorf("Endpoint = %v, want ErrNotFound", err)
 	}
 	if err := rt.Delete(ctx, id); err != nil {
@@ -404,7 +391,7 @@ func (s *suite) concurrent(t *testing.T) {
 	endpoints := map[string]bool{}
 	for _, id := range ids {
 		WaitState(t, ctx, rt, id, runtime.StateRunning, 10*time.Second)
-		ep, err := rt.Endpoint(ctx, id, runtime.AgentPort)
+		ep, err := rt.Endpoint(ctx, id, agentproto.Port)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,10 @@
-// Command stubagent stands in for `moat execd` in backend tests while the
-// real agent is not available: invoked as
+// Command stubagent stands in for the moat agent (cmd/moat-agent) in
+// backend tests that must not depend on it: invoked like the agent,
 //
-//	stubagent execd --config /.moat/agent.json -- [cmd...]
+//	stubagent [execd] --config /.moat/agent.json -- [cmd...]
 //
-// it serves GET /ping (checking X-EXECD-ACCESS-TOKEN) on the configured port,
+// it serves the agent protocol's routes (agenttest.Agent: /ping and the
+// /moat/v1 extensions, with the token check) on the configured port,
 // starts cmd if given, and exits on SIGTERM. Build it with CGO_ENABLED=0.
 package main
 
@@ -16,6 +17,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+
+	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 )
 
 func main() {
@@ -23,7 +27,7 @@ func main() {
 	if len(args) > 0 && args[0] == "execd" {
 		args = args[1:]
 	}
-	conf := "/.moat/agent.json"
+	conf := agentproto.ConfigPath
 	var cmd []string
 	for i := 0; i < len(args); i++ {
 		switch args[i] {
@@ -37,10 +41,7 @@ func main() {
 			i = len(args)
 		}
 	}
-	var cfg struct {
-		Token string `json:"token"`
-		Port  int    `json:"port"`
-	}
+	var cfg agentproto.Config
 	data, err := os.ReadFile(conf)
 	if err == nil {
 		err = json.Unmarshal(data, &cfg)
@@ -50,7 +51,7 @@ func main() {
 		os.Exit(2)
 	}
 	if cfg.Port == 0 {
-		cfg.Port = 44772
+		cfg.Port = agentproto.Port
 	}
 	l, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", cfg.Port))
 	if err != nil {
@@ -70,15 +71,5 @@ func main() {
 		<-sig
 		os.Exit(0)
 	}()
-	http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if cfg.Token != "" && r.Header.Get("X-EXECD-ACCESS-TOKEN") != cfg.Token {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		if r.URL.Path == "/ping" {
-			w.WriteHeader(http.StatusOK)
-			return
-		}
-		http.NotFound(w, r)
-	}))
+	http.Serve(l, agenttest.New(cfg.Token))
 }

@@ -1,0 +1,93 @@
+// Package agenttest is a stand-in agent for tests of the server side: it
+// answers the agent protocol of package agentproto (ping, env, token) with
+// the real token check, and records what it was told. The fake runtime,
+// the Kubernetes test agents and the stub agent binary serve it, so that
+// every test double speaks the protocol the same way.
+package agenttest
+
+import (
+	"encoding/json"
+	"maps"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/moat-sandbox/moat/internal/agentproto"
+)
+
+// Agent is an http.Handler that answers like a moat agent:
+//
+//	GET  /ping            200, with agentproto.VersionHeader unless Version is 1
+//	POST /moat/v1/env     200; the variables are recorded (Env)
+//	POST /moat/v1/token   200; the token is replaced (400 for an empty one)
+//	anything else         404
+//
+// Every request must carry the current token (when one is set), or it is
+// answered 401. Its methods are safe for concurrent use.
+type Agent struct {
+	// Version is the protocol version to claim (0: agentproto.Version;
+	// 1: an agent from before versioning, which sends no header).
+	Version int
+
+	mu    sync.Mutex
+	token string
+	env   map[string]string
+}
+
+// New returns an agent that requires token ("" disables auth).
+func New(token string) *Agent { return &Agent{token: token} }
+
+// Token returns the current access token.
+func (a *Agent) Token() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.token
+}
+
+// Env returns the variables set through POST /moat/v1/env.
+func (a *Agent) Env() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.env)
+}
+
+// ServeHTTP implements http.Handler.
+func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.token != "" && r.Header.Get(agentproto.TokenHeader) != a.token {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	switch {
+	case r.URL.Path == agentproto.PingPath && r.Method == http.MethodGet:
+		v := a.Version
+		if v == 0 {
+			v = agentproto.Version
+		}
+		if v > 1 {
+			w.Header().Set(agentproto.VersionHeader, strconv.Itoa(v))
+		}
+	case r.URL.Path == agentproto.EnvPath && r.Method == http.MethodPost:
+		var body agentproto.SetEnvRequest
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if a.env == nil {
+			a.env = map[string]string{}
+		}
+		maps.Copy(a.env, body.Envs)
+	case r.URL.Path == agentproto.TokenPath && r.Method == http.MethodPost:
+		var body agentproto.SetTokenRequest
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Token == "" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		a.token = body.Token
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

@@ -1,0 +1,47 @@
+package lifecycle
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestOldAgentsAreDriven: after an upgrade, sandboxes still run agents
+// of an older moat, which speak agent protocol version 1 (no version
+// header). The server waits for them, claims them from a pool with env
+// and restarts over them like over current agents.
+func TestOldAgentsAreDriven(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.rt.SetAgentVersion(1)
+	sb, err := h.svc.Create(ctx, CreateRequest{Image: "busybox", Entrypoint: []string{"sleep", "1d"}, Timeout: time.Hour})
+	if err != nil || sb.Status.State != StateRunning {
+		t.Fatalf("create with a version-1 agent: %+v, %v", sb, err)
+	}
+	if _, err := h.svc.CreatePool(ctx, testPool("old", 1, 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "old", 1)
+	claimed, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "old"}, Env: map[string]string{"B": "2"}})
+	if err != nil {
+		t.Fatalf("claim of a version-1 agent: %v", err)
+	}
+	if _, env, err := h.rt.AgentState(claimed.ID); err != nil || env["B"] != "2" {
+		t.Errorf("the old agent did not get the claim's env: %v, %v", env, err)
+	}
+	h.svc.Close()
+
+	// A new server process over the same sandboxes (agents still old).
+	h.rt.SetAgentVersion(0)
+	h.svc = h.newService(t)
+	defer h.svc.Close()
+	if err := h.svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{sb.ID, claimed.ID} {
+		got, err := h.svc.Get(ctx, id)
+		if err != nil || got.Status.State != StateRunning {
+			t.Errorf("after restart %s: %+v, %v", id, got.Status, err)
+		}
+	}
+}
