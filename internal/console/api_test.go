@@ -94,7 +94,7 @@ func newStack(t *testing.T) *stack {
 	}
 	sessions := console.NewSessions(console.SessionOptions{Keys: reg})
 	api := httpapi.New(httpapi.Config{Auth: reg, Sessions: sessions, Audit: st.audit}, svc, log)
-	c, err := console.New(console.Options{API: api.Handler(), Sessions: sessions, Assets: app, Log: log})
+	c, err := console.New(console.Options{API: api.Handler(), Sessions: sessions, Assets: app, Log: log, Audit: st.audit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,5 +246,37 @@ func TestConsoleRevocationEndsSession(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 401 {
 		t.Fatalf("cookie on /v1/sandboxes: %d, want 401", res.StatusCode)
+	}
+}
+
+func TestConsoleSignInAndOutAreAudited(t *testing.T) {
+	st := newStack(t)
+	res, err := http.Post(st.srv.URL+"/console/session", "application/json", strings.NewReader(`{"apiKey":"moat_0123456789abcdef_nope"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if r := st.audit.last(); r.Method != "POST" || r.Path != "/console/session" || r.Status != 401 || r.KeyID != "" {
+		t.Errorf("refused sign-in: %+v", r)
+	}
+	b := st.signIn("beta-viewer")
+	if r := st.audit.last(); r.Status != 200 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" || r.Role != "viewer" {
+		t.Errorf("sign-in: %+v", r)
+	}
+	// Reads are not audited; sign-out is.
+	n := len(st.audit.recs)
+	b.call("GET", "/v1/sandboxes", "")
+	if len(st.audit.recs) != n {
+		t.Errorf("a read was audited: %+v", st.audit.last())
+	}
+	req, _ := http.NewRequest("DELETE", st.srv.URL+"/console/session", nil)
+	req.Header.Set("Cookie", console.CookieName+"="+b.cookie)
+	req.Header.Set(console.CSRFHeader, b.csrf)
+	if res, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if r := st.audit.last(); r.Method != "DELETE" || r.Status != 204 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" {
+		t.Errorf("sign-out: %+v", r)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
@@ -57,6 +58,14 @@ type Options struct {
 	SecureCookie bool
 	// Log receives errors; default slog.Default().
 	Log *slog.Logger
+	// Audit, if set, records every sign-in (refused ones too) and
+	// sign-out, like the API's own mutating calls.
+	Audit AuditSink
+}
+
+// AuditSink receives audit records (internal/audit.Log).
+type AuditSink interface {
+	Write(audit.Record) error
 }
 
 // Console is the /console handler.
@@ -127,7 +136,8 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case rest == "":
 		http.Redirect(w, r, Prefix+"/", http.StatusMovedPermanently)
 	case rest == "/session":
-		c.web.Handle(c.session).ServeHTTP(w, r)
+		var who tenant.Principal
+		c.audited(w, r, &who, c.web.Handle(func(w http.ResponseWriter, r *http.Request) error { return c.session(w, r, &who) }))
 	case rest == "/session/ticket":
 		c.web.Handle(c.ticket).ServeHTTP(w, r)
 	case rest == "/api" || strings.HasPrefix(rest, "/api/"):
@@ -161,11 +171,12 @@ type sessionInfo struct {
 }
 
 // session serves /console/session: POST signs in, GET describes the
-// session, DELETE signs out.
-func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
+// session, DELETE signs out. who is set to the principal signing in or
+// out, for the audit record.
+func (c *Console) session(w http.ResponseWriter, r *http.Request, who *tenant.Principal) error {
 	switch r.Method {
 	case http.MethodPost:
-		return c.signIn(w, r)
+		return c.signIn(w, r, who)
 	case http.MethodGet:
 		id, sess, err := c.authorize(r)
 		if err != nil {
@@ -179,9 +190,13 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 		web.WriteJSON(w, http.StatusOK, sessionInfo{Principal: p, ExpiresAt: c.expiry(sess)})
 		return nil
 	case http.MethodDelete:
-		id, _, err := c.authorize(r)
+		id, sess, err := c.authorize(r)
 		if err != nil {
 			return err
+		}
+		who.KeyID = sess.keyID
+		if p, err := c.sessions.principalOf(sess.keyID); err == nil {
+			*who = p
 		}
 		c.sessions.remove(id)
 		c.clearCookie(w, r)
@@ -196,7 +211,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 // origin (login CSRF: a foreign page must not sign a victim into another
 // key), and the body must be JSON, which a cross-origin form cannot send
 // without a preflight this server never grants.
-func (c *Console) signIn(w http.ResponseWriter, r *http.Request) error {
+func (c *Console) signIn(w http.ResponseWriter, r *http.Request, who *tenant.Principal) error {
 	if !sameOrigin(r) {
 		return errOrigin
 	}
@@ -214,6 +229,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Invalid("CONSOLE::INVALID_PARAMETER", "apiKey is required")
 	}
 	p, err := c.sessions.authenticate(key)
+	*who = p
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnauthenticated) || errors.Is(err, errdefs.ErrPermissionDenied) {
 			return errdefs.WithPublic(errdefs.ErrUnauthenticated, "CONSOLE::INVALID_API_KEY", "invalid API key")
@@ -310,6 +326,60 @@ func sameOrigin(r *http.Request) bool {
 	}
 	return strings.EqualFold(u.Host, r.Host)
 }
+
+// audited serves h and, for a mutating method, writes an audit record
+// with the principal h left in who.
+func (c *Console) audited(w http.ResponseWriter, r *http.Request, who *tenant.Principal, h http.Handler) {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+	default:
+		h.ServeHTTP(w, r)
+		return
+	}
+	if c.opt.Audit == nil {
+		h.ServeHTTP(w, r)
+		return
+	}
+	start := time.Now()
+	rec := &statusWriter{ResponseWriter: w}
+	h.ServeHTTP(rec, r)
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	err := c.opt.Audit.Write(audit.Record{
+		Time: start.UTC(), RequestID: web.RequestID(r.Context()), RemoteAddr: r.RemoteAddr,
+		Method: r.Method, Path: r.URL.Path, Route: r.Method + " " + r.URL.Path,
+		KeyID: who.KeyID, Tenant: who.Tenant, Role: string(who.Role),
+		Status: status, DurationMS: float64(time.Since(start).Microseconds()) / 1000,
+	})
+	if err != nil {
+		c.opt.Log.Error("audit log write failed", "err", err, "method", r.Method, "path", r.URL.Path)
+	}
+}
+
+// statusWriter records the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // methodNotAllowed answers 405 with the allowed methods.
 func methodNotAllowed(w http.ResponseWriter, allow string) error {

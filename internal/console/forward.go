@@ -3,6 +3,8 @@ package console
 import (
 	"net/http"
 	"strings"
+
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // forward serves /console/api/<path> as the API's /<path>, as the
@@ -54,6 +56,10 @@ func (c *Console) forward(w http.ResponseWriter, r *http.Request) error {
 	out.RequestURI = u.RequestURI()
 	for _, h := range []string{"Cookie", CSRFHeader, "Authorization", "X-API-Key", "OPEN-SANDBOX-API-KEY", "X-EXECD-ACCESS-TOKEN"} {
 		out.Header.Del(h)
+	}
+
+	if id := web.RequestID(r.Context()); id != "" && out.Header.Get("X-Request-ID") == "" {
+		out.Header.Set("X-Request-ID", id) // one id in the console's and the API's logs
 	}
 
 	// What the API answers is data for the app, never a document of the

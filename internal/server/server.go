@@ -160,7 +160,11 @@ func (s *Server) withConsole(api http.Handler, sessions *console.Sessions) (http
 	if sessions == nil {
 		return api, nil
 	}
-	c, err := console.New(console.Options{API: api, Sessions: sessions, SecureCookie: s.cfg.ConsoleSecureCookie, Log: s.log})
+	opt := console.Options{API: api, Sessions: sessions, SecureCookie: s.cfg.ConsoleSecureCookie, Log: s.log}
+	if s.audit != nil {
+		opt.Audit = s.audit
+	}
+	c, err := console.New(opt)
 	if err != nil {
 		return nil, err
 	}
@@ -168,8 +172,8 @@ func (s *Server) withConsole(api http.Handler, sessions *console.Sessions) (http
 		s.log.Warn("this binary was built without the web console app; /console explains how to build it (make build)")
 	}
 	mux := http.NewServeMux()
-	mux.Handle(console.Prefix, c)
-	mux.Handle(console.Prefix+"/", c)
+	mux.Handle(console.Prefix, web.WithRequestID(c))
+	mux.Handle(console.Prefix+"/", web.WithRequestID(c))
 	mux.Handle("/", api)
 	return mux, nil
 }
