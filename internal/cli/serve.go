@@ -17,7 +17,9 @@ func newServeCommand() *cobra.Command {
 
 The API key is taken from --api-key, else $MOAT_API_KEY, else the file
 --api-key-file (default <root>/api-key), which is created with a random key
-on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
+on first start. Clients send it in the OPEN-SANDBOX-API-KEY header. It is
+the admin of tenant "default"; more keys, each of one tenant with a role
+(admin, operator, viewer), are made with "moat key create".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfg.APIKey == "" {
@@ -46,6 +48,7 @@ on first start. Clients send it in the OPEN-SANDBOX-API-KEY header.`,
 	f.StringVar(&cfg.APIKey, "api-key", "", "API key (prefer $MOAT_API_KEY or --api-key-file: argv is visible to other users)")
 	f.StringVar(&cfg.APIKeyFile, "api-key-file", "", "file holding the API key (default <root>/api-key)")
 	f.BoolVar(&cfg.NoAuth, "insecure-no-auth", false, "disable API-key authentication")
+	f.StringVar(&cfg.KeySecretFile, "key-secret-file", "", "file holding the secret that API keys made by moat key create are hashed with (default <root>/key-secret, created on first start)")
 	f.StringVar(&cfg.PublicAddress, "public-address", "", "host[:port] clients use to reach this server (for server-proxy endpoints)")
 	f.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "sandbox bridge interface name")
 	f.StringVar(&cfg.Subnet, "subnet", cfg.Subnet, "sandbox IPv4 subnet")

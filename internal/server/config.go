@@ -267,6 +267,8 @@ func (c *Config) Validate() error {
 	}
 	if c.KeySecretFile == "" {
 		c.KeySecretFile = filepath.Join(c.Root, "key-secret")
+	} else if !filepath.IsAbs(c.KeySecretFile) {
+		errs = append(errs, fmt.Errorf("key-secret-file %q must be an absolute path", c.KeySecretFile))
 	}
 	if c.VaultKeyFile == "" {
 		c.VaultKeyFile = filepath.Join(c.Root, "vault.key")
