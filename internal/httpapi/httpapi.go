@@ -488,8 +488,8 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		if tok != "" {
-			web.WriteJSON(w, http.StatusOK, endpointJSON{Endpoint: fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, EgressPort),
-				Headers: map[string]string{egress.AuthHeader: tok}})
+			web.WriteJSON(w, http.StatusOK, withoutControlTokens(r, endpointJSON{Endpoint: fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, EgressPort),
+				Headers: map[string]string{egress.AuthHeader: tok}}))
 			return nil
 		}
 	}
@@ -504,8 +504,27 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 	case s.cfg.Ingress != nil:
 		out = ingressEndpoint(s.cfg.Ingress, r.Host, id, port, signed, expires, ep.Headers)
 	}
-	web.WriteJSON(w, http.StatusOK, out)
+	web.WriteJSON(w, http.StatusOK, withoutControlTokens(r, out))
 	return nil
+}
+
+// withoutControlTokens removes the agent and egress tokens from an
+// endpoint answered to a caller that may not change the sandbox (a
+// viewer): either token would let it run commands or rewrite the egress
+// policy. The secure-access token stays: it opens the sandbox's own
+// application, which is what a viewer looks at.
+func withoutControlTokens(r *http.Request, ep endpointJSON) endpointJSON {
+	if canDrive(r) || len(ep.Headers) == 0 {
+		return ep
+	}
+	h := maps.Clone(ep.Headers)
+	delete(h, "X-EXECD-ACCESS-TOKEN")
+	delete(h, egress.AuthHeader)
+	if len(h) == 0 {
+		h = nil
+	}
+	ep.Headers = h
+	return ep
 }
 
 // ingressEndpoint is the gateway-mode answer for a sandbox port: the

@@ -589,3 +589,20 @@ func TestProxyKeyAsAgentToken(t *testing.T) {
 		t.Errorf("unknown moat key: %d %v", code, body)
 	}
 }
+
+// TestViewerGetsNoControlTokens: a viewer reads endpoints, but without the
+// agent and egress tokens (either would let it change the sandbox).
+func TestViewerGetsNoControlTokens(t *testing.T) {
+	ta, fx := newIsolationAPI(t)
+	for _, port := range []string{"44772", "18080"} {
+		p := "/v1/sandboxes/" + fx.sandbox + "/endpoints/" + port
+		_, op := ta.do(t, "acme-operator", "GET", p, "")
+		code, view := ta.do(t, "acme-viewer", "GET", p, "")
+		if code != 200 || view["endpoint"] != op["endpoint"] {
+			t.Errorf("viewer endpoint %s: %d %v (operator %v)", port, code, view, op)
+		}
+		if op["headers"] == nil || view["headers"] != nil {
+			t.Errorf("port %s: operator headers %v, viewer headers %v; want the viewer's empty", port, op["headers"], view["headers"])
+		}
+	}
+}
