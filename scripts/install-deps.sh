@@ -21,10 +21,11 @@ if [ "${1:-}" = "--browser" ]; then
 	exit 0
 fi
 
+# stress-ng: the CPU hog the chaos test (test/e2e) runs under.
 # python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests;
 # default-jdk-headless and node-typescript: the agent's built-in Java
 # (jshell) and TypeScript drivers, tested on the host (internal/execd/code).
-pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make python3-ipykernel default-jdk-headless node-typescript)
+pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -215,8 +215,11 @@ func (s *Service) checkLiveness(ctx context.Context) {
 		}
 		if st := e.sb.Status.State; st == StateRunning || st == StatePaused {
 			rst, ok := byID[e.sb.ID]
-			if !ok {
-				// Created after List ran? Re-check directly.
+			if !ok || rst.State == runtime.StateStopped {
+				// Not listed, or listed as stopped: List is not atomic with
+				// creates, so a sandbox whose create finished while it ran
+				// may look gone or stopped. Ask again, now that e.mu is
+				// held, before tearing anything down.
 				var err error
 				rst, err = s.deps.Runtime.Status(ctx, e.sb.ID)
 				ok = err == nil

@@ -61,3 +61,48 @@ func TestUnknownRuntimeStateKeepsSandboxes(t *testing.T) {
 		t.Fatalf("exited sandbox: %+v", got.Status)
 	}
 }
+
+// staleListRuntime's List reports stale[id] as stopped and gone, as a List
+// that read a sandbox's record after asking its OCI runtime does when the
+// sandbox's create finishes in between; Status tells the truth.
+type staleListRuntime struct {
+	runtime.Runtime
+	stale map[string]bool
+}
+
+func (s staleListRuntime) List(ctx context.Context) ([]runtime.Status, error) {
+	l, err := s.Runtime.List(ctx)
+	for i := range l {
+		if s.stale[l[i].ID] {
+			l[i].State, l[i].Pid, l[i].Message = runtime.StateStopped, 0, "container is gone from the OCI runtime"
+		}
+	}
+	return l, err
+}
+
+// A stale List answer must not get a live sandbox killed: the liveness
+// check confirms a stop with Status before it tears anything down (chaos
+// finding: a sandbox created while the check's List ran was found
+// "stopped", deleted, and reported Failed "agent exited (code 0)").
+func TestLivenessConfirmsStopBeforeTeardown(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	a, _ := h.svc.Create(ctx, req(time.Hour))
+	b, _ := h.svc.Create(ctx, req(time.Hour))
+	real := h.svc.deps.Runtime
+	h.svc.deps.Runtime = staleListRuntime{real, map[string]bool{a.ID: true, b.ID: true}}
+	if err := real.Stop(ctx, b.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	h.svc.checkLiveness(ctx)
+	if got, err := h.svc.Get(ctx, a.ID); err != nil || got.Status.State != StateRunning {
+		t.Fatalf("live sandbox after a stale list: %+v %v", got.Status, err)
+	}
+	if st, err := real.Status(ctx, a.ID); err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("live sandbox was torn down in the runtime: %+v %v", st, err)
+	}
+	// A sandbox that really stopped is still noticed.
+	if got, _ := h.svc.Get(ctx, b.ID); got.Status.State != StateFailed || got.Status.Reason != ReasonAgentExited {
+		t.Fatalf("stopped sandbox: %+v", got.Status)
+	}
+}

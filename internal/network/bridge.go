@@ -64,7 +64,7 @@ func (m *Manager) ensureBridge() error {
 	} else {
 		// IPv6 turned off since an earlier start: drop the old gateway
 		// address (link-local ones stay; sandboxes have IPv6 disabled).
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V6) })
 		if err != nil {
 			return fmt.Errorf("network: list addresses of %s: %w", m.cfg.Bridge, err)
 		}

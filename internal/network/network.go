@@ -421,7 +421,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("network: bridge: %w", err)
 	}
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("network: list links: %w", err)
 	}

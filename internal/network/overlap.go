@@ -36,7 +36,9 @@ func checkSubnetFree(cfg Config) error {
 		if p.Addr().Is6() {
 			fam = netlink.FAMILY_V6
 		}
-		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		routes, err := dump(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		})
 		if err != nil {
 			return fmt.Errorf("network: list routes: %w", err)
 		}

@@ -214,6 +214,10 @@ type Runtime struct {
 	stop       chan struct{}
 	done       chan struct{}
 
+	// afterRuncList, if set (tests only), runs in List right after the
+	// OCI runtimes were asked.
+	afterRuncList func()
+
 	// vols holds the named volumes (runtime.Volumes, volumes.go).
 	vols *volume.Store
 }

@@ -469,3 +469,53 @@ func TestRunsc(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestListDuringCreate: a create that completes while List runs must not
+// make List report its sandbox as stopped. List used to ask runc before
+// reading the records, so a create finishing in between looked "stopped"
+// and the liveness check deleted the live sandbox (the chaos test's
+// "agent exited (code 0)"). The hook lets the create finish right after
+// List asked runc.
+func TestListDuringCreate(t *testing.T) {
+	r := newEnv(t, "runc", nil).open(t)
+	ctx := context.Background()
+	first := runtimetest.NewID("listrace")
+	if _, err := r.Create(ctx, runtime.Spec{ID: first, Image: testImage, AgentToken: runtimetest.Token}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Delete(ctx, first) })
+	id := runtimetest.NewID("listrace")
+	created := make(chan error, 1)
+	go func() {
+		_, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage, AgentToken: runtimetest.Token})
+		created <- err
+	}()
+	t.Cleanup(func() { r.Delete(ctx, id) })
+	// Wait until the create has written its (incomplete) record.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if _, err := r.readRecord(id); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create wrote no record")
+		}
+	}
+	var createErr error
+	r.afterRuncList = func() { createErr = <-created }
+	sts, err := r.List(ctx)
+	r.afterRuncList = nil
+	if err != nil || createErr != nil {
+		t.Fatalf("List: %v; Create: %v", err, createErr)
+	}
+	for _, st := range sts {
+		if st.ID == id && st.State != runtime.StateCreating && st.State != runtime.StateRunning {
+			t.Fatalf("List reports %s, whose create completed during the List, as %s (%s)", id, st.State, st.Message)
+		}
+		if st.ID == first && st.State != runtime.StateRunning {
+			t.Fatalf("List reports %s as %s", first, st.State)
+		}
+	}
+	if st, err := r.Status(ctx, id); err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("Status after the create: %+v %v", st, err)
+	}
+}

@@ -181,14 +181,21 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	return r.status(id, rec, c, found), nil
 }
 
-// List implements runtime.Runtime. It asks each OCI runtime once.
+// List implements runtime.Runtime. It asks each OCI runtime once, after
+// reading every record: a record read as complete then names a container
+// the runtime had created before it was asked, so a create finishing
+// meanwhile cannot make a live sandbox look gone (the liveness check used
+// to delete such sandboxes).
 func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 	entries, err := os.ReadDir(r.sandboxesDir())
 	if err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}
-	containers := map[string]map[string]*gorunc.Container{}
-	listed := map[string]error{}
+	type item struct {
+		id  string
+		rec record
+	}
+	var items []item
 	var out []runtime.Status
 	for _, e := range entries {
 		id := e.Name()
@@ -203,20 +210,33 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 			out = append(out, runtime.Status{ID: id, State: runtime.StateUnknown, Message: err.Error()})
 			continue
 		}
-		if _, done := listed[rec.Class]; !done && rec.Complete {
-			listed[rec.Class] = nil
-			if _, avail := r.classes[rec.Class]; !avail {
-				listed[rec.Class] = fmt.Errorf("class %q is not installed", rec.Class)
-			} else if cs, err := r.runc(rec.Class).List(ctx); err != nil {
-				listed[rec.Class] = err
-			} else {
-				m := map[string]*gorunc.Container{}
-				for _, c := range cs {
-					m[c.ID] = c
-				}
-				containers[rec.Class] = m
-			}
+		items = append(items, item{id, rec})
+	}
+	containers := map[string]map[string]*gorunc.Container{}
+	listed := map[string]error{}
+	for _, it := range items {
+		class := it.rec.Class
+		if _, done := listed[class]; done || !it.rec.Complete {
+			continue
 		}
+		listed[class] = nil
+		if _, avail := r.classes[class]; !avail {
+			listed[class] = fmt.Errorf("class %q is not installed", class)
+		} else if cs, err := r.runc(class).List(ctx); err != nil {
+			listed[class] = err
+		} else {
+			m := map[string]*gorunc.Container{}
+			for _, c := range cs {
+				m[c.ID] = c
+			}
+			containers[class] = m
+		}
+	}
+	if r.afterRuncList != nil {
+		r.afterRuncList()
+	}
+	for _, it := range items {
+		id, rec := it.id, it.rec
 		if lerr := listed[rec.Class]; lerr != nil && rec.Complete {
 			// `runc list` fails as a whole now and then (seen under churn
 			// right after a crash); one bad answer must not make every

@@ -117,7 +117,7 @@ func classify(run string, prev, now []string, held func(string) bool) (leaks, ot
 // objects lists the host objects a moat test could leave.
 func objects(run string) []string {
 	var out []string
-	if links, err := netlink.LinkList(); err == nil {
+	if links, err := testnet.Dump(netlink.LinkList); err == nil {
 		names := map[int]string{}
 		for _, l := range links {
 			names[l.Attrs().Index] = l.Attrs().Name

@@ -33,6 +33,7 @@ package testnet
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -229,7 +230,9 @@ func tryLease(t testing.TB, slot int) (*Net, string) {
 // routing table ("" if none). Default routes do not count.
 func (n *Net) overlap() string {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		routes, err := dump(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		})
 		if err != nil {
 			return fmt.Sprintf("list routes: %v", err)
 		}
@@ -245,7 +248,7 @@ func (n *Net) overlap() string {
 				return fmt.Sprintf("route %s (table %d, %s)", p, r.Table, linkName(r.LinkIndex))
 			}
 		}
-		addrs, err := netlink.AddrList(nil, fam)
+		addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, fam) })
 		if err != nil {
 			return fmt.Sprintf("list addresses: %v", err)
 		}
@@ -547,7 +550,7 @@ func (n *Net) removeNetns() []string {
 // lease, and moat-named links holding an address of the slot (a Docker
 // network's bridge).
 func (n *Net) removeLinks() []string {
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	if err != nil {
 		return nil
 	}
@@ -590,7 +593,7 @@ func (n *Net) removeLinks() []string {
 }
 
 func (n *Net) holdsAddr(l netlink.Link) bool {
-	addrs, _ := netlink.AddrList(l, netlink.FAMILY_ALL)
+	addrs, _ := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
 	for _, a := range addrs {
 		if p, ok := prefixOf(a.IPNet); ok && n.overlaps(p) {
 			return true
@@ -685,4 +688,19 @@ func SlotOf(object string) string {
 		return ""
 	}
 	return name
+}
+
+// Dump runs a netlink dump again when the kernel flags it interrupted (the
+// table changed while it was read; common while other tests churn links).
+func Dump[T any](f func() (T, error)) (T, error) { return dump(f) }
+
+func dump[T any](f func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range 10 {
+		if v, err = f(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, err
 }
