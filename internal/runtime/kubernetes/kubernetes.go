@@ -36,6 +36,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Labels and annotations the backend puts on its BatchSandboxes.
@@ -132,9 +133,15 @@ func (r *Runtime) validate(spec runtime.Spec) error {
 		return invalid("resource limits must not be negative")
 	case spec.WorkingDir != "" && !strings.HasPrefix(spec.WorkingDir, "/"):
 		return invalid("working directory must be absolute")
-	case len(spec.Mounts) > 0:
-		// Host paths of the server mean nothing on a cluster node.
-		return invalid("host mounts are not supported by the kubernetes runtime")
+	}
+	for _, m := range spec.Mounts {
+		switch {
+		case m.Volume == "":
+			// Host paths of the server mean nothing on a cluster node.
+			return invalid("host mounts are not supported by the kubernetes runtime")
+		case m.Source != "" || !volume.ValidName(m.Volume) || volume.CheckSubPath(m.SubPath) != nil || !strings.HasPrefix(m.Destination, "/"):
+			return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
+		}
 	}
 	for k := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -230,6 +237,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	created := time.Now().UTC().Truncate(time.Microsecond)
 	tpl := r.template(spec)
+	if err := r.addVolumeMounts(ctx, tpl, spec.Mounts); err != nil {
+		return runtime.Status{}, err
+	}
 	one := int32(1)
 	b := &sbv1.BatchSandbox{
 		ObjectMeta: metav1.ObjectMeta{
@@ -467,7 +477,7 @@ func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, er
 // directory, environment, limits, token) and runtime class. The pool's
 // pods cannot take another environment: it is set when a pod starts.
 func poolServes(pt, t *corev1.PodTemplateSpec) bool {
-	if pt == nil || len(pt.Spec.Containers) != 1 || len(t.Spec.Containers) != 1 {
+	if pt == nil || len(pt.Spec.Containers) != 1 || len(t.Spec.Containers) != 1 || len(t.Spec.Volumes) > 0 {
 		return false
 	}
 	a, b := pt.Spec.Containers[0], t.Spec.Containers[0]
