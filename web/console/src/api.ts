@@ -32,6 +32,14 @@ const CSRF_HEADER = 'X-Moat-CSRF'
 // browser) or in the sign-in answer; it lives only in this module's memory.
 let csrf = document.querySelector<HTMLMetaElement>('meta[name="moat-csrf"]')?.content ?? ''
 
+// An admin may act in one tenant (X-Moat-Tenant): its resources only, and
+// what it creates belongs to it. Empty: every tenant.
+let tenantScope = ''
+
+export function setTenantScope(t: string) {
+  tenantScope = t
+}
+
 let onSignedOut: () => void = () => {}
 
 /** whenSignedOut registers what to do when the server ends the session. */
@@ -67,6 +75,7 @@ function signedOut(e: ApiError) {
 export async function raw(path: string, init: RequestInit = {}): Promise<Response> {
   const headers = new Headers(init.headers)
   if (csrf) headers.set(CSRF_HEADER, csrf)
+  if (tenantScope && path.startsWith('/api/')) headers.set('X-Moat-Tenant', tenantScope)
   const res = await fetch('/console' + path, { ...init, headers, credentials: 'same-origin', cache: 'no-store' })
   if (!res.ok) {
     const e = await errorOf(res)

@@ -3,7 +3,7 @@ import { useEffect, useState } from 'preact/hooks'
 import '@xterm/xterm/css/xterm.css'
 import './style.css'
 import type { SessionInfo } from './api'
-import { currentSession, hasToken, signOut, whenSignedOut } from './api'
+import { api, currentSession, hasToken, setTenantScope, signOut, whenSignedOut } from './api'
 import { SignIn } from './pages/signin'
 import { SandboxList } from './pages/sandboxes'
 import { CreateSandbox } from './pages/create'
@@ -37,12 +37,41 @@ function meOf(s: SessionInfo): Me {
   return { principal: s.principal, canMutate: role === 'admin' || role === 'operator', isAdmin: role === 'admin' }
 }
 
+/** TenantScope lets an admin narrow every page to one tenant. */
+function TenantScope({ scope, onChange }: { scope: string; onChange: (t: string) => void }) {
+  const [names, setNames] = useState<string[]>([])
+  const load = () =>
+    api<{ items: { name: string }[] }>('GET', '/v1/tenants').then(
+      (r) => setNames(r.items.map((t) => t.name)),
+      () => setNames([]),
+    )
+  useEffect(() => {
+    load()
+  }, [])
+  return (
+    <label class="scope">
+      <span>Tenant</span>
+      <select name="scope" value={scope} onFocus={load} onChange={(e) => onChange((e.target as HTMLSelectElement).value)}>
+        <option value="">all tenants</option>
+        {names.map((n) => (
+          <option value={n}>{n}</option>
+        ))}
+      </select>
+    </label>
+  )
+}
+
 function App() {
   const [session, setSession] = useState<SessionInfo | null | undefined>(hasToken() ? undefined : null)
+  const [scope, setScope] = useState('')
   const route = useRoute()
 
   useEffect(() => {
-    whenSignedOut(() => setSession(null))
+    whenSignedOut(() => {
+      setTenantScope('')
+      setScope('')
+      setSession(null)
+    })
     if (session === undefined) currentSession().then(setSession, () => setSession(null))
   }, [])
 
@@ -50,6 +79,10 @@ function App() {
   if (session === null) return <SignIn onSignedIn={setSession} />
 
   const me = meOf(session)
+  const changeScope = (t: string) => {
+    setTenantScope(t)
+    setScope(t)
+  }
   const [page, id] = route
   let body
   switch (page ?? 'sandboxes') {
@@ -89,18 +122,29 @@ function App() {
             {me.isAdmin && nav('#/tenants', 'Tenants', 'tenants')}
             {me.isAdmin && nav('#/keys', 'API keys', 'keys')}
           </nav>
+          {me.isAdmin && <TenantScope scope={scope} onChange={changeScope} />}
           <div class="whoami">
             <div class="who" data-testid="whoami">
               <span class={`role role-${me.principal.role}`}>{me.principal.role}</span>
               {me.principal.tenant && <span class="tenant">{me.principal.tenant}</span>}
             </div>
             {me.principal.keyId && <div class="keyid">key {me.principal.keyId}</div>}
-            <button class="link" onClick={() => signOut().finally(() => setSession(null))}>
+            <button
+              class="link"
+              onClick={() =>
+                signOut().finally(() => {
+                  changeScope('')
+                  setSession(null)
+                })
+              }
+            >
               Sign out
             </button>
           </div>
         </aside>
-        <main class="content">{body}</main>
+        <main class="content" key={scope}>
+          {body}
+        </main>
       </div>
     </MeContext.Provider>
   )

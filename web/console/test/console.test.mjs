@@ -432,7 +432,16 @@ test("tenant A's session never shows tenant B's sandboxes", async () => {
   assert.deepEqual(res, [404, 404])
   // The admin sees both.
   await admin.page.goto(URL + '/console/#/sandboxes')
+  await admin.page.reload() // the tenant selector lists the tenants made since sign-in
   await admin.page.waitForSelector(`tr[data-id="${aID}"]`)
+  await admin.page.waitForSelector(`tr[data-id="${bID}"]`)
+  // Narrowed to one tenant (X-Moat-Tenant), the admin sees only its sandboxes.
+  await admin.page.selectOption('select[name=scope]', 'alpha')
+  await until('the alpha scope', async () => {
+    const got = await ids(admin.page)
+    return got.length === 1 && got[0] === aID
+  })
+  await admin.page.selectOption('select[name=scope]', '')
   await admin.page.waitForSelector(`tr[data-id="${bID}"]`)
   for (const [id, key] of [
     [aID, keys.alpha],
