@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,4 +207,53 @@ func TestPVCUnsupportedRuntime(t *testing.T) {
 	wantCode(t, err, codeUnsupportedBackend, errdefs.ErrNotImplemented)
 	_, err = svc.ListVolumes(ctx)
 	wantCode(t, err, codeUnsupportedBackend, errdefs.ErrNotImplemented)
+}
+
+// TestPVCPool: a pool template with a pvc volume: every warm sandbox
+// mounts the claim (created once, shared), the claim is in use while the
+// pool holds sandboxes, a claimed sandbox keeps it, and deleting the pool
+// and the claimed sandbox frees it.
+func TestPVCPool(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var mounts [][]runtime.Mount
+	var mu sync.Mutex
+	h.hooks.Create = func(s runtime.Spec) error { mu.Lock(); mounts = append(mounts, s.Mounts); mu.Unlock(); return nil }
+	p := testPool("vp", 2, 2, 4)
+	p.Template.Volumes = []Volume{pvc("data", "pooled", PVCVolume{Storage: "64Mi"})}
+	if _, err := h.svc.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "vp", 2)
+	mu.Lock()
+	for _, m := range mounts {
+		if len(m) != 1 || m[0].Volume != "pooled" || m[0].Destination != "/data" {
+			t.Fatalf("warm sandbox mounts %+v", m)
+		}
+	}
+	mu.Unlock()
+	if v, err := h.rt.GetVolume(ctx, "pooled"); err != nil || v.SizeBytes != 64<<20 {
+		t.Fatalf("pool claim %+v %v", v, err)
+	}
+	wantCode(t, h.svc.DeleteVolume(ctx, "pooled"), codeVolumeInUse, errdefs.ErrConflict)
+	sb, err := h.svc.Create(ctx, CreateRequest{Timeout: time.Hour, Extensions: map[string]string{ExtPoolRef: "vp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.Claims) != 1 || sb.Claims[0].Name != "pooled" {
+		t.Fatalf("claimed sandbox claims %+v", sb.Claims)
+	}
+	if err := h.svc.DeletePool(ctx, "vp"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, h.svc.DeleteVolume(ctx, "pooled"), codeVolumeInUse, errdefs.ErrConflict)
+	h.svc.Delete(ctx, sb.ID)
+	if err := h.svc.DeleteVolume(ctx, "pooled"); err != nil {
+		t.Fatal(err)
+	}
+	// A bad volume in a template is refused when the pool is defined.
+	bad := testPool("vb", 1, 1, 1)
+	bad.Template.Volumes = []Volume{pvc("data", "Bad", PVCVolume{})}
+	_, err = h.svc.CreatePool(ctx, bad)
+	wantCode(t, err, codeInvalidPVCName, errdefs.ErrInvalidArgument)
 }
