@@ -87,6 +87,8 @@ var bodyRoutes = []struct{ method, path string }{
 	{"PATCH", "/v1/sandboxes/{id}/metadata"},
 	{"POST", "/v1/sandboxes/{id}/renew-expiration"},
 	{"PUT", "/v1/pools/fz"},
+	{"POST", "/v1/keys"},
+	{"PUT", "/v1/tenants/fz"},
 }
 
 // FuzzAPIBodies feeds arbitrary bodies to every Lifecycle API route that
@@ -106,6 +108,10 @@ func FuzzAPIBodies(f *testing.F) {
 		{`{"app":"y","gone":null}`, `{"a/b":"c"}`, `[]`, `null`, `{"":""}`},
 		{`{"expiresAt":"2099-01-01T00:00:00Z"}`, `{"expiresAt":"2000-01-01T00:00:00.123456789+02:00"}`, `{"expiresAt":1}`, `{}`},
 		{`{"template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMax":1}}`, `{"name":"other"}`},
+		{`{"tenant":"acme","role":"viewer","name":"n","expiresAt":"2099-01-01T00:00:00Z"}`, `{"tenant":"A","role":"admin"}`, `{"tenant":"acme","role":"root"}`,
+			`{"tenant":"acme","role":"operator","name":"\u0007"}`, `{"tenant":"acme","role":"viewer","expiresAt":"1999-01-01T00:00:00Z"}`},
+		{`{"quota":{"sandboxes":2,"cpu":"1500m","memory":"2Gi"}}`, `{"quota":{"sandboxes":-1}}`, `{"quota":{"cpu":"NaN"}}`,
+			`{"quota":{"memory":"1e400"}}`, `{"quota":null}`, `{}`},
 	}
 	for i, ss := range seeds {
 		for _, s := range ss {
@@ -131,6 +137,10 @@ func FuzzAPIBodies(f *testing.F) {
 		}
 		json.Unmarshal(out, &created)
 		switch {
+		case r.path == "/v1/keys":
+			a.do(t, "DELETE", "/v1/keys/"+created.ID, nil)
+		case strings.HasPrefix(r.path, "/v1/tenants/"):
+			a.do(t, "DELETE", r.path, nil)
 		case r.path == "/v1/pools" || r.method == "PUT":
 			a.do(t, "DELETE", "/v1/pools/"+created.Name, nil)
 		case r.path == "/v1/sandboxes":
