@@ -199,7 +199,27 @@ func TestNamedVolumes(t *testing.T) {
 	if !strings.HasPrefix(out, "1\n") || !sizeBelow(out, 32<<20) {
 		t.Errorf("filling a 32Mi volume: %q", out)
 	}
-	p.sh(q, "rm /data/fill && echo before-crash > /data/crash.txt")
+	p.sh(q, "rm /data/fill && echo before-crash > /data/crash.txt && echo layer > /layer.txt")
+
+	// A snapshot holds the writable layer, not the volumes: a sandbox from
+	// it has the layer's file and an empty mount point, and sees the data
+	// again only when its own request mounts the claim.
+	var sn struct{ ID string }
+	srv.mustJSON(202, "POST", "/v1/sandboxes/"+q+"/snapshots", map[string]any{"name": "with-volume"}, &sn)
+	t.Cleanup(func() { srv.do("DELETE", "/v1/snapshots/"+sn.ID, nil) })
+	var fork sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"snapshotId": sn.ID, "timeout": 600}, &fork)
+	if out := p.sh(fork.ID, "cat /layer.txt; ls -A /data | wc -l"); out != "layer\n0" {
+		t.Errorf("a sandbox from the snapshot sees %q, want the layer's file and an empty /data", out)
+	}
+	srv.do("DELETE", "/v1/sandboxes/"+fork.ID, nil)
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"snapshotId": sn.ID, "timeout": 600,
+		"volumes": []map[string]any{pvcVol("data", claim, "/data", nil, map[string]any{"createIfNotExists": false})}}, &fork)
+	if out := p.sh(fork.ID, "cat /layer.txt /data/crash.txt"); out != "layer\nbefore-crash" {
+		t.Errorf("a sandbox from the snapshot with the claim sees %q", out)
+	}
+	srv.do("DELETE", "/v1/sandboxes/"+fork.ID, nil)
+	srv.do("DELETE", "/v1/snapshots/"+sn.ID, nil)
 
 	// kill -9 with the sandbox running: it keeps its volume, and the new
 	// server knows it is in use.
