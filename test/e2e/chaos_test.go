@@ -501,6 +501,10 @@ func assertServerClean(t *testing.T, srv *server) {
 // root takes away when the test ends.
 func logSandboxFiles(t *testing.T, srv *server, id string) {
 	t.Helper()
+	// The events say which server marked it, and when.
+	if code, body, _ := srv.do("GET", "/v1/sandboxes/"+id+"/diagnostics/events?scope=all", nil); code == 200 {
+		t.Logf("sandbox %s events: %s", id, body)
+	}
 	dir := filepath.Join(srv.root, "oci", "sandboxes", id)
 	for _, name := range []string{"agent.log", "state.json", "exit", "pid"} {
 		data, err := os.ReadFile(filepath.Join(dir, name))
