@@ -2,7 +2,9 @@
 // JSON records in named buckets (sandboxes, pools, snapshots, ...). Every
 // write is one fsynced transaction, so a record either exists whole or not
 // at all after a crash. Callers keep their own in-memory view and write
-// through; the store is read in full only at start-up.
+// through; the store is read in full only at start-up. The state carries a
+// schema version; Open upgrades older states and refuses newer ones
+// (schema.go).
 package store
 
 import (
@@ -36,7 +38,12 @@ func Open(ctx context.Context, path string, timeout time.Duration) (*DB, error) 
 	if err != nil {
 		return nil, fmt.Errorf("open store %s (is another moat server running?): %v: %w", path, err, errdefs.ErrUnavailable)
 	}
-	return &DB{db: db}, nil
+	d := &DB{db: db}
+	if err := d.upgrade(path); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // Close closes the database.
@@ -115,7 +122,12 @@ func (d *DB) ForEach(bucket string, fn func(key string, raw []byte) error) error
 		if bk == nil {
 			return nil
 		}
-		return bk.ForEach(func(k, v []byte) error { return fn(string(k), v) })
+		return bk.ForEach(func(k, v []byte) error {
+			if isGuard(k) {
+				return nil
+			}
+			return fn(string(k), v)
+		})
 	})
 }
 

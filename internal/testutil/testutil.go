@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -215,4 +216,54 @@ func BusyboxRootfs(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// PreviousRelease is the commit upgrade tests treat as the release before
+// this one.
+const PreviousRelease = "f29dccf"
+
+// MoatBinaryAt builds the static moat binary of commit (from a temporary
+// git worktree of the repository) and returns its path. The binary is
+// cached under CacheDir() by commit, so the build runs once per machine.
+// The repository must have the commit (a full clone).
+func MoatBinaryAt(t testing.TB, commit string) string {
+	t.Helper()
+	repo := RepoRoot(t)
+	out, err := exec.Command("git", "-C", repo, "rev-parse", "--verify", commit+"^{commit}").Output()
+	if err != nil {
+		t.Fatalf("commit %s is not in %s (a shallow clone?): %v", commit, repo, err)
+	}
+	full := strings.TrimSpace(string(out))
+	bin := filepath.Join(CacheDir(), "moat-release", full, "moat")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	wt, err := os.MkdirTemp("", "moat-release-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(wt) // git worktree add makes it
+	if out, err := exec.Command("git", "-C", repo, "worktree", "add", "--detach", wt, full).CombinedOutput(); err != nil {
+		t.Fatalf("git worktree add %s: %v\n%s", commit, err, out)
+	}
+	defer func() {
+		exec.Command("git", "-C", repo, "worktree", "remove", "--force", wt).Run()
+		os.RemoveAll(wt)
+		exec.Command("git", "-C", repo, "worktree", "prune").Run()
+	}()
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", bin, os.Getpid())
+	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, "./cmd/moat")
+	cmd.Dir = wt
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		t.Fatalf("build moat at %s: %v\n%s", commit, err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -53,9 +54,12 @@ type server struct {
 	// want dual-stack sandboxes) and outside-link addresses.
 	net    *testnet.Net
 	bridge string
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when cmd has exited (and been waited for)
-	logf   *os.File
+	// cgroupParent is passed as --cgroup-parent (the lease's, so its
+	// cleanup sweeps the sandboxes' cgroups); "" omits the flag.
+	cgroupParent string
+	cmd          *exec.Cmd
+	exited       chan struct{} // closed when cmd has exited (and been waited for)
+	logf         *os.File
 }
 
 func freePort(t *testing.T) string {
@@ -82,7 +86,7 @@ func newServer(t *testing.T) *server {
 	n := testnet.New(t)
 	n.Own(dir)
 	s := &server{t: t, bin: testutil.MoatBinary(t), root: filepath.Join(dir, "root"), runRoot: filepath.Join(dir, "run"),
-		addr: freePort(t), key: "e2e-key-0123456789", net: n, bridge: n.Name}
+		addr: freePort(t), key: "e2e-key-0123456789", net: n, bridge: n.Name, cgroupParent: n.CgroupParent}
 	lf, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -112,12 +116,24 @@ func tail(s string, n int) string {
 
 func (s *server) start(extra ...string) {
 	s.t.Helper()
-	args := append([]string{"serve", "--root", s.root, "--run-root", s.runRoot, "--listen", s.addr,
-		"--bridge", s.bridge, "--subnet", s.net.Subnet.String(), "--cgroup-parent", s.net.CgroupParent, "--log-level", "debug",
+	if err := s.tryStart(extra...); err != nil {
+		s.t.Fatalf("%v (server log below)", err)
+	}
+}
+
+// tryStart starts the server and waits until it is healthy; it returns an
+// error if the server exits during start-up (or hangs).
+func (s *server) tryStart(extra ...string) error {
+	s.t.Helper()
+	args := []string{"serve", "--root", s.root, "--run-root", s.runRoot, "--listen", s.addr,
+		"--bridge", s.bridge, "--subnet", s.net.Subnet.String(), "--log-level", "debug",
 		// Tests pull only from their loopback registry: a typo in an image
 		// name must not reach out to a public registry.
-		"--allow-registry", "loopback"}, extra...)
-	s.cmd = exec.Command(s.bin, args...)
+		"--allow-registry", "loopback"}
+	if s.cgroupParent != "" {
+		args = append(args, "--cgroup-parent", s.cgroupParent)
+	}
+	s.cmd = exec.Command(s.bin, append(args, extra...)...)
 	s.cmd.Env = append(os.Environ(), "MOAT_API_KEY="+s.key, s.net.Env())
 	s.cmd.Stdout, s.cmd.Stderr = s.logf, s.logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -136,18 +152,18 @@ func (s *server) start(extra ...string) {
 		select {
 		case <-exited:
 			s.cmd = nil
-			s.t.Fatalf("server exited during start-up after %s: %v (server log below)", time.Since(start).Round(time.Millisecond), cmd.ProcessState)
+			return fmt.Errorf("server exited during start-up after %s: %v", time.Since(start).Round(time.Millisecond), cmd.ProcessState)
 		default:
 		}
 		resp, err := hc.Get("http://" + s.addr + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				return nil
 			}
 		}
 		if time.Since(start) > 2*time.Minute {
-			s.t.Fatalf("server did not become healthy within %s (server log below)", time.Since(start).Round(time.Second))
+			return fmt.Errorf("server did not become healthy within %s", time.Since(start).Round(time.Second))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
