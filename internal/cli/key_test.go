@@ -99,6 +99,13 @@ func TestKeyAndTenantVerbs(t *testing.T) {
 			t.Errorf("%v: exit %d, want 2 (%q)", args, code, errOut)
 		}
 	}
+	// An admin acts in one tenant with --as-tenant.
+	if out, _, code := as("root-key", "key", "whoami", "--as-tenant", "acme"); code != 0 || !strings.Contains(out, "acme") || strings.Contains(out, "all tenants") {
+		t.Errorf("whoami --as-tenant: %d %q", code, out)
+	}
+	if _, errOut, code := as("root-key", "sb", "ls", "--as-tenant", "nope"); code != 4 || !strings.Contains(errOut, "TENANT::NOT_FOUND") {
+		t.Errorf("--as-tenant of an unknown tenant: %d %q", code, errOut)
+	}
 	if _, _, code := as("root-key", "tenant", "rm", "acme"); code != 0 {
 		t.Errorf("tenant rm: %d", code)
 	}

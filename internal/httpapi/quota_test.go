@@ -99,7 +99,13 @@ func TestQuotaPoolClaims(t *testing.T) {
 	if code, _ := ta.do(t, "root", "PUT", "/v1/tenants/acme", `{"quota":{"sandboxes":2}}`); code != 200 {
 		t.Fatal("quota")
 	}
-	code, body := ta.do(t, "acme-operator", "POST", "/v1/sandboxes/batch", `{"count":3,"extensions":{"poolRef":"warm"}}`)
+	// A pool's idle buffer may not exceed the quota on its own.
+	code, body := ta.do(t, "acme-operator", "POST", "/v1/pools",
+		`{"name":"big","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"bufferMin":1,"bufferMax":3,"poolMin":0,"poolMax":10}}`)
+	if code != 403 || body["code"] != "TENANT::QUOTA_EXCEEDED" || !strings.Contains(fmt.Sprint(body["message"]), "pool big may keep 3 idle sandboxes") {
+		t.Errorf("pool beyond the quota: %d %v", code, body)
+	}
+	code, body = ta.do(t, "acme-operator", "POST", "/v1/sandboxes/batch", `{"count":3,"extensions":{"poolRef":"warm"}}`)
 	if code != 403 || body["code"] != "TENANT::QUOTA_EXCEEDED" {
 		t.Errorf("claim of 3 over a quota of 2: %d %v", code, body)
 	}

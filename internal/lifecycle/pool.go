@@ -121,8 +121,29 @@ func (s *Service) validatePool(ctx context.Context, p *Pool) error {
 		return errdefs.Invalid("POOL::INVALID_CAPACITY", fmt.Sprintf("capacitySpec needs poolMin <= poolMax, bufferMax <= poolMax and 1 <= poolMax <= %d", maxPoolSize))
 	}
 	// The template must be a valid create request on its own.
-	_, err := s.validate(ctx, p.Template.request())
-	return err
+	sb, err := s.validate(ctx, p.Template.request())
+	if err != nil {
+		return err
+	}
+	return s.poolWithinQuota(ctx, p, sb)
+}
+
+// poolWithinQuota refuses a pool whose idle sandboxes alone could exceed
+// its tenant's quota: idle sandboxes are not charged until claimed, so
+// without this bound a pool would hold resources beyond the quota.
+func (s *Service) poolWithinQuota(ctx context.Context, p *Pool, sb Sandbox) error {
+	if s.deps.Quotas == nil {
+		return nil
+	}
+	owner := ownerOf(ctx)
+	idle := max(p.Capacity.BufferMax, p.Capacity.PoolMin)
+	if err := s.deps.Quotas.Quota(owner).Admit(owner, tenant.Usage{}, idle, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
+		if pub, ok := errdefs.PublicOf(err); ok && pub.Code == tenant.CodeQuotaExceeded {
+			return errdefs.WithPublic(err, tenant.CodeQuotaExceeded, fmt.Sprintf("pool %s may keep %d idle sandboxes (max of bufferMax and poolMin), more than the quota allows: %s", p.Name, idle, pub.Message))
+		}
+		return err
+	}
+	return nil
 }
 
 // CreatePool defines a pool and starts filling it.
