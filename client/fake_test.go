@@ -11,7 +11,7 @@ import (
 )
 
 // fake is an httptest lifecycle server whose agent lives under /agent and
-// whose egress API under /sandboxes/{id}/egress, all on loopback.
+// whose egress API under /sandboxes/{id}/proxy/18080, all on loopback.
 type fake struct {
 	t   *testing.T
 	srv *httptest.Server
@@ -89,7 +89,7 @@ func (f *fake) withEndpoints() {
 		case "44772":
 			writeJSON(w, 200, map[string]any{"endpoint": f.host() + "/agent", "headers": map[string]string{"X-EXECD-ACCESS-TOKEN": agentToken}})
 		case "18080":
-			writeJSON(w, 200, map[string]any{"endpoint": f.host() + "/sandboxes/" + id + "/egress", "headers": map[string]string{"OPENSANDBOX-EGRESS-AUTH": egressToken}})
+			writeJSON(w, 200, map[string]any{"endpoint": f.host() + "/sandboxes/" + id + "/proxy/18080", "headers": map[string]string{"OPENSANDBOX-EGRESS-AUTH": egressToken}})
 		default:
 			writeJSON(w, 404, map[string]string{"code": "SANDBOX::NOT_FOUND", "message": "no"})
 		}

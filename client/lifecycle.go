@@ -79,6 +79,9 @@ type CreateRequest struct {
 	Extensions    map[string]string `json:"extensions,omitempty"`
 	Platform      *Platform         `json:"platform,omitempty"`
 	NetworkPolicy *NetworkPolicy    `json:"networkPolicy,omitempty"`
+	// CredentialProxy turns on the Credential Vault's intercepting proxy
+	// (needs NetworkPolicy); see SandboxHandle.CreateCredentialVault.
+	CredentialProxy *CredentialProxy `json:"credentialProxy,omitempty"`
 	// Volumes are host paths or named volumes (pvc) to mount.
 	Volumes []Volume `json:"volumes,omitempty"`
 }

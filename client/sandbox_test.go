@@ -375,7 +375,7 @@ func TestServerProxyOption(t *testing.T) {
 func TestEgressPolicy(t *testing.T) {
 	f, sb := agentFake(t)
 	var lastBody []byte
-	f.handle("/sandboxes/{id}/egress/policy", func(w http.ResponseWriter, r *http.Request) {
+	f.handle("/sandboxes/{id}/proxy/18080/policy", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("OPENSANDBOX-EGRESS-AUTH") != egressToken {
 			http.Error(w, "unauthorized", 401)
 			return

@@ -33,6 +33,7 @@ func NewRoot() *cobra.Command {
 		newFilesCommand(),
 		newShellCommand(),
 		newPoolCommand(),
+		newVaultCommand(),
 		newVolumeCommand(),
 		newMCPCommand(),
 		newKeyCommand(),

@@ -51,6 +51,9 @@ type createFlags struct {
 	quiet                                      bool
 	output                                     outputFormat
 	volumes                                    []string
+	networkPolicyFile                          string
+	credentialProxy                            bool
+	stdin                                      io.Reader // for --network-policy-file -
 }
 
 func (f *createFlags) register(cmd *cobra.Command, batch bool) {
@@ -65,6 +68,8 @@ func (f *createFlags) register(cmd *cobra.Command, batch bool) {
 	fl.StringArrayVar(&f.extensions, "extension", nil, "extension KEY=VALUE (repeatable)")
 	fl.StringVar(&f.pool, "pool", "", "claim from this warm pool (extension poolRef)")
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc, crun, runsc, docker (extension moat.runtime)")
+	fl.StringVar(&f.networkPolicyFile, "network-policy-file", "", `egress policy JSON file {"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]} ("-" for stdin)`)
+	fl.BoolVar(&f.credentialProxy, "credential-proxy", false, "turn on the Credential Vault's proxy (needs --network-policy-file); see moat credential-vault")
 	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount CLAIM[/SUBPATH]:PATH[:ro] (a named volume, created if missing) or /HOST/PATH:PATH[:ro] (repeatable)")
 	if batch {
 		fl.IntVarP(&f.count, "count", "n", 2, "number of sandboxes (all or nothing)")
@@ -111,6 +116,22 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 	}
 	if req.Volumes, err = parseVolumeFlags(f.volumes); err != nil {
 		return req, err
+	}
+	if f.networkPolicyFile != "" {
+		b, err := readBody(f.stdin, f.networkPolicyFile)
+		if err != nil {
+			return req, err
+		}
+		req.NetworkPolicy = &client.NetworkPolicy{}
+		if err := decodeBody(b, req.NetworkPolicy); err != nil {
+			return req, err
+		}
+	}
+	if f.credentialProxy {
+		if req.NetworkPolicy == nil {
+			return req, invalid("--credential-proxy needs --network-policy-file")
+		}
+		req.CredentialProxy = &client.CredentialProxy{Enabled: true}
 	}
 	for k, v := range map[string]string{"poolRef": f.pool, "moat.runtime": f.runtime} {
 		if v == "" {
@@ -159,6 +180,7 @@ all-or-nothing call.`,
 	}
 	f.register(cmd, batch)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		f.stdin = cmd.InOrStdin()
 		req, err := f.request(args)
 		if err != nil {
 			return err
