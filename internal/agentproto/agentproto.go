@@ -68,6 +68,12 @@ type SetTokenRequest struct {
 	Token string `json:"token"`
 }
 
+// TrustCAEnv carries a Credential Vault sandbox's CA certificate (PEM,
+// public) in the agent's environment; the agent installs it in the
+// sandbox's trust store before starting the entrypoint and, like every
+// MOAT_* variable, does not pass it on to children.
+const TrustCAEnv = "MOAT_TRUST_CA_PEM"
+
 // Paths inside every sandbox of the native and Docker runtimes: the
 // agent binary is bind-mounted read-only at BinPath and its config file
 // at ConfigPath.

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -42,7 +43,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
 	baseEnv := proc.ChildEnv(os.Environ())
 	// A Credential Vault sandbox trusts its CA before any child starts.
-	baseEnv = installTrust("/", os.Getenv(trustCAEnv), baseEnv, log)
+	baseEnv = installTrust("/", os.Getenv(agentproto.TrustCAEnv), baseEnv, log)
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)

@@ -9,11 +9,6 @@ import (
 	"strings"
 )
 
-// trustCAEnv carries a Credential Vault sandbox's CA certificate (PEM)
-// from the server (lifecycle.TrustCAEnv). Like every MOAT_* variable it is
-// not passed on to children.
-const trustCAEnv = "MOAT_TRUST_CA_PEM"
-
 // trustBundles are the system CA bundles of the common distributions, in
 // order of preference for the environment variables: Debian/Ubuntu and
 // Alpine, Alpine's and LibreSSL's cert.pem, RHEL/Fedora (two names of one
@@ -38,7 +33,8 @@ var trustSources = map[string]string{
 // default (Python requests, Node.js, OpenSSL-based tools) at it.
 var trustEnvVars = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"}
 
-// installTrust makes the sandbox trust the CA in $MOAT_TRUST_CA_PEM: it
+// installTrust makes the sandbox trust the CA in $MOAT_TRUST_CA_PEM
+// (agentproto.TrustCAEnv): it
 // appends the certificate to every system bundle present (once: a
 // restarted agent finds it there) or creates the Debian bundle if there is
 // none, and returns env with SSL_CERT_FILE, REQUESTS_CA_BUNDLE and

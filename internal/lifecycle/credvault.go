@@ -42,12 +42,6 @@ type credProxy struct {
 	state *vault.State // nil until POST /credential-vault
 }
 
-// TrustCAEnv carries the sandbox CA certificate (PEM) to the agent, which
-// installs it in the sandbox's trust store before starting the entrypoint
-// (internal/execd, trust.go). The agent strips MOAT_* variables from what
-// its children see.
-const TrustCAEnv = "MOAT_TRUST_CA_PEM"
-
 const codeUnsupported = "SANDBOX::API_NOT_SUPPORTED"
 
 // checkCredentialProxy validates credentialProxy on a create.

@@ -539,7 +539,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		if env == nil {
 			env = map[string]string{}
 		}
-		env[TrustCAEnv] = string(e.cred.ca.CertPEM())
+		env[agentproto.TrustCAEnv] = string(e.cred.ca.CertPEM())
 	}
 	spec := runtime.Spec{
 		ID:         sb.ID,
