@@ -19,7 +19,11 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
 // State is the backend-level state of a sandbox. It is coarser than the
@@ -236,6 +240,19 @@ type Volumes interface {
 	// backend can tell), ErrPermissionDenied for a volume the backend did
 	// not create and will not delete.
 	DeleteVolume(ctx context.Context, name string) error
+}
+
+// Deletable is the rule every backend applies before deleting volume v:
+// a volume it did not create is ErrPermissionDenied, one a sandbox mounts
+// is ErrFailedPrecondition.
+func (v Volume) Deletable() error {
+	if !v.Managed {
+		return fmt.Errorf("volume %q was not created by this moat server: %w", v.Name, errdefs.ErrPermissionDenied)
+	}
+	if len(v.Users) > 0 {
+		return fmt.Errorf("volume %q: in use by sandbox %s: %w", v.Name, strings.Join(v.Users, ", "), errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // VolumeSpec describes a named volume to create.

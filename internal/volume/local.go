@@ -275,7 +275,7 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 		return notFound(name)
 	}
 	if users, _ := s.users(name); len(users) > 0 {
-		return fmt.Errorf("volume %q: in use by sandbox %s: %w", name, strings.Join(users, ", "), errdefs.ErrFailedPrecondition)
+		return runtime.Volume{Name: name, Managed: true, Users: users}.Deletable()
 	}
 	if err := unmountFS(filepath.Join(dir, fsDir)); err != nil {
 		return err

@@ -165,11 +165,8 @@ func (r *Runtime) DeleteVolume(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !v.Managed {
-		return fmt.Errorf("volume %q was not created by this moat server: %w", name, errdefs.ErrPermissionDenied)
-	}
-	if len(v.Users) > 0 {
-		return fmt.Errorf("volume %q: in use by sandbox %s: %w", name, strings.Join(v.Users, ", "), errdefs.ErrFailedPrecondition)
+	if err := v.Deletable(); err != nil {
+		return err
 	}
 	if _, err := r.cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{}); err != nil {
 		if cerrdefs.IsNotFound(err) {

@@ -177,11 +177,8 @@ func (r *Runtime) DeleteVolume(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !v.Managed {
-		return fmt.Errorf("volume %q was not created by this moat server: %w", name, errdefs.ErrPermissionDenied)
-	}
-	if len(v.Users) > 0 {
-		return fmt.Errorf("volume %q: in use by sandbox %s: %w", name, strings.Join(v.Users, ", "), errdefs.ErrFailedPrecondition)
+	if err := v.Deletable(); err != nil {
+		return err
 	}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: name}}
 	if err := r.c.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
