@@ -42,6 +42,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	gorunc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
@@ -210,7 +211,8 @@ type Runtime struct {
 	// collected into helpers.
 	helpers    map[int]uint64
 	runscInits map[int]bool
-	sawRunsc   bool // a runsc sandbox was started: scan for orphaned helpers (guarded by reapMu)
+	sawRunsc   bool                 // a runsc sandbox was started: scan for orphaned helpers (guarded by reapMu)
+	zombies    map[zombie]time.Time // untracked zombie children seen on the last pass, since when (guarded by reapMu)
 	stop       chan struct{}
 	done       chan struct{}
 

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -517,5 +518,35 @@ func TestListDuringCreate(t *testing.T) {
 	}
 	if st, err := r.Status(ctx, id); err != nil || st.State != runtime.StateRunning {
 		t.Fatalf("Status after the create: %+v %v", st, err)
+	}
+}
+
+// TestReapsInheritedOrphans: the server, as subreaper, reaps every orphan
+// it inherits, not only the sandbox inits it tracks: a grandchild whose
+// parent exited becomes its child and, once dead, must not stay a zombie.
+func TestReapsInheritedOrphans(t *testing.T) {
+	newEnv(t, "runc", nil).open(t) // the test process is now the subreaper
+	out, err := exec.Command("sh", "-c", "sleep 0.3 >/dev/null 2>&1 & echo $!").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("orphan pid %q", out)
+	}
+	if st, ok := readProcStat(pid); !ok || st.ppid != os.Getpid() {
+		t.Fatalf("the orphan %d was not inherited by the subreaper (%+v, %v)", pid, st, ok)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var st procStat
+	for {
+		var ok bool
+		if st, ok = readProcStat(pid); !ok || st.ppid != os.Getpid() {
+			break // reaped (or the pid is another process's now)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d still %c as the subreaper's child after 30 s", pid, st.state)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

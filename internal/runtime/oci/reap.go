@@ -5,6 +5,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // Reaping as a child subreaper: sandbox inits (their exit codes go to
-// sandboxes/<id>/exit) and the helper processes runsc leaves behind.
+// sandboxes/<id>/exit), the helper processes runsc leaves behind, and any
+// other orphan the server inherits.
 
 // track registers a container init for reaping (if Subreaper is on).
 func (r *Runtime) track(pid int, id string) {
@@ -128,5 +130,70 @@ func (r *Runtime) reap() {
 		unix.Wait4(pid, nil, unix.WNOHANG, nil)
 		delete(r.helpers, pid)
 	}
-	r.reapOrphanHelpersLocked()
+	r.reapOrphansLocked()
+}
+
+// reapOrphansLocked reaps the zombie children nobody waits for: orphans
+// this subreaper inherited (the processes of a sandbox whose init left
+// them behind, a dead runtime CLI's children, ...), whatever their name.
+// os/exec reaps its own children in Cmd.Wait, normally the moment they
+// exit, and at worst (a child that exits before its caller reached Wait)
+// a scheduling delay later: a zombie child that has been one for
+// orphanGrace is one nobody will wait for. Tracked sandbox inits are left
+// to reap, which records their exit codes. gVisor's helpers (comm "exe":
+// sandbox, gofer and ptrace stubs re-exec /proc/self/exe, and nothing
+// else this process starts is called that) are reaped at once. The caller
+// holds reapMu.
+func (r *Runtime) reapOrphansLocked() {
+	self := os.Getpid()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	seen := map[zombie]time.Time{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, tracked := r.reapPids[pid]; tracked {
+			continue
+		}
+		st, ok := readProcStat(pid)
+		if !ok || st.state != 'Z' || st.ppid != self {
+			continue
+		}
+		z := zombie{pid, st.start}
+		first, before := r.zombies[z]
+		if !before {
+			first = now
+		}
+		if now.Sub(first) < orphanGrace && !(r.sawRunsc && procComm(pid) == "exe") {
+			seen[z] = first
+			continue
+		}
+		unix.Wait4(pid, nil, unix.WNOHANG, nil)
+		delete(r.helpers, pid)
+	}
+	r.zombies = seen
+}
+
+// orphanGrace is how long a zombie child stays before reapOrphansLocked
+// takes it for an orphan.
+const orphanGrace = 5 * time.Second
+
+// zombie identifies a process across PID reuse.
+type zombie struct {
+	pid   int
+	start uint64
+}
+
+// procComm is the command name of pid ("" if gone).
+func procComm(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

@@ -224,36 +224,3 @@ func descendants(pid int) []int {
 	}
 	return out
 }
-
-// reapOrphanHelpersLocked reaps zombie children of this process whose
-// command name is "exe": gVisor's sandbox, gofer and ptrace stubs re-exec
-// /proc/self/exe, and helpers that started and died between two
-// collections are never in r.helpers. Nothing else this process starts is
-// called "exe" (runtime CLIs run as runc/crun/runsc), so os/exec's own
-// children are never waited for here. The caller holds reapMu.
-func (r *Runtime) reapOrphanHelpersLocked() {
-	if len(r.runscInits) == 0 && len(r.helpers) == 0 && !r.sawRunsc {
-		return
-	}
-	self := os.Getpid()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, ok := readProcStat(pid)
-		if !ok || st.state != 'Z' || st.ppid != self {
-			continue
-		}
-		comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
-		if err != nil || strings.TrimSpace(string(comm)) != "exe" {
-			continue
-		}
-		unix.Wait4(pid, nil, unix.WNOHANG, nil)
-		delete(r.helpers, pid)
-	}
-}
