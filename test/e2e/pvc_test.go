@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/testutil"
 	"github.com/moat-sandbox/moat/internal/volume"
@@ -220,6 +221,37 @@ func TestNamedVolumes(t *testing.T) {
 	}
 	srv.do("DELETE", "/v1/sandboxes/"+fork.ID, nil)
 	srv.do("DELETE", "/v1/snapshots/"+sn.ID, nil)
+
+	// A pool whose template mounts the claim: its warm sandboxes share it,
+	// a claimed one reads the data, and the pool keeps it in use.
+	srv.mustJSON(201, "POST", "/v1/pools", map[string]any{
+		"name": "pvc-pool",
+		"template": map[string]any{"image": map[string]string{"uri": p.ref}, "entrypoint": []string{"tail", "-f", "/dev/null"},
+			"volumes": []map[string]any{pvcVol("data", claim, "/data", map[string]any{"readOnly": true}, nil)}},
+		"capacitySpec": map[string]int{"bufferMin": 1, "bufferMax": 1, "poolMin": 0, "poolMax": 3},
+	}, nil)
+	var claimed sandboxResp
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var pl struct{ Status struct{ Available int } }
+		srv.mustJSON(200, "GET", "/v1/pools/pvc-pool", nil, &pl)
+		if pl.Status.Available == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never warmed: %+v", pl)
+		}
+	}
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"extensions": map[string]string{"poolRef": "pvc-pool"}, "timeout": 300}, &claimed)
+	if out := p.sh(claimed.ID, "cat /data/crash.txt; touch /data/x 2>/dev/null || echo read-only"); out != "before-crash\nread-only" {
+		t.Errorf("a sandbox claimed from the pool sees %q", out)
+	}
+	srv.do("DELETE", "/v1/sandboxes/"+claimed.ID, nil)
+	if code, _, _ := srv.do("DELETE", "/v1/volumes/"+claim, nil); code != 409 {
+		t.Errorf("delete of a volume the pool's warm sandboxes mount: %d, want 409", code)
+	}
+	if code, body, _ := srv.do("DELETE", "/v1/pools/pvc-pool", nil); code != 204 {
+		t.Fatalf("delete pool: %d %s", code, body)
+	}
 
 	// kill -9 with the sandbox running: it keeps its volume, and the new
 	// server knows it is in use.
