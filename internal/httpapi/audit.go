@@ -16,17 +16,22 @@ type AuditSink interface {
 
 // audited reports whether a request is recorded in the audit log: every
 // mutating method (POST, PUT, PATCH, DELETE) on every route, including
-// the egress policy API and rejected (401, 404) calls, except the server
-// proxy: it is the data plane (user traffic to sandbox ports), not a
-// control-plane change.
+// the egress API (policy and Credential Vault changes) and rejected (401,
+// 404) calls, except the server proxy: it is the data plane (user traffic
+// to sandbox ports), not a control-plane change. Port 18080 through the
+// proxy is the egress API, so it is audited.
 func audited(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
 	default:
 		return false
 	}
-	_, kind := sandboxOfPath(r.URL.Path)
-	return kind != "proxy"
+	id, kind := sandboxOfPath(r.URL.Path)
+	if kind == "proxy" {
+		rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1"), "/sandboxes/"+id+"/proxy/")
+		return rest == "18080" || strings.HasPrefix(rest, "18080/")
+	}
+	return true
 }
 
 // sandboxOfPath returns the sandbox ID named by an API path and the path
