@@ -46,7 +46,7 @@ func (u *upstream) last(t *testing.T) seen {
 // startUpstream serves on loopback. With ca it serves TLS with a leaf
 // for names signed by ca. Its handler echoes the request headers in the
 // body and in an X-Echo header, like httpbin, to exercise scrubbing.
-func startUpstream(t *testing.T, ca *CA, names ...string) *upstream {
+func startUpstream(t testing.TB, ca *CA, names ...string) *upstream {
 	t.Helper()
 	u := &upstream{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,7 +85,7 @@ func startUpstream(t *testing.T, ca *CA, names ...string) *upstream {
 // a fake destination, and a dialer mapping fake destinations to the
 // loopback upstreams.
 type rig struct {
-	t        *testing.T
+	t        testing.TB
 	p        *Proxy
 	cl       *Client
 	sbCA     *CA // the sandbox CA (what the sandbox trusts)
@@ -98,7 +98,7 @@ type rig struct {
 	serving  sync.WaitGroup
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	sbCA, err := NewCA("sb-test")
 	if err != nil {
@@ -177,7 +177,7 @@ func pool(ca *CA) *x509.CertPool {
 	return p
 }
 
-func rules(t *testing.T, body string) *vault.Rules {
+func rules(t testing.TB, body string) *vault.Rules {
 	t.Helper()
 	req, err := vault.DecodeCreate([]byte(body))
 	if err != nil {
