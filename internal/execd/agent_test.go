@@ -119,8 +119,16 @@ func (a *agentProc) wait(t *testing.T, d time.Duration) error {
 }
 
 func TestAgentEntrypointAndSIGTERM(t *testing.T) {
-	marker := t.TempDir() + "/term"
-	a := startAgent(t, false, "tok", "sh", "-c", "trap 'touch "+marker+"; exit 0' TERM; while :; do sleep 0.05; done")
+	dir := t.TempDir()
+	marker, ready := dir+"/term", dir+"/ready"
+	// The entrypoint says when its trap is set: a SIGTERM that arrives before
+	// the shell ran `trap` (likely on a loaded machine) kills it untrapped.
+	a := startAgent(t, false, "tok", "sh", "-c", "trap 'touch "+marker+"; exit 0' TERM; touch "+ready+"; while :; do sleep 0.05; done")
+	for deadline := time.Now().Add(10 * time.Second); !fileExists(ready); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("entrypoint did not start within 10s")
+		}
+	}
 	evs := a.run(t, "tok", `echo "${EXECD_ACCESS_TOKEN:-none} ${MOAT_LEAK:-none}"`)
 	if evs[1].Text != "none none" {
 		t.Fatalf("child env leaks agent vars: %+v", evs)
