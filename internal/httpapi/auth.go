@@ -74,6 +74,9 @@ func (s *Server) Routes() []Route {
 		}
 		out = append(out, Route{Method: m, Pattern: path, Access: rt.access})
 	}
+	if s.cfg.Metrics != nil {
+		out = append(out, Route{Method: "GET", Pattern: "/metrics", Access: tenant.AccessAdmin})
+	}
 	return out
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/tenant"
@@ -104,7 +105,8 @@ func newTenantAPI(t *testing.T, cfg lifecycle.Config, deps lifecycle.Deps) *tena
 			ta.ids[tn+"-"+string(role)] = k.ID
 		}
 	}
-	ta.api = httpapi.New(httpapi.Config{Auth: reg, Sessions: cookieSessions{reg}, Audit: ta.audit}, svc, log)
+	ta.api = httpapi.New(httpapi.Config{Auth: reg, Sessions: cookieSessions{reg}, Audit: ta.audit,
+		Metrics: metrics.New(metrics.Options{})}, svc, log)
 	ta.srv = httptest.NewServer(ta.api.Handler())
 	t.Cleanup(func() { ta.srv.Close(); svc.Close(); rt.Close(); db.Close() })
 	return ta
