@@ -2,6 +2,7 @@ package cli
 
 import (
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -37,14 +38,14 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.Root, "root", cfg.Root, "state directory")
 	f.StringVar(&cfg.RunRoot, "run-root", cfg.RunRoot, "runtime state directory (tmpfs)")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup that native sandboxes are created under (<parent>/<id>)")
-	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: oci, docker, kubernetes or fake")
+	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: "+strings.Join(server.Backends(), ", "))
 	f.StringVar(&cfg.Kubernetes.Kubeconfig, "kubeconfig", "", "kubeconfig for --runtime kubernetes (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
 	f.StringVar(&cfg.AgentPath, "agent-path", "", "in-sandbox agent binary for the oci and docker runtimes (a static cmd/moat-agent build; default: the one moat carries)")
 	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address for --runtime docker (default unix:///var/run/docker.sock)")
-	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime: runc, crun or runsc")
+	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime of the oci backend: "+strings.Join(server.RuntimeClasses(), ", "))
 	f.StringVar(&cfg.APIKey, "api-key", "", "API key (prefer $MOAT_API_KEY or --api-key-file: argv is visible to other users)")
 	f.StringVar(&cfg.APIKeyFile, "api-key-file", "", "file holding the API key (default <root>/api-key)")
 	f.BoolVar(&cfg.NoAuth, "insecure-no-auth", false, "disable API-key authentication")

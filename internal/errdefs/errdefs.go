@@ -11,6 +11,7 @@ package errdefs
 
 import (
 	"errors"
+	"fmt"
 )
 
 // Error classes. Every error returned by a moat package should wrap one of
@@ -73,6 +74,14 @@ func (e *Public) Unwrap() error { return e.Err }
 // message.
 func WithPublic(err error, code, message string) error {
 	return &Public{Code: code, Message: message, Err: err}
+}
+
+// Newf returns an error of class whose message is safe for API clients,
+// without an API code: the API edge chooses the code from the class (and
+// from the reasons it knows). Backends and other domain packages use it;
+// only the edge speaks wire codes.
+func Newf(class error, format string, args ...any) error {
+	return &Public{Message: fmt.Sprintf(format, args...), Err: class}
 }
 
 // Invalid returns an ErrInvalidArgument with a public message.

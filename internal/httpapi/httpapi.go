@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -95,9 +96,29 @@ func New(cfg Config, svc *lifecycle.Service, log *slog.Logger) *Server {
 	return s
 }
 
-// codeOf maps error classes to Lifecycle API codes.
+// reasons are the domain errors that have their own Lifecycle API code;
+// every other error is answered by its class. Backends and the image
+// store return classes (and these reasons) only: the wire codes live here.
+var reasons = []struct {
+	err  error
+	code string
+}{
+	{image.ErrInvalidReference, "IMAGE::INVALID_REFERENCE"},
+	{image.ErrUnknownImage, "IMAGE::NOT_FOUND"},
+	{image.ErrRegistryNotAllowed, "IMAGE::REGISTRY_NOT_ALLOWED"},
+	{image.ErrPull, "IMAGE::PULL_FAILED"},
+	{runtime.ErrCheckpointMissing, "SNAPSHOT::IMAGE_MISSING"},
+	{runtime.ErrSubPathUnsupported, "VOLUME::PVC_SUBPATH_UNSUPPORTED_DRIVER"},
+}
+
+// codeOf maps error classes (and reasons) to Lifecycle API codes.
 func codeOf(err error) (int, string) {
 	status, code := web.StatusOf(err)
+	for _, r := range reasons {
+		if errors.Is(err, r.err) {
+			return status, r.code
+		}
+	}
 	switch {
 	case errors.Is(err, errdefs.ErrUnauthenticated):
 		code = "INVALID_API_KEY"

@@ -57,7 +57,26 @@
 package image
 
 import (
+	"errors"
 	"time"
+)
+
+// Reasons the store gives for some failures, each wrapped together with an
+// errdefs class. The store speaks classes only; the API edge answers these
+// reasons with their own wire codes (IMAGE::...).
+var (
+	// ErrInvalidReference: a reference that does not parse (with
+	// errdefs.ErrInvalidArgument).
+	ErrInvalidReference = errors.New("invalid image reference")
+	// ErrUnknownImage: no image of that name or ID in the store (with
+	// errdefs.ErrNotFound).
+	ErrUnknownImage = errors.New("image not in the store")
+	// ErrRegistryNotAllowed: the registry is outside the allowed ones
+	// (with errdefs.ErrPermissionDenied).
+	ErrRegistryNotAllowed = errors.New("registry not allowed")
+	// ErrPull: a pull failed at the registry or on the way (with the class
+	// of the failure).
+	ErrPull = errors.New("pull failed")
 )
 
 // Config is the runtime-relevant part of an OCI image config.

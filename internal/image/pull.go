@@ -327,7 +327,7 @@ func classifyRemote(ctx context.Context, ref string, err error) error {
 	case errdefs.IsInvalidArgument(err), errdefs.IsNotFound(err), errdefs.IsConflict(err), errdefs.IsNotImplemented(err):
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
-	return errdefs.WithPublic(fmt.Errorf("pull %s: %w: %w", ref, err, class), "IMAGE::PULL_FAILED", msg)
+	return errdefs.WithPublic(fmt.Errorf("pull %s: %w: %w: %w", ref, err, ErrPull, class), "", msg)
 }
 
 func hasCode(te *transport.Error, codes ...transport.ErrorCode) bool {

@@ -58,6 +58,6 @@ func (o *options) registryAllowed(registry string) error {
 			return nil
 		}
 	}
-	return errdefs.WithPublic(fmt.Errorf("registry %s is not in this server's allowed registries: %w", registry, errdefs.ErrPermissionDenied),
-		"IMAGE::REGISTRY_NOT_ALLOWED", fmt.Sprintf("pulls from registry %s are not allowed by this server's configuration", registry))
+	return errdefs.WithPublic(fmt.Errorf("registry %s is not in this server's allowed registries: %w: %w", registry, ErrRegistryNotAllowed, errdefs.ErrPermissionDenied),
+		"", fmt.Sprintf("pulls from registry %s are not allowed by this server's configuration", registry))
 }

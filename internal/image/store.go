@@ -251,12 +251,12 @@ func NormalizeName(ref string) (string, error) {
 
 func parseRef(ref string) (name.Reference, error) {
 	if strings.TrimSpace(ref) == "" {
-		return nil, errdefs.Invalid("IMAGE::INVALID_REFERENCE", "image reference is empty")
+		return nil, errdefs.WithPublic(fmt.Errorf("%w: %w", ErrInvalidReference, errdefs.ErrInvalidArgument), "", "image reference is empty")
 	}
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return nil, errdefs.WithPublic(fmt.Errorf("parse %q: %v: %w", ref, err, errdefs.ErrInvalidArgument),
-			"IMAGE::INVALID_REFERENCE", fmt.Sprintf("invalid image reference %q", ref))
+		return nil, errdefs.WithPublic(fmt.Errorf("parse %q: %v: %w: %w", ref, err, ErrInvalidReference, errdefs.ErrInvalidArgument),
+			"", fmt.Sprintf("invalid image reference %q", ref))
 	}
 	return r, nil
 }
@@ -289,8 +289,8 @@ func lookup(idx *indexFile, ref string) (Image, error) {
 			return Image{}, fmt.Errorf("image ID prefix %q is ambiguous: %w", ref, errdefs.ErrInvalidArgument)
 		}
 	}
-	return Image{}, errdefs.WithPublic(fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound),
-		"IMAGE::NOT_FOUND", fmt.Sprintf("image %q not found", ref))
+	return Image{}, errdefs.WithPublic(fmt.Errorf("image %q: %w: %w", ref, ErrUnknownImage, errdefs.ErrNotFound),
+		"", fmt.Sprintf("image %q not found", ref))
 }
 
 func isHex(s string) bool {

@@ -242,8 +242,8 @@ func parseBytes(field, v string) (int64, error) {
 		return 0, bad
 	}
 	b := int64(f * float64(mult))
-	if field == "resourceLimits.memory" && b < 4<<20 {
-		return 0, errdefs.Invalid(codeInvalid, fmt.Sprintf("resourceLimits.memory: %q is below the 4Mi minimum", v))
+	if field == "resourceLimits.memory" && b < runtime.MinMemoryBytes {
+		return 0, errdefs.Invalid(codeInvalid, fmt.Sprintf("resourceLimits.memory: %q is below the %dMi minimum", v, runtime.MinMemoryBytes>>20))
 	}
 	return b, nil
 }

@@ -805,7 +805,7 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 // Pause freezes a Running sandbox; it returns once it is Paused.
 func (s *Service) Pause(ctx context.Context, id string) error {
 	p, ok := s.deps.Runtime.(runtime.Pauser)
-	if !ok || !s.deps.Runtime.Capabilities().Pause {
+	if !ok {
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot pause sandboxes")
 	}
 	e, err := s.get(ctx, id)
@@ -829,7 +829,7 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 // Resume thaws a Paused sandbox; it returns once it is Running.
 func (s *Service) Resume(ctx context.Context, id string) error {
 	p, ok := s.deps.Runtime.(runtime.Pauser)
-	if !ok || !s.deps.Runtime.Capabilities().Pause {
+	if !ok {
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot resume sandboxes")
 	}
 	e, err := s.get(ctx, id)

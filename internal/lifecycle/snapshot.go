@@ -155,7 +155,7 @@ func imageRef(sb *Sandbox) string {
 
 func (s *Service) snapshotter() (runtime.Snapshotter, error) {
 	sn, ok := s.deps.Runtime.(runtime.Snapshotter)
-	if !ok || s.deps.Committer == nil || !s.deps.Runtime.Capabilities().Snapshot {
+	if !ok || s.deps.Committer == nil {
 		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot snapshot sandboxes")
 	}
 	return sn, nil
@@ -262,7 +262,7 @@ func (s *Service) capture(ctx context.Context, snapper runtime.Snapshotter, id s
 	if err != nil {
 		return err
 	}
-	if p, ok := s.deps.Runtime.(runtime.Pauser); ok && running && s.deps.Runtime.Capabilities().Pause {
+	if p, ok := s.deps.Runtime.(runtime.Pauser); ok && running {
 		if err := p.Pause(ctx, id); err != nil {
 			return fmt.Errorf("freeze %s for snapshot: %w", id, err)
 		}

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/tenant"
-	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Tenancy. Every sandbox, pool and snapshot records the tenant that owns
@@ -68,7 +68,7 @@ func volumeOwner(key string) string {
 // only resolves for a scope that sees that tenant. ok is false for a name
 // that cannot be a volume of the scope.
 func volumeLookup(ctx context.Context, name string) (key string, ok bool) {
-	if !volume.ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return "", false
 	}
 	if strings.Contains(name, ".") {

@@ -148,7 +148,7 @@ func volumeMounts(vols []Volume, allowed []string, evalSymlinks func(string) (st
 			return nil, nil, errdefs.Invalid(codeInvalidMountPath, fmt.Sprintf("%s.mountPath %s is used twice", at, dest))
 		}
 		dests[dest] = true
-		if err := volume.CheckSubPath(v.SubPath); err != nil {
+		if err := runtime.CheckSubPath(v.SubPath); err != nil {
 			return nil, nil, errdefs.Invalid(codeInvalidSubPath, fmt.Sprintf("%s.subPath %q must be a relative path inside the volume, without '..'", at, v.SubPath))
 		}
 		if v.PVC != nil {
@@ -172,7 +172,7 @@ func volumeMounts(vols []Volume, allowed []string, evalSymlinks func(string) (st
 // pvcClaim validates the pvc backend of volumes[i] (at).
 func pvcClaim(at string, p *PVCVolume) (Claim, error) {
 	// No dots: "<tenant>.<claim>" is the runtime name of a tenant's claim.
-	if !volume.ValidName(p.ClaimName) || strings.Contains(p.ClaimName, ".") {
+	if !runtime.ValidVolumeName(p.ClaimName) || strings.Contains(p.ClaimName, ".") {
 		return Claim{}, errdefs.Invalid(codeInvalidPVCName, fmt.Sprintf("%s.pvc.claimName %q: want a Kubernetes resource name (a-z, 0-9, '-', starting and ending alphanumeric, at most 253)", at, p.ClaimName))
 	}
 	c := Claim{Name: p.ClaimName, Create: p.CreateIfNotExists == nil || *p.CreateIfNotExists,
@@ -187,7 +187,7 @@ func pvcClaim(at string, p *PVCVolume) (Claim, error) {
 		}
 		c.SizeBytes = n
 	}
-	if p.StorageClass != "" && !volume.ValidName(p.StorageClass) {
+	if p.StorageClass != "" && !runtime.ValidVolumeName(p.StorageClass) {
 		return Claim{}, errdefs.Invalid(codeInvalidVolume, fmt.Sprintf("%s.pvc.storageClass %q is not a valid name", at, p.StorageClass))
 	}
 	for _, m := range p.AccessModes {

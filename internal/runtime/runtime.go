@@ -19,6 +19,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -137,19 +138,23 @@ type Status struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
-// Capabilities report optional features, so callers can refuse early
-// instead of failing at runtime.
+// Capabilities describe what a backend offers beyond the interface. The
+// optional features themselves (pause, snapshots, checkpoints, logs,
+// volumes) are the optional interfaces below, discovered by type assertion:
+// a backend implements one only if it can do it, and a method that cannot
+// serve one sandbox (e.g. a class without checkpoints) answers
+// ErrNotImplemented.
 type Capabilities struct {
-	Pause    bool     `json:"pause"`
-	Classes  []string `json:"classes,omitempty"` // accepted Spec.Class values
-	Snapshot bool     `json:"snapshot"`
+	// Classes are the accepted Spec.Class values (the first-class flavours
+	// of the backend, e.g. the installed OCI runtimes).
+	Classes []string `json:"classes,omitempty"`
 }
 
 // Runtime is a sandbox backend.
 type Runtime interface {
 	// Name is the backend name ("oci", "docker", "kubernetes", "fake").
 	Name() string
-	// Capabilities reports optional features.
+	// Capabilities describes the backend (see Capabilities).
 	Capabilities() Capabilities
 	// Create sets up all resources and starts the agent. It returns once the
 	// agent process has been started (not necessarily listening yet). On
@@ -225,7 +230,7 @@ type LogTrimmer interface {
 
 // Volumes is implemented by backends that keep named volumes (OpenSandbox's
 // runtime-neutral `pvc` backend): storage that outlives the sandboxes
-// mounting it (Mount.Volume). Names follow volume.ValidName.
+// mounting it (Mount.Volume). Names follow ValidVolumeName.
 type Volumes interface {
 	// CreateVolume makes a volume; ErrAlreadyExists if the name is taken,
 	// ErrInvalidArgument for a size the backend cannot provide.
@@ -289,3 +294,12 @@ type Volume struct {
 	StorageClass string   `json:"storageClass,omitempty"`
 	AccessModes  []string `json:"accessModes,omitempty"`
 }
+
+// ErrCheckpointMissing marks a Spec.Checkpoint (or the memory image of a
+// snapshot) the backend no longer has; it comes wrapped with
+// errdefs.ErrFailedPrecondition.
+var ErrCheckpointMissing = errors.New("checkpoint missing")
+
+// ErrSubPathUnsupported marks a volume subPath the backend's volume driver
+// cannot mount; it comes wrapped with errdefs.ErrInvalidArgument.
+var ErrSubPathUnsupported = errors.New("volume subPath not supported by the driver")

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
@@ -31,6 +33,14 @@ type backend struct {
 // factory builds a backend; ctx bounds its start-up, run lives as long as
 // the server (for background services such as the DNS proxy).
 type factory func(ctx, run context.Context, cfg Config, d deps) (backend, error)
+
+// Backends returns the names of the backends this build offers, sorted:
+// the values --runtime accepts.
+func Backends() []string { return slices.Sorted(maps.Keys(backends())) }
+
+// RuntimeClasses returns the OCI runtime classes --runtime-class accepts
+// (none on a platform without the native backend).
+func RuntimeClasses() []string { return platformClasses() }
 
 // backends is the explicit backend table; backends_linux.go adds "oci".
 func backends() map[string]factory {

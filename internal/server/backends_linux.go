@@ -27,6 +27,8 @@ func addPlatformBackends(m map[string]factory) {
 	m["oci"] = newOCI
 }
 
+func platformClasses() []string { return oci.KnownClasses() }
+
 // newOCI builds the native backend: the sandbox network (bridge, host
 // firewall and NAT), the shared egress DNS proxy on the bridge gateway, and
 // the OCI runtime whose sandboxes use that proxy as their resolver.

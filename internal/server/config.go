@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -211,15 +212,11 @@ func (c *Config) Validate() error {
 	if cg := filepath.Clean(c.CgroupParent); !filepath.IsAbs(c.CgroupParent) || cg != c.CgroupParent || cg == "/" {
 		errs = append(errs, fmt.Errorf("cgroup-parent %q must be a clean absolute path below /", c.CgroupParent))
 	}
-	switch c.Runtime {
-	case "oci", "docker", "fake", "kubernetes":
-	default:
-		errs = append(errs, fmt.Errorf("runtime %q: want oci, docker, kubernetes or fake", c.Runtime))
+	if !slices.Contains(Backends(), c.Runtime) {
+		errs = append(errs, fmt.Errorf("runtime %q: want one of %s", c.Runtime, strings.Join(Backends(), ", ")))
 	}
-	switch c.RuntimeClass {
-	case "runc", "crun", "runsc":
-	default:
-		errs = append(errs, fmt.Errorf("runtime-class %q: want runc, crun or runsc", c.RuntimeClass))
+	if classes := RuntimeClasses(); c.Runtime == "oci" && !slices.Contains(classes, c.RuntimeClass) {
+		errs = append(errs, fmt.Errorf("runtime-class %q: want one of %s", c.RuntimeClass, strings.Join(classes, ", ")))
 	}
 	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 28 || p.Bits() < 8 {
 		errs = append(errs, fmt.Errorf("subnet %q: want an IPv4 prefix between /8 and /28", c.Subnet))

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -25,18 +24,6 @@ import (
 // DefaultSize is the capacity of a volume created without a size (the
 // size upstream OpenSandbox gives a PersistentVolumeClaim it creates).
 const DefaultSize = 1 << 30
-
-var namePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-
-// ValidName reports whether name is a valid volume name: a Kubernetes
-// resource name (DNS labels joined by dots), at most 253 characters.
-// Every backend can use it as is (a directory name, a Docker volume name,
-// a PVC name); "." and ".." cannot match. Claim names of the API have no
-// dots (as upstream OpenSandbox checks claimName); the lifecycle puts a
-// tenant's volumes in their own namespace as "<tenant>.<claim>".
-func ValidName(name string) bool {
-	return len(name) <= 253 && namePattern.MatchString(name)
-}
 
 // Store keeps the native runtime's named volumes under one directory:
 //
@@ -144,7 +131,7 @@ func (s *Store) dir(name string) string { return filepath.Join(s.root, name) }
 // Create makes a volume of spec.SizeBytes (0 = the default size).
 // ErrAlreadyExists if the name is taken.
 func (s *Store) Create(ctx context.Context, spec runtime.VolumeSpec) (runtime.Volume, error) {
-	if !ValidName(spec.Name) {
+	if !runtime.ValidVolumeName(spec.Name) {
 		return runtime.Volume{}, fmt.Errorf("volume name %q: %w", spec.Name, errdefs.ErrInvalidArgument)
 	}
 	size := spec.SizeBytes
@@ -197,7 +184,7 @@ func (s *Store) Create(ctx context.Context, spec runtime.VolumeSpec) (runtime.Vo
 
 // info reads one volume; the caller holds its lock (or accepts a racy view).
 func (s *Store) info(name string) (runtime.Volume, error) {
-	if !ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return runtime.Volume{}, notFound(name)
 	}
 	dir := s.dir(name)
@@ -246,7 +233,7 @@ func (s *Store) List(ctx context.Context) ([]runtime.Volume, error) {
 	}
 	var out []runtime.Volume
 	for _, e := range ents {
-		if !e.IsDir() || !ValidName(e.Name()) {
+		if !e.IsDir() || !runtime.ValidVolumeName(e.Name()) {
 			continue
 		}
 		v, err := s.info(e.Name())
@@ -265,7 +252,7 @@ func (s *Store) List(ctx context.Context) ([]runtime.Volume, error) {
 // Delete removes a volume and its data. ErrNotFound if there is none;
 // ErrFailedPrecondition while a sandbox uses it.
 func (s *Store) Delete(ctx context.Context, name string) error {
-	if !ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return notFound(name)
 	}
 	unlock := s.lock(name)
@@ -302,7 +289,7 @@ func (s *Store) removeDir(dir string) error {
 // returns the host path of the volume's mounted filesystem root.
 // ErrNotFound if the volume does not exist. Acquiring twice is fine.
 func (s *Store) Acquire(ctx context.Context, name, user string) (string, error) {
-	if !ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return "", notFound(name)
 	}
 	if user == "" || strings.ContainsAny(user, "/\x00") || strings.HasPrefix(user, ".") {
@@ -332,7 +319,7 @@ func (s *Store) Acquire(ctx context.Context, name, user string) (string, error) 
 // Release drops user from volume name's users and unmounts the volume's
 // filesystem when it was the last. An unknown volume or user is fine.
 func (s *Store) Release(name, user string) error {
-	if !ValidName(name) || user == "" || strings.ContainsAny(user, "/\x00") {
+	if !runtime.ValidVolumeName(name) || user == "" || strings.ContainsAny(user, "/\x00") {
 		return nil
 	}
 	unlock := s.lock(name)
@@ -362,7 +349,7 @@ func (s *Store) Sweep(live func(user string) bool) error {
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
-		if !e.IsDir() || !ValidName(name) {
+		if !e.IsDir() || !runtime.ValidVolumeName(name) {
 			continue
 		}
 		unlock := s.lock(name)

@@ -5,37 +5,19 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // ErrSubPath marks a subPath that cannot be mounted: one that leads out
 // of the volume (through ".." or a symlink) or through a file. It comes
 // wrapped with errdefs.ErrInvalidArgument.
 var ErrSubPath = errors.New("subPath cannot be resolved inside the volume")
-
-// CheckSubPath checks the shape of a subPath: relative, without "..",
-// without NUL. The empty subPath (the volume's root) is fine. It is the
-// lexical half of the confinement; OpenSubPath does the rest.
-func CheckSubPath(sub string) error {
-	if sub == "" {
-		return nil
-	}
-	if strings.ContainsRune(sub, 0) || filepath.IsAbs(sub) || !filepath.IsLocal(sub) || len(sub) > 4096 {
-		return fmt.Errorf("subPath %q must be a relative path inside the volume, without '..': %w", sub, errdefs.ErrInvalidArgument)
-	}
-	for p := range strings.SplitSeq(sub, "/") {
-		if p == ".." {
-			return fmt.Errorf("subPath %q must not contain '..': %w", sub, errdefs.ErrInvalidArgument)
-		}
-	}
-	return nil
-}
 
 // OpenSubPath opens sub beneath the directory root, creating missing
 // directories (0755), and returns the open file (a directory or a regular
@@ -45,7 +27,7 @@ func CheckSubPath(sub string) error {
 // be swapped for a symlink between the check and the open. A subPath
 // that escapes is ErrInvalidArgument; one through a non-directory too.
 func OpenSubPath(root, sub string) (*os.File, error) {
-	if err := CheckSubPath(sub); err != nil {
+	if err := runtime.CheckSubPath(sub); err != nil {
 		return nil, err
 	}
 	r, err := os.OpenRoot(root)

@@ -1,7 +1,6 @@
 package volume
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -18,29 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func TestValidName(t *testing.T) {
-	for name, want := range map[string]bool{
-		"a": true, "data-1": true, "0abc": true, string(bytes.Repeat([]byte("a"), 253)): true,
-		"": false, "-a": false, "a-": false, "A": false, "a_b": false, "a.b": true, "a..b": false, ".a": false, "a.": false, "..": false, "../x": false, "a/b": false,
-		string(bytes.Repeat([]byte("a"), 254)): false,
-	} {
-		if got := ValidName(name); got != want {
-			t.Errorf("ValidName(%q) = %v, want %v", name, got, want)
-		}
-	}
-}
-
-func TestCheckSubPath(t *testing.T) {
-	for sub, ok := range map[string]bool{
-		"": true, "a": true, "a/b": true, "a/./b/": true, "a..b": true,
-		"..": false, "../a": false, "a/../../b": false, "a/..": false, "/a": false, "a\x00b": false,
-	} {
-		if err := CheckSubPath(sub); (err == nil) != ok {
-			t.Errorf("CheckSubPath(%q) = %v, want ok=%v", sub, err, ok)
-		}
-	}
-}
 
 // TestOpenSubPath: directories are created, and no symlink or ".." leads
 // out of the root, whatever the volume holds.

@@ -37,7 +37,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -53,7 +52,6 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
-	vol "github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Class is the only Spec.Class this backend offers.
@@ -98,8 +96,6 @@ var keepCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
 	"CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
 }
-
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
 // Config configures the backend. The zero value selects every default.
 // To add a field: document its unit and default here and apply the default
@@ -239,7 +235,7 @@ func (r *Runtime) Name() string { return "docker" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Classes: []string{Class}}
+	return runtime.Capabilities{Classes: []string{Class}}
 }
 
 // BridgePrefix starts the name of the host bridge of every network moat
@@ -339,62 +335,32 @@ func (r *Runtime) agentConfPath(id string) string {
 
 func notFound(id string) error { return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound) }
 
-func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
-
+// validate checks spec: the common rules (runtime.Spec.Validate), then
+// this backend's extras: its one class, and the daemon's larger memory
+// minimum.
 func (r *Runtime) validate(spec *runtime.Spec) error {
-	if !idPattern.MatchString(spec.ID) {
-		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
-	}
-	if spec.Image == "" {
-		return invalid("image is required")
+	if err := spec.Validate(); err != nil {
+		return err
 	}
 	if spec.Class == "" {
 		spec.Class = Class
 	}
 	if spec.Class != Class {
-		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
+		return runtime.Invalid("runtime class %q is not available", spec.Class)
 	}
-	res := spec.Resources
-	if res.CPUMillis < 0 || res.MemoryBytes < 0 || res.PidsLimit < 0 || res.DiskBytes < 0 {
-		return invalid("resource limits must not be negative")
-	}
-	if res.MemoryBytes != 0 && res.MemoryBytes < 6<<20 {
-		return invalid("memory limit must be at least 6 MiB")
-	}
-	if spec.WorkingDir != "" && !filepath.IsAbs(spec.WorkingDir) {
-		return invalid("working directory must be absolute")
-	}
-	for k := range spec.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
-		}
-	}
-	for _, m := range spec.Mounts {
-		if !filepath.IsAbs(m.Destination) || filepath.Clean(m.Destination) == "/" {
-			return invalid(fmt.Sprintf("invalid mount destination %s", m.Destination))
-		}
-		if m.Volume != "" {
-			if m.Source != "" || !vol.ValidName(m.Volume) || vol.CheckSubPath(m.SubPath) != nil {
-				return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
-			}
-			continue
-		}
-		if !filepath.IsAbs(m.Source) || m.SubPath != "" {
-			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
-		}
-	}
-	for k := range spec.Labels {
-		if k == "" {
-			return invalid("label keys must not be empty")
-		}
+	if m := spec.Resources.MemoryBytes; m != 0 && m < minMemoryBytes {
+		return runtime.Invalid("memory limit must be at least %d MiB", minMemoryBytes>>20)
 	}
 	return nil
 }
 
+// minMemoryBytes is the Docker daemon's smallest memory limit.
+const minMemoryBytes = 6 << 20
+
 // inspect returns the container of sandbox id, ErrNotFound if there is
 // none (or it belongs to another scope).
 func (r *Runtime) inspect(ctx context.Context, id string) (container.InspectResponse, error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return container.InspectResponse{}, notFound(id)
 	}
 	res, err := r.cli.ContainerInspect(ctx, containerName(id), client.ContainerInspectOptions{})
@@ -680,7 +646,7 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 // network, which the host reaches through the bridge.
 func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, error) {
 	if port <= 0 || port > 65535 {
-		return "", invalid(fmt.Sprintf("invalid port %d", port))
+		return "", runtime.Invalid("invalid port %d", port)
 	}
 	c, err := r.inspect(ctx, id)
 	if err != nil {
@@ -788,7 +754,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 // Delete implements runtime.Runtime: force-removes the container (and its
 // anonymous volumes) and the agent.json. Unknown IDs are a no-op.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return nil
 	}
 	switch _, err := r.inspect(ctx, id); {
@@ -824,7 +790,7 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 // given; ID, Layers and Config come from the daemon's image inspect.
 func (r *Runtime) EnsureImage(ctx context.Context, ref string, auth *image.Auth) (image.Image, error) {
 	if ref == "" {
-		return image.Image{}, invalid("image is required")
+		return image.Image{}, runtime.Invalid("image is required")
 	}
 	res, err := r.cli.ImageInspect(ctx, ref)
 	if cerrdefs.IsNotFound(err) {
@@ -877,7 +843,7 @@ func (r *Runtime) pull(ctx context.Context, ref string, auth *image.Auth) error 
 	if err != nil {
 		switch {
 		case cerrdefs.IsInvalidArgument(err):
-			return invalid(fmt.Sprintf("invalid image reference %q", ref))
+			return runtime.Invalid("invalid image reference %q", ref)
 		case cerrdefs.IsNotFound(err), cerrdefs.IsUnauthorized(err), cerrdefs.IsPermissionDenied(err), errors.Is(err, context.Canceled):
 			return classify("pull "+ref, err)
 		}

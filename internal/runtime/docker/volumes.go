@@ -56,7 +56,7 @@ func volumeNotFound(name string) error {
 
 // CreateVolume implements runtime.Volumes.
 func (r *Runtime) CreateVolume(ctx context.Context, spec runtime.VolumeSpec) (runtime.Volume, error) {
-	if !vol.ValidName(spec.Name) {
+	if !runtime.ValidVolumeName(spec.Name) {
 		return runtime.Volume{}, fmt.Errorf("volume name %q: %w", spec.Name, errdefs.ErrInvalidArgument)
 	}
 	if spec.SizeBytes < 0 {
@@ -125,7 +125,7 @@ func (r *Runtime) volumeUsers(ctx context.Context, name string) ([]string, error
 
 // GetVolume implements runtime.Volumes.
 func (r *Runtime) GetVolume(ctx context.Context, name string) (runtime.Volume, error) {
-	if !vol.ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return runtime.Volume{}, volumeNotFound(name)
 	}
 	res, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
@@ -207,8 +207,8 @@ func (r *Runtime) namedVolumeMounts(ctx context.Context, id string, mounts []run
 		}
 		v := res.Volume
 		if v.Driver != "local" || v.Mountpoint == "" {
-			return nil, nil, errdefs.Invalid("VOLUME::PVC_SUBPATH_UNSUPPORTED_DRIVER",
-				fmt.Sprintf("subPath needs a volume of the local driver; volume %s uses driver %q", m.Volume, v.Driver))
+			return nil, nil, errdefs.WithPublic(fmt.Errorf("volume %s: %w: %w", m.Volume, runtime.ErrSubPathUnsupported, errdefs.ErrInvalidArgument),
+				"", fmt.Sprintf("subPath needs a volume of the local driver; volume %s uses driver %q", m.Volume, v.Driver))
 		}
 		if _, err := os.Stat(v.Mountpoint); err != nil {
 			return nil, nil, fmt.Errorf("volume %s: its directory %s is not on this host (%v): %w", m.Volume, v.Mountpoint, err, errdefs.ErrFailedPrecondition)
@@ -272,7 +272,7 @@ func (r *Runtime) sweepStages(ctx context.Context) error {
 	var errs []error
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".volumes")
-		if !ok || !idPattern.MatchString(id) {
+		if !ok || !runtime.ValidID(id) {
 			continue
 		}
 		if _, err := r.inspect(ctx, id); errdefs.IsNotFound(err) {

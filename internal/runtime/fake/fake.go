@@ -14,9 +14,7 @@ import (
 	"maps"
 	"net/http/httptest"
 	"os"
-	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -77,8 +75,6 @@ var (
 	_ runtime.Volumes      = (*Runtime)(nil)
 )
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 // New returns an empty fake backend.
 func New(hooks Hooks) *Runtime {
 	return &Runtime{st: &state{sandboxes: map[string]*sandbox{}, volumes: map[string]runtime.Volume{}}, hooks: hooks}
@@ -111,28 +107,17 @@ func (r *Runtime) Name() string { return "fake" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Snapshot: true, Classes: []string{Class}}
+	return runtime.Capabilities{Classes: []string{Class}}
 }
 
-func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
-
+// validate checks spec: the common rules (runtime.Spec.Validate) and the
+// fake's one class.
 func validate(spec *runtime.Spec) error {
-	switch {
-	case !idPattern.MatchString(spec.ID):
-		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
-	case spec.Image == "":
-		return invalid("image is required")
-	case spec.Class != "" && spec.Class != Class:
-		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
-	case spec.Resources.CPUMillis < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.PidsLimit < 0 || spec.Resources.DiskBytes < 0:
-		return invalid("resource limits must not be negative")
-	case spec.WorkingDir != "" && !strings.HasPrefix(spec.WorkingDir, "/"):
-		return invalid("working directory must be absolute")
+	if err := spec.Validate(); err != nil {
+		return err
 	}
-	for k := range spec.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
-		}
+	if spec.Class != "" && spec.Class != Class {
+		return runtime.Invalid("runtime class %q is not available", spec.Class)
 	}
 	spec.Class = Class
 	return nil
@@ -351,7 +336,7 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 // other ports resolve to a loopback address nobody listens on.
 func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, error) {
 	if port <= 0 || port > 65535 {
-		return "", invalid(fmt.Sprintf("invalid port %d", port))
+		return "", runtime.Invalid("invalid port %d", port)
 	}
 	r.st.mu.Lock()
 	defer r.st.mu.Unlock()

@@ -17,10 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,7 +34,6 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/runtime"
-	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Labels and annotations the backend puts on its BatchSandboxes.
@@ -117,35 +114,17 @@ func (r *Runtime) Namespace() string { return r.cfg.Namespace }
 // Close releases nothing (the client has no background work).
 func (r *Runtime) Close() error { return nil }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$`)
-
-func invalid(msg string) error { return errdefs.Invalid("INVALID_ARGUMENT", msg) }
-
 func (r *Runtime) validate(spec runtime.Spec) error {
-	switch {
-	case !idPattern.MatchString(spec.ID):
-		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
-	case spec.Image == "":
-		return invalid("image is required")
-	case spec.Class != "" && !slices.Contains(r.cfg.Classes, spec.Class):
-		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
-	case spec.Resources.CPUMillis < 0 || spec.Resources.MemoryBytes < 0 || spec.Resources.PidsLimit < 0 || spec.Resources.DiskBytes < 0:
-		return invalid("resource limits must not be negative")
-	case spec.WorkingDir != "" && !strings.HasPrefix(spec.WorkingDir, "/"):
-		return invalid("working directory must be absolute")
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	if spec.Class != "" && !slices.Contains(r.cfg.Classes, spec.Class) {
+		return runtime.Invalid("runtime class %q is not available", spec.Class)
 	}
 	for _, m := range spec.Mounts {
-		switch {
-		case m.Volume == "":
+		if m.Volume == "" {
 			// Host paths of the server mean nothing on a cluster node.
-			return invalid("host mounts are not supported by the kubernetes runtime")
-		case m.Source != "" || !volume.ValidName(m.Volume) || volume.CheckSubPath(m.SubPath) != nil || !strings.HasPrefix(m.Destination, "/"):
-			return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
-		}
-	}
-	for k := range spec.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
+			return runtime.Invalid("host mounts are not supported by the kubernetes runtime")
 		}
 	}
 	return nil
@@ -233,7 +212,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	labels, err := json.Marshal(spec.Labels)
 	if err != nil {
-		return runtime.Status{}, invalid("labels: " + err.Error())
+		return runtime.Status{}, runtime.Invalid("labels: %v", err)
 	}
 	created := time.Now().UTC().Truncate(time.Microsecond)
 	tpl := r.template(spec)
@@ -312,7 +291,7 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, e
 }
 
 func (r *Runtime) get(ctx context.Context, id string) (*sbv1.BatchSandbox, error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	var b sbv1.BatchSandbox
@@ -425,7 +404,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 // the controller has released the pod and the BatchSandbox is gone, so the
 // ID can be reused at once.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return nil
 	}
 	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}

@@ -141,7 +141,7 @@ func TestPodSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	main := pod.Spec.Containers[0]
-	if got := fmt.Sprint(main.Command); got != "[/opt/moat/moat execd --port 44772 -- sleep 1000]" {
+	if got := fmt.Sprint(main.Command); got != "[/opt/moat/moat-agent execd --port 44772 -- sleep 1000]" {
 		t.Errorf("command = %s", got)
 	}
 	if pod.Spec.RuntimeClassName == nil || *pod.Spec.RuntimeClassName != "gvisor" {

@@ -18,7 +18,6 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
-	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Named volumes (runtime.Volumes) are PersistentVolumeClaims in the
@@ -46,7 +45,7 @@ func volumeNotFound(name string) error {
 
 // CreateVolume implements runtime.Volumes.
 func (r *Runtime) CreateVolume(ctx context.Context, spec runtime.VolumeSpec) (runtime.Volume, error) {
-	if !volume.ValidName(spec.Name) || spec.SizeBytes < 0 {
+	if !runtime.ValidVolumeName(spec.Name) || spec.SizeBytes < 0 {
 		return runtime.Volume{}, fmt.Errorf("volume %q (size %d): %w", spec.Name, spec.SizeBytes, errdefs.ErrInvalidArgument)
 	}
 	size := spec.SizeBytes
@@ -132,7 +131,7 @@ func (r *Runtime) volumeUsers(ctx context.Context, claim string) ([]string, erro
 
 // GetVolume implements runtime.Volumes.
 func (r *Runtime) GetVolume(ctx context.Context, name string) (runtime.Volume, error) {
-	if !volume.ValidName(name) {
+	if !runtime.ValidVolumeName(name) {
 		return runtime.Volume{}, volumeNotFound(name)
 	}
 	var pvc corev1.PersistentVolumeClaim

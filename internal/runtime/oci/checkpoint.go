@@ -81,7 +81,7 @@ func (r *Runtime) CanCheckpoint(class string) bool {
 
 func notCheckpointable(class string) error {
 	return errdefs.WithPublic(fmt.Errorf("checkpoint of a %s sandbox: %w", class, errdefs.ErrNotImplemented),
-		"SANDBOX::API_NOT_SUPPORTED", fmt.Sprintf("runtime %s cannot checkpoint sandboxes (gVisor runsc 0.0~%d or later can)", class, minCheckpointRunsc))
+		"", fmt.Sprintf("runtime %s cannot checkpoint sandboxes (gVisor runsc 0.0~%d or later can)", class, minCheckpointRunsc))
 }
 
 // Checkpoint implements runtime.Checkpointer with `runsc checkpoint
@@ -89,11 +89,11 @@ func notCheckpointable(class string) error {
 // image (memory, kernel state and the writable layer, which gVisor keeps
 // in the Sentry) and resumes them afterwards.
 func (r *Runtime) Checkpoint(ctx context.Context, id, name string) (err error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	if !idPattern.MatchString(name) {
-		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("invalid checkpoint name %q", name))
+	if !runtime.ValidID(name) {
+		return runtime.Invalid("invalid checkpoint name %q", name)
 	}
 	rec, err := r.readRecord(id)
 	if err != nil {
@@ -104,7 +104,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, name string) (err error) {
 	}
 	if len(rec.Spec.Mounts) > 0 {
 		return errdefs.WithPublic(fmt.Errorf("checkpoint of sandbox %q with volumes: %w", id, errdefs.ErrNotImplemented),
-			"SANDBOX::API_NOT_SUPPORTED", "sandboxes with volumes cannot be snapshotted with their memory")
+			"", "sandboxes with volumes cannot be snapshotted with their memory")
 	}
 	if !rec.Complete {
 		return fmt.Errorf("sandbox %q is not started: %w", id, errdefs.ErrFailedPrecondition)
@@ -155,7 +155,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, name string) (err error) {
 
 // RemoveCheckpoint implements runtime.Checkpointer.
 func (r *Runtime) RemoveCheckpoint(ctx context.Context, name string) error {
-	if !idPattern.MatchString(name) {
+	if !runtime.ValidID(name) {
 		return nil
 	}
 	if err := os.RemoveAll(r.checkpointDir(name)); err != nil {
@@ -167,13 +167,13 @@ func (r *Runtime) RemoveCheckpoint(ctx context.Context, name string) error {
 // readCheckpoint returns the metadata of a complete checkpoint.
 func (r *Runtime) readCheckpoint(name string) (checkpointMeta, error) {
 	var m checkpointMeta
-	if !idPattern.MatchString(name) {
-		return m, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("invalid checkpoint name %q", name))
+	if !runtime.ValidID(name) {
+		return m, runtime.Invalid("invalid checkpoint name %q", name)
 	}
 	data, err := os.ReadFile(filepath.Join(r.checkpointDir(name), "meta.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return m, errdefs.WithPublic(fmt.Errorf("checkpoint %q: %w", name, errdefs.ErrFailedPrecondition),
-			"SNAPSHOT::IMAGE_MISSING", fmt.Sprintf("the memory image of snapshot %s is missing", name))
+		return m, errdefs.WithPublic(fmt.Errorf("checkpoint %q: %w: %w", name, runtime.ErrCheckpointMissing, errdefs.ErrFailedPrecondition),
+			"", fmt.Sprintf("the memory image of snapshot %s is missing", name))
 	}
 	if err == nil {
 		err = json.Unmarshal(data, &m)
@@ -195,14 +195,13 @@ func (r *Runtime) validateRestore(spec *runtime.Spec) error {
 		spec.Class = m.Class
 	}
 	if spec.Class != m.Class {
-		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
-			fmt.Sprintf("checkpoint %s was taken with runtime %s, not %s", spec.Checkpoint, m.Class, spec.Class))
+		return runtime.Invalid("checkpoint %s was taken with runtime %s, not %s", spec.Checkpoint, m.Class, spec.Class)
 	}
 	if !r.checkpointable[spec.Class] {
 		return notCheckpointable(spec.Class)
 	}
 	if len(spec.Mounts) > 0 {
-		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "volumes cannot be added to a sandbox restored from a memory snapshot")
+		return runtime.Invalid("volumes cannot be added to a sandbox restored from a memory snapshot")
 	}
 	return nil
 }

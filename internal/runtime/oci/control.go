@@ -12,13 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // Stop, Pause and Resume of a running sandbox.
 
 // Stop implements runtime.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rec, err := r.readRecord(id)
@@ -110,7 +111,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 }
 
 func (r *Runtime) freeze(ctx context.Context, id string, pause bool) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rec, err := r.readRecord(id)

@@ -19,21 +19,19 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime"
-	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Create: validate the spec, then the steps in order (state dir and
 // record, network in parallel with the overlay root, sandbox files, OCI
 // bundle, `run --detach`), rolled back by cleanup on any failure.
 
-func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
-
+// validate checks spec: the common rules (runtime.Spec.Validate), then
+// this backend's extras: an installed class (filled in with the default),
+// a checkpoint it can restore, the quota filesystem's minimum size, and
+// host mount sources that exist.
 func (r *Runtime) validate(spec *runtime.Spec) error {
-	if !idPattern.MatchString(spec.ID) {
-		return invalid(fmt.Sprintf("invalid sandbox id %q", spec.ID))
-	}
-	if spec.Image == "" {
-		return invalid("image is required")
+	if err := spec.Validate(); err != nil {
+		return err
 	}
 	if spec.Checkpoint != "" {
 		if err := r.validateRestore(spec); err != nil {
@@ -44,42 +42,17 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 		spec.Class = r.cfg.DefaultClass
 	}
 	if _, ok := r.classes[spec.Class]; !ok {
-		return invalid(fmt.Sprintf("runtime class %q is not available", spec.Class))
+		return runtime.Invalid("runtime class %q is not available", spec.Class)
 	}
-	res := spec.Resources
-	if res.CPUMillis < 0 || res.MemoryBytes < 0 || res.PidsLimit < 0 || res.DiskBytes < 0 {
-		return invalid("resource limits must not be negative")
-	}
-	if res.MemoryBytes != 0 && res.MemoryBytes < 4<<20 {
-		return invalid("memory limit must be at least 4 MiB")
-	}
-	if res.DiskBytes != 0 && res.DiskBytes < minDiskBytes {
-		return invalid("disk limit must be at least 16 MiB")
-	}
-	if spec.WorkingDir != "" && !filepath.IsAbs(spec.WorkingDir) {
-		return invalid("working directory must be absolute")
-	}
-	for k := range spec.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid(fmt.Sprintf("invalid environment variable name %q", k))
-		}
+	if d := spec.Resources.DiskBytes; d != 0 && d < minDiskBytes {
+		return runtime.Invalid("disk limit must be at least %d MiB", minDiskBytes>>20)
 	}
 	for _, m := range spec.Mounts {
 		if m.Volume != "" {
-			if m.Source != "" || !volume.ValidName(m.Volume) || volume.CheckSubPath(m.SubPath) != nil || !filepath.IsAbs(m.Destination) ||
-				filepath.Clean(m.Destination) != m.Destination || m.Destination == "/" || m.Destination == "/.moat" ||
-				strings.HasPrefix(m.Destination, "/.moat/") || strings.ContainsRune(m.Destination, 0) {
-				return invalid(fmt.Sprintf("invalid volume mount %s (subPath %q) -> %s", m.Volume, m.SubPath, m.Destination))
-			}
 			continue
 		}
-		if m.SubPath != "" || !filepath.IsAbs(m.Source) || filepath.Clean(m.Source) != m.Source || !filepath.IsAbs(m.Destination) ||
-			filepath.Clean(m.Destination) != m.Destination || m.Destination == "/" || m.Destination == "/.moat" ||
-			strings.HasPrefix(m.Destination, "/.moat/") || strings.ContainsRune(m.Source+m.Destination, 0) {
-			return invalid(fmt.Sprintf("invalid mount %s -> %s", m.Source, m.Destination))
-		}
 		if _, err := os.Stat(m.Source); err != nil {
-			return invalid(fmt.Sprintf("mount source %s: %v", m.Source, err))
+			return runtime.Invalid("mount source %s: %v", m.Source, err)
 		}
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // Delete and the idempotent cleanup it shares with a failed Create and
@@ -21,7 +22,7 @@ import (
 
 // Delete implements runtime.Runtime.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return nil
 	}
 	return r.cleanup(ctx, id)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // The agent's stdout and stderr go straight to sandboxes/<id>/agent.log:
@@ -20,7 +21,7 @@ func (r *Runtime) logPath(id string) string { return filepath.Join(r.sandboxDir(
 
 // Logs implements runtime.LogReader: the end of agent.log.
 func (r *Runtime) Logs(ctx context.Context, id string, max int64) ([]byte, bool, error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return nil, false, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	f, err := os.Open(r.logPath(id))

@@ -38,7 +38,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -65,9 +64,9 @@ const (
 	DefaultCgroupParent = "/moat"
 )
 
-// knownClasses are the OCI runtimes looked up on PATH when Config.Classes
-// is nil.
-var knownClasses = []string{"runc", "crun", "runsc"}
+// KnownClasses returns the OCI runtimes the backend knows, looked up on
+// PATH when Config.Classes is nil.
+func KnownClasses() []string { return []string{"runc", "crun", "runsc"} }
 
 // Config configures the backend. The zero value selects every default.
 // To add a field: document its unit and default here and apply the default
@@ -230,8 +229,6 @@ var (
 	_ runtime.Volumes = (*Runtime)(nil)
 )
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 // New returns the backend. It creates the state directories, opens the
 // network (unless given), and removes leftovers of sandboxes whose
 // creation was interrupted. Call Close when done.
@@ -263,7 +260,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	classes := cfg.Classes
 	if classes == nil {
 		classes = map[string]string{}
-		for _, c := range knownClasses {
+		for _, c := range KnownClasses() {
 			classes[c] = c
 		}
 	}
@@ -353,7 +350,7 @@ func (r *Runtime) Name() string { return "oci" }
 
 // Capabilities implements runtime.Runtime.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Snapshot: true, Classes: slices.Sorted(maps.Keys(r.classes))}
+	return runtime.Capabilities{Classes: slices.Sorted(maps.Keys(r.classes))}
 }
 
 // runc returns the go-runc client for class.

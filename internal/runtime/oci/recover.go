@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/runtime"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +26,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, e := range entries {
 		id := e.Name()
-		if !idPattern.MatchString(id) {
+		if !runtime.ValidID(id) {
 			continue
 		}
 		rec, err := r.readRecord(id)

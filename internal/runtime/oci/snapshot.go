@@ -17,7 +17,7 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 // host upper directory does not hold the sandbox's writes; they are
 // snapshotted with Checkpoint instead (checkpoint.go).
 func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rec, err := r.readRecord(id)
@@ -26,7 +26,7 @@ func (r *Runtime) SnapshotDir(ctx context.Context, id string) (string, error) {
 	}
 	if r.kinds[rec.Class] == "runsc" {
 		return "", errdefs.WithPublic(fmt.Errorf("snapshot of runsc sandbox %q: %w", id, errdefs.ErrNotImplemented),
-			"SANDBOX::API_NOT_SUPPORTED", fmt.Sprintf("runsc sandboxes are snapshotted with their memory, which this runsc release cannot do (gVisor 0.0~%d or later can)", minCheckpointRunsc))
+			"", fmt.Sprintf("runsc sandboxes are snapshotted with their memory, which this runsc release cannot do (gVisor 0.0~%d or later can)", minCheckpointRunsc))
 	}
 	upper, _ := writableDirs(r.sandboxDir(id))
 	fi, err := os.Stat(upper)

@@ -50,7 +50,7 @@ func (r *Runtime) stateIDs(class string) []string {
 		} else if !e.IsDir() {
 			continue
 		}
-		if idPattern.MatchString(id) {
+		if runtime.ValidID(id) {
 			ids = append(ids, id)
 		}
 	}
@@ -162,7 +162,7 @@ func (r *Runtime) status(id string, rec record, c *gorunc.Container, found bool)
 
 // Status implements runtime.Runtime.
 func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rec, err := r.readRecord(id)
@@ -199,7 +199,7 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 	var out []runtime.Status
 	for _, e := range entries {
 		id := e.Name()
-		if !e.IsDir() || !idPattern.MatchString(id) {
+		if !e.IsDir() || !runtime.ValidID(id) {
 			continue
 		}
 		rec, err := r.readRecord(id)
@@ -260,9 +260,9 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 // Endpoint implements runtime.Runtime.
 func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, error) {
 	if port <= 0 || port > 65535 {
-		return "", invalid(fmt.Sprintf("invalid port %d", port))
+		return "", runtime.Invalid("invalid port %d", port)
 	}
-	if !idPattern.MatchString(id) {
+	if !runtime.ValidID(id) {
 		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	rec, err := r.readRecord(id)
