@@ -4,9 +4,11 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/nft"
@@ -20,37 +22,74 @@ import (
 // where sandboxes live: the native backend redirects on its bridge
 // (HostInterceptor); another backend (Docker) supplies its own.
 type Interceptor interface {
-	// Intercept starts sending new connections from ip to ports 80 and
-	// 443 through the proxy, served as client c.
-	Intercept(ctx context.Context, ip netip.Addr, c *mitm.Client) error
+	// Intercept starts sending new connections of sandbox id (attached
+	// with address ip) to ports 80 and 443 through the proxy, served as
+	// client c.
+	Intercept(ctx context.Context, id string, ip netip.Addr, c *mitm.Client) error
 	// Release stops it (idempotent).
-	Release(ctx context.Context, ip netip.Addr) error
+	Release(ctx context.Context, id string) error
 }
 
 // HostInterceptor redirects on the host with the intercept table of a
-// bridge (nft.ApplyIntercept, installed by the caller) to Proxy.
+// bridge (nft.ApplyIntercept, installed by the caller) to Proxy. It is
+// safe for concurrent use.
 type HostInterceptor struct {
 	Proxy  *mitm.Proxy
 	Bridge string
+	// Addrs returns the addresses of sandbox id besides the one it was
+	// attached with (its IPv6 address with --subnet6); nil: none.
+	Addrs func(ctx context.Context, id string) []netip.Addr
+
+	mu    sync.Mutex
+	addrs map[string][]netip.Addr // by sandbox: what Intercept added
 }
 
 // Intercept implements Interceptor.
-func (h HostInterceptor) Intercept(ctx context.Context, ip netip.Addr, c *mitm.Client) error {
-	if err := h.Proxy.Register(ip, c); err != nil {
-		return err
+func (h *HostInterceptor) Intercept(ctx context.Context, id string, ip netip.Addr, c *mitm.Client) (err error) {
+	addrs := []netip.Addr{ip}
+	if h.Addrs != nil {
+		addrs = append(addrs, h.Addrs(ctx, id)...)
 	}
-	if err := nft.AddInterceptClient(ctx, h.Bridge, ip); err != nil {
-		h.Proxy.Unregister(ip)
-		return err
+	var done []netip.Addr
+	defer func() {
+		if err != nil {
+			h.release(ctx, done)
+		}
+	}()
+	for _, a := range addrs {
+		if err := h.Proxy.Register(a, c); err != nil {
+			return err
+		}
+		done = append(done, a)
+		if err := nft.AddInterceptClient(ctx, h.Bridge, a); err != nil {
+			return err
+		}
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.addrs == nil {
+		h.addrs = map[string][]netip.Addr{}
+	}
+	h.addrs[id] = addrs
 	return nil
 }
 
 // Release implements Interceptor.
-func (h HostInterceptor) Release(ctx context.Context, ip netip.Addr) error {
-	err := nft.RemoveInterceptClient(ctx, h.Bridge, ip)
-	h.Proxy.Unregister(ip)
-	return err
+func (h *HostInterceptor) Release(ctx context.Context, id string) error {
+	h.mu.Lock()
+	addrs := h.addrs[id]
+	delete(h.addrs, id)
+	h.mu.Unlock()
+	return h.release(ctx, addrs)
+}
+
+func (h *HostInterceptor) release(ctx context.Context, addrs []netip.Addr) error {
+	var errs []error
+	for _, a := range addrs {
+		errs = append(errs, nft.RemoveInterceptClient(ctx, h.Bridge, a))
+		h.Proxy.Unregister(a)
+	}
+	return errors.Join(errs...)
 }
 
 // AttachProxy starts the credential proxy for attached sandbox id: its
@@ -77,7 +116,7 @@ func (e *Enforcer) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rule
 	}
 	c := mitm.NewClient(id, ca, sb.resolvedTo)
 	c.SetRules(rules)
-	if err := e.cfg.Interceptor.Intercept(ctx, sb.ip, c); err != nil {
+	if err := e.cfg.Interceptor.Intercept(ctx, sb.id, sb.ip, c); err != nil {
 		return fmt.Errorf("egress: sandbox %q: credential proxy: %w", id, err)
 	}
 	sb.proxy = c
@@ -106,7 +145,7 @@ func (e *Enforcer) releaseProxyLocked(ctx context.Context, sb *sandbox) error {
 		return nil
 	}
 	sb.proxy = nil
-	return e.cfg.Interceptor.Release(ctx, sb.ip)
+	return e.cfg.Interceptor.Release(ctx, sb.id)
 }
 
 // resolvedTo reports whether the sandbox's DNS lookups of host returned

@@ -65,7 +65,15 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 			vp.stop()
 		}
 	}()
-	enf, err := newEnforcer(cfg, netm, d, egress.HostInterceptor{Proxy: vp.proxy, Bridge: netm.Bridge()})
+	enf, err := newEnforcer(cfg, netm, d, &egress.HostInterceptor{Proxy: vp.proxy, Bridge: netm.Bridge(),
+		Addrs: func(ctx context.Context, id string) []netip.Addr {
+			// The IPv6 address, with --subnet6: its connections go
+			// through the proxy too.
+			if a, err := netm.Get(ctx, id); err == nil && a.IP6.IsValid() {
+				return []netip.Addr{a.IP6}
+			}
+			return nil
+		}})
 	if err != nil {
 		return backend{}, err
 	}

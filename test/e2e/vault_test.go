@@ -207,6 +207,7 @@ const vaultCreate = `{
  ],
  "bindings": [
   {"name": "api-v1", "match": {"hosts": ["api.vault.test"], "paths": ["/v1/*"]}, "auth": {"type": "bearer", "credential": "bearer"}},
+  {"name": "v6", "match": {"hosts": ["v6.vault.test"]}, "auth": {"type": "bearer", "credential": "bearer"}},
   {"name": "api-v2", "match": {"hosts": ["api.vault.test"], "paths": ["/v2/*"], "methods": ["GET"]}, "auth": {"type": "apiKey", "name": "X-Api-Key", "credential": "key"}},
   {"name": "basic", "match": {"hosts": ["*.basic.vault.test"]}, "auth": {"type": "basic", "credential": "basic"}},
   {"name": "query", "match": {"hosts": ["q.vault.test"]}, "auth": {"type": "apiKey", "name": "api_key", "in": "query", "credential": "key"}},
@@ -227,7 +228,7 @@ const vaultCreate = `{
 func TestCredentialVault(t *testing.T) {
 	srv := newServer(t)
 	ref := startRegistry(t)
-	o := outsideHost(t, srv.net, false)
+	o := outsideHost(t, srv.net, true) // dual-stack: IPv6 goes through the proxy too
 	upCA, err := mitm.NewCA("upstream-e2e")
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +237,7 @@ func TestCredentialVault(t *testing.T) {
 	if err := os.WriteFile(caFile, upCA.CertPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	up := startFakeUpstream(t, o.ns, upCA, o.a, o.b)
+	up := startFakeUpstream(t, o.ns, upCA, o.a, o.b, o.a6)
 	rec := func(name, addr string) []string { return []string{name + ". 60 IN A " + addr} }
 	dns, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{
 		"api.vault.test.":     rec("api.vault.test", o.a),
@@ -244,8 +245,9 @@ func TestCredentialVault(t *testing.T) {
 		"q.vault.test.":       rec("q.vault.test", o.a),
 		"plain.vault.test.":   rec("plain.vault.test", o.a),
 		"other.vault.test.":   rec("other.vault.test", o.b),
+		"v6.vault.test.":      {"v6.vault.test. 60 IN AAAA " + o.a6}, // IPv6 only
 	})
-	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile)
+	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile, "--subnet6", srv.net.Subnet6.String())
 	probe := buildProbe(t)
 
 	classes := []string{"runc", "crun"}
@@ -280,6 +282,13 @@ func TestCredentialVault(t *testing.T) {
 			}
 			if strings.Contains(r.Body, vaultBearer) || !strings.Contains(r.Body, strings.Repeat("*", len(vaultBearer))) {
 				t.Fatalf("bearer: the echo was not scrubbed: %q", r.Body)
+			}
+			// Over IPv6 (the name has only an AAAA record).
+			if r := v.probe("https://v6.vault.test/six"); r.Status != 200 || r.Issuer != caName {
+				t.Fatalf("IPv6: %+v", r)
+			}
+			if got := up.last(t, "v6.vault.test", "/six"); got.Header.Get("Authorization") != "Bearer "+vaultBearer {
+				t.Fatalf("IPv6: upstream saw %v", got.Header)
 			}
 			v.probe("https://api.vault.test/v2/models")
 			if h := up.last(t, "api.vault.test", "/v2/models").Header; h.Get("X-Api-Key") != vaultKey || h.Get("Authorization") != "" {
@@ -381,7 +390,7 @@ func TestCredentialVault(t *testing.T) {
 
 	// A restart keeps every vault (sealed in the store) and its effect.
 	srv.kill9()
-	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile)
+	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile, "--subnet6", srv.net.Subnet6.String())
 	v := sandboxes[0]
 	v.t = t
 	v.mustVault(200, "GET", "/credential-vault", "")
