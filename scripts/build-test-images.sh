@@ -1,27 +1,65 @@
 #!/usr/bin/env bash
 # Builds the test images that busybox cannot provide, from the Debian
-# mirror (debootstrap), cached by suite and package list so reruns are
-# instant. No container registry is involved.
+# mirror (debootstrap) and, for tslab, the npm registry (a locked
+# package-lock.json), cached by suite, package list and lockfile so reruns
+# are instant. No container registry is involved.
 #
-#   debian-ipykernel: Debian minbase + python3-ipykernel, for the agent's
-#   Jupyter backend inside a real sandbox (test/e2e TestJupyterInSandbox).
+#   build-test-images.sh [debian-ipykernel]
+#     Debian minbase + python3-ipykernel, for the agent's Jupyter backend
+#     inside a real sandbox (test/e2e TestJupyterInSandbox).
 #
-# Output: ${MOAT_CACHE:-/var/cache/moat}/images/<name>-<key>.tar.gz
+#   build-test-images.sh debian-kernels
+#     Every code-context backend in one image (test/e2e
+#     TestCodeLanguagesInSandbox and the JS SDK code-context suite):
+#     Jupyter kernels for python (python3-ipykernel), R (r-cran-irkernel)
+#     and TypeScript (tslab, npm, scripts/testimages/tslab), and the
+#     runtimes of the agent's built-in drivers: a JDK (jshell) for Java,
+#     node for JavaScript, node-typescript for TypeScript without tslab.
+#     No Go kernel is served by Debian, npm or the Go module proxy here.
+#
+# Output (stdout): ${MOAT_CACHE:-/var/cache/moat}/images/<name>-<key>.tar.gz
 set -euo pipefail
 
+NAME=${1:-debian-ipykernel}
 CACHE=${MOAT_CACHE:-/var/cache/moat}/images
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PKGS=python3-ipykernel
-KEY=$(printf '%s %s' "$SUITE" "$PKGS" | sha256sum | cut -c1-12)
-OUT=$CACHE/debian-ipykernel-$KEY.tar.gz
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TSLAB=
+case $NAME in
+debian-ipykernel)
+	PKGS=python3-ipykernel
+	;;
+debian-kernels)
+	PKGS="python3-ipykernel r-cran-irkernel default-jdk-headless nodejs node-typescript"
+	TSLAB=$HERE/testimages/tslab
+	;;
+*)
+	echo "build-test-images: unknown image $NAME (debian-ipykernel, debian-kernels)" >&2
+	exit 2
+	;;
+esac
+LAYOUT=2 # bump when the build steps change what an image holds
+KEY=$({
+	printf '%s %s' "$SUITE" "$PKGS"
+	[[ -z $TSLAB ]] || echo "layout $LAYOUT"
+	[[ -z $TSLAB ]] || cat "$TSLAB/package-lock.json"
+} | sha256sum | cut -c1-12)
+OUT=$CACHE/$NAME-$KEY.tar.gz
 
 if [[ -s $OUT ]]; then
 	echo "$OUT"
 	exit 0
 fi
-command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
 mkdir -p "$CACHE"
+# One build of an image at a time (tests may ask for it concurrently).
+exec 9>"$CACHE/.$NAME.lock"
+flock 9
+if [[ -s $OUT ]]; then
+	echo "$OUT"
+	exit 0
+fi
+command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
 work=$(mktemp -d "$CACHE/.build-XXXXXX")
 trap 'umount -R "$work/root" 2>/dev/null || true; rm -rf "$work"' EXIT
 echo "build-test-images: debootstrap $SUITE + $PKGS (a few minutes, once)" >&2
@@ -38,8 +76,49 @@ chroot "$work/root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --n
 }
 chroot "$work/root" apt-get clean
 umount "$work/root/proc"
-# Drop what a sandbox does not need (apt lists and caches, docs).
-rm -rf "$work/root"/var/cache/apt/archives/*.deb "$work/root"/var/lib/apt/lists/* "$work/root"/usr/share/doc "$work/root"/usr/share/man
-tar -C "$work/root" --numeric-owner -czf "$work/img.tar.gz" .
+
+kernels=$work/root/usr/local/share/jupyter/kernels
+if [[ $NAME == debian-kernels ]]; then
+	# IRkernel: Debian ships the package, not a registered kernelspec.
+	if ! ls "$work/root"/usr/share/jupyter/kernels/*/kernel.json 2>/dev/null | xargs -r grep -qil '"language": *"R"'; then
+		mkdir -p "$kernels/ir"
+		cat >"$kernels/ir/kernel.json" <<-'EOF'
+			{"argv": ["/usr/bin/R", "--slave", "--no-save", "--no-restore", "-e", "IRkernel::main()", "--args", "{connection_file}"],
+			 "display_name": "R", "language": "R"}
+		EOF
+	fi
+	# tslab from its lockfile (npm ci on the host; its zeromq addon is
+	# prebuilt inside the npm package), kernelspec for TypeScript only:
+	# JavaScript stays on the agent's built-in node driver in this image.
+	command -v npm >/dev/null || {
+		echo "build-test-images: npm is needed for tslab (scripts/install-deps.sh)" >&2
+		exit 1
+	}
+	mkdir -p "$work/tslab"
+	cp "$TSLAB/package.json" "$TSLAB/package-lock.json" "$work/tslab/"
+	(cd "$work/tslab" && npm ci --no-audit --no-fund --loglevel=error >>"$work/log" 2>&1) || {
+		tail -20 "$work/log" >&2
+		exit 1
+	}
+	# The layout of `npm install -g tslab`: tslab with its dependencies in
+	# its own node_modules, where it looks for @types/node.
+	mkdir -p "$work/root/opt/tslab/node_modules"
+	cp -a "$work/tslab/node_modules/tslab/." "$work/root/opt/tslab/"
+	for d in "$work/tslab/node_modules"/* "$work/tslab/node_modules"/.bin; do
+		[[ $(basename "$d") == tslab ]] || cp -a "$d" "$work/root/opt/tslab/node_modules/"
+	done
+	mkdir -p "$kernels/tslab"
+	cat >"$kernels/tslab/kernel.json" <<-'EOF'
+		{"argv": ["/usr/bin/node", "/opt/tslab/bin/tslab", "kernel", "--config-path", "{connection_file}"],
+		 "display_name": "TypeScript", "language": "typescript"}
+	EOF
+fi
+
+# Drop what a sandbox does not need (apt lists and caches, docs,
+# translations, the JDK's jmods, which only jlink reads).
+rm -rf "$work/root"/var/cache/apt/archives/*.deb "$work/root"/var/lib/apt/lists/* "$work/root"/usr/share/doc \
+	"$work/root"/usr/share/man "$work/root"/usr/share/locale/* "$work/root"/usr/lib/jvm/*/jmods
+# Fast compression: the image is built once per machine and read locally.
+tar -C "$work/root" --numeric-owner -I 'gzip -1' -cf "$work/img.tar.gz" .
 mv "$work/img.tar.gz" "$OUT"
 echo "$OUT"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
@@ -116,6 +117,24 @@ func (x *execution) interrupt(ctx context.Context) error {
 	return x.ctx.backend.interrupt(ctx)
 }
 
+// redeliver repeats a delivered interrupt while the cell runs (in the
+// background: exec's reader must go on).
+func (x *execution) redeliver() {
+	x.mu.Lock()
+	again := x.delivered && !x.ended
+	x.mu.Unlock()
+	if again {
+		x.run.Go(func() { x.ctx.backend.interrupt(x.run.Context()) })
+	}
+}
+
+// interruptRequested reports whether an interrupt was asked for.
+func (x *execution) interruptRequested() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.pending || x.delivered || x.canceled
+}
+
 // interruptDelivered reports whether an interrupt was sent to the
 // interpreter during the execution.
 func (x *execution) interruptDelivered() bool {
@@ -139,8 +158,11 @@ func (x *execution) cancelled() bool {
 }
 
 // markStarted records that the interpreter is running the cell and
-// delivers a held interrupt (in the background: exec's reader must go on).
-func (x *execution) markStarted() {
+// delivers a held interrupt (in the background: exec's reader must go on),
+// after delay: a kernel announces the cell (execute_input) a moment before
+// it is ready for SIGINT, and IRkernel dies of one that lands in between.
+// A cell that ends within the delay is not interrupted.
+func (x *execution) markStarted(delay time.Duration) {
 	x.mu.Lock()
 	if x.started || x.ended {
 		x.mu.Unlock()
@@ -149,11 +171,29 @@ func (x *execution) markStarted() {
 	x.started = true
 	deliver := x.pending
 	x.pending = false
-	x.delivered = x.delivered || deliver
 	x.mu.Unlock()
-	if deliver {
-		x.run.Go(func() { x.ctx.backend.interrupt(x.run.Context()) })
+	if !deliver {
+		return
 	}
+	x.run.Go(func() {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-x.run.Context().Done():
+				return
+			}
+		}
+		x.mu.Lock()
+		if x.ended {
+			x.mu.Unlock()
+			return
+		}
+		x.delivered = true
+		x.mu.Unlock()
+		x.ctx.backend.interrupt(x.run.Context())
+	})
 }
 
 // end marks the cell finished and frees the context; it is idempotent.

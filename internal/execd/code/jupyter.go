@@ -41,6 +41,16 @@ const (
 	// before it enables SIGINT for the cell, so execute_input is the
 	// signal to wait for where there is one.
 	kernelStartedAfterBusy = 250 * time.Millisecond
+	// kernelRedeliver is how often an interrupt is repeated for a kernel
+	// without execute_input, until the cell ends.
+	kernelRedeliver = 500 * time.Millisecond
+	// kernelHeldInterruptDelay is how long after execute_input a held
+	// interrupt is sent (see execution.markStarted).
+	kernelHeldInterruptDelay = 100 * time.Millisecond
+	// An aborted request is sent again up to kernelAbortRetries times in
+	// all, kernelAbortBackoff apart.
+	kernelAbortRetries = 4
+	kernelAbortBackoff = 300 * time.Millisecond
 )
 
 // jmsg is one Jupyter message.
@@ -518,6 +528,21 @@ func (k *kernelClient) interrupt(ctx context.Context) error {
 // execute_input, which kernels publish once they run the cell, or shortly
 // after "busy" for a kernel that does not publish it.
 func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stream *wire.Stream) *wire.EventError {
+	for attempt := 1; ; attempt++ {
+		final, aborted := k.execOnce(x, code, stream)
+		// A kernel may refuse a request for a moment after a failed cell
+		// (tslab aborts what arrives within 200 ms): the cell did not run,
+		// so it is sent again, unless the client interrupted it.
+		if !aborted || attempt == kernelAbortRetries || x.interruptRequested() {
+			return final
+		}
+		time.Sleep(kernelAbortBackoff)
+	}
+}
+
+// execOnce sends one execute_request; aborted reports that the kernel
+// refused it without running it.
+func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) (_ *wire.EventError, aborted bool) {
 	// stop_on_error is false: the agent runs one cell at a time, and with
 	// true ipykernel answers "aborted" to a request that comes right after
 	// a failed one (it aborts its queue for a moment).
@@ -526,9 +551,10 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 		"allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
-		return &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}
+		return &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}, false
 	}
 	defer k.forget(id)
+	streamed := false
 
 	var (
 		final     *wire.EventError
@@ -536,13 +562,24 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 		idle      bool
 		afterIdle <-chan time.Time
 		afterBusy <-chan time.Time
+		redeliver <-chan time.Time // only when the start was guessed
+		busy      bool
 	)
 	for !(replied && idle) {
 		select {
 		case <-wt.ready:
 		case <-afterBusy:
 			afterBusy = nil
-			x.markStarted()
+			x.markStarted(0)
+			// Without execute_input the start is a guess: a kernel may
+			// still be compiling the cell (tslab drops a SIGINT then), so
+			// a delivered interrupt is repeated until the cell ends.
+			t := time.NewTicker(kernelRedeliver)
+			defer t.Stop()
+			redeliver = t.C
+			continue
+		case <-redeliver:
+			x.redeliver()
 			continue
 		case <-afterIdle:
 			// A kernel that never sends execute_reply; ipykernel does so
@@ -557,9 +594,11 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 		for _, m := range msgs {
 			switch m.Header.MsgType {
 			case "execute_input":
-				x.markStarted()
+				afterBusy = nil
+				x.markStarted(kernelHeldInterruptDelay)
 			case "stream":
-				x.markStarted()
+				x.markStarted(kernelHeldInterruptDelay)
+				streamed = true
 				var st struct{ Name, Text string }
 				json.Unmarshal(m.Content, &st)
 				typ := wire.EvStdout
@@ -580,11 +619,13 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 					}
 					results[mime] = v
 				}
+				streamed = true
 				if m.Header.MsgType == "execute_result" {
 					stream.Send(wire.Event{Type: wire.EvExecutionCount, ExecutionCount: res.ExecutionCount})
 				}
 				stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: res.ExecutionCount, Results: results})
 			case "error":
+				streamed = true
 				final = kernelError(m.Content)
 			case "status":
 				var st struct {
@@ -596,7 +637,8 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 				}
 				switch st.ExecutionState {
 				case "busy":
-					if afterBusy == nil {
+					if !busy {
+						busy = true
 						afterBusy = time.After(kernelStartedAfterBusy)
 					}
 				case "idle":
@@ -614,17 +656,18 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 				switch {
 				case rep.Status == "error" && final == nil:
 					final = kernelError(m.Content)
-				case rep.Status == "aborted" && final == nil:
+				case (rep.Status == "aborted" || rep.Status == "abort") && final == nil:
 					final = &wire.EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
+					aborted = !streamed
 				}
 			}
 		}
 		if gone {
 			final = &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + k.language + " Jupyter kernel exited"}}
-			break
+			return final, false
 		}
 	}
-	return final
+	return final, aborted
 }
 
 func kernelError(content json.RawMessage) *wire.EventError {
@@ -632,6 +675,11 @@ func kernelError(content json.RawMessage) *wire.EventError {
 	json.Unmarshal(content, &e)
 	if e.Traceback == nil {
 		e.Traceback = []string{}
+	}
+	if e.EName == "" {
+		// Some kernels (tslab) reply "error" and print the error to
+		// stderr without an error message.
+		e.EName, e.EValue = "Error", "the kernel reported an error (see stderr)"
 	}
 	return &e
 }
