@@ -95,7 +95,7 @@ func (c *Config) setDefaults() {
 
 // Deps are the service's collaborators.
 type Deps struct {
-	Store   *store.DB
+	Store   store.Store
 	Runtime runtime.Runtime
 	Images  Images
 	// Egress is optional; without it networkPolicy is refused (501).

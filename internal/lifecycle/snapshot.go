@@ -125,7 +125,7 @@ func snapshotNotFound(id string) error {
 
 // loadSnapshots reads the snapshot records. A snapshot that was being
 // created when the server stopped is Failed: its commit did not finish.
-func loadSnapshots(db *store.DB, now time.Time) (map[string]*Snapshot, error) {
+func loadSnapshots(db store.Store, now time.Time) (map[string]*Snapshot, error) {
 	recs, err := store.List[Snapshot](db, SnapshotBucket)
 	if err != nil {
 		return nil, fmt.Errorf("load snapshots: %w", err)

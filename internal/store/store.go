@@ -20,6 +20,37 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
+// Store is what moat's services persist their records through: JSON
+// records under a bucket and a key. Writes are durable when they return;
+// PutMany is atomic (all or none). Get returns an errdefs.ErrNotFound class
+// for a missing record; Delete of a missing record is not an error.
+// ForEach visits the records of a bucket in key order. Implementations are
+// safe for concurrent use.
+//
+// *DB (bbolt, one file, one process) is the store of a single server. A
+// server on Kubernetes keeps its records in the API server instead
+// (internal/k8s/kstore), so that several replicas share them; such a store
+// may also implement Watcher.
+type Store interface {
+	Put(bucket, key string, v any) error
+	PutMany(bucket string, kv map[string]any) error
+	Get(bucket, key string, v any) error
+	Delete(bucket, key string) error
+	ForEach(bucket string, fn func(key string, raw []byte) error) error
+}
+
+// Watcher is implemented by stores that other processes write too (the
+// replicas of a server on Kubernetes). Watch calls fn for every change of
+// a record of bucket made by another process (raw is nil when the record
+// was deleted), after the store has applied it, until ctx ends. Changes
+// made through this process's own store are not reported. fn must not
+// block for long.
+type Watcher interface {
+	Watch(ctx context.Context, bucket string, fn func(key string, raw []byte))
+}
+
+var _ Store = (*DB)(nil)
+
 // DB is an open state store. It is safe for concurrent use.
 type DB struct {
 	db *bolt.DB
@@ -132,7 +163,7 @@ func (d *DB) ForEach(bucket string, fn func(key string, raw []byte) error) error
 }
 
 // List decodes every record of bucket as T.
-func List[T any](d *DB, bucket string) ([]T, error) {
+func List[T any](d Store, bucket string) ([]T, error) {
 	var out []T
 	err := d.ForEach(bucket, func(key string, raw []byte) error {
 		var v T

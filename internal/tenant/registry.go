@@ -87,7 +87,7 @@ type Options struct {
 // writes through to the store (nil: memory only). It is safe for
 // concurrent use.
 type Registry struct {
-	db      *store.DB
+	db      store.Store
 	secret  []byte
 	rootKey string
 	now     func() time.Time
@@ -98,7 +98,7 @@ type Registry struct {
 }
 
 // Open loads the registry from db (nil: an empty, memory-only registry).
-func Open(db *store.DB, opt Options) (*Registry, error) {
+func Open(db store.Store, opt Options) (*Registry, error) {
 	r := &Registry{db: db, secret: opt.Secret, rootKey: opt.RootKey, now: opt.Now,
 		keys: map[string]Key{}, tenants: map[string]Tenant{}}
 	if r.now == nil {
