@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -130,6 +131,24 @@ func attachLoop(backing *os.File) (*os.File, error) {
 		// Another process took it between GET_FREE and CONFIGURE.
 	}
 	return nil, fmt.Errorf("no free loop device: %w", errdefs.ErrUnavailable)
+}
+
+// LoopsReleased waits up to d for every loop device backing path (see
+// LoopsBacking) to go, and returns those still there. An auto-clearing
+// loop device is released when its filesystem's last mount goes, and a
+// mount namespace that another process on the host cloned while the
+// volume was mounted (any container being set up) holds a copy of that
+// mount until it tears its namespace down: a check right after an unmount
+// may see the device for a moment longer.
+func LoopsReleased(path string, d time.Duration) []string {
+	deadline := time.Now().Add(d)
+	for {
+		l := LoopsBacking(path)
+		if len(l) == 0 || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // LoopsBacking lists the loop devices (e.g. "loop3") whose backing file

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -69,7 +70,7 @@ func TestStore(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		s.Sweep(func(string) bool { return false })
-		if l := LoopsBacking(root); len(l) > 0 {
+		if l := LoopsReleased(root, 10*time.Second); len(l) > 0 {
 			t.Errorf("loop devices left: %v", l)
 		}
 	})
@@ -162,7 +163,7 @@ func TestStore(t *testing.T) {
 	if err := s2.Release("data", "sb-1"); err != nil {
 		t.Fatal(err)
 	}
-	if l := LoopsBacking(root); len(l) != 0 {
+	if l := LoopsReleased(root, 10*time.Second); len(l) != 0 {
 		t.Fatalf("a released volume holds loop devices %v", l)
 	}
 	if m, _ := isMountPoint(p1); m {

@@ -267,7 +267,7 @@ func TestNamedVolumes(t *testing.T) {
 		t.Errorf("loop devices while in use: %v", l)
 	}
 	srv.do("DELETE", "/v1/sandboxes/"+q, nil)
-	if l := volume.LoopsBacking(volRoot); len(l) != 0 {
+	if l := volume.LoopsReleased(volRoot, 10*time.Second); len(l) != 0 {
 		t.Errorf("loop devices left when no sandbox uses the volume: %v", l)
 	}
 	if m := mountsBelow(volRoot); len(m) != 0 {

@@ -34,7 +34,7 @@ func TestNamedVolumeQuotaAndRecovery(t *testing.T) {
 		t.Fatalf("Create with a failing runtime = %v", err)
 	}
 	assertNoLeaks(t, r, bad)
-	if v, _ := r.GetVolume(ctx, "quota"); len(v.Users) != 0 || len(volume.LoopsBacking(volRoot)) != 0 {
+	if v, _ := r.GetVolume(ctx, "quota"); len(v.Users) != 0 || len(volume.LoopsReleased(volRoot, 10*time.Second)) != 0 {
 		t.Fatalf("after a failed create: users %v, loops %v", v.Users, volume.LoopsBacking(volRoot))
 	}
 
@@ -67,7 +67,7 @@ func TestNamedVolumeQuotaAndRecovery(t *testing.T) {
 	if err := r2.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if l := volume.LoopsBacking(volRoot); len(l) != 0 {
+	if l := volume.LoopsReleased(volRoot, 10*time.Second); len(l) != 0 {
 		t.Fatalf("loop devices left after the last user: %v", l)
 	}
 	if left := mountsUnder(volRoot); len(left) != 0 {
