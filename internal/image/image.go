@@ -106,6 +106,9 @@ type Image struct {
 	Size int64 `json:"size"`
 	// CreatedAt is when the image was stored locally.
 	CreatedAt time.Time `json:"createdAt"`
+	// LastUsed is when a Prune last saw a sandbox use the image (zero:
+	// never); Prune evicts the least recently used first.
+	LastUsed time.Time `json:"lastUsed,omitzero"`
 }
 
 // Auth is registry credentials for one pull.

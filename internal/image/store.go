@@ -429,15 +429,11 @@ func (s *Store) Acquire(ctx context.Context, ref string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lease{Image: img, Layers: paths}
-	for _, p := range paths {
-		f, err := lockDir(p, unix.LOCK_SH)
-		if err != nil {
-			l.Release()
-			return nil, fmt.Errorf("lease image %s: %w", img.Name, err)
-		}
-		l.files = append(l.files, f)
+	l, err := s.LeaseLayers(paths)
+	if err != nil {
+		return nil, fmt.Errorf("lease image %s: %w", img.Name, err)
 	}
+	l.Image = img
 	return l, nil
 }
 
@@ -477,7 +473,8 @@ func lockDir(dir string, how int) (*os.File, error) {
 }
 
 // GC deletes layers and blobs no longer referenced by any image, skipping
-// layers that are leased or reported in use by the WithInUse hook. If a
+// layers that are leased, reported in use by the WithInUse hook, or lower
+// dirs of a mounted overlay (see prune.go). If a
 // pull, import or commit is running (in any process), GC does nothing and
 // returns nil: the next GC, Remove or Open retries.
 func (s *Store) GC(ctx context.Context) error { return s.gc(ctx, false) }
@@ -520,6 +517,7 @@ func (s *Store) gc(ctx context.Context, cleanTmp bool) error {
 	}
 
 	var removed []string
+	mounted := s.mountedLayers()
 	layersDir := filepath.Join(s.root, "layers", "sha256")
 	ents, err := os.ReadDir(layersDir)
 	if err != nil {
@@ -530,7 +528,7 @@ func (s *Store) gc(ctx context.Context, cleanTmp bool) error {
 			return err
 		}
 		h := e.Name()
-		if keepLayers[h] || (s.opts.inUse != nil && s.opts.inUse("sha256:"+h)) {
+		if keepLayers[h] || mounted["sha256:"+h] || (s.opts.inUse != nil && s.opts.inUse("sha256:"+h)) {
 			continue
 		}
 		dir := filepath.Join(layersDir, h)
