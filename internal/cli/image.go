@@ -15,6 +15,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 )
 
 // newImageCommand is the `moat image` noun (pull, import, ls, rm). For now
@@ -27,7 +28,8 @@ func newImageCommand() *cobra.Command {
 	open := func(cmd *cobra.Command) (*image.Store, error) {
 		return image.Open(cmd.Context(), filepath.Join(root, "images"))
 	}
-	cmd.AddCommand(newImagePullCommand(open), newImageImportCommand(open), newImageListCommand(open), newImageRemoveCommand(open))
+	cmd.AddCommand(newImagePullCommand(open), newImageImportCommand(open), newImageListCommand(open), newImageRemoveCommand(open),
+		newImagePruneCommand(open))
 	return cmd
 }
 
@@ -211,6 +213,45 @@ func newImageRemoveCommand(open openStore) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func newImagePruneCommand(open openStore) *cobra.Command {
+	var budget string
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove images no sandbox uses (snapshot images stay) and collect their layers",
+		Long: `Remove every image that no sandbox runs (their layers are leased by the
+server, also across restarts) and that is not a snapshot's, least recently
+used first, then delete the layers nothing references any more. With
+--budget, stop as soon as the store fits in that many bytes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var opts image.PruneOptions
+			if budget != "" {
+				r, err := lifecycle.ParseResources(map[string]string{"disk": budget})
+				if err != nil || r.DiskBytes <= 0 {
+					return errdefs.Invalid("CLI::INVALID_FLAG", fmt.Sprintf("--budget %q: want a size such as 20Gi", budget))
+				}
+				opts.Budget = r.DiskBytes
+			}
+			st, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			res, err := st.Prune(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			for _, img := range res.Removed {
+				fmt.Fprintln(cmd.OutOrStdout(), img.Name)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "pruned %d images; the store holds %s of layers\n", len(res.Removed), humanSize(res.Size))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&budget, "budget", "", `stop once the store fits in this size, e.g. "20Gi" (default: prune every unused image)`)
+	return cmd
 }
 
 func shortID(d string) string {

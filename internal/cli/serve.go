@@ -63,6 +63,7 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.IngressActiveKey, "ingress-active-key", "", "key id that signs new routes (default: the first key)")
 	f.StringArrayVar(&cfg.AllowedHostPaths, "allow-host-path", nil, "allow host volumes under this directory (prefix match after symlink resolution), repeatable (default: none)")
 	f.StringVar(&cfg.VolumeSize, "volume-size", "", `capacity of a native named volume (pvc) created without pvc.storage, e.g. "10Gi" (default 1Gi)`)
+	f.StringVar(&cfg.ImageDiskBudget, "image-disk-budget", "", `prune unused images (least recently used first) once a minute while the image store exceeds this size, e.g. "20Gi" (default: no automatic pruning)`)
 	f.StringVar(&cfg.DiskQuota, "disk-quota", "", `default writable-layer quota of native sandboxes, e.g. "10Gi" (resourceLimits.disk overrides; default unlimited)`)
 	f.StringArrayVar(&cfg.AllowedRegistries, "allow-registry", nil, "only pull images from registries matching this pattern (host[:port], *.domain or loopback), repeatable (default: any)")
 	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver (ip:port) for sandbox DNS, repeatable (default: /etc/resolv.conf)")

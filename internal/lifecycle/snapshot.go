@@ -21,7 +21,7 @@ const SnapshotBucket = "snapshots"
 // snapshotImagePrefix names snapshot images in the image store. The
 // registry host is loopback, so a lookup of a vanished snapshot image can
 // never reach out of the host.
-const snapshotImagePrefix = "localhost/moat-snapshots:"
+const snapshotImagePrefix = image.SnapshotRepo + ":"
 
 // defaultSnapshotEntrypoint is the entrypoint of a sandbox restored from a
 // snapshot when the request has none (as upstream).

@@ -271,36 +271,56 @@ func (a egressAdapter) SetProxyRules(id string, rules *vault.Rules) error {
 }
 
 // ociImages adapts the image store to what the OCI backend needs. It holds
-// a lease on every image a sandbox was started from, for the server's
-// lifetime, so no process (not even `moat image rm` from the CLI) can
-// collect layers under a running sandbox; a restart drops leases of images
-// no sandbox uses any more (they are re-taken on re-adoption).
+// a lease on the layers of every sandbox (taken at create, again when a
+// restarted server re-adopts the sandbox, dropped at delete), so no GC in
+// any process (`moat image rm` and `prune` from the CLI, the server's
+// disk-budget GC) collects layers under a sandbox, and the layers of an
+// image go when its last sandbox does.
 type ociImages struct {
 	st *image.Store
 
 	mu     sync.Mutex
-	leases map[string]*image.Lease // by image ID
+	leases map[string]*image.Lease // by sandbox ID
 }
 
 func newOCIImages(st *image.Store) *ociImages {
 	return &ociImages{st: st, leases: map[string]*image.Lease{}}
 }
 
-func (a *ociImages) Rootfs(ctx context.Context, ref string) (oci.Rootfs, error) {
-	img, err := a.st.Get(ctx, ref)
+func (a *ociImages) Rootfs(ctx context.Context, id, ref string) (oci.Rootfs, error) {
+	l, err := a.st.Acquire(ctx, ref)
 	if err != nil {
 		return oci.Rootfs{}, err
 	}
+	a.hold(id, l)
+	return oci.Rootfs{Layers: l.Layers, Config: l.Image.Config}, nil
+}
+
+func (a *ociImages) Pin(id string, layers []string) error {
+	l, err := a.st.LeaseLayers(layers)
+	if err != nil {
+		return err
+	}
+	a.hold(id, l)
+	return nil
+}
+
+func (a *ociImages) hold(id string, l *image.Lease) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.leases[img.ID]
-	if !ok {
-		if l, err = a.st.Acquire(ctx, img.ID); err != nil {
-			return oci.Rootfs{}, err
-		}
-		a.leases[img.ID] = l
+	if old := a.leases[id]; old != nil {
+		old.Release()
 	}
-	return oci.Rootfs{Layers: l.Layers, Config: l.Image.Config}, nil
+	a.leases[id] = l
+}
+
+func (a *ociImages) Unpin(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l := a.leases[id]; l != nil {
+		l.Release()
+		delete(a.leases, id)
+	}
 }
 
 // Close releases every lease.

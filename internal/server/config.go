@@ -126,6 +126,11 @@ type Config struct {
 	// Kubernetes quantity ("10Gi"); resourceLimits.disk overrides it.
 	// Default "" (unlimited).
 	DiskQuota string
+	// ImageDiskBudget caps the image store (uncompressed layer bytes, a
+	// Kubernetes quantity such as "20Gi"): once a minute the server prunes
+	// images no sandbox or snapshot uses, least recently used first, until
+	// the store fits. Default "" (no automatic pruning; `moat image prune`).
+	ImageDiskBudget string
 	// VolumeSize is the capacity of a native named volume (pvc) created
 	// without pvc.storage, a Kubernetes quantity. Default "1Gi".
 	VolumeSize string
@@ -166,6 +171,15 @@ func (c *Config) diskQuotaBytes() (int64, error) {
 		return 0, nil
 	}
 	r, err := lifecycle.ParseResources(map[string]string{"disk": c.DiskQuota})
+	return r.DiskBytes, err
+}
+
+// imageBudgetBytes is ImageDiskBudget in bytes (0 = no automatic GC).
+func (c *Config) imageBudgetBytes() (int64, error) {
+	if c.ImageDiskBudget == "" || c.ImageDiskBudget == "0" {
+		return 0, nil
+	}
+	r, err := lifecycle.ParseResources(map[string]string{"disk": c.ImageDiskBudget})
 	return r.DiskBytes, err
 }
 
@@ -252,6 +266,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.volumeSizeBytes(); err != nil {
 		errs = append(errs, fmt.Errorf("volume-size: %v", err))
+	}
+	if _, err := c.imageBudgetBytes(); err != nil {
+		errs = append(errs, fmt.Errorf("image-disk-budget: %v", err))
 	}
 	for _, p := range c.AllowedRegistries {
 		if err := image.ValidRegistryPattern(p); err != nil {

@@ -209,6 +209,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	rctx, stopReaper := context.WithCancel(ctx)
 	defer stopReaper()
 	go s.svc.Run(rctx)
+	if budget, _ := s.cfg.imageBudgetBytes(); budget > 0 {
+		go s.imageGC(rctx, budget, time.Minute)
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
 	if s.cfg.IngressListen != "" {
@@ -285,4 +288,32 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	return s.Serve(ctx, ln)
+}
+
+// imageGC prunes the image store down to budget bytes every interval
+// until ctx ends: images no sandbox runs (their layers are leased per
+// sandbox, see ociImages) and no snapshot owns, least recently used first.
+func (s *Server) imageGC(ctx context.Context, budget int64, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		res, err := s.images.Prune(ctx, image.PruneOptions{Budget: budget})
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Error("image gc", "err", err)
+		case len(res.Removed) > 0:
+			names := make([]string, len(res.Removed))
+			for i, img := range res.Removed {
+				names[i] = img.Name
+			}
+			s.log.Info("image gc: pruned unused images over the disk budget", "removed", names, "size", res.Size, "budget", budget)
+		case res.Size > budget:
+			s.log.Warn("image gc: the images in use exceed the disk budget", "size", res.Size, "budget", budget)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

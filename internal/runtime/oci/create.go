@@ -102,7 +102,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		att, netErr = r.net.Setup(ctx, id)
 	}()
 	defer func() { <-netDone }()
-	img, err := r.images.Rootfs(ctx, spec.Image)
+	img, err := r.images.Rootfs(ctx, id, spec.Image)
 	if err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: image %q: %w", spec.Image, err)
 	}
@@ -144,6 +144,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	phase("network")
 	rec.IP = att.IP.String()
+	rec.Layers = img.Layers
 
 	files := filepath.Join(dir, "files")
 	hostname := id

@@ -86,6 +86,7 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	if err := removeDirRetry(dir); err != nil {
 		return fmt.Errorf("oci: delete %s: %w", id, err)
 	}
+	r.images.Unpin(id) // its root is unmounted: the layers may go
 	return nil
 }
 

@@ -162,12 +162,19 @@ type Rootfs struct {
 	Config image.Config
 }
 
-// Images resolves image references to layer directories. Implementations
-// must be safe for concurrent use; Rootfs returns ErrNotFound for an
-// unknown reference. The layers stay valid until the image is removed,
-// which the caller (the image store) must refuse while sandboxes use it.
+// Images resolves image references to layer directories and pins the
+// layers of every sandbox, so that image GC (in any process sharing the
+// store) never removes what a sandbox runs on, also after its image lost
+// its name. Implementations must be safe for concurrent use.
 type Images interface {
-	Rootfs(ctx context.Context, ref string) (Rootfs, error)
+	// Rootfs resolves ref (ErrNotFound if unknown) and pins its layers for
+	// sandbox id until Unpin(id).
+	Rootfs(ctx context.Context, id, ref string) (Rootfs, error)
+	// Pin pins layers (as a Rootfs gave them) for sandbox id: a sandbox
+	// re-adopted after a restart.
+	Pin(id string, layers []string) error
+	// Unpin releases what Rootfs or Pin pinned for id. It is idempotent.
+	Unpin(id string)
 }
 
 // Network gives sandboxes their network; *network.Manager implements it.

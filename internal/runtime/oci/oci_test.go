@@ -39,7 +39,10 @@ const testImage = "local/busybox:test"
 // fakeImages serves the busybox rootfs as a one-layer image.
 type fakeImages struct{ layers map[string][]string }
 
-func (f fakeImages) Rootfs(ctx context.Context, ref string) (Rootfs, error) {
+func (f fakeImages) Pin(id string, layers []string) error { return nil }
+func (f fakeImages) Unpin(id string)                      {}
+
+func (f fakeImages) Rootfs(ctx context.Context, id, ref string) (Rootfs, error) {
 	layers, ok := f.layers[ref]
 	if !ok {
 		return Rootfs{}, fmt.Errorf("image %q: %w", ref, errdefs.ErrNotFound)

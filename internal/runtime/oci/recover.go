@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		rec, err := r.readRecord(id)
 		if err == nil && rec.Complete {
 			known[id] = true
+			r.pinLayers(id, rec)
 			if pid, err := readPid(filepath.Join(r.sandboxDir(id), "pid")); err == nil {
 				r.track(pid, id)
 				r.trackHelpers(rec.Class, id, pid)
@@ -193,4 +195,45 @@ func killInCgroup(pid int, cg string) {
 		return // reused by a process of another cgroup
 	}
 	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+// pinLayers pins the image layers of re-adopted sandbox id: those of its
+// record or, for a record of an older build, the lower dirs of its mounted
+// root filesystem.
+func (r *Runtime) pinLayers(id string, rec record) {
+	layers := rec.Layers
+	if len(layers) == 0 {
+		layers = overlayLowers(filepath.Join(r.sandboxDir(id), "rootfs"))
+	}
+	if len(layers) == 0 {
+		return
+	}
+	if err := r.images.Pin(id, layers); err != nil {
+		r.log.Error("oci: cannot pin the image layers of a re-adopted sandbox; image GC may remove them", "id", id, "err", err)
+	}
+}
+
+// overlayLowers returns the lower dirs (bottom first) of the overlay
+// mounted at target, from /proc/self/mountinfo; nil if there is none or
+// they were passed as /proc/self/fd paths.
+func overlayLowers(target string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if len(f) < 5 || f[4] != target || sep < 0 || sep+3 >= len(f) || f[sep+1] != "overlay" {
+			continue
+		}
+		for _, opt := range strings.Split(f[sep+3], ",") {
+			if dirs, ok := strings.CutPrefix(opt, "lowerdir="); ok && !strings.Contains(dirs, "/proc/self/fd/") {
+				top := strings.Split(dirs, ":")
+				slices.Reverse(top)
+				return top
+			}
+		}
+	}
+	return nil
 }

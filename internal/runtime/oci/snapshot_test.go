@@ -69,7 +69,7 @@ func TestSnapshotCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootfs, _ := r.images.Rootfs(ctx, testImage)
+	rootfs, _ := r.images.Rootfs(ctx, "", testImage)
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)

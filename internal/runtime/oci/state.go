@@ -65,6 +65,10 @@ type record struct {
 	CreatedAt time.Time    `json:"createdAt"`
 	// Complete is set once the container has been started.
 	Complete bool `json:"complete"`
+	// Layers are the image layer directories of the root filesystem
+	// (bottom first), pinned again when a restarted server re-adopts the
+	// sandbox. Records of older builds lack them (see pinLayers).
+	Layers []string `json:"layers,omitempty"`
 }
 
 func (r *Runtime) readRecord(id string) (record, error) {
