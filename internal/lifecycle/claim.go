@@ -273,7 +273,7 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
 			sb.ExpiresAt = &exp
 		}
-		s.setState(e, StateRunning, ReasonRunning, "")
+		s.mustTransition(e, StateRunning, ReasonRunning, "")
 		kv[sb.ID] = sb
 	}
 	if err := s.deps.Store.PutMany(Bucket, kv); err != nil {

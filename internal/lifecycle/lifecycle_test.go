@@ -256,6 +256,8 @@ func TestTransitionsTable(t *testing.T) {
 		{StateTerminated, StateRunning, false},
 		{StateFailed, StateStopping, true},
 		{StateStopping, StateRunning, false},
+		{StateRunning, StatePaused, false},
+		{StateRunning, StateRunning, true}, // a claim restarts a warm sandbox's status
 	} {
 		if got := canTransition(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: %v, want %v", c.from, c.to, got, c.ok)

@@ -54,18 +54,28 @@ func (s *Service) Recover(ctx context.Context) error {
 		switch {
 		case !ok:
 			if !isTerminal(sb.Status.State) {
-				s.setState(e, StateFailed, ReasonLost, "the sandbox was lost while the server was down")
+				s.mustTransition(e, StateFailed, ReasonLost, "the sandbox was lost while the server was down")
 				lost++
 			}
 		case rst.State == runtime.StateRunning:
-			if sb.Status.State != StateRunning {
-				s.setState(e, StateRunning, ReasonRunning, "")
+			if sb.Status.State == StatePaused {
+				// The runtime resumed it, the record missed it (a crash
+				// between the two): finish the resume.
+				s.mustTransition(e, StateResuming, "", "")
+			}
+			if e.sb.Status.State != StateRunning {
+				s.mustTransition(e, StateRunning, ReasonRunning, "")
 			}
 			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonRunning, "re-adopted after a server restart")
 			adopted++
 		case rst.State == runtime.StatePaused:
-			if sb.Status.State != StatePaused {
-				s.setState(e, StatePaused, ReasonPaused, "")
+			if sb.Status.State == StateRunning {
+				// The runtime paused it, the record missed it: finish the
+				// pause.
+				s.mustTransition(e, StatePausing, "", "")
+			}
+			if e.sb.Status.State != StatePaused {
+				s.mustTransition(e, StatePaused, ReasonPaused, "")
 			}
 			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonPaused, "re-adopted after a server restart")
 			adopted++
@@ -131,7 +141,9 @@ func (s *Service) markExited(ctx context.Context, e *entry, rst runtime.Status) 
 	if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
 		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)
 	}
-	s.setState(e, StateFailed, ReasonAgentExited, msg)
+	if !isTerminal(e.sb.Status.State) {
+		s.mustTransition(e, StateFailed, ReasonAgentExited, msg)
+	}
 }
 
 // Run runs the reaper until ctx is done: it deletes expired sandboxes,
@@ -225,7 +237,7 @@ func (s *Service) checkLiveness(ctx context.Context) {
 				ok = err == nil
 			}
 			if !ok {
-				s.setState(e, StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
+				s.mustTransition(e, StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
 				s.persist(e)
 			} else if rst.State == runtime.StateStopped {
 				s.markExited(ctx, e, rst)

@@ -268,17 +268,6 @@ func notFound(id string) error {
 		"SANDBOX::NOT_FOUND", fmt.Sprintf("sandbox %s not found", id))
 }
 
-// setState moves e to state; the caller holds e.mu.
-func (s *Service) setState(e *entry, st State, reason, msg string) {
-	prev := e.sb.Status.State
-	e.sb.Status = Status{State: st, Reason: reason, Message: msg, LastTransitionAt: s.now()}
-	if isTerminal(st) {
-		s.quota.release(e.sb.ID)
-	}
-	e.done.Store(isTerminal(st))
-	s.recordTransition(e, prev)
-}
-
 // persist writes e's record; the caller holds e.mu.
 func (s *Service) persist(e *entry) error {
 	if err := s.deps.Store.Put(Bucket, e.sb.ID, &e.sb); err != nil {
@@ -608,7 +597,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 			return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the restored sandbox agent could not be configured")
 		}
 	}
-	s.setState(e, StateRunning, ReasonRunning, "")
+	s.mustTransition(e, StateRunning, ReasonRunning, "")
 	if err := s.persist(e); err != nil {
 		s.cleanupFailed(ctx, sb.ID)
 		s.fail(e, ReasonProvisionFailed, "could not record the sandbox")
@@ -654,7 +643,7 @@ func (s *Service) cleanupFailed(ctx context.Context, id string) {
 }
 
 func (s *Service) fail(e *entry, reason, msg string) {
-	s.setState(e, StateFailed, reason, msg)
+	s.mustTransition(e, StateFailed, reason, msg)
 	e.failedAt = s.now()
 }
 
@@ -777,21 +766,23 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 	if reason == "" {
 		reason = ReasonStopping
 	}
-	s.setState(e, StateStopping, reason, "")
+	if err := s.transition(e, StateStopping, reason, ""); err != nil {
+		return err
+	}
 	if e.sb.NetworkPolicy != nil && s.deps.Egress != nil {
 		if err := s.deps.Egress.Detach(ctx, id); err != nil {
 			s.log.Warn("detach egress", "id", id, "err", err)
 		}
 	}
 	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
-		e.sb.Status = prev
+		s.revert(e, prev)
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	if err := s.deps.Store.Delete(Bucket, id); err != nil {
 		// The sandbox is gone; a stale record is reaped by Recover.
 		s.log.Error("delete sandbox record", "id", id, "err", err)
 	}
-	s.setState(e, StateTerminated, reason, "")
+	s.mustTransition(e, StateTerminated, reason, "")
 	s.mu.Lock()
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
@@ -814,15 +805,15 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.Status.State != StateRunning {
-		return transitionError(id, e.sb.Status.State, StatePausing, "SANDBOX::NOT_RUNNING")
+	prev := e.sb.Status
+	if err := s.transition(e, StatePausing, "", ""); err != nil {
+		return err
 	}
-	s.setState(e, StatePausing, "", "")
 	if err := p.Pause(context.WithoutCancel(ctx), id); err != nil {
-		s.setState(e, StateRunning, ReasonRunning, "")
+		s.revert(e, prev)
 		return fmt.Errorf("pause %s: %w", id, err)
 	}
-	s.setState(e, StatePaused, ReasonPaused, "")
+	s.mustTransition(e, StatePaused, ReasonPaused, "")
 	return s.persist(e)
 }
 
@@ -838,15 +829,15 @@ func (s *Service) Resume(ctx context.Context, id string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.Status.State != StatePaused {
-		return transitionError(id, e.sb.Status.State, StateResuming, "SANDBOX::NOT_PAUSED")
+	prev := e.sb.Status
+	if err := s.transition(e, StateResuming, "", ""); err != nil {
+		return err
 	}
-	s.setState(e, StateResuming, "", "")
 	if err := p.Resume(context.WithoutCancel(ctx), id); err != nil {
-		s.setState(e, StatePaused, ReasonPaused, "")
+		s.revert(e, prev)
 		return fmt.Errorf("resume %s: %w", id, err)
 	}
-	s.setState(e, StateRunning, ReasonRunning, "")
+	s.mustTransition(e, StateRunning, ReasonRunning, "")
 	return s.persist(e)
 }
 
@@ -865,8 +856,8 @@ func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time
 func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
 	at = at.UTC()
 	now := s.now()
-	if isTerminal(e.sb.Status.State) {
-		return time.Time{}, transitionError(e.sb.ID, e.sb.Status.State, e.sb.Status.State, "SANDBOX::INVALID_STATE")
+	if err := admit(e.sb.ID, e.sb.Status.State, opRenew); err != nil {
+		return time.Time{}, err
 	}
 	if e.sb.ExpiresAt == nil {
 		return time.Time{}, errdefs.WithPublic(errdefs.ErrFailedPrecondition, "SANDBOX::INVALID_EXPIRATION", "sandbox has no expiration (manual cleanup); it cannot be renewed")
@@ -932,8 +923,8 @@ func (s *Service) PatchMetadata(ctx context.Context, id string, patch map[string
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if isTerminal(e.sb.Status.State) || e.sb.Status.State == StatePending || e.sb.Status.State == StateStopping {
-		return Sandbox{}, transitionError(id, e.sb.Status.State, e.sb.Status.State, "SANDBOX::INVALID_STATE")
+	if err := admit(id, e.sb.Status.State, opMetadata); err != nil {
+		return Sandbox{}, err
 	}
 	prev := cloneMap(e.sb.Metadata)
 	for k, v := range patch {
@@ -975,8 +966,8 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 	e.mu.Lock()
 	st, token, access := e.sb.Status.State, e.sb.AgentToken, e.sb.AccessToken
 	e.mu.Unlock()
-	if st != StateRunning && st != StatePaused && st != StatePausing && st != StateResuming {
-		return Endpoint{}, transitionError(id, st, st, "SANDBOX::NOT_RUNNING")
+	if err := admit(id, st, opEndpoint); err != nil {
+		return Endpoint{}, err
 	}
 	addr, err := s.deps.Runtime.Endpoint(ctx, id, port)
 	if err != nil {

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -52,9 +53,15 @@ const (
 )
 
 // transitions is the state machine: the states each state may move to.
+// Every change of a sandbox's state goes through it (Service.transition,
+// Service.revert); nothing else assigns Status.State. The initial state
+// is Pending (a new sandbox) or what a record says (Recover).
 var transitions = map[State][]State{
-	StatePending:  {StateRunning, StateFailed, StateStopping},
-	StateRunning:  {StatePausing, StateStopping, StateFailed, StateTerminated},
+	StatePending: {StateRunning, StateFailed, StateStopping},
+	StateRunning: {
+		StatePausing, StateStopping, StateFailed,
+		StateRunning, // a warm pool sandbox is claimed: its status restarts
+	},
 	StatePausing:  {StatePaused, StateRunning, StateFailed, StateStopping},
 	StatePaused:   {StateResuming, StateStopping, StateFailed},
 	StateResuming: {StateRunning, StatePaused, StateFailed, StateStopping},
@@ -66,17 +73,100 @@ var transitions = map[State][]State{
 
 // canTransition reports whether from -> to is legal.
 func canTransition(from, to State) bool {
-	for _, s := range transitions[from] {
-		if s == to {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(transitions[from], to)
 }
 
-// transitionError is the typed error for an illegal transition.
+// refusals are the codes of illegal transitions by target state (409);
+// any other target is SANDBOX::INVALID_STATE.
+var refusals = map[State]string{
+	StatePausing:  "SANDBOX::NOT_RUNNING",
+	StateResuming: "SANDBOX::NOT_PAUSED",
+}
+
+// transitionError is the typed error for an illegal transition or an
+// operation refused in a state: ErrFailedPrecondition (409) with code.
 func transitionError(id string, from, to State, code string) error {
 	return errdefs.WithPublic(
 		fmt.Errorf("sandbox %s: %s -> %s: %w", id, from, to, errdefs.ErrFailedPrecondition),
 		code, fmt.Sprintf("sandbox %s is %s", id, from))
+}
+
+// transition moves e to state to (with reason and message) if the table
+// allows it, else returns the transition's refusal (see refusals). The
+// caller holds e.mu.
+func (s *Service) transition(e *entry, to State, reason, msg string) error {
+	from := e.sb.Status.State
+	if !canTransition(from, to) {
+		code := refusals[to]
+		if code == "" {
+			code = "SANDBOX::INVALID_STATE"
+		}
+		return transitionError(e.sb.ID, from, to, code)
+	}
+	s.applyState(e, Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.now()}, true)
+	return nil
+}
+
+// mustTransition is transition for the server's own moves (reaper,
+// recovery, create), where an illegal one is a bug to log, not an API
+// answer: e keeps its state.
+func (s *Service) mustTransition(e *entry, to State, reason, msg string) {
+	if err := s.transition(e, to, reason, msg); err != nil {
+		s.log.Error("illegal sandbox state transition refused", "id", e.sb.ID, "err", err)
+	}
+}
+
+// revert undoes the transition that led to e's state when the runtime
+// refused to carry it out (a failed pause, resume or delete): e goes back
+// to prev, the status it had. It is legal only if the table leads from
+// prev to the current state. The caller holds e.mu.
+func (s *Service) revert(e *entry, prev Status) {
+	if !canTransition(prev.State, e.sb.Status.State) {
+		s.log.Error("illegal sandbox state revert refused", "id", e.sb.ID, "from", e.sb.Status.State, "to", prev.State)
+		return
+	}
+	s.applyState(e, prev, false)
+}
+
+// operations are the requests that do not change the state, with the
+// states that admit them and the code of a refusal (409).
+var operations = map[string]struct {
+	in   []State
+	code string
+}{
+	opRenew:    {[]State{StatePending, StateRunning, StatePausing, StatePaused, StateResuming, StateStopping}, "SANDBOX::INVALID_STATE"},
+	opMetadata: {[]State{StateRunning, StatePausing, StatePaused, StateResuming}, "SANDBOX::INVALID_STATE"},
+	opEndpoint: {[]State{StateRunning, StatePausing, StatePaused, StateResuming}, "SANDBOX::NOT_RUNNING"},
+}
+
+// Operations of the operations table.
+const (
+	opRenew    = "renew-expiration"
+	opMetadata = "patch-metadata"
+	opEndpoint = "endpoint"
+)
+
+// admit checks that a sandbox in state st admits operation op.
+func admit(id string, st State, op string) error {
+	o := operations[op]
+	if !slices.Contains(o.in, st) {
+		return transitionError(id, st, st, o.code)
+	}
+	return nil
+}
+
+// applyState sets e's status and its consequences (quota, and the event
+// of the transition unless it is undone by revert, which records none).
+// Only transition and revert call it (state.go): every change goes
+// through the transitions table. The caller holds e.mu.
+func (s *Service) applyState(e *entry, status Status, event bool) {
+	prev, st := e.sb.Status.State, status.State
+	e.sb.Status = status
+	if isTerminal(st) {
+		s.quota.release(e.sb.ID)
+	}
+	e.done.Store(isTerminal(st))
+	if event {
+		s.recordTransition(e, prev)
+	}
 }
