@@ -339,22 +339,8 @@ func TestJupyterMessageInterrupt(t *testing.T) {
 	if st, b := e.Call("DELETE", "/code?id="+id, nil); st != 200 {
 		t.Fatalf("interrupt: %d %s", st, b)
 	}
-	done := make(chan wire.Event, 1)
-	go func() {
-		for {
-			if ev := sr.Next(); ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
-				done <- ev
-				return
-			}
-		}
-	}()
-	select {
-	case ev := <-done:
-		if ev.Type != wire.EvError || ev.Error.EName != "KeyboardInterrupt" {
-			t.Fatalf("interrupted run ended with %+v", ev)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("interrupt_request did not stop the loop")
+	if ev := sr.Final(30 * time.Second); ev.Type != wire.EvError || ev.Error.EName != "KeyboardInterrupt" {
+		t.Fatalf("interrupted run ended with %+v", ev)
 	}
 }
 

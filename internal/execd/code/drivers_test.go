@@ -86,22 +86,8 @@ func interruptAfterInit(t *testing.T, e *testEnv, id string) {
 	if st, b := e.Call("DELETE", "/code?id="+id, nil); st != 200 {
 		t.Fatalf("interrupt: %d %s", st, b)
 	}
-	done := make(chan wire.Event, 1)
-	go func() {
-		for {
-			if ev := sr.Next(); ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
-				done <- ev
-				return
-			}
-		}
-	}()
-	select {
-	case ev := <-done:
-		if ev.Type != wire.EvError {
-			t.Fatalf("the interrupted loop ended with %+v", ev)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the interrupt sent right after init was lost: the loop still runs")
+	if ev := sr.Final(30 * time.Second); ev.Type != wire.EvError {
+		t.Fatalf("the interrupted loop ended with %+v", ev)
 	}
 }
 

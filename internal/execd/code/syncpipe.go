@@ -4,8 +4,9 @@ import (
 	"errors"
 	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/proc"
 )
 
 // syncPipe copies a long-lived child's output pipe to a switchable sink and
@@ -82,39 +83,12 @@ func (p *syncPipe) run() {
 		p.barriers = nil
 		p.r.SetReadDeadline(time.Time{})
 		p.mu.Unlock()
-		eof := p.drain(buf)
+		eof := proc.Drain(p.r, buf, p.deliver)
 		for _, ch := range taken {
 			close(ch)
 		}
 		if eof {
 			return
 		}
-	}
-}
-
-func (p *syncPipe) drain(buf []byte) (eof bool) {
-	rc, err := p.r.SyscallConn()
-	if err != nil {
-		return false
-	}
-	for {
-		var n int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			n, rerr = syscall.Read(int(fd), buf)
-			return true
-		}); err != nil {
-			return false
-		}
-		if rerr == syscall.EINTR {
-			continue
-		}
-		if rerr != nil {
-			return false
-		}
-		if n == 0 {
-			return true
-		}
-		p.deliver(buf[:n])
 	}
 }

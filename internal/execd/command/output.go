@@ -5,8 +5,9 @@ import (
 	"io"
 	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/execd/proc"
 )
 
 // outputLog is a command's merged output file (served by /command/{id}/logs).
@@ -82,38 +83,10 @@ func (p *outputPipe) run() {
 			return // EOF (all writers gone) or a read error
 		}
 		p.r.SetReadDeadline(time.Time{})
-		eof := p.drain(buf)
+		eof := proc.Drain(p.r, buf, p.deliver)
 		p.markFlushed()
 		if eof {
 			return
 		}
-	}
-}
-
-// drain reads what is buffered without blocking; it reports EOF.
-func (p *outputPipe) drain(buf []byte) (eof bool) {
-	rc, err := p.r.SyscallConn()
-	if err != nil {
-		return false
-	}
-	for {
-		var n int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			n, rerr = syscall.Read(int(fd), buf)
-			return true
-		}); err != nil {
-			return false
-		}
-		if rerr == syscall.EINTR {
-			continue
-		}
-		if rerr != nil {
-			return false // EAGAIN: nothing more buffered
-		}
-		if n == 0 {
-			return true
-		}
-		p.deliver(buf[:n])
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
@@ -162,10 +164,18 @@ func NewStreamReader(t testing.TB, r io.Reader) *StreamReader {
 // fails the test.
 func (s *StreamReader) Next() wire.Event {
 	s.t.Helper()
+	ev, err := s.next()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return ev
+}
+
+func (s *StreamReader) next() (wire.Event, error) {
 	for {
 		line, err := s.br.ReadBytes('\n')
 		if err != nil {
-			s.t.Fatalf("stream ended: %v (%q)", err, line)
+			return wire.Event{}, fmt.Errorf("stream ended: %v (%q)", err, line)
 		}
 		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
@@ -173,11 +183,41 @@ func (s *StreamReader) Next() wire.Event {
 		}
 		var ev wire.Event
 		if err := json.Unmarshal(line, &ev); err != nil {
-			s.t.Fatalf("bad event %q: %v", line, err)
+			return wire.Event{}, fmt.Errorf("bad event %q: %v", line, err)
 		}
-		if ev.Type == wire.EvPing {
-			continue
+		if ev.Type != wire.EvPing {
+			return ev, nil
 		}
-		return ev
+	}
+}
+
+// Final reads up to the stream's final event (error or
+// execution_complete) and returns it; it fails the test if the stream
+// breaks or nothing final arrives within d (the caller closes the body).
+func (s *StreamReader) Final(d time.Duration) wire.Event {
+	s.t.Helper()
+	type result struct {
+		ev  wire.Event
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		for {
+			ev, err := s.next()
+			if err != nil || ev.Type == wire.EvError || ev.Type == wire.EvExecutionComplete {
+				done <- result{ev, err}
+				return
+			}
+		}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			s.t.Fatal(r.err)
+		}
+		return r.ev
+	case <-time.After(d):
+		s.t.Fatalf("no final event in %s: the cell still runs", d)
+		return wire.Event{}
 	}
 }
