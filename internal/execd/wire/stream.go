@@ -72,12 +72,14 @@ type Stream struct {
 	pingDone chan struct{}
 }
 
+// NewStream returns a Stream that writes to w.
 func NewStream(w http.ResponseWriter) *Stream {
 	return &Stream{w: w, rc: http.NewResponseController(w)}
 }
 
 func nowMs() int64 { return time.Now().UnixMilli() }
 
+// AppendEvent appends ev, framed, to b (stamping the time if unset).
 func AppendEvent(b []byte, ev Event) []byte {
 	if ev.Timestamp == 0 {
 		ev.Timestamp = nowMs()
