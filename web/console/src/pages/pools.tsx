@@ -20,6 +20,50 @@ function Fill({ p }: { p: Pool }) {
   )
 }
 
+/** Capacity edits a pool's capacitySpec (PUT with its template unchanged). */
+function Capacity({ p, done }: { p: Pool; done: () => void }) {
+  const c = p.capacitySpec
+  const [cap, setCap] = useState({ bufferMin: String(c.bufferMin), bufferMax: String(c.bufferMax), poolMin: String(c.poolMin), poolMax: String(c.poolMax) })
+  const act = useAction()
+  const num = (k: keyof typeof cap) => (
+    <label class="field inline">
+      <span class="field-label">{k}</span>
+      <input name={k} inputMode="numeric" size={4} value={cap[k]} onInput={(e) => setCap({ ...cap, [k]: (e.target as HTMLInputElement).value })} />
+    </label>
+  )
+  return (
+    <form
+      class="row wrap capacity"
+      data-testid="capacity-form"
+      onSubmit={(e) => {
+        e.preventDefault()
+        act.run(async () => {
+          const n = (k: keyof typeof cap) => {
+            const v = Number(cap[k])
+            if (!Number.isInteger(v) || v < 0) throw new Error(`${k} must be a whole number`)
+            return v
+          }
+          await api('PUT', `/v1/pools/${encodeURIComponent(p.name)}`, {
+            name: p.name,
+            template: p.template,
+            capacitySpec: { bufferMin: n('bufferMin'), bufferMax: n('bufferMax'), poolMin: n('poolMin'), poolMax: n('poolMax') },
+          })
+          done()
+        })
+      }}
+    >
+      {num('bufferMin')}
+      {num('bufferMax')}
+      {num('poolMin')}
+      {num('poolMax')}
+      <button class="small primary" type="submit" disabled={act.busy}>
+        Save
+      </button>
+      {act.error && <span class="error inline">{act.error}</span>}
+    </form>
+  )
+}
+
 function CreatePool({ done }: { done: () => void }) {
   const [name, setName] = useState('')
   const [image, setImage] = useState('')
@@ -83,6 +127,7 @@ export function Pools() {
   const pools = usePoll(() => api<{ items: Pool[] }>('GET', '/v1/pools'), 3000)
   const act = useAction()
   const [creating, setCreating] = useState(false)
+  const [editing, setEditing] = useState('')
   const items = pools.data?.items ?? []
   return (
     <section>
@@ -126,10 +171,22 @@ export function Pools() {
                 </td>
                 <td class="wide">
                   <Fill p={p} />
+                  {editing === p.name && (
+                    <Capacity
+                      p={p}
+                      done={() => {
+                        setEditing('')
+                        pools.refresh()
+                      }}
+                    />
+                  )}
                 </td>
                 <td title={p.createdAt}>{since(p.createdAt)}</td>
                 {me.canMutate && (
-                  <td class="right">
+                  <td class="right nowrap">
+                    <button class="small" onClick={() => setEditing(editing === p.name ? '' : p.name)}>
+                      {editing === p.name ? 'Close' : 'Capacity'}
+                    </button>
                     <button
                       class="small danger"
                       disabled={act.busy}
