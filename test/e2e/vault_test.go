@@ -237,7 +237,7 @@ func TestCredentialVault(t *testing.T) {
 	if err := os.WriteFile(caFile, upCA.CertPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	up := startFakeUpstream(t, o.ns, upCA, o.a, o.b, o.a6)
+	up := startFakeUpstream(t, o.ns, upCA, o.a, o.b, o.a6, o.b6)
 	rec := func(name, addr string) []string { return []string{name + ". 60 IN A " + addr} }
 	dns, _ := nettest.ServeDNS(t, "", "127.0.0.1:0", map[string][]string{
 		"api.vault.test.":     rec("api.vault.test", o.a),
@@ -320,6 +320,19 @@ func TestCredentialVault(t *testing.T) {
 			if r := v.probe("https://other.vault.test/"); r.Err == "" || !strings.Contains(r.Err, "certificate") {
 				t.Fatalf("the sandbox trusted an unbound host's certificate it has no root for: %+v", r)
 			}
+			// The policy still decides: an address no allowed name resolved
+			// to stays unreachable on the intercepted port (a server does
+			// listen there).
+			if r := v.probe("-insecure", "-timeout", "3s", "https://["+o.b6+"]/denied"); r.Status != 0 || r.Err == "" {
+				t.Fatalf("a vault sandbox reached an address its policy denies: %+v", r)
+			}
+			up.mu.Lock()
+			for _, g := range up.got {
+				if g.Path == "/denied" {
+					t.Errorf("the denied address received a request: %+v", g)
+				}
+			}
+			up.mu.Unlock()
 
 			// Live PATCH: replace a credential and a binding, delete one,
 			// bind the unbound host; the next requests follow at once.
@@ -387,6 +400,19 @@ func TestCredentialVault(t *testing.T) {
 	if t.Failed() || len(sandboxes) == 0 {
 		return
 	}
+	// Control for the denied-address check: without a policy the same
+	// address and port answer.
+	var c sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}, &c)
+	t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+	ctl := &vaultSandbox{t: t, srv: srv, id: c.ID}
+	ctl.agent, ctl.agentHdr = srv.agent(c.ID)
+	uploadFile(t, ctl.agent, ctl.agentHdr, "/tmp/tlsprobe", probe)
+	shell(t, srv, c.ID, "chmod 755 /tmp/tlsprobe")
+	if r := ctl.probe("-insecure", "-timeout", "10s", "https://["+o.b6+"]/control"); r.Status != 200 {
+		t.Fatalf("control: a sandbox without policy cannot reach the address: %+v", r)
+	}
+	up.last(t, "["+o.b6+"]", "/control")
 
 	// A restart keeps every vault (sealed in the store) and its effect.
 	srv.kill9()

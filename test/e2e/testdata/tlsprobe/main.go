@@ -26,6 +26,7 @@ type result struct {
 
 func main() {
 	insecure := flag.Bool("insecure", false, "do not verify the server certificate")
+	timeout := flag.Duration("timeout", 15*time.Second, "give up after this long")
 	flag.Parse()
 	var out result
 	defer func() { json.NewEncoder(os.Stdout).Encode(out) }()
@@ -38,7 +39,7 @@ func main() {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	c := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+	c := &http.Client{Timeout: *timeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: *insecure},
 	}}
 	resp, err := c.Do(req)
