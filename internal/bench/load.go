@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,12 @@ type LoadBenchOptions struct {
 	ServerPID int
 	// Runtime is the in-process server's backend (default "oci").
 	Runtime string
+	// ServerRoot and ServerRunRoot, if set, are a local server's --root and
+	// --run-root: each interval then also counts the server's goroutines
+	// and open files (from /metrics), and the mounts under those roots,
+	// sandbox netns files, allocated IPs and, with CgroupParent (the
+	// server's --cgroup-parent), sandbox cgroups: what a soak must see flat.
+	ServerRoot, ServerRunRoot, CgroupParent string
 }
 
 // loadStats accumulates one interval.
@@ -80,8 +87,14 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 
 	fmt.Fprintf(w, "moat bench load: create -> command -> delete, concurrency %d, %s, image %s, runtime class %q\n",
 		o.Concurrency, o.Duration, image, o.RuntimeClass)
-	fmt.Fprintf(w, "%7s %7s %8s %6s %6s %6s %10s %10s %10s %10s %9s %6s\n",
+	watch := o.ServerRoot != ""
+	fmt.Fprintf(w, "%7s %7s %8s %6s %6s %6s %10s %10s %10s %10s %9s %6s",
 		"t", "cycles", "cycles/s", "e.crt", "e.exec", "e.del", "crt.p50", "crt.p99", "cyc.p50", "cyc.p99", "rss", "held")
+	if watch {
+		fmt.Fprintf(w, " %6s %5s %5s %5s %5s %5s %5s", "gor", "fds", "mnt", "netns", "cg", "ips", "load")
+	}
+	fmt.Fprintln(w)
+	var resSeries []resources
 
 	var (
 		mu  sync.Mutex
@@ -167,9 +180,15 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 			held = strconv.Itoa(n - base)
 		}
 		cp, yp := Summarize(s.create), Summarize(s.cycle)
-		fmt.Fprintf(w, "%6.0fs %7d %8.2f %6d %6d %6d %10s %10s %10s %10s %9s %6s\n",
+		fmt.Fprintf(w, "%6.0fs %7d %8.2f %6d %6d %6d %10s %10s %10s %10s %9s %6s",
 			el.Seconds(), s.cycles, float64(s.cycles)/span.Seconds(), s.createErr, s.execErr, s.delErr,
 			ms(cp.P50), ms(cp.P99), ms(yp.P50), ms(yp.P99), rssText, held)
+		if watch {
+			r := sampleResources(ctx, c, o)
+			resSeries = append(resSeries, r)
+			fmt.Fprintf(w, " %6d %5d %5d %5d %5d %5d %5s", r.goroutines, r.fds, r.mounts, r.netns, r.cgroups, r.ips, r.load)
+		}
+		fmt.Fprintln(w)
 		if s.firstErr != "" {
 			fmt.Fprintf(w, "        first error: %s\n", s.firstErr)
 		}
@@ -214,7 +233,121 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 	if n, err := c.count(ctx); err == nil {
 		fmt.Fprintf(w, "sandboxes held by the server after the run: %d (before: %d)\n", n, base)
 	}
+	if watch && len(resSeries) >= 3 {
+		// After the final interval every cycle has ended: what the server
+		// holds now is what it leaked.
+		end := sampleResources(ctx, c, o)
+		third := max(1, len(resSeries)/3)
+		for _, f := range resourceFields {
+			var a, b []int64
+			for _, r := range resSeries[:third] {
+				a = append(a, int64(f.get(r)))
+			}
+			for _, r := range resSeries[len(resSeries)-third:] {
+				b = append(b, int64(f.get(r)))
+			}
+			all := make([]int64, len(resSeries))
+			for i, r := range resSeries {
+				all[i] = int64(f.get(r))
+			}
+			fmt.Fprintf(w, "%-10s first third mean %8.1f, last third mean %8.1f, min %5d, max %5d, after the run %5d\n",
+				f.name+":", mean(a), mean(b), minOf(all), maxOf(all), f.get(end))
+		}
+	}
 	return nil
+}
+
+// resources are a local server's counts that must stay flat under load.
+type resources struct {
+	goroutines, fds, mounts, netns, cgroups, ips int
+	load                                         string // 1-minute load average of the machine
+}
+
+var resourceFields = []struct {
+	name string
+	get  func(resources) int
+}{
+	{"goroutines", func(r resources) int { return r.goroutines }},
+	{"open fds", func(r resources) int { return r.fds }},
+	{"mounts", func(r resources) int { return r.mounts }},
+	{"netns", func(r resources) int { return r.netns }},
+	{"cgroups", func(r resources) int { return r.cgroups }},
+	{"IPs", func(r resources) int { return r.ips }},
+}
+
+// sampleResources counts what the server at c holds (see
+// LoadBenchOptions.ServerRoot). A count it cannot read is -1.
+func sampleResources(ctx context.Context, c *Client, o LoadBenchOptions) resources {
+	r := resources{goroutines: -1, fds: -1, mounts: -1, netns: -1, cgroups: -1, ips: -1, load: "?"}
+	if m, err := scrapeMetrics(ctx, c, "go_goroutines", "process_open_fds"); err == nil {
+		r.goroutines, r.fds = int(m["go_goroutines"]), int(m["process_open_fds"])
+	}
+	count := func(dir string, skip func(string) bool) int {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return -1
+		}
+		n := 0
+		for _, e := range ents {
+			if skip == nil || !skip(e.Name()) {
+				n++
+			}
+		}
+		return n
+	}
+	r.netns = count(filepath.Join(o.ServerRunRoot, "netns"), nil)
+	r.ips = count(filepath.Join(o.ServerRoot, "oci", "network", "ips"), func(n string) bool { return strings.HasPrefix(n, ".") || strings.HasSuffix(n, ".tmp") })
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		r.mounts = 0
+		for _, line := range strings.Split(string(mi), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && (strings.HasPrefix(f[4], o.ServerRoot+"/") || o.ServerRunRoot != "" && strings.HasPrefix(f[4], o.ServerRunRoot+"/")) {
+				r.mounts++
+			}
+		}
+	}
+	if o.CgroupParent != "" {
+		r.cgroups = 0
+		filepath.WalkDir(filepath.Join("/sys/fs/cgroup/pids", o.CgroupParent), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() && p != filepath.Join("/sys/fs/cgroup/pids", o.CgroupParent) {
+				r.cgroups++
+			}
+			return nil
+		})
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			r.load = f[0]
+		}
+	}
+	return r
+}
+
+// scrapeMetrics reads the named unlabelled samples from the server's
+// /metrics.
+func scrapeMetrics(ctx context.Context, c *Client, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.Base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("OPEN-SANDBOX-API-KEY", c.Key)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		for _, n := range names {
+			if v, ok := strings.CutPrefix(sc.Text(), n+" "); ok {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+					out[n] = f
+				}
+			}
+		}
+	}
+	return out, sc.Err()
 }
 
 func (s *loadStats) setErr(e string) {

@@ -83,6 +83,9 @@ how many sandboxes the server holds, then a summary with the RSS trend.`,
 	f.DurationVar(&o.Duration, "duration", time.Minute, "how long to sustain the load")
 	f.DurationVar(&o.Interval, "interval", 10*time.Second, "reporting interval")
 	f.IntVar(&o.ServerPID, "server-pid", 0, "PID of a local server, for its RSS")
+	f.StringVar(&o.ServerRoot, "server-root", "", "--root of a local server: also count its goroutines, open files, mounts, netns, IPs per interval")
+	f.StringVar(&o.ServerRunRoot, "server-run-root", "", "--run-root of that server (mounts and netns files under it)")
+	f.StringVar(&o.CgroupParent, "server-cgroup-parent", "", "--cgroup-parent of that server (its sandbox cgroups are counted)")
 	return cmd
 }
 

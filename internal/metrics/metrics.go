@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -65,7 +66,10 @@ func New(opts Options) *Registry {
 	// Both results exist from the start, so rate() works before the first miss.
 	r.claims.WithLabelValues("hit")
 	r.claims.WithLabelValues("miss")
-	r.reg.MustRegister(r.create, r.claims, r.requests)
+	r.reg.MustRegister(r.create, r.claims, r.requests,
+		// The server's own health: goroutines, memory, open files (what
+		// `moat bench load` watches for leaks over a soak).
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if opts.States != nil {
 		r.reg.MustRegister(&stateCollector{counts: opts.States, known: opts.KnownStates,
 			desc: prometheus.NewDesc("moat_sandboxes", "Sandboxes by lifecycle state.", []string{"state"}, nil)})
