@@ -4,13 +4,10 @@
 # package-lock.json), cached by suite, package list and lockfile so reruns
 # are instant. No container registry is involved.
 #
-#   build-test-images.sh [debian-ipykernel]
-#     Debian minbase + python3-ipykernel, for the agent's Jupyter backend
-#     inside a real sandbox (test/e2e TestJupyterInSandbox).
-#
-#   build-test-images.sh debian-kernels
+#   build-test-images.sh [debian-kernels]
 #     Every code-context backend in one image (test/e2e
-#     TestCodeLanguagesInSandbox and the JS SDK code-context suite):
+#     TestJupyterInSandbox, TestCodeLanguagesInSandbox and the JS SDK
+#     code-context suite TestCompatJSCodeContexts):
 #     Jupyter kernels for python (python3-ipykernel), R (r-cran-irkernel)
 #     and TypeScript (tslab, npm, scripts/testimages/tslab), and the
 #     runtimes of the agent's built-in drivers: a JDK (jshell) for Java,
@@ -20,30 +17,27 @@
 # Output (stdout): ${MOAT_CACHE:-/var/cache/moat}/images/<name>-<key>.tar.gz
 set -euo pipefail
 
-NAME=${1:-debian-ipykernel}
+NAME=${1:-debian-kernels}
 CACHE=${MOAT_CACHE:-/var/cache/moat}/images
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TSLAB=
 case $NAME in
-debian-ipykernel)
-	PKGS=python3-ipykernel
-	;;
 debian-kernels)
 	PKGS="python3-ipykernel r-cran-irkernel default-jdk-headless nodejs node-typescript"
 	TSLAB=$HERE/testimages/tslab
 	;;
 *)
-	echo "build-test-images: unknown image $NAME (debian-ipykernel, debian-kernels)" >&2
+	echo "build-test-images: unknown image $NAME (debian-kernels)" >&2
 	exit 2
 	;;
 esac
 LAYOUT=2 # bump when the build steps change what an image holds
 KEY=$({
 	printf '%s %s' "$SUITE" "$PKGS"
-	[[ -z $TSLAB ]] || echo "layout $LAYOUT"
-	[[ -z $TSLAB ]] || cat "$TSLAB/package-lock.json"
+	echo "layout $LAYOUT"
+	cat "$TSLAB/package-lock.json"
 } | sha256sum | cut -c1-12)
 OUT=$CACHE/$NAME-$KEY.tar.gz
 

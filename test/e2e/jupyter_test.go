@@ -19,12 +19,13 @@ import (
 )
 
 // TestJupyterInSandbox runs code contexts in a real sandbox whose image
-// has ipykernel (Debian minbase + python3-ipykernel, built by
-// scripts/build-test-images.sh from the Debian mirror and cached): the
-// agent must find the kernel and use it instead of its built-in REPL.
+// has ipykernel (the debian-kernels image of scripts/build-test-images.sh,
+// built from the Debian mirror and cached; TestCodeLanguagesInSandbox uses
+// it too, so CI builds one image): the agent must find the kernel and use
+// it instead of its built-in REPL.
 func TestJupyterInSandbox(t *testing.T) {
 	script := filepath.Join(testutil.RepoRoot(t), "scripts", "build-test-images.sh")
-	out, err := exec.Command("bash", script).Output()
+	out, err := exec.Command("bash", script, "debian-kernels").Output()
 	if err != nil {
 		t.Fatalf("build test image: %v (run scripts/build-test-images.sh)", err)
 	}
@@ -34,7 +35,7 @@ func TestJupyterInSandbox(t *testing.T) {
 	}
 
 	srv := newServer(t)
-	const ref = "localhost/debian-ipykernel:e2e"
+	const ref = "localhost/debian-kernels:jupyter"
 	if b, err := exec.Command(srv.bin, "image", "import", "--root", srv.root, ref, tarball).CombinedOutput(); err != nil {
 		t.Fatalf("import: %v\n%s", err, b)
 	}
