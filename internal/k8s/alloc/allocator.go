@@ -1,0 +1,512 @@
+package alloc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// Options configure an Allocator.
+type Options struct {
+	// Client writes tables and reads them straight from the API server
+	// after a conflict.
+	Client client.Client
+	// Informers delivers the pods (those labelled sbv1.LabelPool) and the
+	// table ConfigMaps (LabelTable) of the namespaces served; the
+	// allocator adds its handlers to them. The caller starts them.
+	Informers cache.Informers
+	// Revision returns the current template revision of a pool (its pods'
+	// sbv1.LabelPoolRevision): only pods of that revision are handed
+	// out. "" hands out pods of any revision. Optional.
+	Revision func(pool types.NamespacedName) string
+	// Usable reports whether a free pod may be handed out besides being
+	// ready (the server: its token is known). Optional.
+	Usable func(pool types.NamespacedName, pod string) bool
+	// Changed is called (outside any lock) after a table changed, with
+	// the pool, from this process's writes and from other writers'.
+	// Optional.
+	Changed func(pool types.NamespacedName)
+}
+
+// Allocator serves the tables of the pools it sees: it keeps every pool's
+// pods and table in memory, from the informers (the ledger), and applies
+// changes with group commits. It is safe for concurrent use.
+type Allocator struct {
+	o Options
+
+	mu    sync.Mutex
+	pools map[types.NamespacedName]*poolState
+	regs  []toolscache.ResourceEventHandlerRegistration
+}
+
+// PodState is what the allocator knows of a pool pod.
+type PodState struct {
+	UID      types.UID
+	IP       string
+	Ready    bool // running, with an address, not deleting
+	Ended    bool // succeeded or failed: it will never serve again
+	Deleting bool
+	Revision string
+}
+
+// poolState is one pool's ledger: its pods, its newest known table, and
+// the group commit queue. mu guards everything but queue, which qmu
+// guards.
+type poolState struct {
+	mu    sync.Mutex
+	pods  map[string]PodState
+	table Table
+	// rv is the resourceVersion of table ("" while the table does not
+	// exist); exists says whether it does.
+	rv     string
+	exists bool
+	// index maps every pod the table names to its owner ("" retired).
+	index map[string]string
+
+	qmu     sync.Mutex
+	queue   []*request
+	running bool
+}
+
+type request struct {
+	ch   Change
+	res  Result
+	err  error
+	done chan struct{}
+}
+
+// New returns an allocator fed by o.Informers. Call Synced (or
+// WaitSynced) before trusting it.
+func New(ctx context.Context, o Options) (*Allocator, error) {
+	if o.Client == nil || o.Informers == nil {
+		return nil, errors.New("alloc: Client and Informers are required")
+	}
+	a := &Allocator{o: o, pools: map[types.NamespacedName]*poolState{}}
+	pi, err := o.Informers.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return nil, fmt.Errorf("alloc: pod informer: %w", err)
+	}
+	reg, err := pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { a.podEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { a.podEvent(obj, false) },
+		DeleteFunc: func(obj any) { a.podEvent(obj, true) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.regs = append(a.regs, reg)
+	ti, err := o.Informers.GetInformer(ctx, &corev1.ConfigMap{})
+	if err != nil {
+		return nil, fmt.Errorf("alloc: table informer: %w", err)
+	}
+	reg, err = ti.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { a.tableEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { a.tableEvent(obj, false) },
+		DeleteFunc: func(obj any) { a.tableEvent(obj, true) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.regs = append(a.regs, reg)
+	return a, nil
+}
+
+// Synced reports whether the allocator has seen the informers' initial
+// lists.
+func (a *Allocator) Synced() bool {
+	for _, r := range a.regs {
+		if !r.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitSynced waits until Synced or ctx ends.
+func (a *Allocator) WaitSynced(ctx context.Context) error {
+	for !a.Synced() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("alloc: informers not synced: %w", errdefs.ErrUnavailable)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func (a *Allocator) pool(key types.NamespacedName) *poolState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[key]
+	if ps == nil {
+		ps = &poolState{pods: map[string]PodState{}, table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
+		a.pools[key] = ps
+	}
+	return ps
+}
+
+func unwrap(obj any) any {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}
+
+func (a *Allocator) podEvent(obj any, deleted bool) {
+	p, ok := unwrap(obj).(*corev1.Pod)
+	if !ok {
+		return
+	}
+	name := p.Labels[sbv1.LabelPool]
+	if name == "" {
+		return
+	}
+	ps := a.pool(types.NamespacedName{Namespace: p.Namespace, Name: name})
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if deleted {
+		if cur, ok := ps.pods[p.Name]; ok && cur.UID == p.UID {
+			delete(ps.pods, p.Name)
+		}
+		return
+	}
+	ps.pods[p.Name] = podState(p)
+}
+
+func podState(p *corev1.Pod) PodState {
+	st := PodState{UID: p.UID, IP: p.Status.PodIP, Deleting: p.DeletionTimestamp != nil, Revision: p.Labels[sbv1.LabelPoolRevision]}
+	st.Ended = p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	st.Ready = !st.Deleting && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionFalse {
+			st.Ready = false
+		}
+	}
+	return st
+}
+
+func (a *Allocator) tableEvent(obj any, deleted bool) {
+	cm, ok := unwrap(obj).(*corev1.ConfigMap)
+	if !ok || cm.Labels[LabelTable] != "true" || cm.Annotations[AnnoPool] == "" {
+		return
+	}
+	key := types.NamespacedName{Namespace: cm.Namespace, Name: cm.Annotations[AnnoPool]}
+	ps := a.pool(key)
+	ps.mu.Lock()
+	changed := false
+	if deleted {
+		if ps.exists && !newer(ps.rv, cm.ResourceVersion) {
+			ps.setLocked(Table{}, "", false)
+			changed = true
+		}
+	} else if !ps.exists || newer(cm.ResourceVersion, ps.rv) {
+		t, err := Parse(cm.Data)
+		if err == nil {
+			ps.setLocked(t, cm.ResourceVersion, true)
+			changed = true
+		}
+	}
+	ps.mu.Unlock()
+	if changed && a.o.Changed != nil {
+		a.o.Changed(key)
+	}
+}
+
+// newer reports whether resourceVersion a is newer than b. Kubernetes
+// calls them opaque, but etcd's are increasing integers, and both copies
+// come from the same object; anything unparsable counts as newer, so a
+// write then meets a conflict and reads the table again.
+func newer(a, b string) bool {
+	x, err1 := strconv.ParseUint(a, 10, 64)
+	y, err2 := strconv.ParseUint(b, 10, 64)
+	if err1 != nil || err2 != nil {
+		return a != b
+	}
+	return x > y
+}
+
+// setLocked makes t the newest known table. Preconditions: ps.mu held.
+func (ps *poolState) setLocked(t Table, rv string, exists bool) {
+	if t.Owners == nil {
+		t.Owners = map[string]Owned{}
+	}
+	if t.Retired == nil {
+		t.Retired = map[string]time.Time{}
+	}
+	ps.table, ps.rv, ps.exists = t, rv, exists
+	ps.index = t.Index()
+}
+
+// Pod returns the allocator's view of a pool pod.
+func (a *Allocator) Pod(pool types.NamespacedName, name string) (PodState, bool) {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	st, ok := ps.pods[name]
+	return st, ok
+}
+
+// Owner returns the owner of a pod in its pool's table ("" and true for a
+// retired pod; false when the table does not name it).
+func (a *Allocator) Owner(pool types.NamespacedName, pod string) (string, bool) {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	o, ok := ps.index[pod]
+	return o, ok
+}
+
+// Held returns the pods owner holds in pool's table.
+func (a *Allocator) Held(pool types.NamespacedName, owner string) ([]string, time.Time) {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	o := ps.table.Owners[owner]
+	return append([]string(nil), o.Pods...), o.At
+}
+
+// Holding is one owner's pods in one pool.
+type Holding struct {
+	Pool  types.NamespacedName
+	Owner string
+	Owned
+}
+
+// Holdings returns every owner of namespace ns whose id match accepts,
+// in every pool's table.
+func (a *Allocator) Holdings(ns string, match func(owner string) bool) []Holding {
+	a.mu.Lock()
+	pools := make(map[types.NamespacedName]*poolState, len(a.pools))
+	for k, ps := range a.pools {
+		if k.Namespace == ns {
+			pools[k] = ps
+		}
+	}
+	a.mu.Unlock()
+	var out []Holding
+	for k, ps := range pools {
+		ps.mu.Lock()
+		for o, own := range ps.table.Owners {
+			if match(o) {
+				out = append(out, Holding{Pool: k, Owner: o, Owned: Owned{Pods: append([]string(nil), own.Pods...), At: own.At}})
+			}
+		}
+		ps.mu.Unlock()
+	}
+	return out
+}
+
+// Counts are a pool's pods as the table and the pod cache see them.
+type Counts struct {
+	// Free are ready, unnamed pods of the current revision.
+	Free int
+	// Owned are pods the table gives to an owner.
+	Owned int
+}
+
+// Count counts pool's pods.
+func (a *Allocator) Count(pool types.NamespacedName) Counts {
+	ps := a.pool(pool)
+	rev := a.revision(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var c Counts
+	for name, st := range ps.pods {
+		o, named := ps.index[name]
+		switch {
+		case named && o != "":
+			c.Owned++
+		case !named && st.Ready && (rev == "" || st.Revision == rev):
+			c.Free++
+		}
+	}
+	return c
+}
+
+func (a *Allocator) revision(pool types.NamespacedName) string {
+	if a.o.Revision == nil {
+		return ""
+	}
+	return a.o.Revision(pool)
+}
+
+// Apply applies ch to pool's table and returns what it did. Concurrent
+// calls for one pool are grouped into one write; the write carries the
+// resourceVersion of the table it was computed from, and on a conflict
+// the group is computed again from the newer table, so an allocation can
+// never hand out a pod that another writer has taken. Once the write is
+// made Apply waits for it even if ctx ends (the result is the truth of
+// the table); ctx bounds only the wait to join a group.
+func (a *Allocator) Apply(ctx context.Context, pool types.NamespacedName, ch Change) (Result, error) {
+	if err := a.WaitSynced(ctx); err != nil {
+		return Result{}, err
+	}
+	ps := a.pool(pool)
+	r := &request{ch: ch, done: make(chan struct{})}
+	ps.qmu.Lock()
+	ps.queue = append(ps.queue, r)
+	if !ps.running {
+		ps.running = true
+		go a.lead(pool, ps)
+	}
+	ps.qmu.Unlock()
+	<-r.done
+	return r.res, r.err
+}
+
+// lead commits the queued changes of a pool group by group until the
+// queue is empty.
+func (a *Allocator) lead(pool types.NamespacedName, ps *poolState) {
+	for {
+		ps.qmu.Lock()
+		group := ps.queue
+		ps.queue = nil
+		if len(group) == 0 {
+			ps.running = false
+			ps.qmu.Unlock()
+			return
+		}
+		ps.qmu.Unlock()
+		res, err := a.commit(pool, ps, group)
+		for i, r := range group {
+			if err == nil {
+				r.res = res[i]
+			}
+			r.err = err
+			close(r.done)
+		}
+		if err == nil && a.o.Changed != nil {
+			a.o.Changed(pool)
+		}
+	}
+}
+
+// commitTimeout bounds one group commit, retries included.
+const commitTimeout = 30 * time.Second
+
+// commit writes one group of changes: computed from the newest known
+// table, written with its resourceVersion, computed again after a
+// conflict.
+func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) ([]Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	changes := make([]Change, len(group))
+	for i, r := range group {
+		changes[i] = r.ch
+	}
+	for attempt := 0; ; attempt++ {
+		ps.mu.Lock()
+		base, rv, exists := ps.table.Clone(), ps.rv, ps.exists
+		free := a.freeLocked(pool, ps)
+		pods := ps.pods
+		next := base.Clone()
+		res := next.apply(changes, free, func(p string) bool { _, ok := pods[p]; return !ok }, time.Now().UTC())
+		ps.mu.Unlock()
+		if exists && next.equal(base) {
+			return res, nil
+		}
+		if !exists && len(next.Owners) == 0 && len(next.Retired) == 0 {
+			return res, nil
+		}
+		newRV, err := a.write(ctx, pool, next, rv, exists)
+		if err == nil {
+			ps.mu.Lock()
+			if !ps.exists || !newer(ps.rv, newRV) {
+				ps.setLocked(next, newRV, true)
+			}
+			ps.mu.Unlock()
+			return res, nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+		}
+		// Someone else wrote first: read the table they wrote and try
+		// again (after a short, random pause when it keeps happening).
+		if err := a.refresh(ctx, pool, ps); err != nil {
+			return nil, err
+		}
+		if attempt > 2 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
+			case <-time.After(time.Duration(rand.IntN(1000*min(attempt, 20))) * time.Microsecond):
+			}
+		}
+	}
+}
+
+// freeLocked lists the pool's free pods: ready, of the current revision,
+// usable, not named by the table. Preconditions: ps.mu held.
+func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) []string {
+	rev := a.revision(pool)
+	var out []string
+	for name, st := range ps.pods {
+		if _, named := ps.index[name]; named || !st.Ready || (rev != "" && st.Revision != rev) {
+			continue
+		}
+		if a.o.Usable != nil && !a.o.Usable(pool, name) {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// write stores t as pool's table: an update guarded by rv, or a create.
+func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, t Table, rv string, exists bool) (string, error) {
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: pool.Namespace, Name: TableName(pool.Name), ResourceVersion: rv,
+			Labels:      map[string]string{LabelTable: "true"},
+			Annotations: map[string]string{AnnoPool: pool.Name},
+		},
+		Data: t.Encode(),
+	}
+	var err error
+	if exists {
+		err = a.o.Client.Update(ctx, cm)
+	} else {
+		cm.ResourceVersion = ""
+		err = a.o.Client.Create(ctx, cm)
+	}
+	return cm.ResourceVersion, err
+}
+
+// refresh reads pool's table from the API server.
+func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState) error {
+	var cm corev1.ConfigMap
+	err := a.o.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: TableName(pool.Name)}, &cm)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	switch {
+	case apierrors.IsNotFound(err):
+		ps.setLocked(Table{}, "", false)
+		return nil
+	case err != nil:
+		return fmt.Errorf("read allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+	}
+	t, err := Parse(cm.Data)
+	if err != nil {
+		return fmt.Errorf("pool %s: %w: %v", pool.Name, errdefs.ErrInternal, err)
+	}
+	// The informer may have delivered a still newer copy meanwhile.
+	if !ps.exists || newer(cm.ResourceVersion, ps.rv) {
+		ps.setLocked(t, cm.ResourceVersion, true)
+	}
+	return nil
+}

@@ -1,0 +1,144 @@
+package alloc
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestApply(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	old := now.Add(-2 * RetiredTTL)
+	never := func(string) bool { return false }
+	always := func(string) bool { return true }
+	for i, tc := range []struct {
+		name    string
+		table   Table
+		changes []Change
+		free    []string
+		gone    func(string) bool
+		want    []Result
+		owners  map[string][]string
+		retired []string
+	}{{
+		name:    "claims take free pods in order, skipping named ones",
+		table:   Table{Owners: map[string]Owned{"b/x": {Pods: []string{"p1"}, At: old}}, Retired: map[string]time.Time{"p2": now}},
+		changes: []Change{{Owner: "s/a", Want: 2}, {Owner: "s/b", Want: 1}},
+		free:    []string{"p1", "p2", "p3", "p4", "p5"},
+		gone:    never,
+		want:    []Result{{Pods: []string{"p3", "p4"}, Held: []string{"p3", "p4"}}, {Pods: []string{"p5"}, Held: []string{"p5"}}},
+		owners:  map[string][]string{"b/x": {"p1"}, "s/a": {"p3", "p4"}, "s/b": {"p5"}},
+		retired: []string{"p2"},
+	}, {
+		name:    "a claim gets fewer pods when the pool runs out, and no entry without pods",
+		table:   Table{},
+		changes: []Change{{Owner: "s/a", Want: 3}, {Owner: "s/b", Want: 1}},
+		free:    []string{"p1", "p2"},
+		gone:    never,
+		want:    []Result{{Pods: []string{"p1", "p2"}, Held: []string{"p1", "p2"}}, {}},
+		owners:  map[string][]string{"s/a": {"p1", "p2"}},
+	}, {
+		name:    "release retires an owner's pods, never another's",
+		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1", "p2"}, At: old}, "s/b": {Pods: []string{"p3"}, At: old}}},
+		changes: []Change{{Owner: "s/a", Release: []string{"p1", "p3"}}, {Owner: "s/b", ReleaseAll: true}},
+		gone:    never,
+		want:    []Result{{Held: []string{"p2"}}, {}},
+		owners:  map[string][]string{"s/a": {"p2"}},
+		retired: []string{"p1", "p3"},
+	}, {
+		name:    "retire takes only free pods, and a retired pod is not handed out",
+		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1"}, At: old}}},
+		changes: []Change{{Retire: []string{"p1", "p2"}}, {Owner: "s/b", Want: 1}},
+		free:    []string{"p2", "p3"},
+		gone:    never,
+		want:    []Result{{Retired: []string{"p2"}}, {Pods: []string{"p3"}, Held: []string{"p3"}}},
+		owners:  map[string][]string{"s/a": {"p1"}, "s/b": {"p3"}},
+		retired: []string{"p2"},
+	}, {
+		name:    "adopt records named pods as they are, skipping taken ones",
+		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1"}, At: old}}},
+		changes: []Change{{Owner: "b/x", Adopt: []string{"p1", "p2"}}},
+		gone:    never,
+		want:    []Result{{Held: []string{"p2"}}},
+		owners:  map[string][]string{"s/a": {"p1"}, "b/x": {"p2"}},
+	}, {
+		name:    "retired pods are forgotten once gone and old",
+		table:   Table{Retired: map[string]time.Time{"old": old, "recent": now}},
+		changes: []Change{{Owner: "s/a", Want: 1}},
+		free:    []string{"old", "p1"},
+		gone:    always,
+		want:    []Result{{Pods: []string{"p1"}, Held: []string{"p1"}}},
+		owners:  map[string][]string{"s/a": {"p1"}},
+		retired: []string{"recent"},
+	}, {
+		name:    "retired pods that are still there stay",
+		table:   Table{Retired: map[string]time.Time{"old": old}},
+		changes: []Change{{Owner: "s/a", Want: 0}},
+		gone:    never,
+		want:    []Result{{}},
+		owners:  map[string][]string{},
+		retired: []string{"old"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, _ := Parse(Table{Owners: tc.table.Owners, Retired: tc.table.Retired}.Encode())
+			got := tbl.apply(tc.changes, tc.free, tc.gone, now)
+			for j := range tc.want {
+				w, g := tc.want[j], got[j]
+				if !slices.Equal(w.Pods, g.Pods) || !slices.Equal(w.Retired, g.Retired) || !slices.Equal(w.Held, g.Held) {
+					t.Errorf("%d: result %d = %+v, want %+v", i, j, g, w)
+				}
+			}
+			if len(tbl.Owners) != len(tc.owners) {
+				t.Errorf("%d: owners %v, want %v", i, tbl.Owners, tc.owners)
+			}
+			for o, pods := range tc.owners {
+				if !slices.Equal(tbl.Owners[o].Pods, pods) {
+					t.Errorf("%d: owner %s holds %v, want %v", i, o, tbl.Owners[o].Pods, pods)
+				}
+				if tbl.Owners[o].At.IsZero() {
+					t.Errorf("%d: owner %s has no time", i, o)
+				}
+			}
+			var ret []string
+			for p := range tbl.Retired {
+				ret = append(ret, p)
+			}
+			slices.Sort(ret)
+			if !slices.Equal(ret, tc.retired) {
+				t.Errorf("%d: retired %v, want %v", i, ret, tc.retired)
+			}
+			// Encoding round-trips.
+			back, err := Parse(tbl.Encode())
+			if err != nil || !back.equal(tbl) {
+				t.Errorf("%d: round trip: %v %+v", i, err, back)
+			}
+		})
+	}
+}
+
+func TestNames(t *testing.T) {
+	long := ""
+	for len(long) < 300 {
+		long += "abcdefghij"
+	}
+	for _, n := range []string{TableName(long), TokenSecretName(long), TableName(long + "x")} {
+		if len(n) > 253 {
+			t.Errorf("name %q too long (%d)", n, len(n))
+		}
+	}
+	if TableName(long) == TableName(long+"x") {
+		t.Error("long pool names collide")
+	}
+	if got := TableName("warm"); got != "warm-moat-alloc" {
+		t.Errorf("TableName = %q", got)
+	}
+	if id, ok := SandboxOf("moat0", SandboxOwner("moat0", "abc")); !ok || id != "abc" {
+		t.Errorf("SandboxOf = %q %v", id, ok)
+	}
+	if _, ok := SandboxOf("other", SandboxOwner("moat0", "abc")); ok {
+		t.Error("SandboxOf accepts another scope")
+	}
+	if b, ok := BatchOf(BatchOwner("x")); !ok || b != "x" {
+		t.Errorf("BatchOf = %q %v", b, ok)
+	}
+}
