@@ -253,9 +253,11 @@ func closeWrite(c net.Conn) {
 // each request to dst and injecting credentials where a binding matches.
 func (p *Proxy) intercept(ctx context.Context, cl *Client, c net.Conn, dst netip.AddrPort, scheme, sni string) {
 	if scheme == "https" {
+		// HTTP/2 when the sandbox's client offers it (gRPC needs it end
+		// to end; the upstream side negotiates on its own).
 		tc := tls.Server(c, &tls.Config{
 			MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"http/1.1"},
+			NextProtos: []string{"h2", "http/1.1"},
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 				return cl.ca.Leaf(sni)
 			},
@@ -269,14 +271,22 @@ func (p *Proxy) intercept(ctx context.Context, cl *Client, c net.Conn, dst netip
 		}
 		c = tc
 	}
-	fw := &forwarder{p: p, cl: cl, dst: dst, scheme: scheme, sni: sni}
+	fw := &forwarder{p: p, cl: cl, dst: dst, scheme: scheme, sni: sni, alpn: []string{"http/1.1"}}
+	if tc, ok := c.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
+		// The upstream side mirrors the sandbox's protocol: HTTP/2 costs
+		// more per request in Go's transport, so it is used only when
+		// the client chose it (gRPC needs it end to end).
+		fw.alpn = []string{"h2", "http/1.1"}
+	}
 	fw.transport = &http.Transport{
 		DialContext:         fw.dialPlain,
 		DialTLSContext:      fw.dialTLS,
 		DisableCompression:  true, // bodies pass through as the upstream sent them
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     idleTimeout,
-		ForceAttemptHTTP2:   false,
+		// With ForceAttemptHTTP2 the transport speaks HTTP/2 when dialTLS
+		// offered it (fw.alpn) and the upstream picked it.
+		ForceAttemptHTTP2: true,
 	}
 	defer fw.transport.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
@@ -320,6 +330,7 @@ type forwarder struct {
 	dst       netip.AddrPort
 	scheme    string
 	sni       string
+	alpn      []string // offered to the upstream
 	transport *http.Transport
 	handlers  sync.WaitGroup
 }
@@ -365,7 +376,7 @@ func (f *forwarder) dialTLS(ctx context.Context, _, _ string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	tc := tls.Client(raw, &tls.Config{ServerName: f.sni, RootCAs: f.p.cfg.RootCAs, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	tc := tls.Client(raw, &tls.Config{ServerName: f.sni, RootCAs: f.p.cfg.RootCAs, NextProtos: f.alpn, MinVersion: tls.VersionTLS12})
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, &upstreamTLSError{host: f.sni, err: err}

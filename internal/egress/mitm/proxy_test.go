@@ -27,6 +27,7 @@ type upstream struct {
 }
 
 type seen struct {
+	Proto  int // HTTP major version
 	Host   string
 	Path   string
 	Query  string
@@ -51,7 +52,7 @@ func startUpstream(t testing.TB, ca *CA, names ...string) *upstream {
 	u := &upstream{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
-		u.got = append(u.got, seen{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()})
+		u.got = append(u.got, seen{Proto: r.ProtoMajor, Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()})
 		u.mu.Unlock()
 		b, _ := json.Marshal(r.Header)
 		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
@@ -450,5 +451,30 @@ func TestCALeafAndParse(t *testing.T) {
 	}
 	if n := len(ca.leaves); n > maxLeaves {
 		t.Fatalf("leaf cache grew to %d", n)
+	}
+}
+
+func TestHTTP2EndToEnd(t *testing.T) {
+	r := newRig(t)
+	r.cl.SetRules(rules(t, testVault))
+	up := startUpstream(t, r.pubCA, "api.test")
+	via := r.route("10.9.0.9:443", up, "api.test")
+	c := sandboxClient(via, pool(r.sbCA))
+	c.Transport.(*http.Transport).ForceAttemptHTTP2 = true
+	resp, body := get(t, c, "https://api.test/v1/h2", nil)
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+		t.Fatalf("sandbox side: HTTP/%d %d %s", resp.ProtoMajor, resp.StatusCode, body)
+	}
+	got := up.last(t)
+	if got.Proto != 2 || got.Header.Get("Authorization") != "Bearer "+secret {
+		t.Fatalf("upstream side: HTTP/%d %v", got.Proto, got.Header)
+	}
+	if strings.Contains(body, secret) {
+		t.Fatalf("echo not scrubbed over HTTP/2: %q", body)
+	}
+	// An HTTP/1.1-only client still works.
+	c1 := sandboxClient(via, pool(r.sbCA))
+	if resp, _ := get(t, c1, "https://api.test/v1/h1", nil); resp.ProtoMajor != 1 {
+		t.Fatalf("HTTP/1.1 client got HTTP/%d", resp.ProtoMajor)
 	}
 }
