@@ -452,6 +452,23 @@ func TestCredentialVault(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(srv.root, "vault.key")); err != nil {
 		t.Errorf("no vault key: %v", err)
 	}
+
+	// Deleting the sandboxes takes their addresses out of the intercept
+	// table (a later sandbox on a reused address is not redirected).
+	sets := func() string {
+		out, err := exec.Command("nft", "list", "table", "inet", "moat-vault-"+srv.bridge).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	if got := sets(); !strings.Contains(got, "elements") {
+		t.Fatalf("the intercept table has no clients while vault sandboxes run:\n%s", got)
+	}
+	srv.deleteAll()
+	if got := sets(); strings.Contains(got, "elements") {
+		t.Fatalf("intercept clients left after every sandbox was deleted:\n%s", got)
+	}
 }
 
 // assertSandboxHoldsNoSecret searches the sandbox's files, every
