@@ -10,6 +10,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 )
 
+// minScrub is the shortest value Secrets lists for scrubbing.
+const minScrub = 6
+
 // Rules is the compiled form of a State that the egress proxy applies to
 // each request. It is immutable and safe for concurrent use; a PATCH
 // publishes a new *Rules, so a change takes effect at the next request,
@@ -51,7 +54,10 @@ func (s *State) Compile() *Rules {
 	r := &Rules{revision: s.Revision, exact: map[string][]*rule{}, wildcard: map[string][]*rule{}}
 	seen := map[string]bool{}
 	addSecret := func(v string) {
-		if !seen[v] {
+		// Values shorter than minScrub are not scrubbed: masking every
+		// "a" or "42" of a response would corrupt it, and such values
+		// are not secrets worth the damage.
+		if len(v) >= minScrub && !seen[v] {
 			seen[v] = true
 			r.secrets = append(r.secrets, v)
 		}
@@ -211,7 +217,7 @@ func (inj *Injection) Apply(h http.Header, u *url.URL) {
 
 // Secrets returns every credential value (and its rendered forms) the
 // rules inject, longest first, so a proxy can scrub them from responses
-// before they reach the sandbox.
+// before they reach the sandbox. Values under 6 bytes are left out.
 func (r *Rules) Secrets() []string {
 	if r == nil {
 		return nil
