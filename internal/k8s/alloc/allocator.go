@@ -23,9 +23,11 @@ import (
 
 // Options configure an Allocator.
 type Options struct {
-	// Client writes tables and reads them straight from the API server
-	// after a conflict.
+	// Client writes tables.
 	Client client.Client
+	// Reader reads a table straight from the API server after a conflict
+	// (default Client, which must then not be a cached client).
+	Reader client.Reader
 	// Informers delivers the pods (those labelled sbv1.LabelPool) and the
 	// table ConfigMaps (LabelTable) of the namespaces served; the
 	// allocator adds its handlers to them. The caller starts them.
@@ -95,6 +97,9 @@ type request struct {
 func New(ctx context.Context, o Options) (*Allocator, error) {
 	if o.Client == nil || o.Informers == nil {
 		return nil, errors.New("alloc: Client and Informers are required")
+	}
+	if o.Reader == nil {
+		o.Reader = o.Client
 	}
 	a := &Allocator{o: o, pools: map[types.NamespacedName]*poolState{}}
 	pi, err := o.Informers.GetInformer(ctx, &corev1.Pod{})
@@ -490,7 +495,7 @@ func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, t Tabl
 // refresh reads pool's table from the API server.
 func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState) error {
 	var cm corev1.ConfigMap
-	err := a.o.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: TableName(pool.Name)}, &cm)
+	err := a.o.Reader.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: TableName(pool.Name)}, &cm)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	switch {

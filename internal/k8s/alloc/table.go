@@ -201,7 +201,7 @@ func (t *Table) apply(changes []Change, free []string, gone func(string) bool, n
 		own, had := t.Owners[ch.Owner]
 		var rel []string
 		if ch.ReleaseAll {
-			rel = own.Pods
+			rel = slices.Clone(own.Pods) // own.Pods shrinks below
 		} else {
 			rel = ch.Release
 		}

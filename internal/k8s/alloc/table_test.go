@@ -39,12 +39,12 @@ func TestApply(t *testing.T) {
 		owners:  map[string][]string{"s/a": {"p1", "p2"}},
 	}, {
 		name:    "release retires an owner's pods, never another's",
-		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1", "p2"}, At: old}, "s/b": {Pods: []string{"p3"}, At: old}}},
+		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1", "p2"}, At: old}, "s/b": {Pods: []string{"p3", "p4", "p5", "p6"}, At: old}}},
 		changes: []Change{{Owner: "s/a", Release: []string{"p1", "p3"}}, {Owner: "s/b", ReleaseAll: true}},
 		gone:    never,
 		want:    []Result{{Held: []string{"p2"}}, {}},
 		owners:  map[string][]string{"s/a": {"p2"}},
-		retired: []string{"p1", "p3"},
+		retired: []string{"p1", "p3", "p4", "p5", "p6"},
 	}, {
 		name:    "retire takes only free pods, and a retired pod is not handed out",
 		table:   Table{Owners: map[string]Owned{"s/a": {Pods: []string{"p1"}, At: old}}},

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 )
 
 // batchReconciler serves BatchSandboxes. Claims without a pod are
@@ -35,6 +36,9 @@ type batchReconciler struct {
 	c      client.Client
 	api    client.Reader
 	ledger *ledger
+	// tables are the pools' allocation tables (internal/k8s/alloc): a
+	// pool pod is the batch's once its table says so.
+	tables *alloc.Allocator
 	opts   Options
 	// poke tells the pool controller that allocation changed.
 	poke chan<- event.GenericEvent
@@ -231,12 +235,23 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 
 	var fail *failure
 	undo := func() {}
+	// Pool pods the table gives this batch beyond its record: taken by an
+	// earlier pass whose record write failed. They serve claims first;
+	// those left over are released.
+	var poolKey types.NamespacedName
+	var extra []string
+	if b.Spec.PoolRef != "" {
+		poolKey = types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.PoolRef}
+		held, _ := r.tables.Held(poolKey, alloc.BatchOwner(b.Name))
+		extra = slices.DeleteFunc(held, func(p string) bool { return recordHas(next, p) })
+	}
 	if needsAllocation(next, replicas) {
 		var free []string
 		if pool != nil {
 			if free, err = r.freePods(ctx, pool); err != nil {
 				return reconcile.Result{}, err
 			}
+			free = append(slices.Clone(extra), free...)
 		}
 		before := next
 		next, undo = r.ledger.allocate(key, next, replicas, free,
@@ -257,6 +272,18 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 		if refreshed, err := r.batchPods(ctx, b, next); err == nil {
 			next = refresh(next, refreshed)
 			pods = refreshed
+		}
+	}
+	if b.Spec.PoolRef != "" {
+		// The table is the fence: the batch's pool pods are recorded in it
+		// before the batch's own record, and a pod a moat server took
+		// meanwhile undoes this allocation (the next pass picks again).
+		if ok, err := r.recordInTable(ctx, poolKey, b, &next, extra); err != nil || !ok {
+			undo()
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			return reconcile.Result{Requeue: true}, nil
 		}
 	}
 	w, _ := r.lastWritten(b.UID)
@@ -358,6 +385,50 @@ func refresh(rec record, pods map[string]*corev1.Pod) record {
 	return out
 }
 
+// recordHas reports whether pod is the pod of a claim of rec.
+func recordHas(rec record, pod string) bool {
+	return slices.ContainsFunc(rec.Claims, func(c claim) bool { return c.Pod == pod })
+}
+
+// recordInTable makes the pool's table give the batch exactly the pool
+// pods of its live claims: it adopts those the table does not name yet
+// (new picks, and records from before tables existed) and releases the
+// extra ones the allocation did not use (they join rec's released pods,
+// to be deleted). ok is false when the table gave a picked pod to
+// another owner first.
+func (r *batchReconciler) recordInTable(ctx context.Context, pool types.NamespacedName, b *sbv1.BatchSandbox, rec *record, extra []string) (bool, error) {
+	owner := alloc.BatchOwner(b.Name)
+	held, _ := r.tables.Held(pool, owner)
+	var want, adopt, release []string
+	for _, c := range rec.Claims {
+		if c.Pool && c.Pod != "" && !c.Done {
+			want = append(want, c.Pod)
+			if !slices.Contains(held, c.Pod) {
+				adopt = append(adopt, c.Pod)
+			}
+		}
+	}
+	for _, p := range extra {
+		if !slices.Contains(want, p) {
+			release = append(release, p)
+		}
+	}
+	if len(adopt) == 0 && len(release) == 0 {
+		return true, nil
+	}
+	res, err := r.tables.Apply(ctx, pool, alloc.Change{Owner: owner, Adopt: adopt, Release: release})
+	if err != nil {
+		return false, err
+	}
+	for _, p := range want {
+		if !slices.Contains(res.Held, p) {
+			return false, nil
+		}
+	}
+	rec.Released = append(rec.Released, release...)
+	return true, nil
+}
+
 // freePods returns the pool's running, unallocated pods of the current
 // template, from the cache.
 func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]string, error) {
@@ -371,6 +442,9 @@ func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]stri
 	var out []string
 	for i := range list.Items {
 		p := &list.Items[i]
+		if _, named := r.tables.Owner(client.ObjectKeyFromObject(pool), p.Name); named {
+			continue // another owner's, or retired
+		}
 		if podReady(p) && !r.ledger.taken(client.ObjectKeyFromObject(p)) {
 			out = append(out, p.Name)
 		}
@@ -484,9 +558,21 @@ func (r *batchReconciler) createPods(ctx context.Context, b *sbv1.BatchSandbox, 
 // deleteReleased deletes the released pods the cache still shows live.
 func (r *batchReconciler) deleteReleased(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod) error {
 	var live []*corev1.Pod
+	var fromPool []string
 	for _, name := range rec.Released {
 		if p := pods[name]; p != nil && p.DeletionTimestamp == nil {
 			live = append(live, p)
+			if p.Labels[sbv1.LabelPool] != "" {
+				fromPool = append(fromPool, name)
+			}
+		}
+	}
+	if len(fromPool) > 0 && b.Spec.PoolRef != "" {
+		// Retired in the table first, so that no allocator takes them
+		// while they go.
+		pool := types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.PoolRef}
+		if _, err := r.tables.Apply(ctx, pool, alloc.Change{Owner: alloc.BatchOwner(b.Name), Release: fromPool}); err != nil {
+			return err
 		}
 	}
 	return parallel(ctx, len(live), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
@@ -642,8 +728,18 @@ func statusEqual(a, b sbv1.BatchSandboxStatus) bool {
 // delete, its pool pods one by one (pool pods carry no batch label, which
 // would have cost a write per pod at allocation).
 func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedName, poolRef string) error {
+	// Retire the batch's pool pods in every table that gives it some
+	// (the batch, and so its poolRef, may be gone), before they go.
+	owner := alloc.BatchOwner(key.Name)
+	var pool []string
+	for _, h := range r.tables.Holdings(key.Namespace, func(o string) bool { return o == owner }) {
+		if _, err := r.tables.Apply(ctx, h.Pool, alloc.Change{Owner: owner, ReleaseAll: true}); err != nil {
+			return err
+		}
+		pool = append(pool, h.Pods...)
+	}
 	rec, ok := r.ledger.get(key)
-	if !ok {
+	if !ok && len(pool) == 0 {
 		// Never allocated, or released already by this process (pods
 		// are created only after the record is written).
 		return nil
@@ -654,9 +750,8 @@ func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedNa
 	if err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete pods of %s: %w", key.Name, err))
 	}
-	var pool []string
 	for _, c := range rec.Claims {
-		if c.Pool && c.Pod != "" {
+		if c.Pool && c.Pod != "" && !slices.Contains(pool, c.Pod) {
 			pool = append(pool, c.Pod)
 		}
 	}
@@ -679,12 +774,14 @@ func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedNa
 
 // pokePool wakes the pool controller for a pool whose allocation changed
 // (pool pods carry no per-batch label, so no pod event would).
-func (r *batchReconciler) pokePool(ns, pool string) {
+func (r *batchReconciler) pokePool(ns, pool string) { pokePool(r.poke, ns, pool) }
+
+func pokePool(poke chan<- event.GenericEvent, ns, pool string) {
 	if pool == "" {
 		return
 	}
 	select {
-	case r.poke <- event.GenericEvent{Object: &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool}}}:
+	case poke <- event.GenericEvent{Object: &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool}}}:
 	default: // the pool resyncs on its next pod event
 	}
 }

@@ -36,11 +36,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 )
 
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools/status;batchsandboxes/status;sandboxsnapshots/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=configmaps;secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -121,7 +123,8 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	cfg = RateLimited(cfg, opts.QPS, opts.Burst)
 	managed := labels.SelectorFromSet(labels.Set{sbv1.LabelManaged: sbv1.ManagedBy})
-	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}}}
+	tables := labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})
+	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}, &corev1.ConfigMap{}: {Label: tables}}}
 	if opts.Namespace != "" {
 		copts.DefaultNamespaces = map[string]cache.Config{opts.Namespace: {}}
 	}
@@ -153,8 +156,20 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	led := newLedger()
 	poke := make(chan event.GenericEvent, 1024)
-	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, opts: opts}
-	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, opts: opts, poke: poke}
+	// The pools' allocation tables, shared with the moat servers that
+	// claim pool pods through the Lifecycle API: every pool pod the
+	// controller hands to a batch, releases or deletes as free goes
+	// through them, and a table changed by a server wakes the pool (to
+	// refill it).
+	tab, err := alloc.New(context.Background(), alloc.Options{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Informers: mgr.GetCache(),
+		Changed: func(pool types.NamespacedName) { pokePool(poke, pool.Namespace, pool.Name) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts}
+	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke}
 
 	podToPool := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[sbv1.LabelPool]; name != "" {

@@ -233,8 +233,9 @@ func TestPoolWarmsToMin(t *testing.T) {
 }
 
 // TestWarmBatchWrites: a batch of N from a warm pool is recorded with O(1)
-// writes: one annotation write (the record) and one status write, no pod
-// writes.
+// writes: one write of the pool's allocation table (the fence shared with
+// moat servers), one annotation write (the record) and one status write,
+// no pod writes.
 func TestWarmBatchWrites(t *testing.T) {
 	c, ns := setup(t)
 	w, _ := startController(t, ns)
@@ -261,11 +262,14 @@ func TestWarmBatchWrites(t *testing.T) {
 	if got := writes["PUT batchsandboxes/status"]; got != 1 {
 		t.Errorf("batch status writes = %d, want 1 (%v)", got, writes)
 	}
+	if got := writes["POST configmaps"] + writes["PUT configmaps"]; got != 1 {
+		t.Errorf("allocation table writes = %d, want 1 (%v)", got, writes)
+	}
 	if got := writes["POST pods"] + writes["DELETE pods"] + writes["PATCH pods"] + writes["PUT pods"]; got != 0 {
 		t.Errorf("pod writes = %d, want 0 (%v)", got, writes)
 	}
-	if total := k8stest.Total(writes); total > 3 {
-		t.Errorf("total writes = %d, want <= 3 (%v)", total, writes)
+	if total := k8stest.Total(writes); total > 4 {
+		t.Errorf("total writes = %d, want <= 4 (%v)", total, writes)
 	}
 	names, ips, warm := allocation(t, b)
 	seen := map[string]bool{}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 )
 
 // poolReconciler keeps each Pool at its size (see poolTarget): it creates
@@ -28,6 +29,9 @@ import (
 type poolReconciler struct {
 	c      client.Client
 	ledger *ledger
+	// tables are the pools' allocation tables, shared with moat servers:
+	// a pod they name belongs to a claim (or is retired).
+	tables *alloc.Allocator
 	api    client.Reader
 	opts   Options
 
@@ -85,10 +89,17 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		if p.DeletionTimestamp == nil && p.Labels[sbv1.LabelPoolRevision] == hash {
 			updated++
 		}
+		owner, named := r.tables.Owner(req.NamespacedName, p.Name)
 		switch {
 		case p.DeletionTimestamp != nil:
 		case r.ledger.taken(key):
 			if _, ok := r.ledger.owner(key); ok {
+				allocated++
+			}
+		case named:
+			// Claimed through a moat server's Lifecycle API (or a batch
+			// this process has not loaded yet); "" is retired.
+			if owner != "" {
 				allocated++
 			}
 		case podEnded(p) || p.Labels[sbv1.LabelPoolRevision] != hash:
@@ -103,7 +114,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	want := poolTarget(pool.Spec.CapacitySpec, allocated, len(free)+len(pending)+inflight)
 	have := allocated + len(free) + len(pending) + inflight
 	var errs []error
-	if err := r.deletePods(ctx, stale); err != nil {
+	if err := r.deletePods(ctx, req.NamespacedName, stale); err != nil {
 		errs = append(errs, err)
 	}
 	switch {
@@ -120,7 +131,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		if extra < len(victims) {
 			victims = victims[:extra]
 		}
-		if err := r.deletePods(ctx, victims); err != nil {
+		if err := r.deletePods(ctx, req.NamespacedName, victims); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -245,12 +256,30 @@ func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash strin
 	if r.inflight[key] == nil {
 		r.inflight[key] = map[string]time.Time{}
 	}
+	names := make([]string, n)
 	for i := range pods {
 		pods[i] = newPod(pool.Namespace, podName(pool.Name, randomSuffix(8)), pool.Spec.Template, r.opts.AgentImage,
 			map[string]string{sbv1.LabelPool: pool.Name, sbv1.LabelPoolRevision: hash})
 		r.inflight[key][pods[i].Name] = time.Now()
+		names[i] = pods[i].Name
 	}
 	r.mu.Unlock()
+	if ownToken(pool.Spec.Template) {
+		// Each pod gets its own agent token, recorded before the pods
+		// exist (a pod whose key is missing cannot start).
+		if _, err := alloc.AddTokens(ctx, r.c, key, names); err != nil {
+			r.mu.Lock()
+			for _, name := range names {
+				delete(r.inflight[key], name)
+			}
+			r.mu.Unlock()
+			return err
+		}
+		for _, p := range pods {
+			c := &p.Spec.Containers[0]
+			c.Env = append(c.Env, alloc.TokenEnvVar(pool.Name, p.Name))
+		}
+	}
 	return parallel(ctx, len(pods), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
 		err := r.c.Create(ctx, pods[i])
 		if err != nil {
@@ -263,22 +292,59 @@ func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash strin
 	})
 }
 
+// ownToken reports whether the pods of pool template t get an agent
+// token of their own (alloc.TokenEnvVar): when moat's agent runs in them
+// and the template does not set the token itself.
+func ownToken(t *corev1.PodTemplateSpec) bool {
+	if !wantsAgent(t) || len(t.Spec.Containers) == 0 {
+		return false
+	}
+	return !slices.ContainsFunc(t.Spec.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == alloc.TokenEnv })
+}
+
 // deletePods deletes free pool pods, marking them gone first so that no
-// batch takes them meanwhile.
-func (r *poolReconciler) deletePods(ctx context.Context, pods []*corev1.Pod) error {
+// batch takes them meanwhile, and retiring them in the pool's table, so
+// that no moat server does: a pod a server claimed first is kept.
+func (r *poolReconciler) deletePods(ctx context.Context, pool types.NamespacedName, pods []*corev1.Pod) error {
 	var mine []*corev1.Pod
+	var names []string
 	for _, p := range pods {
 		if r.ledger.markGone(client.ObjectKeyFromObject(p)) {
 			mine = append(mine, p)
+			names = append(names, p.Name)
 		}
 	}
-	return parallel(ctx, len(mine), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
+	if len(mine) == 0 {
+		return nil
+	}
+	res, err := r.tables.Apply(ctx, pool, alloc.Change{Retire: names})
+	if err != nil {
+		for _, p := range mine {
+			r.ledger.unmarkGone(client.ObjectKeyFromObject(p))
+		}
+		return err
+	}
+	mine = slices.DeleteFunc(mine, func(p *corev1.Pod) bool {
+		if slices.Contains(res.Retired, p.Name) {
+			return false
+		}
+		r.ledger.unmarkGone(client.ObjectKeyFromObject(p))
+		return true
+	})
+	err = parallel(ctx, len(mine), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
 		if err := r.c.Delete(ctx, mine[i]); err != nil && !apierrors.IsNotFound(err) {
-			r.ledger.unmarkGone(client.ObjectKeyFromObject(mine[i]))
 			return fmt.Errorf("delete pool pod %s: %w", mine[i].Name, err)
 		}
 		return nil
 	})
+	if len(res.Retired) > 0 {
+		// Their tokens are not needed any more (best effort: a later
+		// deletion sweeps what is left).
+		if terr := alloc.RemoveTokens(ctx, r.c, pool, res.Retired); terr != nil && err == nil {
+			err = terr
+		}
+	}
+	return err
 }
 
 // deleteFree deletes every unallocated pod of a deleted pool; allocated
@@ -290,11 +356,12 @@ func (r *poolReconciler) deleteFree(ctx context.Context, pool types.NamespacedNa
 	}
 	var free []*corev1.Pod
 	for _, p := range pods {
-		if p.DeletionTimestamp == nil && !r.ledger.taken(client.ObjectKeyFromObject(p)) {
+		_, named := r.tables.Owner(pool, p.Name)
+		if p.DeletionTimestamp == nil && !named && !r.ledger.taken(client.ObjectKeyFromObject(p)) {
 			free = append(free, p)
 		}
 	}
-	return r.deletePods(ctx, free)
+	return r.deletePods(ctx, pool, free)
 }
 
 // parallel runs fn(0..n-1) with at most conc at once and returns the first error.

@@ -1,0 +1,256 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+)
+
+// serverAllocator is an allocator of its own process-like kind: what a
+// moat server claims pool pods with.
+func serverAllocator(t *testing.T, ns string) *alloc.Allocator {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasPool, _ := labels.Parse(sbv1.LabelPool)
+	inf, err := cache.New(env.Config, cache.Options{
+		Scheme:            controller.Scheme(),
+		DefaultNamespaces: map[string]cache.Config{ns: {}},
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:       {Label: hasPool},
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := alloc.New(context.Background(), alloc.Options{Client: c, Informers: inf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); inf.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if err := a.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func readTable(t *testing.T, c client.Client, ns, pool string) alloc.Table {
+	t.Helper()
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: alloc.TableName(pool)}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := alloc.Parse(cm.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl
+}
+
+// TestServerClaimsRespected: pods a moat server claimed through the pool's
+// table count as allocated, are never handed to a batch, and survive the
+// pool shrinking to nothing; each pool pod has a token of its own.
+func TestServerClaimsRespected(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
+	pool := &sbv1.Pool{}
+	pool.Namespace, pool.Name = ns, "p"
+	pool.Spec = sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, 10, 10)}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolFree(t, c, ns, "p", 10)
+
+	// Per-pod tokens: every pod reads its own key of the pool's Secret.
+	var sec corev1.Secret
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: alloc.TokenSecretName("p")}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]bool{}
+	for name, p := range pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "p"}) {
+		var ref *corev1.SecretKeySelector
+		for _, e := range p.Spec.Containers[0].Env {
+			if e.Name == alloc.TokenEnv && e.ValueFrom != nil {
+				ref = e.ValueFrom.SecretKeyRef
+			}
+		}
+		if ref == nil || ref.Name != sec.Name || ref.Key != name || len(sec.Data[name]) < 32 {
+			t.Fatalf("pod %s token ref %+v (secret keys %d)", name, ref, len(sec.Data))
+		}
+		if tokens[string(sec.Data[name])] {
+			t.Fatalf("pod %s shares its token", name)
+		}
+		tokens[string(sec.Data[name])] = true
+	}
+
+	srv := serverAllocator(t, ns)
+	key := types.NamespacedName{Namespace: ns, Name: "p"}
+	eventually(t, 30*time.Second, "server sees the pool", func() (bool, string) {
+		n := srv.Count(key).Free
+		return n == 10, fmt.Sprint(n)
+	})
+	res, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), Want: 4})
+	if err != nil || len(res.Pods) != 4 {
+		t.Fatalf("server claim: %+v %v", res, err)
+	}
+	eventually(t, 30*time.Second, "pool counts the server's claim", func() (bool, string) {
+		var p sbv1.Pool
+		c.Get(ctx, key, &p)
+		return p.Status.Allocated == 4 && p.Status.Available == 6, fmt.Sprintf("%+v", p.Status)
+	})
+	if err := c.Create(ctx, newBatch(ns, "b", "p", 8)); err != nil {
+		t.Fatal(err)
+	}
+	b := waitBatch(t, c, ns, "b")
+	names, _, warm := allocation(t, b)
+	nwarm := 0
+	for i, pod := range names {
+		for _, s := range res.Pods {
+			if pod == s {
+				t.Errorf("batch claim %d got %s, which the server holds", i, pod)
+			}
+		}
+		if warm[i] {
+			nwarm++
+		}
+	}
+	if nwarm != 6 {
+		t.Errorf("%d warm claims, want the 6 free pods", nwarm)
+	}
+	tbl := readTable(t, c, ns, "p")
+	if got := len(tbl.Owners[alloc.BatchOwner("b")].Pods); got != 6 {
+		t.Errorf("table gives the batch %d pods, want 6: %+v", got, tbl.Owners)
+	}
+
+	// Shrink the pool to nothing: the claimed pods stay.
+	if err := c.Get(ctx, key, pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Spec.CapacitySpec = capacity(0, 0, 0, 0)
+	if err := c.Update(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	left := pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "p"})
+	for _, p := range res.Pods {
+		if left[p] == nil {
+			t.Errorf("server-claimed pod %s deleted by the pool", p)
+		}
+	}
+	// Deleting the batch releases its pool pods in the table.
+	if err := c.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "batch pods retired", func() (bool, string) {
+		tbl := readTable(t, c, ns, "p")
+		_, still := tbl.Owners[alloc.BatchOwner("b")]
+		return !still && len(tbl.Retired) >= 6, fmt.Sprintf("%+v", tbl)
+	})
+}
+
+// TestBatchesRaceServerClaims: batches allocated by the controller and
+// claims of a server allocator race for one pool; no pod ends up in two
+// places, and the table records exactly what each side holds.
+func TestBatchesRaceServerClaims(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
+	const size = 60
+	pool := &sbv1.Pool{}
+	pool.Namespace, pool.Name = ns, "race"
+	pool.Spec = sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, size, size)}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolFree(t, c, ns, "race", size)
+	srv := serverAllocator(t, ns)
+	key := types.NamespacedName{Namespace: ns, Name: "race"}
+	eventually(t, 30*time.Second, "server sees the pool", func() (bool, string) {
+		n := srv.Count(key).Free
+		return n == size, fmt.Sprint(n)
+	})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	server := map[string]string{}
+	for i := range 6 {
+		wg.Go(func() {
+			b := newBatch(ns, fmt.Sprintf("b%d", i), "race", 5)
+			if err := c.Create(ctx, b); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for i := range 30 {
+		wg.Go(func() {
+			owner := alloc.SandboxOwner("s", fmt.Sprintf("sb%d", i))
+			res, err := srv.Apply(ctx, key, alloc.Change{Owner: owner, Want: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			for _, p := range res.Pods {
+				server[p] = owner
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for i := range 6 {
+		waitBatch(t, c, ns, fmt.Sprintf("b%d", i))
+	}
+	tbl := readTable(t, c, ns, "race")
+	where := map[string]string{}
+	for i := range 6 {
+		var b sbv1.BatchSandbox
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: fmt.Sprintf("b%d", i)}, &b); err != nil {
+			t.Fatal(err)
+		}
+		names, _, warm := allocation(t, &b)
+		for j, p := range names {
+			if !warm[j] {
+				continue
+			}
+			if prev, ok := where[p]; ok {
+				t.Errorf("pod %s in %s and %s", p, prev, b.Name)
+			}
+			where[p] = b.Name
+			if s, ok := server[p]; ok {
+				t.Errorf("pod %s in batch %s and claimed by %s", p, b.Name, s)
+			}
+			if o := indexOf(tbl)[p]; o != alloc.BatchOwner(b.Name) {
+				t.Errorf("table gives %s to %q, batch %s holds it", p, o, b.Name)
+			}
+		}
+	}
+	for p, owner := range server {
+		if o := indexOf(tbl)[p]; o != owner {
+			t.Errorf("table gives %s to %q, the server was told %s", p, o, owner)
+		}
+	}
+	t.Logf("%d pods to batches warm, %d to server claims", len(where), len(server))
+	if len(server) == 0 || len(where) == 0 {
+		t.Errorf("no race: %d pods to batches, %d to the server", len(where), len(server))
+	}
+}
+
+func indexOf(t alloc.Table) map[string]string { return t.Index() }
