@@ -12,9 +12,13 @@
 #   --bridge=none      no default docker0 network; moat creates its own
 #                      (internal, host bridge named moatd-<hash>)
 # Docker does not enforce "internal" without iptables (containers still get
-# a default route via the host), so this script installs nft table
-# "inet moat-docker": traffic from moatd-* bridges is never forwarded, and
-# reaches the host only as replies to connections the host opened.
+# a default route via the host). A moat server firewalls its network's
+# bridge itself, as for native sandboxes (table inet moat-host-<bridge>:
+# forwarding out with NAT, subject to each sandbox's egress policy; no
+# bridge-to-bridge traffic; the host reachable only for DNS to the
+# gateway). This script adds nft table "inet moat-docker" as a backstop
+# for every moatd-* bridge, served or not: from them the host accepts only
+# replies, DNS and connections redirected to the Credential Vault proxy.
 #
 # Environment: DOCKER_HOST_SOCK (default /var/run/docker.sock),
 # DOCKERD_LOG (default /var/log/dockerd.log), DOCKERD_TIMEOUT (seconds, 60).
@@ -49,13 +53,11 @@ if command -v nft >/dev/null 2>&1; then
 table inet moat-docker
 delete table inet moat-docker
 table inet moat-docker {
-	chain forward {
-		type filter hook forward priority filter - 10; policy accept;
-		iifname "moatd-*" counter drop
-	}
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "moatd-*" ct state established,related accept
+		iifname "moatd-*" meta l4proto { tcp, udp } th dport 53 accept
+		iifname "moatd-*" meta mark 0x6d766c74 accept
 		iifname "moatd-*" counter drop
 	}
 }

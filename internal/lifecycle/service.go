@@ -559,7 +559,9 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		if errors.Is(err, volume.ErrSubPath) {
 			return errdefs.WithPublic(err, codeInvalidSubPath, "a volume's subPath leads out of the volume (through '..' or a symlink) or through a file")
 		}
-		if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) {
+		if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) || errors.Is(err, errdefs.ErrNotImplemented) {
+			// The spec's fault, or something this runtime refuses to do
+			// (e.g. a disk quota on docker): the runtime's words say which.
 			return err
 		}
 		return errdefs.WithPublic(err, "SANDBOX::START_FAILED", "sandbox start failed")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 
 	"github.com/moat-sandbox/moat/internal/image"
@@ -9,24 +10,40 @@ import (
 )
 
 // newDocker builds the Docker Engine backend. Images come through the
-// daemon (its EnsureImage replaces moat's image store). Sandboxes get no
-// egress policy support on this backend.
-func newDocker(ctx, run context.Context, cfg Config, d deps) (backend, error) {
+// daemon (its EnsureImage replaces moat's image store). Its network gets
+// the egress stack of the native backend (startEgress): the host firewall
+// and NAT of its bridge, the DNS proxy on the gateway that every sandbox
+// resolves through, and the enforcer, which applies network policies
+// inside each container's network namespace.
+func newDocker(ctx, run context.Context, cfg Config, d deps) (_ backend, err error) {
 	agent, err := cfg.agentBinary()
 	if err != nil {
 		return backend{}, err
 	}
 	rt, err := docker.New(ctx, docker.Config{
-		AgentPath: agent,
-		Host:      cfg.DockerHost,
-		Network:   "moat-" + cfg.Bridge,
-		StateDir:  filepath.Join(cfg.Root, "docker"),
-		Scope:     cfg.Bridge,
+		AgentPath:  agent,
+		Host:       cfg.DockerHost,
+		Network:    "moat-" + cfg.Bridge,
+		Subnet:     cfg.Subnet,
+		Subnet6:    cfg.Subnet6,
+		GatewayDNS: true,
+		StateDir:   filepath.Join(cfg.Root, "docker"),
+		Scope:      cfg.Bridge,
 	}, docker.Deps{Logger: d.log})
 	if err != nil {
 		return backend{}, err
 	}
-	return backend{rt: rt, images: daemonImages{rt}, close: rt.Close}, nil
+	defer func() {
+		if err != nil {
+			rt.Close()
+		}
+	}()
+	eg, stopEgress, err := startEgress(ctx, run, cfg, rt, d)
+	if err != nil {
+		return backend{}, err
+	}
+	return backend{rt: rt, images: daemonImages{rt}, egress: eg,
+		close: func() error { return errors.Join(stopEgress(), rt.Close()) }}, nil
 }
 
 // daemonImages makes the daemon the image source of the lifecycle.

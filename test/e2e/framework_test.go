@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
+	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/localregistry"
+	"github.com/moat-sandbox/moat/internal/runtime/docker"
 	"github.com/moat-sandbox/moat/internal/testutil"
 	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
@@ -59,7 +61,10 @@ type server struct {
 	cgroupParent string
 	cmd          *exec.Cmd
 	exited       chan struct{} // closed when cmd has exited (and been waited for)
-	logf         *os.File
+	// afterStop run at cleanup once the server has stopped (e.g. removing
+	// what a server keeps on purpose outside the lease's names).
+	afterStop []func()
+	logf      *os.File
 }
 
 func freePort(t *testing.T) string {
@@ -98,6 +103,9 @@ func newServer(t *testing.T) *server {
 	t.Cleanup(func() {
 		s.deleteAll()
 		s.stop()
+		for _, f := range s.afterStop {
+			f()
+		}
 		lf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(lf.Name())
@@ -412,4 +420,22 @@ func outsideHost(t *testing.T, n *testnet.Net, dual bool) outside {
 func dropIdleConns(t *testing.T) {
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
+}
+
+// startDocker starts the server on the docker runtime (dockerd set up by
+// scripts/docker-setup.sh) and, at cleanup, removes the Docker network and
+// its host table, which a server keeps on purpose.
+func (s *server) startDocker(extra ...string) {
+	s.t.Helper()
+	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(s.t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
+		s.t.Fatalf("docker-setup.sh: %v\n%s", err, out)
+	}
+	network := "moat-" + s.bridge
+	s.afterStop = append(s.afterStop, func() {
+		if out, err := exec.Command("/usr/bin/docker", "network", "rm", network).CombinedOutput(); err != nil && !strings.Contains(string(out), "not found") {
+			s.t.Errorf("docker network rm %s: %v: %s", network, err, out)
+		}
+		nft.RemoveHost(context.Background(), docker.BridgeName(network))
+	})
+	s.start(append([]string{"--runtime", "docker"}, extra...)...)
 }

@@ -11,14 +11,12 @@ import (
 	"net/http"
 	"net/textproto"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/network"
-	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 type sandboxResp struct {
@@ -333,9 +331,6 @@ func TestAPIErrors(t *testing.T) {
 func TestSandboxLifecycleDocker(t *testing.T) {
 	srv := newServer(t)
 	ref := startRegistry(t)
-	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
-		t.Fatalf("docker-setup.sh: %v\n%s", err, out)
-	}
-	srv.start("--runtime", "docker")
+	srv.startDocker()
 	lifecycleRoundTrip(t, srv, ref, "docker")
 }

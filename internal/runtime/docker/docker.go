@@ -19,8 +19,14 @@
 // bridge named BridgeName(network); the host reaches each sandbox at its
 // bridge address (Endpoint). Docker itself does not enforce "internal"
 // when it runs with --iptables=false (as scripts/docker-setup.sh starts
-// it), so the host firewall must drop traffic from BridgePrefix* bridges:
-// the script installs that rule (nft table inet moat-docker).
+// it): the server firewalls the bridge as it does the native one (egress
+// through its NAT, policy enforced in each container's netns, found by
+// NetnsPath), and the script's nft table inet moat-docker keeps the host
+// closed to BridgePrefix* bridges but for DNS and the credential proxy.
+// Like native sandboxes, sandboxes are isolated bridge ports (they cannot
+// reach each other), have no IPv6 unless the network is dual-stack
+// (Config.Subnet6), and resolve through the gateway (Config.GatewayDNS).
+// There is no disk quota (Resources.DiskBytes is refused).
 package docker
 
 import (
@@ -109,6 +115,16 @@ type Config struct {
 	// Subnet is the IPv4 subnet of the network when New creates it
 	// (e.g. "10.253.0.0/16"); empty lets the daemon choose.
 	Subnet string `json:"subnet,omitempty"`
+	// Subnet6, if set, makes the network dual-stack when New creates it
+	// (an IPv6 prefix such as a ULA /64); empty disables IPv6 inside the
+	// sandboxes altogether, as the native backend does.
+	Subnet6 string `json:"subnet6,omitempty"`
+	// GatewayDNS makes every sandbox resolve through port 53 of the
+	// network's gateway, where the server runs its egress DNS proxy: each
+	// sandbox gets its own /etc/resolv.conf, bind-mounted over the
+	// daemon's (whose embedded resolver would hide the sandbox's address
+	// from the proxy).
+	GatewayDNS bool `json:"gatewayDNS,omitempty"`
 	// AgentPath is the host path of the agent binary (cmd/moat-agent)
 	// bind-mounted into each sandbox. Required; it must be a static binary.
 	// The server installs the agent moat carries (internal/agentbin).
@@ -158,6 +174,11 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("docker: subnet %q: %w: %w", c.Subnet, err, errdefs.ErrInvalidArgument)
 		}
 	}
+	if c.Subnet6 != "" {
+		if p, err := netip.ParsePrefix(c.Subnet6); err != nil || !p.Addr().Is6() {
+			return fmt.Errorf("docker: subnet6 %q: want an IPv6 prefix: %w", c.Subnet6, errdefs.ErrInvalidArgument)
+		}
+	}
 	r := c.DefaultResources
 	if r.CPUMillis < 0 || r.MemoryBytes < 0 || r.PidsLimit < 0 {
 		return fmt.Errorf("docker: default resources must not be negative: %w", errdefs.ErrInvalidArgument)
@@ -176,6 +197,14 @@ type Runtime struct {
 	cfg Config
 	cli *client.Client
 	log *slog.Logger
+	net netInfo // the network's bridge and addresses, read at New
+}
+
+// netInfo is what New learnt of the sandbox network.
+type netInfo struct {
+	bridge            string
+	subnet, subnet6   netip.Prefix
+	gateway, gateway6 netip.Addr
 }
 
 var (
@@ -220,6 +249,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		cli.Close()
 		return nil, err
 	}
+	if err := r.readNetwork(ctx); err != nil {
+		cli.Close()
+		return nil, err
+	}
 	if err := r.sweepStages(ctx); err != nil {
 		log.Warn("docker: leftover volume binds", "err", err)
 	}
@@ -233,9 +266,83 @@ func (r *Runtime) Close() error { return r.cli.Close() }
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "docker" }
 
-// Capabilities implements runtime.Runtime.
+// Capabilities implements runtime.Runtime. There is no disk quota: the
+// daemon's storage drivers offer one only on some filesystems (overlay2 on
+// xfs with pquota), so this backend refuses Resources.DiskBytes.
 func (r *Runtime) Capabilities() runtime.Capabilities {
 	return runtime.Capabilities{Classes: []string{Class}}
+}
+
+// readNetwork learns the network's host bridge and addresses.
+func (r *Runtime) readNetwork(ctx context.Context) error {
+	res, err := r.cli.NetworkInspect(ctx, r.cfg.Network, client.NetworkInspectOptions{})
+	if err != nil {
+		return classify("inspect network "+r.cfg.Network, err)
+	}
+	n := netInfo{bridge: res.Network.Options[optBridgeName]}
+	if n.bridge == "" {
+		// A network moat did not create: the daemon names its bridge.
+		n.bridge = "br-" + res.Network.ID[:min(12, len(res.Network.ID))]
+	}
+	for _, c := range res.Network.IPAM.Config {
+		switch {
+		case c.Subnet.Addr().Is4() && !n.subnet.IsValid():
+			n.subnet, n.gateway = c.Subnet, c.Gateway
+		case c.Subnet.Addr().Is6() && !n.subnet6.IsValid():
+			n.subnet6, n.gateway6 = c.Subnet, c.Gateway
+		}
+	}
+	if n.subnet.IsValid() && !n.gateway.IsValid() {
+		n.gateway = n.subnet.Masked().Addr().Next() // the daemon's default
+	}
+	if n.subnet6.IsValid() && !n.gateway6.IsValid() {
+		n.gateway6 = n.subnet6.Masked().Addr().Next()
+	}
+	if !n.subnet.IsValid() {
+		return fmt.Errorf("docker: network %s has no IPv4 subnet: %w", r.cfg.Network, errdefs.ErrFailedPrecondition)
+	}
+	r.net = n
+	return nil
+}
+
+// Bridge is the host bridge of the sandbox network.
+func (r *Runtime) Bridge() string { return r.net.bridge }
+
+// Subnet is the sandbox network's IPv4 range.
+func (r *Runtime) Subnet() netip.Prefix { return r.net.subnet }
+
+// Gateway is the bridge's IPv4 address.
+func (r *Runtime) Gateway() netip.Addr { return r.net.gateway }
+
+// Subnet6 is the sandbox network's IPv6 range (invalid: IPv6 off).
+func (r *Runtime) Subnet6() netip.Prefix { return r.net.subnet6 }
+
+// Gateway6 is the bridge's IPv6 address (invalid: IPv6 off).
+func (r *Runtime) Gateway6() netip.Addr { return r.net.gateway6 }
+
+// NetnsPath returns the file of sandbox id's network namespace (the
+// daemon's sandbox key), for the egress enforcer.
+func (r *Runtime) NetnsPath(ctx context.Context, id string) (string, error) {
+	c, err := r.inspect(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if c.NetworkSettings == nil || c.NetworkSettings.SandboxKey == "" {
+		return "", fmt.Errorf("sandbox %q has no network namespace (not running?): %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return c.NetworkSettings.SandboxKey, nil
+}
+
+// IP6 returns sandbox id's IPv6 address (invalid if none).
+func (r *Runtime) IP6(ctx context.Context, id string) netip.Addr {
+	c, err := r.inspect(ctx, id)
+	if err != nil || c.NetworkSettings == nil {
+		return netip.Addr{}
+	}
+	if ep := c.NetworkSettings.Networks[r.cfg.Network]; ep != nil {
+		return ep.GlobalIPv6Address
+	}
+	return netip.Addr{}
 }
 
 // BridgePrefix starts the name of the host bridge of every network moat
@@ -292,6 +399,14 @@ func (r *Runtime) ensureNetwork(ctx context.Context) error {
 		p := netip.MustParsePrefix(r.cfg.Subnet)
 		opts.IPAM = &network.IPAM{Driver: "default", Config: []network.IPAMConfig{{Subnet: p}}}
 	}
+	if r.cfg.Subnet6 != "" {
+		on := true
+		opts.EnableIPv6 = &on
+		if opts.IPAM == nil {
+			opts.IPAM = &network.IPAM{Driver: "default"}
+		}
+		opts.IPAM.Config = append(opts.IPAM.Config, network.IPAMConfig{Subnet: netip.MustParsePrefix(r.cfg.Subnet6).Masked()})
+	}
 	if _, err := r.cli.NetworkCreate(ctx, r.cfg.Network, opts); err != nil {
 		return classify("create network "+r.cfg.Network, err)
 	}
@@ -329,6 +444,10 @@ func classify(op string, err error) error {
 
 func containerName(id string) string { return "moat-" + id }
 
+func (r *Runtime) resolvConfPath(id string) string {
+	return filepath.Join(r.cfg.StateDir, id+".resolv.conf")
+}
+
 func (r *Runtime) agentConfPath(id string) string {
 	return filepath.Join(r.cfg.StateDir, id+".agent.json")
 }
@@ -350,6 +469,10 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 	}
 	if m := spec.Resources.MemoryBytes; m != 0 && m < minMemoryBytes {
 		return runtime.Invalid("memory limit must be at least %d MiB", minMemoryBytes>>20)
+	}
+	if spec.Resources.DiskBytes != 0 {
+		return errdefs.WithPublic(fmt.Errorf("docker: disk quota: %w", errdefs.ErrNotImplemented),
+			"SANDBOX::API_NOT_SUPPORTED", "a disk quota (resourceLimits.disk) is not supported by the docker runtime; use the native runtime")
 	}
 	return nil
 }
@@ -403,6 +526,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	// From here on, a failure removes what was made (rollback).
 	rollback := func() {
 		os.Remove(r.agentConfPath(id))
+		os.Remove(r.resolvConfPath(id))
 		if err := r.unstageVolumes(id); err != nil {
 			r.log.Error("docker: rollback of failed create left volume binds", "id", id, "err", err)
 		}
@@ -458,6 +582,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			{Type: mount.TypeBind, Source: r.cfg.AgentPath, Target: agentproto.BinPath, ReadOnly: true},
 			{Type: mount.TypeBind, Source: r.agentConfPath(id), Target: agentproto.ConfigPath, ReadOnly: true},
 		},
+		Sysctls: map[string]string{},
 		CapDrop:     []string{"ALL"},
 		CapAdd:      slices.Clone(keepCaps),
 		SecurityOpt: []string{"no-new-privileges"},
@@ -468,6 +593,18 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			Config: map[string]string{"max-size": "10m", "max-file": "1"},
 		},
 		Resources: res,
+	}
+	if r.cfg.GatewayDNS {
+		conf := "nameserver " + r.net.gateway.String() + "\n"
+		if err := writeFileAtomic(r.resolvConfPath(id), []byte(conf), 0o644); err != nil {
+			return runtime.Status{}, fmt.Errorf("docker: %w", err)
+		}
+		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeBind, Source: r.resolvConfPath(id), Target: "/etc/resolv.conf", ReadOnly: true})
+	}
+	if !r.net.subnet6.IsValid() {
+		// No IPv6 path at all, not even link-local (as the native backend).
+		host.Sysctls["net.ipv6.conf.all.disable_ipv6"] = "1"
+		host.Sysctls["net.ipv6.conf.default.disable_ipv6"] = "1"
 	}
 	for _, m := range spec.Mounts {
 		if m.Volume != "" {
@@ -509,6 +646,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	c, err := r.inspect(ctx, id)
 	if err != nil {
+		return runtime.Status{}, err
+	}
+	if err := isolatePort(c.NetworkSettings.SandboxKey); err != nil {
 		return runtime.Status{}, err
 	}
 	st := r.status(c)
@@ -761,8 +901,8 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	case errdefs.IsNotFound(err):
 		// Not ours (or gone): only a leftover agent.json and volume binds
 		// may remain.
-		if err := os.Remove(r.agentConfPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("docker: %w", err)
+		if err := r.removeFiles(id); err != nil {
+			return err
 		}
 		return r.unstageVolumes(id)
 	case err != nil:
@@ -779,10 +919,20 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 			return classify("remove "+id, err)
 		}
 	}
-	if err := os.Remove(r.agentConfPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("docker: %w", err)
+	if err := r.removeFiles(id); err != nil {
+		return err
 	}
 	return r.unstageVolumes(id)
+}
+
+// removeFiles removes sandbox id's agent.json and resolv.conf.
+func (r *Runtime) removeFiles(id string) error {
+	for _, p := range []string{r.agentConfPath(id), r.resolvConfPath(id)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("docker: %w", err)
+		}
+	}
+	return nil
 }
 
 // EnsureImage returns the image ref from the daemon, pulling it first
