@@ -62,6 +62,12 @@ type Pool struct {
 	// Tenant owns the pool and its sandboxes ("" in records from before
 	// tenants: the default tenant). Pool names are per tenant.
 	Tenant string `json:"tenant,omitempty"`
+	// Refilling is the server's own state, not part of the definition: a
+	// refill toward BufferMax is under way (it started when the buffer fell
+	// below BufferMin). It is persisted whenever it changes, so a server
+	// restarted in the middle of a refill finishes it instead of stopping
+	// anywhere between BufferMin and BufferMax.
+	Refilling bool `json:"refilling,omitempty"`
 }
 
 // key is the pool's key in Service.pools, in the store and in its
@@ -95,7 +101,6 @@ type pool struct {
 	idle      []*entry
 	allocated map[string]bool
 	creating  int
-	filling   bool
 	inflight  sync.WaitGroup // warm creates in progress
 	wake      chan struct{}
 	stop      chan struct{}
@@ -162,7 +167,7 @@ func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 	if err := s.deps.Store.Put(PoolBucket, p.key(), &p); err != nil {
 		return Pool{}, err
 	}
-	s.startPool(p, nil)
+	s.startPool(p, nil, nil)
 	return p, nil
 }
 
@@ -180,6 +185,7 @@ func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
 	p.Tenant = pl.def.Tenant
 	p.CreatedAt = pl.def.CreatedAt
 	p.Revision = pl.def.Revision
+	p.Refilling = pl.def.Refilling
 	if !templateEqual(p.Template, pl.def.Template) {
 		p.Revision++
 	}
@@ -264,8 +270,9 @@ func (s *Service) DeletePool(ctx context.Context, name string) error {
 	pl.idle = nil
 	pl.mu.Unlock()
 	close(pl.stop)
-	// Warm creates in flight are cancelled by stop and clean up after
-	// themselves; wait for them so nothing of the pool outlives the call.
+	// Warm creates in flight (and a refill's removal of stale sandboxes)
+	// are cancelled by stop and clean up after themselves; wait for them
+	// so nothing of the pool outlives the call.
 	pl.inflight.Wait()
 	ctx = context.WithoutCancel(ctx)
 	for _, e := range idle {
@@ -322,10 +329,14 @@ func (pl *pool) poke() {
 	}
 }
 
-// startPool registers a pool (with already-warm entries after a restart)
-// and starts its refill loop. The caller holds poolsMu.
-func (s *Service) startPool(def Pool, idle []*entry) *pool {
+// startPool registers a pool (with already-warm entries and the ids of
+// claimed ones after a restart) and starts its refill loop. The caller
+// holds poolsMu.
+func (s *Service) startPool(def Pool, idle []*entry, allocated []string) *pool {
 	pl := &pool{owner: def.Tenant, def: def, idle: idle, allocated: map[string]bool{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	for _, id := range allocated {
+		pl.allocated[id] = true
+	}
 	s.pools[def.key()] = pl
 	s.poolWG.Add(1)
 	go func() {
@@ -398,19 +409,32 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 	avail := st.Available + pl.creating
 	// Hysteresis: a refill starts when the buffer drops below BufferMin
 	// (or the pool below PoolMin) and runs until BufferMax is reached.
-	if avail < def.Capacity.BufferMin || st.Total < def.Capacity.PoolMin {
-		pl.filling = true
-	}
+	// Reached means by sandboxes that exist: creates in flight count
+	// against what to start, not as done, since one may still fail (or
+	// die with the server), and the refill must then go on.
+	filling := def.Refilling || avail < def.Capacity.BufferMin || st.Total < def.Capacity.PoolMin
 	need := 0
-	if pl.filling {
-		need = max(def.Capacity.BufferMax-avail, def.Capacity.PoolMin-st.Total)
-		if need <= 0 {
-			pl.filling = false
-			need = 0
+	if filling {
+		need = max(0, def.Capacity.BufferMax-avail, def.Capacity.PoolMin-st.Total)
+		made := st.Total - pl.creating
+		if st.Available >= def.Capacity.BufferMax && made >= def.Capacity.PoolMin {
+			filling = false
+		}
+	}
+	if filling != def.Refilling {
+		// Written under pl.mu, like UpdatePool's writes, so the record
+		// never goes back to an older definition.
+		def.Refilling = filling
+		pl.def.Refilling = filling
+		if err := s.deps.Store.Put(PoolBucket, def.key(), &def); err != nil {
+			s.log.Warn("persist pool refill state", "pool", def.Name, "refilling", filling, "err", err)
 		}
 	}
 	need = max(0, min(need, def.Capacity.PoolMax-st.Total, warmConcurrency-pl.creating))
 	pl.creating += need
+	// Counted under pl.mu, where DeletePool sets deleted before it waits:
+	// the work started here is either seen by its Wait or not started.
+	pl.inflight.Add(need + 1)
 	pl.mu.Unlock()
 
 	for _, e := range stale {
@@ -420,8 +444,8 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 		}
 		e.mu.Unlock()
 	}
+	pl.inflight.Done()
 	for i := 0; i < need; i++ {
-		pl.inflight.Add(1)
 		go func() {
 			defer pl.inflight.Done()
 			e, err := s.createWarm(ctx, def)
@@ -553,12 +577,7 @@ func (s *Service) recoverPools() error {
 	known := map[string]bool{}
 	for _, d := range defs {
 		known[d.key()] = true
-		pl := s.startPool(d, idle[d.key()])
-		pl.mu.Lock()
-		for _, id := range allocated[d.key()] {
-			pl.allocated[id] = true
-		}
-		pl.mu.Unlock()
+		s.startPool(d, idle[d.key()], allocated[d.key()])
 	}
 	// Warm sandboxes of a pool that no longer exists are removed.
 	for name, es := range idle {

@@ -144,7 +144,7 @@ func TestBatchFromPoolWithColdFill(t *testing.T) {
 	// bufferMin 0: fill only happens below poolMin; start the fill by hand.
 	pl, _ := h.svc.getPool(context.Background(), "p")
 	pl.mu.Lock()
-	pl.filling = true
+	pl.def.Refilling = true
 	pl.mu.Unlock()
 	pl.poke()
 	waitIdle(t, h.svc, "p", 5)
@@ -255,5 +255,117 @@ func TestPoolSurvivesRestart(t *testing.T) {
 	}
 	if _, _, err := svc.GetPool(ctx, "p"); !errdefs.IsNotFound(err) {
 		t.Fatal(err)
+	}
+}
+
+// A server killed in the middle of a refill finishes it after the restart:
+// the pool had dropped below bufferMin, one warm create had landed (the
+// buffer was back at bufferMin) and the next was still in flight. Without
+// the persisted refill state the restarted pool stopped at bufferMin.
+func TestPoolRefillResumesAfterRestart(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	// After gate opens, the first warm create succeeds and the later ones
+	// hang until release (they die with the server).
+	var gate atomic.Bool
+	var creates atomic.Int32
+	release := make(chan struct{})
+	h.hooks.Create = func(runtime.Spec) error {
+		if !gate.Load() || creates.Add(1) == 1 {
+			return nil
+		}
+		<-release
+		return fmt.Errorf("server killed: %w", errdefs.ErrUnavailable)
+	}
+	if _, err := h.svc.CreatePool(ctx, testPool("p", 2, 3, 10)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "p", 3)
+	gate.Store(true)
+	for i := 0; i < 2; i++ {
+		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 1 idle < bufferMin: the refill creates 2; one lands, one hangs.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, st, _ := h.svc.GetPool(ctx, "p")
+		if st.Available == 2 && creates.Load() >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %+v after %d creates, want 2 idle and a create in flight", st, creates.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var rec Pool
+	if err := h.db.Get(PoolBucket, "p", &rec); err != nil || !rec.Refilling {
+		t.Fatalf("stored pool %+v (%v): the refill under way is not recorded", rec, err)
+	}
+	close(release)
+	h.svc.Close()
+
+	h.rt = h.rt.Reopen(fake.Hooks{})
+	svc := h.newService(t)
+	defer svc.Close()
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := waitIdle(t, svc, "p", 3)
+	if st.Allocated != 2 || st.Total != 5 {
+		t.Fatalf("pool after restart %+v, want 2 claimed + 3 idle", st)
+	}
+	// The refill loop records the end of the refill when it next runs
+	// (woken by the last create).
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		rec = Pool{}
+		if err := h.db.Get(PoolBucket, "p", &rec); err != nil {
+			t.Fatal(err)
+		}
+		if !rec.Refilling {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stored pool %+v: the finished refill is still recorded", rec)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A warm create that fails during a refill does not end the refill: the
+// pool still reaches bufferMax (it used to stop at bufferMin, since the
+// refill counted the failed create as done when it started).
+func TestPoolRefillSurvivesFailedCreate(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	var gate atomic.Bool
+	var creates atomic.Int32
+	h.hooks.Create = func(runtime.Spec) error {
+		if gate.Load() && creates.Add(1) == 2 {
+			// Fails after the other create of the refill has landed
+			// (the case that ended the refill early).
+			time.Sleep(200 * time.Millisecond)
+			return fmt.Errorf("one warm create fails: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	if _, err := h.svc.CreatePool(ctx, testPool("p", 2, 3, 10)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "p", 3)
+	gate.Store(true)
+	for i := 0; i < 2; i++ {
+		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := waitIdle(t, h.svc, "p", 3); st.Allocated != 2 || st.Total != 5 {
+		t.Fatalf("pool %+v, want 2 claimed + 3 idle", st)
+	}
+	if n := creates.Load(); n != 3 {
+		t.Fatalf("%d warm creates after the claims, want 3 (one failed, retried)", n)
 	}
 }
