@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/egress/egresstest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/localregistry"
@@ -114,6 +115,7 @@ func importBusybox(t testing.TB) string {
 type testEnv struct {
 	cfg   Config
 	image string
+	lease *testnet.Net
 }
 
 // newEnv makes an env; img "" imports a fresh busybox image for it.
@@ -127,6 +129,7 @@ func newEnv(t testing.TB, img string) *testEnv {
 	// removes the network's bridge should the daemon leave it.
 	n := testnet.New(t, testnet.Bits(24))
 	e := &testEnv{
+		lease: n,
 		image: img,
 		cfg: Config{
 			Network:   n.Name,
@@ -200,6 +203,15 @@ func TestConformance(t *testing.T) {
 			mu.Unlock()
 			return e.open(t)
 		},
+		Egress: func(t *testing.T, rt runtime.Runtime) runtimetest.EgressHarness {
+			mu.Lock()
+			e := envs[rt]
+			mu.Unlock()
+			r := rt.(*Runtime)
+			return egresstest.New(t, e.lease, egresstest.Network{Bridge: r.Bridge(), Subnet: r.Subnet(), Gateway: r.Gateway(), NetnsPath: r.NetnsPath})
+		},
+		// Docker's storage drivers give no disk quota on most filesystems.
+		NoDiskQuota: true,
 	})
 }
 

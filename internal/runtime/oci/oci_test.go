@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 
+	"github.com/moat-sandbox/moat/internal/egress/egresstest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/network"
@@ -59,6 +60,7 @@ func (f fakeImages) Rootfs(ctx context.Context, id, ref string) (Rootfs, error) 
 type testEnv struct {
 	cfg    Config
 	images fakeImages
+	lease  *testnet.Net
 }
 
 func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
@@ -68,6 +70,7 @@ func newEnv(t testing.TB, class string, classes map[string]string) *testEnv {
 	n := testnet.New(t, testnet.Bits(24))
 	n.Own(dir)
 	e := &testEnv{
+		lease: n,
 		cfg: Config{
 			Root:         filepath.Join(dir, "root"),
 			RunRoot:      filepath.Join(dir, "run"),
@@ -151,6 +154,14 @@ func TestConformance(t *testing.T) {
 					e := envs[rt]
 					mu.Unlock()
 					return e.open(t)
+				},
+				Egress: func(t *testing.T, rt runtime.Runtime) runtimetest.EgressHarness {
+					mu.Lock()
+					e := envs[rt]
+					mu.Unlock()
+					netm := rt.(*Runtime).net.(*network.Manager)
+					return egresstest.New(t, e.lease, egresstest.Network{Bridge: netm.Bridge(), Subnet: netm.Subnet(), Gateway: netm.Gateway(),
+						NetnsPath: func(_ context.Context, id string) (string, error) { return netm.NetnsPath(id), nil }})
 				},
 			})
 		})

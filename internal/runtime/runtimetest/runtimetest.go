@@ -41,6 +41,17 @@ type Options struct {
 	// fake's, kwok's stand-in): cases check what the API reports and skip
 	// the checks made by commands inside the sandbox.
 	NoCommands bool
+	// Egress, if set, builds the server's egress enforcement over the
+	// backend's network (package egresstest) for the Egress case. Nil:
+	// the backend has none (the server refuses networkPolicy, 501).
+	Egress func(t *testing.T, rt runtime.Runtime) EgressHarness
+	// NoDiskQuota tells that the backend cannot enforce
+	// Resources.DiskBytes: the DiskQuota case then checks it refuses one
+	// with ErrNotImplemented instead of ignoring it.
+	NoDiskQuota bool
+	// IPv6 tells that the backend was set up dual-stack: the IPv6 case
+	// then wants a global address in sandboxes, else no IPv6 at all.
+	IPv6 bool
 }
 
 // Token is the agent token the suite sets on every sandbox.
@@ -67,6 +78,14 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("StopRunningWithoutGrace", s.stopNoGrace)
 	t.Run("Checkpoint", s.checkpoint)
 	t.Run("Volumes", s.volumes)
+	t.Run("DiskQuota", s.diskQuota)
+	if !opts.NoCommands {
+		t.Run("Isolation", s.isolation)
+		t.Run("IPv6", s.ipv6)
+	}
+	if opts.Egress != nil {
+		t.Run("Egress", s.egressCase)
+	}
 }
 
 type suite struct {

@@ -1,0 +1,156 @@
+package runtimetest
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+)
+
+// The cases that make every runtime equally safe: egress policy,
+// sandbox-to-sandbox isolation, the disk quota and IPv6. A backend that
+// cannot do one must refuse it clearly (Options.NoDiskQuota), never
+// accept and ignore it.
+
+// EgressHarness enforces network policies on a backend's sandboxes the
+// way the server does (see package egresstest), against an outside host.
+type EgressHarness interface {
+	// Attach enforces p on sandbox id, whose address is ip.
+	Attach(ctx context.Context, id string, ip netip.Addr, p policy.NetworkPolicy) error
+	// Outside returns two addresses of an outside host the sandboxes
+	// reach through the host; port 7000 answers on both (Banner).
+	Outside() (allowed, denied string)
+}
+
+// Banner starts what the outside host of an EgressHarness answers.
+const Banner = "moat-egress-test"
+
+// egressCase: a sandbox with a policy reaches only what it allows; one
+// without a policy reaches both outside addresses (so the denial is the
+// policy's doing).
+func (s *suite) egressCase(t *testing.T) {
+	if s.opts.NoCommands {
+		t.Fatal("Options.Egress needs a backend whose agents run commands")
+	}
+	ctx := ctxFor(t)
+	rt := s.newRuntime(t)
+	h := s.opts.Egress(t, rt)
+	a, b := h.Outside()
+	open := NewID("egress-open")
+	s.create(t, ctx, rt, open)
+	limited := NewID("egress-pol")
+	st := s.create(t, ctx, rt, limited)
+	ip, err := netip.ParseAddr(st.IP)
+	if err != nil {
+		t.Fatalf("sandbox IP %q: %v", st.IP, err)
+	}
+	p := policy.NetworkPolicy{DefaultAction: policy.Deny, Egress: []policy.Rule{{Action: policy.Allow, Target: a + "/32"}}}
+	if err := h.Attach(ctx, limited, ip, p); err != nil {
+		t.Fatalf("attach the policy: %v", err)
+	}
+	WaitAgent(t, ctx, rt, open, s.opts.AgentTimeout)
+	WaitAgent(t, ctx, rt, limited, s.opts.AgentTimeout)
+	reach := func(id, addr string) bool {
+		out, _, err := Exec(ctx, rt, id, "nc -w 2 "+addr+" 7000 </dev/null")
+		if err != nil {
+			t.Fatalf("exec in %s: %v", id, err)
+		}
+		return strings.Contains(out, Banner[:10])
+	}
+	for _, addr := range []string{a, b} {
+		if !reach(open, addr) {
+			t.Fatalf("baseline: a sandbox without a policy cannot reach the outside host at %s", addr)
+		}
+	}
+	if !reach(limited, a) {
+		t.Errorf("the policy's allowed address %s is unreachable", a)
+	}
+	if reach(limited, b) {
+		t.Errorf("a sandbox reached %s, which its policy denies", b)
+	}
+}
+
+// isolation (backends whose agents run commands): a sandbox cannot open a connection to another sandbox (its
+// agent port), while the host can.
+func (s *suite) isolation(t *testing.T) {
+	ctx := ctxFor(t)
+	rt := s.newRuntime(t)
+	a, b := NewID("iso-a"), NewID("iso-b")
+	s.create(t, ctx, rt, a)
+	stB := s.create(t, ctx, rt, b)
+	WaitAgent(t, ctx, rt, a, s.opts.AgentTimeout)
+	WaitAgent(t, ctx, rt, b, s.opts.AgentTimeout) // the host reaches B
+	out, code, err := Exec(ctx, rt, a, "nc -w 2 "+stB.IP+" 44772 </dev/null && echo connected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code == 0 || strings.Contains(out, "connected") {
+		t.Fatalf("sandbox %s connected to sandbox %s at %s:44772 (%q, exit %d)", a, b, stB.IP, out, code)
+	}
+}
+
+// diskQuota: Resources.DiskBytes caps what a sandbox can write, or the
+// backend refuses it with ErrNotImplemented naming the disk quota.
+func (s *suite) diskQuota(t *testing.T) {
+	ctx := ctxFor(t)
+	rt := s.newRuntime(t)
+	id := NewID("disk")
+	spec := s.spec(id)
+	spec.Resources.DiskBytes = 64 << 20
+	_, err := rt.Create(ctx, spec)
+	if s.opts.NoDiskQuota {
+		if err == nil {
+			rt.Delete(context.Background(), id)
+			t.Fatal("Create with a disk quota succeeded on a backend that cannot enforce one")
+		}
+		if !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(strings.ToLower(err.Error()), "disk") {
+			t.Fatalf("refusal of a disk quota: %v, want ErrNotImplemented naming the disk quota", err)
+		}
+		if _, serr := rt.Status(ctx, id); !errdefs.IsNotFound(serr) {
+			t.Fatalf("a refused create left a sandbox: %v", serr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Create with a disk quota: %v", err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), id) })
+	if s.opts.NoCommands {
+		return
+	}
+	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
+	if out, code, err := Exec(ctx, rt, id, "dd if=/dev/zero of=/small bs=1M count=8 2>&1 && sync"); err != nil || code != 0 {
+		t.Fatalf("writing 8 MiB under a 64 MiB quota: exit %d %v: %s", code, err, out)
+	}
+	if out, code, err := Exec(ctx, rt, id, "dd if=/dev/zero of=/big bs=1M count=96 2>&1 && sync"); err != nil || code == 0 {
+		t.Fatalf("writing 96 MiB under a 64 MiB quota succeeded (exit %d %v): %s", code, err, out)
+	}
+}
+
+// ipv6 (backends whose agents run commands): without Options.IPv6 a sandbox has no IPv6 path at all; with it,
+// a global IPv6 address.
+func (s *suite) ipv6(t *testing.T) {
+	ctx := ctxFor(t)
+	rt := s.newRuntime(t)
+	id := NewID("ipv6")
+	s.create(t, ctx, rt, id)
+	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
+	// Addresses as the sandbox sees them (netlink: also gVisor's netstack).
+	out, code, err := Exec(ctx, rt, id, "ip -6 addr show dev eth0")
+	if err != nil || code != 0 {
+		t.Fatalf("ip -6 addr in the sandbox: exit %d %v: %s", code, err, out)
+	}
+	if s.opts.IPv6 {
+		if !strings.Contains(out, "scope global") {
+			t.Fatalf("dual-stack backend: no global IPv6 address on eth0: %q", out)
+		}
+		return
+	}
+	if strings.Contains(out, "inet6") {
+		t.Fatalf("IPv4-only backend: eth0 has IPv6 addresses (want no IPv6 path at all): %q", out)
+	}
+}
