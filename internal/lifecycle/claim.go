@@ -87,7 +87,10 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName str
 	}
 	own(&sb, ownerOf(ctx))
 	var pl *pool
-	if poolName != "" {
+	if poolName != "" && s.runtimePools() != nil {
+		// A cold sandbox of a runtime's pool: nothing to count here.
+		sb.Pool = poolKey(sb.Tenant, poolName)
+	} else if poolName != "" {
 		if pl, err = s.getPool(ctx, poolName); err != nil {
 			return Sandbox{}, err
 		}
@@ -162,6 +165,9 @@ func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
 // createFromPool claims up to n idle sandboxes of pool name and cold-creates
 // the rest from its template.
 func (s *Service) createFromPool(ctx context.Context, req CreateRequest, name string, n int) ([]Sandbox, error) {
+	if rp := s.runtimePools(); rp != nil {
+		return s.claimRuntimePool(ctx, rp, req, name, n)
+	}
 	def, err := s.poolTemplateFor(ctx, name)
 	if err != nil {
 		return nil, err

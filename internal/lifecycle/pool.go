@@ -156,6 +156,9 @@ func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
 	}
+	if rp := s.runtimePools(); rp != nil {
+		return s.createRuntimePool(ctx, rp, p)
+	}
 	p.Tenant = ownerOf(ctx)
 	s.poolsMu.Lock()
 	defer s.poolsMu.Unlock()
@@ -176,6 +179,9 @@ func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
 	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
+	}
+	if rp := s.runtimePools(); rp != nil {
+		return s.updateRuntimePool(ctx, rp, p)
 	}
 	pl, err := s.getPool(ctx, p.Name)
 	if err != nil {
@@ -213,6 +219,9 @@ func volumesEqual(a, b []Volume) bool {
 
 // GetPool returns a pool and its counts.
 func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, error) {
+	if rp := s.runtimePools(); rp != nil {
+		return s.getRuntimePool(ctx, rp, name)
+	}
 	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return Pool{}, PoolStatus{}, err
@@ -224,6 +233,9 @@ func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, e
 
 // ListPools returns every pool ctx's tenant scope sees, by tenant and name.
 func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
+	if rp := s.runtimePools(); rp != nil {
+		return s.listRuntimePools(ctx, rp)
+	}
 	s.poolsMu.Lock()
 	pls := make([]*pool, 0, len(s.pools))
 	for _, pl := range s.pools {
@@ -254,6 +266,9 @@ func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
 // DeletePool removes a pool and its idle sandboxes. Claimed sandboxes live
 // on as ordinary sandboxes.
 func (s *Service) DeletePool(ctx context.Context, name string) error {
+	if rp := s.runtimePools(); rp != nil {
+		return s.deleteRuntimePool(ctx, rp, name)
+	}
 	key := poolKey(ownerOf(ctx), name)
 	s.poolsMu.Lock()
 	pl, ok := s.pools[key]
@@ -554,6 +569,10 @@ func (s *Service) released(poolKey, id string) {
 // recoverPools loads pool definitions and hands recovered warm sandboxes
 // back to their pools. Called by Recover after sandboxes are loaded.
 func (s *Service) recoverPools() error {
+	if s.runtimePools() != nil {
+		// The runtime keeps the pools (and fills them).
+		return nil
+	}
 	defs, err := store.List[Pool](s.deps.Store, PoolBucket)
 	if err != nil {
 		return fmt.Errorf("load pools: %w", err)

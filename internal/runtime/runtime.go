@@ -247,6 +247,60 @@ type Volumes interface {
 	DeleteVolume(ctx context.Context, name string) error
 }
 
+// Pools is implemented by backends that keep warm pools of sandboxes
+// themselves (the kubernetes backend: Pool resources that `moat
+// controller` fills). The lifecycle service then defines its pools there,
+// instead of filling pools of its own, and claims from them with Claim;
+// the pools, and the sandboxes claimed from them, are shared by every
+// server on the backend (the replicas of a stateless server).
+type Pools interface {
+	// PutPool creates pool p.Name (create set: ErrAlreadyExists if the
+	// name is taken) or replaces its definition (ErrNotFound if there is
+	// none).
+	PutPool(ctx context.Context, p PoolSpec, create bool) error
+	// GetPool reports one pool; ErrNotFound if there is none.
+	GetPool(ctx context.Context, name string) (PoolSpec, PoolStatus, error)
+	// ListPools reports the pools of this backend.
+	ListPools(ctx context.Context) ([]PoolSpec, []PoolStatus, error)
+	// DeletePool removes a pool and its idle sandboxes; claimed ones live
+	// on. ErrNotFound if there is none.
+	DeletePool(ctx context.Context, name string) error
+	// Claim turns idle sandboxes of pool into sandboxes ids[0], ids[1], ...
+	// in one durable step (fewer when the pool has fewer idle ones: the
+	// result says which). From then on each is an ordinary sandbox of the
+	// backend (Status, Endpoint, Delete), running, with its own agent
+	// token. ErrNotFound if there is no such pool.
+	Claim(ctx context.Context, pool string, ids []string) ([]Claimed, error)
+}
+
+// PoolSpec defines a pool kept by a Pools backend.
+type PoolSpec struct {
+	// Name is the pool's name in the backend.
+	Name string
+	// Template is what the pool's sandboxes are made from; its ID and
+	// AgentToken are not used (each sandbox gets a token of its own).
+	Template Spec
+	// The pool's capacity, with OpenSandbox's capacitySpec meaning.
+	BufferMin, BufferMax, PoolMin, PoolMax int
+	// Definition is the caller's own record of the pool, kept with it
+	// and returned as is (nil for a pool made without one, e.g. by hand).
+	Definition []byte
+}
+
+// PoolStatus counts a pool's sandboxes.
+type PoolStatus struct {
+	Total, Allocated, Available int
+	// Revision identifies the template the idle sandboxes are made from.
+	Revision string
+}
+
+// Claimed is one sandbox claimed from a pool.
+type Claimed struct {
+	Status Status
+	// AgentToken is the sandbox's agent access token.
+	AgentToken string
+}
+
 // Deletable is the rule every backend applies before deleting volume v:
 // a volume it did not create is ErrPermissionDenied, one a sandbox mounts
 // is ErrFailedPrecondition.

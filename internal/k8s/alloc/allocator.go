@@ -54,6 +54,11 @@ type Allocator struct {
 	mu    sync.Mutex
 	pools map[types.NamespacedName]*poolState
 	regs  []toolscache.ResourceEventHandlerRegistration
+
+	// owners indexes every owner of every table: (namespace, owner) ->
+	// pool. Lock order: a poolState's mu before ownMu.
+	ownMu  sync.Mutex
+	owners map[types.NamespacedName]types.NamespacedName
 }
 
 // PodState is what the allocator knows of a pool pod.
@@ -70,6 +75,8 @@ type PodState struct {
 // the group commit queue. mu guards everything but queue, which qmu
 // guards.
 type poolState struct {
+	key   types.NamespacedName
+	a     *Allocator
 	mu    sync.Mutex
 	pods  map[string]PodState
 	table Table
@@ -101,7 +108,7 @@ func New(ctx context.Context, o Options) (*Allocator, error) {
 	if o.Reader == nil {
 		o.Reader = o.Client
 	}
-	a := &Allocator{o: o, pools: map[types.NamespacedName]*poolState{}}
+	a := &Allocator{o: o, pools: map[types.NamespacedName]*poolState{}, owners: map[types.NamespacedName]types.NamespacedName{}}
 	pi, err := o.Informers.GetInformer(ctx, &corev1.Pod{})
 	if err != nil {
 		return nil, fmt.Errorf("alloc: pod informer: %w", err)
@@ -159,7 +166,7 @@ func (a *Allocator) pool(key types.NamespacedName) *poolState {
 	defer a.mu.Unlock()
 	ps := a.pools[key]
 	if ps == nil {
-		ps = &poolState{pods: map[string]PodState{}, table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
+		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
 		a.pools[key] = ps
 	}
 	return ps
@@ -253,8 +260,53 @@ func (ps *poolState) setLocked(t Table, rv string, exists bool) {
 	if t.Retired == nil {
 		t.Retired = map[string]time.Time{}
 	}
+	old := ps.table.Owners
 	ps.table, ps.rv, ps.exists = t, rv, exists
 	ps.index = t.Index()
+	a := ps.a
+	a.ownMu.Lock()
+	defer a.ownMu.Unlock()
+	for o := range old {
+		k := types.NamespacedName{Namespace: ps.key.Namespace, Name: o}
+		if _, still := t.Owners[o]; !still && a.owners[k] == ps.key {
+			delete(a.owners, k)
+		}
+	}
+	for o := range t.Owners {
+		a.owners[types.NamespacedName{Namespace: ps.key.Namespace, Name: o}] = ps.key
+	}
+}
+
+// Find returns the pool whose table gives owner pods in namespace ns, and
+// what it holds there.
+func (a *Allocator) Find(ns, owner string) (types.NamespacedName, Owned, bool) {
+	a.ownMu.Lock()
+	pool, ok := a.owners[types.NamespacedName{Namespace: ns, Name: owner}]
+	a.ownMu.Unlock()
+	if !ok {
+		return types.NamespacedName{}, Owned{}, false
+	}
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	own, ok := ps.table.Owners[owner]
+	if !ok {
+		return types.NamespacedName{}, Owned{}, false
+	}
+	return pool, Owned{Pods: append([]string(nil), own.Pods...), At: own.At}, true
+}
+
+// Refresh reads every table of namespace ns from the API server (for a
+// caller that must not miss an owner another process has just recorded).
+func (a *Allocator) Refresh(ctx context.Context, ns string) error {
+	var list corev1.ConfigMapList
+	if err := a.o.Reader.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{LabelTable: "true"}); err != nil {
+		return fmt.Errorf("read allocation tables: %w: %v", errdefs.ErrUnavailable, err)
+	}
+	for i := range list.Items {
+		a.tableEvent(&list.Items[i], false)
+	}
+	return nil
 }
 
 // Pod returns the allocator's view of a pool pod.
@@ -356,22 +408,42 @@ func (a *Allocator) revision(pool types.NamespacedName) string {
 // the group is computed again from the newer table, so an allocation can
 // never hand out a pod that another writer has taken. Once the write is
 // made Apply waits for it even if ctx ends (the result is the truth of
-// the table); ctx bounds only the wait to join a group.
+// the table); ctx bounds only the wait for the informers' first sync.
 func (a *Allocator) Apply(ctx context.Context, pool types.NamespacedName, ch Change) (Result, error) {
-	if err := a.WaitSynced(ctx); err != nil {
+	res, err := a.ApplyAll(ctx, pool, []Change{ch})
+	if err != nil {
 		return Result{}, err
 	}
+	return res[0], nil
+}
+
+// ApplyAll is Apply for several changes, applied in order in the same
+// write.
+func (a *Allocator) ApplyAll(ctx context.Context, pool types.NamespacedName, chs []Change) ([]Result, error) {
+	if err := a.WaitSynced(ctx); err != nil {
+		return nil, err
+	}
 	ps := a.pool(pool)
-	r := &request{ch: ch, done: make(chan struct{})}
+	rs := make([]*request, len(chs))
 	ps.qmu.Lock()
-	ps.queue = append(ps.queue, r)
+	for i, ch := range chs {
+		rs[i] = &request{ch: ch, done: make(chan struct{})}
+		ps.queue = append(ps.queue, rs[i])
+	}
 	if !ps.running {
 		ps.running = true
 		go a.lead(pool, ps)
 	}
 	ps.qmu.Unlock()
-	<-r.done
-	return r.res, r.err
+	out := make([]Result, len(chs))
+	for i, r := range rs {
+		<-r.done
+		if r.err != nil {
+			return nil, r.err
+		}
+		out[i] = r.res
+	}
+	return out, nil
 }
 
 // lead commits the queued changes of a pool group by group until the

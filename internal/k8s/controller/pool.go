@@ -81,7 +81,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	terr := checkTemplate(pool.Spec.Template)
 	hash := templateHash(pool.Spec.Template, r.opts.AgentImage)
 	seen := map[string]bool{}
-	var free, pending, stale []*corev1.Pod
+	var free, pending, stale, retired []*corev1.Pod
 	allocated, updated := 0, 0
 	for _, p := range pods {
 		seen[p.Name] = true
@@ -98,9 +98,12 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			}
 		case named:
 			// Claimed through a moat server's Lifecycle API (or a batch
-			// this process has not loaded yet); "" is retired.
+			// this process has not loaded yet); "" is retired: released
+			// by its owner, whose delete may have failed.
 			if owner != "" {
 				allocated++
+			} else {
+				retired = append(retired, p)
 			}
 		case podEnded(p) || p.Labels[sbv1.LabelPoolRevision] != hash:
 			stale = append(stale, p)
@@ -115,6 +118,11 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	have := allocated + len(free) + len(pending) + inflight
 	var errs []error
 	if err := r.deletePods(ctx, req.NamespacedName, stale); err != nil {
+		errs = append(errs, err)
+	}
+	if err := parallel(ctx, len(retired), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
+		return client.IgnoreNotFound(r.c.Delete(ctx, retired[i]))
+	}); err != nil {
 		errs = append(errs, err)
 	}
 	switch {

@@ -33,8 +33,24 @@ type agents struct {
 }
 
 type agent struct {
-	uid types.UID
-	srv *http.Server
+	uid   types.UID
+	srv   *http.Server
+	agent *agenttest.Agent
+}
+
+// Agent returns the stand-in agent serving pod IP ip (Options.Agents), to
+// check what the server told it (its token, its environment).
+func (e *Env) Agent(ip string) (*agenttest.Agent, bool) {
+	if e.agents == nil {
+		return nil, false
+	}
+	e.agents.mu.Lock()
+	defer e.agents.mu.Unlock()
+	a, ok := e.agents.serving[ip]
+	if !ok {
+		return nil, false
+	}
+	return a.agent, true
 }
 
 func (a *agents) run(ctx context.Context) {
@@ -80,9 +96,10 @@ func (a *agents) sync(ctx context.Context) {
 		if err != nil {
 			continue // the previous owner of the IP is still closing
 		}
-		srv := &http.Server{Handler: agenttest.New(token), ReadHeaderTimeout: 5 * time.Second}
+		ag := agenttest.New(token)
+		srv := &http.Server{Handler: ag, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
-		a.serving[ip] = &agent{uid: p.UID, srv: srv}
+		a.serving[ip] = &agent{uid: p.UID, srv: srv, agent: ag}
 	}
 }
 

@@ -78,6 +78,7 @@ type Env struct {
 	Nodes []string
 
 	env     *envtest.Environment
+	agents  *agents
 	dir     string
 	kwok    *exec.Cmd
 	kwokOut *os.File
@@ -172,8 +173,8 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 		return nil, err
 	}
 	if o.Agents {
-		a := &agents{cs: cs, serving: map[string]*agent{}}
-		e.wg.Go(func() { a.run(run) })
+		e.agents = &agents{cs: cs, serving: map[string]*agent{}}
+		e.wg.Go(func() { e.agents.run(run) })
 	}
 	return e, nil
 }

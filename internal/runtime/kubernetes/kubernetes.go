@@ -28,10 +28,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -69,12 +71,21 @@ type Config struct {
 	// CreateTimeout bounds how long Create waits for the pod to run,
 	// scheduling and image pull included (default 5m).
 	CreateTimeout time.Duration
+	// SyncTimeout bounds how long New waits for its informers' first
+	// lists (default 60s).
+	SyncTimeout time.Duration
 }
 
 // Runtime is the kubernetes backend.
 type Runtime struct {
 	c   client.Client
 	cfg Config
+	// cache holds the pool pods, allocation tables, pool token Secrets
+	// and Pools of the namespace; alloc serves claims from it (pools.go).
+	cache cache.Cache
+	alloc *alloc.Allocator
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -93,11 +104,18 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 5 * time.Minute
 	}
+	if cfg.SyncTimeout == 0 {
+		cfg.SyncTimeout = 60 * time.Second
+	}
 	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}
-	return &Runtime{c: c, cfg: cfg}, nil
+	r := &Runtime{c: c, cfg: cfg}
+	if err := r.startClaims(rc); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // Name implements runtime.Runtime.
@@ -111,8 +129,14 @@ func (r *Runtime) Capabilities() runtime.Capabilities {
 // Namespace is the namespace holding the sandboxes.
 func (r *Runtime) Namespace() string { return r.cfg.Namespace }
 
-// Close releases nothing (the client has no background work).
-func (r *Runtime) Close() error { return nil }
+// Close stops the informers.
+func (r *Runtime) Close() error {
+	if r.stop != nil {
+		r.stop()
+		<-r.done
+	}
+	return nil
+}
 
 func (r *Runtime) validate(spec runtime.Spec) error {
 	if err := spec.Validate(); err != nil {
@@ -342,7 +366,20 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 
 // Status implements runtime.Runtime.
 func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	if pool, pod, at, ok, _ := r.claimed(ctx, id, false); ok {
+		return r.claimStatus(id, pool, pod, at), nil
+	}
 	b, err := r.get(ctx, id)
+	if errdefs.IsNotFound(err) {
+		// Claimed by another replica a moment ago?
+		pool, pod, at, ok, cerr := r.claimed(ctx, id, true)
+		if cerr != nil {
+			return runtime.Status{}, cerr
+		}
+		if ok {
+			return r.claimStatus(id, pool, pod, at), nil
+		}
+	}
 	if err != nil {
 		return runtime.Status{}, err
 	}
@@ -359,7 +396,12 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 	for i := range list.Items {
 		out = append(out, status(&list.Items[i]))
 	}
-	return out, nil
+	// The sandboxes claimed from pools: read the tables afresh, so that a
+	// claim another replica just made is listed.
+	if err := r.alloc.Refresh(ctx, r.cfg.Namespace); err != nil {
+		return nil, err
+	}
+	return append(out, r.claimedStatuses()...), nil
 }
 
 // Stop implements runtime.Runtime: the batch is scaled to 0, so the
@@ -367,6 +409,12 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 // and keeps the batch; Stop returns when that is done (bounded by grace
 // plus DeleteTimeout).
 func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if pool, pod, _, ok, err := r.claimed(ctx, id, true); err != nil {
+		return err
+	} else if ok {
+		// A claimed pod cannot be kept stopped: it is released.
+		return r.releaseClaim(ctx, id, pool, pod)
+	}
 	b, err := r.get(ctx, id)
 	if err != nil {
 		return err
@@ -406,6 +454,11 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if !runtime.ValidID(id) {
 		return nil
+	}
+	if pool, pod, _, ok, err := r.claimed(ctx, id, true); err != nil {
+		return err
+	} else if ok {
+		return r.releaseClaim(ctx, id, pool, pod)
 	}
 	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: id + tokenSecretSufx}}

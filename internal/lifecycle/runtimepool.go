@@ -1,0 +1,297 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/tenant"
+)
+
+// Pools kept by the runtime. A runtime that implements runtime.Pools (the
+// kubernetes runtime: Pool resources that `moat controller` fills) keeps
+// the pools of the Lifecycle API itself: the service stores its Pool
+// record with the runtime's pool (PoolSpec.Definition) and fills nothing;
+// a claim is the runtime's Claim (one durable step for the whole batch),
+// then one store write for the sandbox records and the claim's env
+// through each agent. Nothing of these pools lives in this process, so
+// every server on the runtime (the replicas of a stateless server) serves
+// the same pools.
+
+// runtimePools returns the runtime's pools, nil if it keeps none.
+func (s *Service) runtimePools() runtime.Pools {
+	rp, _ := s.deps.Runtime.(runtime.Pools)
+	return rp
+}
+
+// runtimePoolName is the runtime's name of the pool with key (see
+// Pool.key): the name itself for the default tenant; for other tenants
+// "t<hash of the tenant>-<name>", cut with a hash to a DNS label.
+func runtimePoolName(key string) string {
+	owner, name, ok := strings.Cut(key, "/")
+	if !ok {
+		return key
+	}
+	h := sha256.Sum256([]byte(owner))
+	n := "t" + hex.EncodeToString(h[:4]) + "-" + name
+	if len(n) > 63 {
+		h := sha256.Sum256([]byte(n))
+		n = n[:54] + "-" + hex.EncodeToString(h[:4])
+	}
+	return n
+}
+
+// runtimePoolSpec renders pool p for the runtime.
+func (s *Service) runtimePoolSpec(ctx context.Context, p Pool) (runtime.PoolSpec, error) {
+	sb, err := s.validate(ctx, p.Template.request())
+	if err != nil {
+		return runtime.PoolSpec{}, err
+	}
+	if len(sb.Mounts) > 0 {
+		return runtime.PoolSpec{}, errdefs.Invalid(codeInvalidVolume, "pools of this runtime cannot mount volumes")
+	}
+	def, err := json.Marshal(p)
+	if err != nil {
+		return runtime.PoolSpec{}, err
+	}
+	c := p.Capacity
+	return runtime.PoolSpec{
+		Name:      runtimePoolName(p.key()),
+		Template:  runtime.Spec{Image: sb.Image, Entrypoint: sb.Entrypoint, Env: sb.Env, Resources: sb.Resources, Class: sb.Class},
+		BufferMin: c.BufferMin, BufferMax: c.BufferMax, PoolMin: c.PoolMin, PoolMax: c.PoolMax,
+		Definition: def,
+	}, nil
+}
+
+// poolOf reads the lifecycle's record of a runtime pool. A pool made
+// without one (by hand, e.g. with kubectl) belongs to the default tenant
+// and is described from its template.
+func poolOf(spec runtime.PoolSpec, st runtime.PoolStatus) (Pool, PoolStatus) {
+	var p Pool
+	if len(spec.Definition) == 0 || json.Unmarshal(spec.Definition, &p) != nil {
+		t := spec.Template
+		p = Pool{Name: spec.Name, Revision: 1, Template: PoolTemplate{Image: t.Image, Entrypoint: t.Entrypoint, Env: t.Env}}
+		lim := map[string]string{}
+		if t.Resources.CPUMillis > 0 {
+			lim["cpu"] = strconv.FormatInt(t.Resources.CPUMillis, 10) + "m"
+		}
+		if t.Resources.MemoryBytes > 0 {
+			lim["memory"] = strconv.FormatInt(t.Resources.MemoryBytes, 10)
+		}
+		if len(lim) > 0 {
+			p.Template.ResourceLimits = lim
+		}
+		if t.Class != "" {
+			p.Template.Extensions = map[string]string{ExtRuntimeClass: t.Class}
+		}
+	}
+	p.Capacity = Capacity{BufferMin: spec.BufferMin, BufferMax: spec.BufferMax, PoolMin: spec.PoolMin, PoolMax: spec.PoolMax}
+	return p, PoolStatus{Total: st.Total, Allocated: st.Allocated, Available: st.Available, Revision: p.Revision}
+}
+
+// getRuntimePool returns pool name of ctx's tenant.
+func (s *Service) getRuntimePool(ctx context.Context, rp runtime.Pools, name string) (Pool, PoolStatus, error) {
+	key := poolKey(ownerOf(ctx), name)
+	spec, st, err := rp.GetPool(ctx, runtimePoolName(key))
+	if errdefs.IsNotFound(err) {
+		return Pool{}, PoolStatus{}, poolNotFound(name)
+	}
+	if err != nil {
+		return Pool{}, PoolStatus{}, err
+	}
+	p, ps := poolOf(spec, st)
+	if p.key() != key {
+		// A name of this form made for another tenant, or by hand.
+		return Pool{}, PoolStatus{}, poolNotFound(name)
+	}
+	return p, ps, nil
+}
+
+func (s *Service) createRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
+	p.Tenant = ownerOf(ctx)
+	p.CreatedAt = s.now()
+	p.Revision = 1
+	spec, err := s.runtimePoolSpec(ctx, p)
+	if err != nil {
+		return Pool{}, err
+	}
+	if err := rp.PutPool(ctx, spec, true); err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			return Pool{}, errdefs.WithPublic(fmt.Errorf("pool %q: %w", p.Name, errdefs.ErrAlreadyExists), "POOL::ALREADY_EXISTS", fmt.Sprintf("pool %s already exists", p.Name))
+		}
+		return Pool{}, err
+	}
+	return p, nil
+}
+
+func (s *Service) updateRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
+	cur, _, err := s.getRuntimePool(ctx, rp, p.Name)
+	if err != nil {
+		return Pool{}, err
+	}
+	p.Tenant, p.CreatedAt, p.Revision = cur.Tenant, cur.CreatedAt, cur.Revision
+	if !templateEqual(p.Template, cur.Template) {
+		p.Revision++
+	}
+	spec, err := s.runtimePoolSpec(ctx, p)
+	if err != nil {
+		return Pool{}, err
+	}
+	if err := rp.PutPool(ctx, spec, false); err != nil {
+		if errdefs.IsNotFound(err) {
+			return Pool{}, poolNotFound(p.Name)
+		}
+		return Pool{}, err
+	}
+	return p, nil
+}
+
+func (s *Service) listRuntimePools(ctx context.Context, rp runtime.Pools) ([]Pool, []PoolStatus) {
+	specs, sts, err := rp.ListPools(ctx)
+	if err != nil {
+		s.log.Error("list the runtime's pools", "err", err)
+		return nil, nil
+	}
+	var defs []Pool
+	var out []PoolStatus
+	for i := range specs {
+		p, st := poolOf(specs[i], sts[i])
+		if runtimePoolName(p.key()) != specs[i].Name || !visible(ctx, tenant.Normalize(p.Tenant)) {
+			continue
+		}
+		defs, out = append(defs, p), append(out, st)
+	}
+	return defs, out
+}
+
+func (s *Service) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name string) error {
+	if _, _, err := s.getRuntimePool(ctx, rp, name); err != nil {
+		return err
+	}
+	err := rp.DeletePool(ctx, runtimePoolName(poolKey(ownerOf(ctx), name)))
+	if errdefs.IsNotFound(err) {
+		return poolNotFound(name)
+	}
+	return err
+}
+
+// claimRuntimePool claims n sandboxes of runtime pool name: as many as
+// the pool has idle in one step of the runtime, the rest created cold
+// from its template.
+func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req CreateRequest, name string, n int) ([]Sandbox, error) {
+	def, _, err := s.getRuntimePool(ctx, rp, name)
+	if err != nil {
+		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
+	}
+	merged, err := claimRequest(req, def)
+	if err != nil {
+		return nil, err
+	}
+	proto, err := s.validate(ctx, merged)
+	if err != nil {
+		return nil, err
+	}
+	if proto.NetworkPolicy != nil {
+		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported on sandboxes claimed from this runtime's pools")
+	}
+	owner, cpu, mem := ownerOf(ctx), proto.Resources.CPUMillis, proto.Resources.MemoryBytes
+	if err := s.quota.check(s.deps.Quotas, owner, n, cpu, mem); err != nil {
+		return nil, err
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = newID()
+	}
+	// Past this point the claim finishes even if the client goes away.
+	ctx = context.WithoutCancel(ctx)
+	key := poolKey(owner, name)
+	claimed, err := rp.Claim(ctx, runtimePoolName(key), ids)
+	if err != nil {
+		if errdefs.IsFailedPrecondition(err) {
+			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", publicCause(err))
+		}
+		return nil, err
+	}
+	release := func(es []*entry) {
+		for _, e := range es {
+			if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
+				s.log.Error("release a claimed sandbox", "id", e.sb.ID, "err", err)
+			}
+		}
+	}
+	now := s.now()
+	entries := make([]*entry, len(claimed))
+	kv := make(map[string]any, len(claimed))
+	claimedIDs := make([]string, len(claimed))
+	for i, c := range claimed {
+		sb := proto.clone()
+		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, def.Revision
+		if sb.Class == "" {
+			sb.Class = c.Status.Class
+		}
+		sb.CreatedAt = now
+		sb.ExpiresAt = nil
+		if proto.ExpiresAt != nil {
+			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
+			sb.ExpiresAt = &exp
+		}
+		own(&sb, owner)
+		e := newEntry(sb)
+		s.mustTransition(e, StateRunning, ReasonRunning, "")
+		entries[i], kv[sb.ID], claimedIDs[i] = e, &e.sb, sb.ID
+	}
+	if err := s.quota.admit(s.deps.Quotas, owner, claimedIDs, cpu, mem); err != nil {
+		release(entries)
+		return nil, err
+	}
+	if len(kv) > 0 {
+		if err := s.deps.Store.PutMany(Bucket, kv); err != nil {
+			for _, id := range claimedIDs {
+				s.quota.release(id)
+			}
+			release(entries)
+			return nil, err
+		}
+	}
+	for _, e := range entries {
+		e.mu.Lock()
+		s.put(e)
+	}
+	unlock := func() {
+		for _, e := range entries {
+			e.mu.Unlock()
+		}
+	}
+	if len(req.Env) > 0 && len(entries) > 0 {
+		if err := s.applyEnv(ctx, entries, req.Env); err != nil {
+			for _, e := range entries {
+				s.deleteLocked(ctx, e, ReasonStopping)
+			}
+			unlock()
+			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
+		}
+	}
+	out := make([]Sandbox, 0, n)
+	for _, e := range entries {
+		out = append(out, e.sb.clone())
+	}
+	unlock()
+	s.observeClaim(len(claimed), n-len(claimed))
+	if rest := n - len(out); rest > 0 {
+		cold, err := s.coldBatch(ctx, merged, rest, name)
+		if err != nil {
+			for _, sb := range out {
+				s.Delete(ctx, sb.ID)
+			}
+			return nil, err
+		}
+		out = append(out, cold...)
+	}
+	return out, nil
+}

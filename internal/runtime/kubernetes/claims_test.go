@@ -1,0 +1,227 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	moat "github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/server"
+)
+
+// testServer is an in-process `moat serve --runtime kubernetes` whose API
+// writes are counted (it talks to the API server through a counting
+// proxy).
+type testServer struct {
+	cl     *moat.Client
+	writes *k8stest.WriteCounter
+	scope  string
+}
+
+func startServer(t *testing.T, ns, scope string) *testServer {
+	t.Helper()
+	dir := t.TempDir()
+	w := &k8stest.WriteCounter{}
+	proxy, err := k8stest.StartCountingProxy(env.Config, w, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	cfg := server.Default()
+	cfg.Runtime = "kubernetes"
+	cfg.Kubernetes = server.KubernetesConfig{Kubeconfig: proxy.Kubeconfig, Namespace: ns}
+	cfg.Root, cfg.RunRoot = filepath.Join(dir, "root"), filepath.Join(dir, "run")
+	cfg.NoAuth = true
+	cfg.Bridge = scope
+	cfg.Listen = "127.0.0.1:0"
+	cfg.LogLevel = "warn"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := server.New(ctx, cfg, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done; s.Close() })
+	cl, err := moat.New("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testServer{cl: cl, writes: w, scope: scope}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+}
+
+func table(t *testing.T, c client.Client, ns, pool string) alloc.Table {
+	t.Helper()
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: alloc.TableName(pool)}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := alloc.Parse(cm.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl
+}
+
+// TestClaimThroughLifecycleAPI: on the kubernetes runtime, a pool made
+// through the Lifecycle API is a Pool that the controller fills; a create
+// with its poolRef, and a batch, are served from its warm pods by one
+// write of the pool's allocation table, with no BatchSandbox; each claimed
+// sandbox has its pod's own token, gets the claim's env through its agent
+// and its metadata and timeout in its record; deleting it retires and
+// deletes the pod, and the pool refills.
+func TestClaimThroughLifecycleAPI(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	srv := startServer(t, ns, "claims")
+	ctx := context.Background()
+	c := adminClient(t)
+
+	pool, err := srv.cl.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}, Env: map[string]string{"FROM": "pool"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: 2, BufferMax: 4, PoolMax: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cr sbv1.Pool
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "warm"}, &cr); err != nil {
+		t.Fatalf("no Pool resource for pool %s: %v", pool.Name, err)
+	}
+	waitFor(t, 60*time.Second, "pool warm", func() (bool, string) {
+		p, err := srv.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == 4, fmt.Sprintf("%+v %v", p, err)
+	})
+	time.Sleep(300 * time.Millisecond) // the agents come up on the pod IPs
+
+	before := srv.writes.Snapshot()
+	sb, err := srv.cl.CreateSandbox(ctx, moat.CreateRequest{
+		Extensions: map[string]string{"poolRef": "warm"}, Env: map[string]string{"CLAIM": "yes"},
+		Metadata: map[string]string{"team": "k8s"}, Timeout: 10 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := srv.writes.Since(before)
+	t.Logf("API writes of a warm claim: %v", writes)
+	if k8stest.Total(writes) != 1 || writes["PUT configmaps"]+writes["POST configmaps"] != 1 {
+		t.Errorf("a warm claim made API writes %v, want one table write", writes)
+	}
+	if sb.Status.State != moat.StateRunning || sb.Metadata["team"] != "k8s" || sb.ExpiresAt == nil {
+		t.Errorf("claimed sandbox %+v", sb)
+	}
+	var none sbv1.BatchSandbox
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: sb.ID}, &none); err == nil {
+		t.Errorf("a claim made BatchSandbox %s", sb.ID)
+	}
+	tbl := table(t, c, ns, "warm")
+	own, ok := tbl.Owners[alloc.SandboxOwner("claims", sb.ID)]
+	if !ok || len(own.Pods) != 1 {
+		t.Fatalf("table %+v has no entry for %s", tbl, sb.ID)
+	}
+	pod := own.Pods[0]
+	var p corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: pod}, &p); err != nil {
+		t.Fatal(err)
+	}
+	var sec corev1.Secret
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: alloc.TokenSecretName("warm")}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := srv.cl.Endpoint(ctx, sb.ID, agentproto.Port, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.Address != net.JoinHostPort(p.Status.PodIP, "44772") || ep.Headers[agentproto.TokenHeader] != string(sec.Data[pod]) {
+		t.Errorf("endpoint %+v, want pod %s at %s with its own token", ep, pod, p.Status.PodIP)
+	}
+	ag, ok := env.Agent(p.Status.PodIP)
+	if !ok || ag.Env()["CLAIM"] != "yes" {
+		t.Errorf("the claim's env did not reach the agent of %s", pod)
+	}
+
+	// A batch from the same pool: its own pods and tokens.
+	batch, err := srv.cl.CreateBatch(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl = table(t, c, ns, "warm")
+	seen := map[string]bool{pod: true}
+	tokens := map[string]bool{ep.Headers[agentproto.TokenHeader]: true}
+	for _, b := range batch {
+		own := tbl.Owners[alloc.SandboxOwner("claims", b.ID)]
+		if b.Status.State != moat.StateRunning || len(own.Pods) != 1 || seen[own.Pods[0]] {
+			t.Errorf("batch sandbox %s: %+v, pods %v", b.ID, b.Status, own.Pods)
+			continue
+		}
+		seen[own.Pods[0]] = true
+		e, err := srv.cl.Endpoint(ctx, b.ID, agentproto.Port, false)
+		if err != nil || tokens[e.Headers[agentproto.TokenHeader]] {
+			t.Errorf("batch sandbox %s endpoint %+v %v: token not its own", b.ID, e, err)
+		}
+		tokens[e.Headers[agentproto.TokenHeader]] = true
+	}
+
+	// The pool refills behind the claims.
+	waitFor(t, 60*time.Second, "pool refilled", func() (bool, string) {
+		p, err := srv.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available >= 2 && p.Status.Allocated == 4, fmt.Sprintf("%+v %v", p.Status, err)
+	})
+
+	got, err := srv.cl.GetSandbox(ctx, sb.ID)
+	if err != nil || got.Status.State != moat.StateRunning {
+		t.Fatalf("get claimed sandbox: %+v %v", got, err)
+	}
+	if err := srv.cl.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	tbl = table(t, c, ns, "warm")
+	if _, still := tbl.Owners[alloc.SandboxOwner("claims", sb.ID)]; still {
+		t.Errorf("deleted sandbox still in the table")
+	}
+	if _, retired := tbl.Retired[pod]; !retired {
+		t.Errorf("pod %s of a deleted sandbox not retired: %+v", pod, tbl)
+	}
+	waitFor(t, 30*time.Second, "claimed pod deleted", func() (bool, string) {
+		var p corev1.Pod
+		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: pod}, &p)
+		return client.IgnoreNotFound(err) == nil && (err != nil || p.DeletionTimestamp != nil), fmt.Sprint(err)
+	})
+	if _, err := srv.cl.GetSandbox(ctx, sb.ID); err == nil {
+		t.Error("deleted sandbox still found")
+	}
+}

@@ -1,0 +1,388 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/runtime"
+)
+
+// Pools and claims. The backend keeps the Lifecycle API's pools as Pool
+// resources (moat controller fills them) and claims their pods itself:
+// the claim is one write of the pool's allocation table (internal/k8s/alloc),
+// shared with the controller and with every other server replica, so no
+// pod is ever handed out twice and no round trip through a BatchSandbox
+// and the controller is needed. A claimed sandbox is its table entry
+// (owner alloc.SandboxOwner(scope, id)) and its pod; its agent token is
+// the pod's own (the pool's token Secret).
+
+// annoDefinition holds the lifecycle's record of a pool on its Pool.
+const annoDefinition = "moat." + sbv1.Group + "/pool-definition"
+
+var _ runtime.Pools = (*Runtime)(nil)
+
+// informers builds the backend's cache: pool pods, allocation tables, pool
+// token Secrets and Pools of the namespace.
+func informers(rc *rest.Config, ns string) (cache.Cache, error) {
+	hasPool, err := labels.Parse(sbv1.LabelPool)
+	if err != nil {
+		return nil, err
+	}
+	return cache.New(rc, cache.Options{
+		Scheme:            controller.Scheme(),
+		DefaultNamespaces: map[string]cache.Config{ns: {}},
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:       {Label: hasPool},
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
+			&corev1.Secret{}:    {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTokens: "true"})},
+		},
+	})
+}
+
+// startClaims starts the informers and the allocator; they run until
+// Close.
+func (r *Runtime) startClaims(rc *rest.Config) error {
+	inf, err := informers(rc, r.cfg.Namespace)
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cache, r.stop = inf, cancel
+	r.alloc, err = alloc.New(ctx, alloc.Options{
+		Client:    r.c,
+		Reader:    r.c,
+		Informers: inf,
+		Revision:  r.poolRevision,
+		Usable:    r.hasToken,
+	})
+	if err != nil {
+		cancel()
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	// Pools are read from the cache too.
+	if _, err := inf.GetInformer(ctx, &sbv1.Pool{}); err != nil {
+		cancel()
+		return fmt.Errorf("kubernetes: pool informer: %w", err)
+	}
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		inf.Start(ctx)
+	}()
+	sctx, scancel := context.WithTimeout(ctx, r.cfg.SyncTimeout)
+	defer scancel()
+	if !inf.WaitForCacheSync(sctx) {
+		cancel()
+		<-r.done
+		return fmt.Errorf("kubernetes: %w: the informers did not sync in %v", errdefs.ErrUnavailable, r.cfg.SyncTimeout)
+	}
+	return nil
+}
+
+// poolRevision is the template revision of a pool (its status, written
+// by the controller).
+func (r *Runtime) poolRevision(pool types.NamespacedName) string {
+	var p sbv1.Pool
+	if err := r.cache.Get(context.Background(), pool, &p); err != nil {
+		return ""
+	}
+	return p.Status.Revision
+}
+
+// hasToken reports whether a pool pod's own agent token is known.
+func (r *Runtime) hasToken(pool types.NamespacedName, pod string) bool {
+	_, ok := r.token(pool, pod)
+	return ok
+}
+
+func (r *Runtime) token(pool types.NamespacedName, pod string) (string, bool) {
+	var s corev1.Secret
+	err := r.cache.Get(context.Background(), types.NamespacedName{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}, &s,
+		&client.GetOptions{})
+	if err != nil {
+		return "", false
+	}
+	t, ok := s.Data[pod]
+	return string(t), ok && len(t) > 0
+}
+
+// poolTemplate renders a pool template: the sandbox's container without a
+// token (the controller gives every pod its own).
+func (r *Runtime) poolTemplate(spec runtime.Spec) *corev1.PodTemplateSpec {
+	spec.AgentToken = ""
+	return r.template(spec)
+}
+
+// PutPool implements runtime.Pools.
+func (r *Runtime) PutPool(ctx context.Context, p runtime.PoolSpec, create bool) error {
+	spec := p.Template
+	spec.ID = p.Name
+	if err := r.validate(spec); err != nil {
+		return err
+	}
+	if len(spec.Mounts) > 0 {
+		return runtime.Invalid("pools of the kubernetes runtime cannot mount volumes")
+	}
+	tpl := r.poolTemplate(spec)
+	capSpec := sbv1.CapacitySpec{BufferMin: int32(p.BufferMin), BufferMax: int32(p.BufferMax), PoolMin: int32(p.PoolMin), PoolMax: int32(p.PoolMax)}
+	if create {
+		pool := &sbv1.Pool{
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: p.Name,
+				Labels:      map[string]string{labelScope: r.cfg.Scope},
+				Annotations: map[string]string{annoDefinition: string(p.Definition)}},
+			Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: capSpec},
+		}
+		return classify("create pool "+p.Name, r.c.Create(ctx, pool))
+	}
+	for {
+		var pool sbv1.Pool
+		if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: p.Name}, &pool); err != nil {
+			return classify("pool "+p.Name, err)
+		}
+		if pool.Annotations == nil {
+			pool.Annotations = map[string]string{}
+		}
+		pool.Annotations[annoDefinition] = string(p.Definition)
+		pool.Spec.Template, pool.Spec.CapacitySpec = tpl, capSpec
+		err := r.c.Update(ctx, &pool)
+		if !apierrors.IsConflict(err) {
+			return classify("update pool "+p.Name, err)
+		}
+	}
+}
+
+// getPool reads a pool from the cache, or from the API server when the
+// cache has not seen it yet (made by another replica a moment ago).
+func (r *Runtime) getPool(ctx context.Context, name string) (*sbv1.Pool, error) {
+	if !runtime.ValidID(name) {
+		return nil, fmt.Errorf("pool %q: %w", name, errdefs.ErrNotFound)
+	}
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: name}
+	var p sbv1.Pool
+	err := r.cache.Get(ctx, key, &p)
+	if apierrors.IsNotFound(err) {
+		err = r.c.Get(ctx, key, &p)
+	}
+	if err != nil {
+		return nil, classify("pool "+name, err)
+	}
+	if p.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("pool %q is being deleted: %w", name, errdefs.ErrNotFound)
+	}
+	return &p, nil
+}
+
+func (r *Runtime) poolSpec(p *sbv1.Pool) (runtime.PoolSpec, runtime.PoolStatus) {
+	c := p.Spec.CapacitySpec
+	spec := runtime.PoolSpec{Name: p.Name, BufferMin: int(c.BufferMin), BufferMax: int(c.BufferMax), PoolMin: int(c.PoolMin), PoolMax: int(c.PoolMax)}
+	if d := p.Annotations[annoDefinition]; d != "" {
+		spec.Definition = []byte(d)
+	}
+	if t := p.Spec.Template; t != nil && len(t.Spec.Containers) > 0 {
+		ct := t.Spec.Containers[0]
+		spec.Template = runtime.Spec{Image: ct.Image, Entrypoint: slices.Concat(ct.Command, ct.Args), WorkingDir: ct.WorkingDir}
+		for _, e := range ct.Env {
+			if e.ValueFrom == nil {
+				if spec.Template.Env == nil {
+					spec.Template.Env = map[string]string{}
+				}
+				spec.Template.Env[e.Name] = e.Value
+			}
+		}
+		if t.Spec.RuntimeClassName != nil {
+			spec.Template.Class = *t.Spec.RuntimeClassName
+		}
+		spec.Template.Resources.CPUMillis = ct.Resources.Limits.Cpu().MilliValue()
+		spec.Template.Resources.MemoryBytes = ct.Resources.Limits.Memory().Value()
+	}
+	st := runtime.PoolStatus{Total: int(p.Status.Total), Allocated: int(p.Status.Allocated), Available: int(p.Status.Available), Revision: p.Status.Revision}
+	return spec, st
+}
+
+// GetPool implements runtime.Pools.
+func (r *Runtime) GetPool(ctx context.Context, name string) (runtime.PoolSpec, runtime.PoolStatus, error) {
+	p, err := r.getPool(ctx, name)
+	if err != nil {
+		return runtime.PoolSpec{}, runtime.PoolStatus{}, err
+	}
+	spec, st := r.poolSpec(p)
+	return spec, st, nil
+}
+
+// ListPools implements runtime.Pools: the pools of this server's scope and
+// those made by hand (no scope), in name order.
+func (r *Runtime) ListPools(ctx context.Context) ([]runtime.PoolSpec, []runtime.PoolStatus, error) {
+	var list sbv1.PoolList
+	if err := r.cache.List(ctx, &list, client.InNamespace(r.cfg.Namespace)); err != nil {
+		return nil, nil, classify("list pools", err)
+	}
+	slices.SortFunc(list.Items, func(a, b sbv1.Pool) int { return strings.Compare(a.Name, b.Name) })
+	var specs []runtime.PoolSpec
+	var sts []runtime.PoolStatus
+	for i := range list.Items {
+		p := &list.Items[i]
+		if s, ok := p.Labels[labelScope]; (ok && s != r.cfg.Scope) || p.DeletionTimestamp != nil {
+			continue
+		}
+		spec, st := r.poolSpec(p)
+		specs, sts = append(specs, spec), append(sts, st)
+	}
+	return specs, sts, nil
+}
+
+// DeletePool implements runtime.Pools. The controller deletes the idle
+// pods; claimed ones stay with their sandboxes.
+func (r *Runtime) DeletePool(ctx context.Context, name string) error {
+	p, err := r.getPool(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := r.c.Delete(ctx, p, client.Preconditions{UID: &p.UID}); err != nil {
+		return classify("delete pool "+name, err)
+	}
+	return nil
+}
+
+// Claim implements runtime.Pools: one write of the pool's table gives
+// every id a free pod (as many as the pool has).
+func (r *Runtime) Claim(ctx context.Context, pool string, ids []string) ([]runtime.Claimed, error) {
+	p, err := r.getPool(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	if t := p.Spec.Template; t != nil && len(t.Spec.Containers) > 0 &&
+		slices.ContainsFunc(t.Spec.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == alloc.TokenEnv }) {
+		// Claimed sandboxes would share one token: the code of one could
+		// reach the others.
+		return nil, fmt.Errorf("pool %s: %w: its template sets %s, so its pods share one agent token; claims need a token per pod (leave it out and the controller makes them)",
+			pool, errdefs.ErrFailedPrecondition, alloc.TokenEnv)
+	}
+	for _, id := range ids {
+		if !runtime.ValidID(id) {
+			return nil, runtime.Invalid("invalid sandbox id %q", id)
+		}
+	}
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: pool}
+	chs := make([]alloc.Change, len(ids))
+	for i, id := range ids {
+		chs[i] = alloc.Change{Owner: alloc.SandboxOwner(r.cfg.Scope, id), Want: 1}
+	}
+	res, err := r.alloc.ApplyAll(ctx, key, chs)
+	if err != nil {
+		return nil, err
+	}
+	class := ""
+	if p.Spec.Template != nil && p.Spec.Template.Spec.RuntimeClassName != nil {
+		class = *p.Spec.Template.Spec.RuntimeClassName
+	}
+	now := time.Now().UTC()
+	var out []runtime.Claimed
+	var lost []string
+	for i, rs := range res {
+		if len(rs.Pods) == 0 {
+			continue
+		}
+		pod := rs.Pods[0]
+		st, _ := r.alloc.Pod(key, pod)
+		tok, ok := r.token(key, pod)
+		if !ok || st.IP == "" {
+			// Its token or address vanished since it was picked (the
+			// pod is going): give it up.
+			lost = append(lost, ids[i])
+			continue
+		}
+		out = append(out, runtime.Claimed{
+			Status:     runtime.Status{ID: ids[i], State: runtime.StateRunning, IP: st.IP, Class: class, CreatedAt: now},
+			AgentToken: tok,
+		})
+	}
+	for _, id := range lost {
+		r.Delete(context.WithoutCancel(ctx), id)
+	}
+	return out, nil
+}
+
+// claimed returns the pool and pod of a claimed sandbox. A sandbox
+// another replica claimed a moment ago may not be in this process's
+// tables yet: when fresh is set, a miss reads the tables from the API
+// server before it answers.
+func (r *Runtime) claimed(ctx context.Context, id string, fresh bool) (types.NamespacedName, string, time.Time, bool, error) {
+	owner := alloc.SandboxOwner(r.cfg.Scope, id)
+	pool, own, ok := r.alloc.Find(r.cfg.Namespace, owner)
+	if !ok && fresh {
+		if err := r.alloc.Refresh(ctx, r.cfg.Namespace); err != nil {
+			return types.NamespacedName{}, "", time.Time{}, false, err
+		}
+		pool, own, ok = r.alloc.Find(r.cfg.Namespace, owner)
+	}
+	if !ok || len(own.Pods) == 0 {
+		return types.NamespacedName{}, "", time.Time{}, false, nil
+	}
+	return pool, own.Pods[0], own.At, true, nil
+}
+
+// claimStatus is the status of a claimed sandbox, from its pod.
+func (r *Runtime) claimStatus(id string, pool types.NamespacedName, pod string, at time.Time) runtime.Status {
+	st := runtime.Status{ID: id, State: runtime.StateStopped, CreatedAt: at.UTC(), Message: "pod " + pod + " is gone"}
+	ps, ok := r.alloc.Pod(pool, pod)
+	switch {
+	case !ok:
+	case ps.Ended:
+		st.Message = "pod " + pod + " ended"
+	case ps.Deleting:
+		st.Message = "pod " + pod + " is being deleted"
+	case ps.Ready:
+		st.State, st.IP, st.Message = runtime.StateRunning, ps.IP, ""
+	default:
+		st.State, st.Message = runtime.StateUnknown, "pod "+pod+" is not ready"
+	}
+	return st
+}
+
+// releaseClaim gives up a claimed sandbox: its pod is retired in the
+// table (never handed out again) and deleted, and its token forgotten.
+func (r *Runtime) releaseClaim(ctx context.Context, id string, pool types.NamespacedName, pod string) error {
+	owner := alloc.SandboxOwner(r.cfg.Scope, id)
+	if _, err := r.alloc.Apply(ctx, pool, alloc.Change{Owner: owner, ReleaseAll: true}); err != nil {
+		return err
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: pod}}
+	if err := r.c.Delete(ctx, p); err != nil && !apierrors.IsNotFound(err) {
+		// Retired: no one takes it again, and the controller deletes the
+		// retired pods it still sees.
+		return classify("delete pod "+pod, err)
+	}
+	// A leftover key is harmless (the key of a deleted pod opens nothing).
+	alloc.RemoveTokens(ctx, r.c, pool, []string{pod})
+	return nil
+}
+
+// claimedStatuses lists the sandboxes of this scope claimed from pools.
+func (r *Runtime) claimedStatuses() []runtime.Status {
+	prefix := alloc.SandboxOwner(r.cfg.Scope, "")
+	var out []runtime.Status
+	for _, h := range r.alloc.Holdings(r.cfg.Namespace, func(o string) bool { return strings.HasPrefix(o, prefix) }) {
+		id, _ := alloc.SandboxOf(r.cfg.Scope, h.Owner)
+		if len(h.Pods) == 0 {
+			continue
+		}
+		out = append(out, r.claimStatus(id, h.Pool, h.Pods[0], h.At))
+	}
+	return out
+}
