@@ -4,11 +4,9 @@ package nft
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 // TestInterceptRedirectsOnlyClients runs the host side of the credential
@@ -32,7 +31,7 @@ func TestInterceptRedirectsOnlyClients(t *testing.T) {
 	// The outside server sits in a third netns routed through the
 	// gateway (an address of the gateway itself would be host input,
 	// which the host table closes).
-	outNS := fmt.Sprintf("moat-egt-icpt-%d", os.Getpid())
+	outNS := testnet.New(t).Netns("icpt") // a name no other test process uses
 	outPath := "/run/netns/" + outNS
 	outside := netip.MustParseAddr("10.250.3.2")
 	for _, args := range [][]string{

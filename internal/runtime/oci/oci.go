@@ -219,8 +219,10 @@ type Runtime struct {
 	runscInits map[int]bool
 	sawRunsc   bool                 // a runsc sandbox was started: scan for orphaned helpers (guarded by reapMu)
 	zombies    map[zombie]time.Time // untracked zombie children seen on the last pass, since when (guarded by reapMu)
-	stop       chan struct{}
-	done       chan struct{}
+	// lastOrphanScan is when reapOrphansLocked last read /proc (reapMu).
+	lastOrphanScan time.Time
+	stop           chan struct{}
+	done           chan struct{}
 
 	// afterRuncList, if set (tests only), runs in List right after the
 	// OCI runtimes were asked.

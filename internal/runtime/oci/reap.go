@@ -145,6 +145,13 @@ func (r *Runtime) reap() {
 // else this process starts is called that) are reaped at once. The caller
 // holds reapMu.
 func (r *Runtime) reapOrphansLocked() {
+	// The scan reads every process's stat: at most once a second (reap
+	// also runs on every SIGCHLD and every create), unless runsc helpers,
+	// which are reaped at once, may be waiting.
+	if !r.sawRunsc && time.Since(r.lastOrphanScan) < time.Second {
+		return
+	}
+	r.lastOrphanScan = time.Now()
 	self := os.Getpid()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
