@@ -18,7 +18,8 @@
 # bridge-to-bridge traffic; the host reachable only for DNS to the
 # gateway). This script adds nft table "inet moat-docker" as a backstop
 # for every moatd-* bridge, served or not: from them the host accepts only
-# replies, DNS and connections redirected to the Credential Vault proxy.
+# replies, DNS, IPv6 neighbour discovery (dual-stack networks) and
+# connections redirected to the Credential Vault proxy.
 #
 # Environment: DOCKER_HOST_SOCK (default /var/run/docker.sock),
 # DOCKERD_LOG (default /var/log/dockerd.log), DOCKERD_TIMEOUT (seconds, 60).
@@ -58,6 +59,7 @@ table inet moat-docker {
 		iifname "moatd-*" ct state established,related accept
 		iifname "moatd-*" meta l4proto { tcp, udp } th dport 53 accept
 		iifname "moatd-*" meta mark 0x6d766c74 accept
+		iifname "moatd-*" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
 		iifname "moatd-*" counter drop
 	}
 }

@@ -548,3 +548,36 @@ func BenchmarkCreateDocker(b *testing.B) {
 	defer r.Close()
 	runtimetest.BenchmarkCreate(b, r, e.image)
 }
+
+// TestDualStack: with Subnet6 the network is dual-stack and a sandbox has
+// a global IPv6 address from it, reachable from the host.
+func TestDualStack(t *testing.T) {
+	e := newEnv(t, "")
+	e.cfg.Subnet6 = e.lease.Subnet6.String()
+	r := e.open(t)
+	if r.Subnet6() != e.lease.Subnet6 || !r.Gateway6().IsValid() {
+		t.Fatalf("network IPv6 %s gateway %s, want %s", r.Subnet6(), r.Gateway6(), e.lease.Subnet6)
+	}
+	ctx := context.Background()
+	id := runtimetest.NewID("dual")
+	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: e.image, AgentToken: runtimetest.Token}); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.WaitAgent(t, ctx, r, id, 20*time.Second)
+	ip6 := r.IP6(ctx, id)
+	if !e.lease.Subnet6.Contains(ip6) {
+		t.Fatalf("sandbox IPv6 %s not in %s", ip6, e.lease.Subnet6)
+	}
+	out, code, err := runtimetest.Exec(ctx, r, id, "ip -6 addr show dev eth0 scope global")
+	if err != nil || code != 0 || !strings.Contains(out, ip6.String()) {
+		t.Fatalf("eth0 IPv6: exit %d %v: %q", code, err, out)
+	}
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(ip6.String(), "44772"), 5*time.Second)
+	if err != nil {
+		br, _ := exec.Command("ip", "-6", "addr", "show", "dev", r.Bridge()).CombinedOutput()
+		nb, _ := exec.Command("ip", "-6", "neigh").CombinedOutput()
+		sb, _, _ := runtimetest.Exec(ctx, r, id, "ip -6 addr; ip -6 route; cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6")
+		t.Fatalf("host -> sandbox over IPv6: %v\nbridge: %s\nneigh: %s\nsandbox: %s", err, br, nb, sb)
+	}
+	c.Close()
+}
