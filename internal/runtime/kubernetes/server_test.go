@@ -2,7 +2,9 @@ package kubernetes_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -52,6 +54,20 @@ func TestServerLifecycle(t *testing.T) {
 	cl, err := moat.New("http://" + ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Egress policies are not enforced in pods yet: the API refuses them
+	// clearly instead of creating an unguarded sandbox.
+	_, err = cl.CreateSandbox(ctx, moat.CreateRequest{
+		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
+		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"},
+	})
+	var apiErr *moat.APIError
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotImplemented || apiErr.Code != "SANDBOX::API_NOT_SUPPORTED" {
+		t.Errorf("create with a networkPolicy = %v, want 501 SANDBOX::API_NOT_SUPPORTED", err)
+	}
+	var left sbv1.BatchSandboxList
+	if err := adminClient(t).List(ctx, &left, client.InNamespace(ns)); err != nil || len(left.Items) != 0 {
+		t.Errorf("a refused create left %d BatchSandboxes (%v)", len(left.Items), err)
 	}
 	sb, err := cl.CreateSandbox(ctx, moat.CreateRequest{
 		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
