@@ -41,7 +41,8 @@ type batchReconciler struct {
 	tables *alloc.Allocator
 	opts   Options
 	// poke tells the pool controller that allocation changed.
-	poke chan<- event.GenericEvent
+	poke  chan<- event.GenericEvent
+	tasks *taskRunner
 
 	mu sync.Mutex
 	// created are pods created but maybe not yet in the cache.
@@ -144,7 +145,7 @@ func (r *batchReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		// ledger, or never allocated.
 		parsed, ok, err := parseRecord(b.Annotations)
 		if err != nil {
-			return r.writeStatus(ctx, &b, rec, nil, failure{sbv1.ReasonInvalidTemplate, err.Error()})
+			return r.writeStatus(ctx, &b, rec, nil, failure{sbv1.ReasonInvalidTemplate, err.Error()}, nil)
 		}
 		if ok {
 			rec, had = r.ledger.adopt(key, parsed), true
@@ -233,6 +234,21 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 		next.Claims = next.Claims[:replicas]
 	}
 
+	var tasks *taskReport
+	if b.Spec.TaskTemplate != nil {
+		rep := r.tasks.run(ctx, b, next, pods)
+		tasks = &rep
+		if p := b.Spec.TaskResourcePolicyWhenCompleted; p != nil && *p == sbv1.TaskRelease {
+			// A finished task's sandbox is given up at once.
+			for _, i := range rep.finished {
+				if c := &next.Claims[i]; !c.Done && c.Pod != "" {
+					c.Done = true
+					next.Released = append(next.Released, c.Pod)
+				}
+			}
+		}
+	}
+
 	var fail *failure
 	undo := func() {}
 	// Pool pods the table gives this batch beyond its record: taken by an
@@ -287,16 +303,24 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 		}
 	}
 	w, _ := r.lastWritten(b.UID)
-	if !next.equal(rec) || !had || (!controllerutil.ContainsFinalizer(b, sbv1.FinalizerRelease) && !w.finalizer) {
-		if wait := r.untilNextWrite(b.UID); wait > 0 && had && onlyAddresses(rec, next) && !complete(next, replicas) {
+	newTasks := tasks != nil && len(tasks.started) > 0
+	if !next.equal(rec) || !had || newTasks || (!controllerutil.ContainsFinalizer(b, sbv1.FinalizerRelease) && !w.finalizer) {
+		if wait := r.untilNextWrite(b.UID); wait > 0 && had && !newTasks && onlyAddresses(rec, next) && !complete(next, replicas) {
 			// Readiness of created pods trickles in pod by pod: coalesce
 			// it into at most one write per statusInterval.
 			undo()
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
-		if err := r.writeRecord(ctx, b, next); err != nil {
+		var started map[string]string
+		if tasks != nil {
+			started = tasks.started
+		}
+		if err := r.writeRecord(ctx, b, next, started); err != nil {
 			undo()
 			return reconcile.Result{}, err
+		}
+		if tasks != nil {
+			r.tasks.recorded(b.Namespace, started)
 		}
 		r.ledger.commit(key, next)
 		if len(next.Released) != len(rec.Released) || slices.ContainsFunc(next.Claims, func(c claim) bool { return c.Pool }) {
@@ -308,7 +332,7 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 	if fail == nil && createErr != nil {
 		fail = &failure{sbv1.ReasonCreateFailed, createErr.Error()}
 	}
-	res, err := r.writeStatus(ctx, b, next, pods, derefFailure(fail))
+	res, err := r.writeStatus(ctx, b, next, pods, derefFailure(fail), tasks)
 	if err == nil {
 		err = errors.Join(createErr, delErr)
 	}
@@ -316,6 +340,9 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 		// Retry later (the pool may appear, the template may be fixed:
 		// both also trigger a reconcile through the watches).
 		res.RequeueAfter = 10 * time.Second
+	}
+	if tasks != nil && tasks.active && err == nil && (res.RequeueAfter == 0 || res.RequeueAfter > taskPoll) {
+		res.RequeueAfter = taskPoll
 	}
 	return res, err
 }
@@ -494,11 +521,19 @@ func (r *batchReconciler) batchPods(ctx context.Context, b *sbv1.BatchSandbox, r
 // finalizer, for batches made by hand): the write that makes an
 // allocation durable. It carries the resourceVersion the allocation was
 // computed from, so it fails on a conflict and the caller undoes it.
-func (r *batchReconciler) writeRecord(ctx context.Context, b *sbv1.BatchSandbox, rec record) error {
+func (r *batchReconciler) writeRecord(ctx context.Context, b *sbv1.BatchSandbox, rec record, started map[string]string) error {
 	if b.Annotations == nil {
 		b.Annotations = map[string]string{}
 	}
 	rec.annotate(b.Annotations)
+	if len(started) > 0 {
+		all := startedTasks(b)
+		for pod, id := range started {
+			all[pod] = id
+		}
+		j, _ := json.Marshal(all)
+		b.Annotations[AnnoTasks] = string(j)
+	}
 	if b.Spec.PoolRef != "" && slices.ContainsFunc(rec.Claims, func(c claim) bool { return c.Pool }) {
 		b.Annotations[sbv1.AnnoPoolName] = b.Spec.PoolRef
 	}
@@ -583,6 +618,10 @@ func (r *batchReconciler) deleteReleased(ctx context.Context, b *sbv1.BatchSandb
 	})
 }
 
+// taskPoll is how often the tasks of a batch are looked at while some
+// are pending or running.
+const taskPoll = time.Second
+
 // statusInterval is the least time between two readiness writes of a
 // batch that is not complete yet.
 const statusInterval = 250 * time.Millisecond
@@ -604,7 +643,7 @@ func (r *batchReconciler) untilNextWrite(uid types.UID) time.Duration {
 }
 
 // summarize computes the status of a batch from its record and pods.
-func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure) sbv1.BatchSandboxStatus {
+func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure, tasks *taskReport) sbv1.BatchSandboxStatus {
 	replicas := int32(b.GetReplicas())
 	st := b.Status.DeepCopy()
 	st.ObservedGeneration = b.Generation
@@ -626,11 +665,13 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 		}
 	}
 	st.TaskRunning, st.TaskSucceed, st.TaskFailed, st.TaskUnknown, st.TaskPending = 0, 0, 0, 0, 0
-	if b.Spec.TaskTemplate != nil {
-		// moat's controller does not run tasks yet: say so, and count
-		// every task unknown rather than pretend they run.
-		st.TaskUnknown = replicas
-		st.TaskLastErrorMessage = "moat's Kubernetes controller does not run taskTemplate tasks yet"
+	if tasks != nil {
+		c := tasks.counts
+		st.TaskPending, st.TaskRunning, st.TaskSucceed, st.TaskFailed, st.TaskUnknown =
+			c[taskPending], c[taskRunning], c[taskSucceeded], c[taskFailed], c[taskUnknown]
+		if tasks.lastErr != "" {
+			st.TaskLastErrorMessage = tasks.lastErr
+		}
 	}
 	now := metav1.Now()
 	switch {
@@ -691,8 +732,8 @@ func removeCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionTy
 
 // writeStatus writes the batch's status if it changed, and asks for the
 // expiry reconcile.
-func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure) (reconcile.Result, error) {
-	st := r.summarize(b, rec, pods, fail)
+func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure, tasks *taskReport) (reconcile.Result, error) {
+	st := r.summarize(b, rec, pods, fail, tasks)
 	last, wrote := r.lastWritten(b.UID)
 	if !statusEqual(st, b.Status) && !(wrote && statusEqual(st, last.status)) {
 		b.Status = st
@@ -744,6 +785,7 @@ func (r *batchReconciler) releaseAll(ctx context.Context, key types.NamespacedNa
 		// are created only after the record is written).
 		return nil
 	}
+	r.tasks.forget(key.Namespace, rec)
 	var errs []error
 	err := r.c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(key.Namespace),
 		client.MatchingLabels{sbv1.LabelBatch: key.Name, sbv1.LabelManaged: sbv1.ManagedBy})

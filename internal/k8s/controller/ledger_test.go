@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -215,5 +216,30 @@ func TestCheckTemplateAndShardPatch(t *testing.T) {
 	}
 	if _, err := applyShardPatch(tpl, []byte(`{"spec":{"containers":[{"name":"main","image":""}]}}`)); err == nil {
 		t.Error("a patch that removes the image was accepted")
+	}
+}
+
+func TestTaskOfAndShellQuote(t *testing.T) {
+	b := &sbv1.BatchSandbox{Spec: sbv1.BatchSandboxSpec{
+		TaskTemplate: &sbv1.TaskTemplateSpec{Spec: sbv1.TaskSpec{Process: &sbv1.ProcessTask{
+			Command: []string{"sh", "-c"}, Args: []string{"echo $SHARD"}, Env: []corev1.EnvVar{{Name: "SHARD", Value: "x"}}}}},
+		ShardTaskPatches: []runtime.RawExtension{{Raw: []byte(`{"spec":{"process":{"args":["echo one"]}}}`)}, {}},
+	}}
+	t0, err := taskOf(b, 0)
+	if err != nil || !slices.Equal(t0.Process.Args, []string{"echo one"}) || t0.Process.Command[0] != "sh" || t0.Process.Env[0].Value != "x" {
+		t.Errorf("claim 0 task = %+v, %v", t0, err)
+	}
+	if t1, err := taskOf(b, 1); err != nil || t1.Process.Args[0] != "echo $SHARD" {
+		t.Errorf("claim 1 task = %+v, %v", t1, err)
+	}
+	if t2, err := taskOf(b, 5); err != nil || t2.Process.Args[0] != "echo $SHARD" {
+		t.Errorf("claim 5 task = %+v, %v", t2, err)
+	}
+	b.Spec.TaskTemplate.Spec.Process.Command = nil
+	if _, err := taskOf(b, 1); err == nil {
+		t.Error("a task without a command was accepted")
+	}
+	if got := shellQuote([]string{"sh", "-c", "echo 'hi' $X"}); got != `'sh' '-c' 'echo '\''hi'\'' $X'` {
+		t.Errorf("shellQuote = %s", got)
 	}
 }
