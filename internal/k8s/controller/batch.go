@@ -648,9 +648,17 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 	st := b.Status.DeepCopy()
 	st.ObservedGeneration = b.Generation
 	st.Replicas, st.Allocated, st.Ready = 0, 0, 0
-	ended := 0
+	ended, done := 0, 0
 	for _, c := range rec.Claims {
 		if c.Pod == "" {
+			continue
+		}
+		if c.Done {
+			// Ended by itself (PodFailed), or released after its task.
+			done++
+			if !slices.Contains(rec.Released, c.Pod) {
+				ended++
+			}
 			continue
 		}
 		st.Replicas++
@@ -658,9 +666,7 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 		if c.Pool || (p != nil && p.Spec.NodeName != "") {
 			st.Allocated++
 		}
-		if c.Done {
-			ended++
-		} else if c.IP != "" && p != nil && podReady(p) {
+		if c.IP != "" && p != nil && podReady(p) {
 			st.Ready++
 		}
 	}
@@ -678,7 +684,7 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 	case fail.reason != "":
 		st.Phase = sbv1.PhaseFailed
 		setCondition(st, sbv1.ConditionReady, false, fail.reason, fail.msg, now)
-	case st.Ready == replicas:
+	case st.Ready+int32(done) == replicas:
 		st.Phase = sbv1.PhaseSucceed
 		setCondition(st, sbv1.ConditionReady, true, sbv1.ReasonAllReady, fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas), now)
 	default:
