@@ -191,7 +191,7 @@ build_cni() {
 	d=$(scratch cni)
 	(
 		cd "$d"
-		go get "github.com/containernetworking/plugins@$CNI_VERSION"
+		go get "${missing[@]/%/@$CNI_VERSION}"
 		mkdir -p "$d/bin"
 		go build -trimpath -o "$d/bin/" -ldflags "-s -w" "${missing[@]}"
 	)
