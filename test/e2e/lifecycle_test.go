@@ -48,17 +48,24 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 }
 
+// lifecycleRoundTrip drives one sandbox through create, agent commands,
+// files, endpoints, the server proxy, pause/resume and delete. class is the
+// moat.runtime extension; "kubernetes" names the kubernetes runtime, which
+// has no runtime classes and no pause.
 func lifecycleRoundTrip(t *testing.T, srv *server, ref, class string) {
 	var created sandboxResp
-	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{
+	create := map[string]any{
 		"image":          map[string]any{"uri": ref},
 		"entrypoint":     []string{"tail", "-f", "/dev/null"},
 		"timeout":        600,
 		"env":            map[string]string{"GREETING": "hello-env"},
 		"metadata":       map[string]string{"team": "e2e", "class": class},
 		"resourceLimits": map[string]string{"cpu": "500m", "memory": "256Mi"},
-		"extensions":     map[string]string{"moat.runtime": class},
-	}, &created)
+	}
+	if class != "kubernetes" {
+		create["extensions"] = map[string]string{"moat.runtime": class}
+	}
+	srv.mustJSON(202, "POST", "/v1/sandboxes", create, &created)
 	if created.Status.State != "Running" || created.ID == "" || created.ExpiresAt == "" {
 		t.Fatalf("create returned %+v", created)
 	}
@@ -128,6 +135,23 @@ func lifecycleRoundTrip(t *testing.T, srv *server, ref, class string) {
 	}
 
 	// Pause is synchronous: Paused on return. Resume likewise.
+	if class == "kubernetes" {
+		// Not offered: a clear refusal, and the sandbox keeps running.
+		if code, body, _ := srv.do("POST", "/v1/sandboxes/"+id+"/pause", nil); code < 400 || code >= 500 && code != 501 || !strings.Contains(string(body), `"code"`) {
+			t.Fatalf("pause on kubernetes: %d %s", code, body)
+		}
+		evs = runCommand(t, base, ep.Headers, "echo still-running")
+		if stdoutOf(evs) != "still-running" {
+			t.Fatalf("after a refused pause: %+v", evs)
+		}
+		if code, body, _ := srv.do("DELETE", "/v1/sandboxes/"+id, nil); code != 204 {
+			t.Fatalf("delete: %d %s", code, body)
+		}
+		if code, body, _ := srv.do("GET", "/v1/sandboxes/"+id, nil); code != 404 || !strings.Contains(string(body), "SANDBOX::NOT_FOUND") {
+			t.Fatalf("get after delete: %d %s", code, body)
+		}
+		return
+	}
 	srv.mustJSON(202, "POST", "/v1/sandboxes/"+id+"/pause", nil, nil)
 	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id, nil, &got)
 	if got.Status.State != "Paused" {

@@ -1,0 +1,183 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apiruntime "k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
+	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+// nodeFixture is what the real-node tests share: the node, its images and
+// a controller running against it.
+type nodeFixture struct {
+	node       *k8stest.Node
+	image      string // busybox, from the node's loopback registry
+	agentImage string // the moat binary at /moat
+}
+
+// startRealNode starts a real node for t with the test images pushed and
+// `moat controller` (in-process) serving it until t ends.
+func startRealNode(t *testing.T) *nodeFixture {
+	t.Helper()
+	node := k8stest.StartTestNode(t)
+	ctx := context.Background()
+	f := &nodeFixture{node: node}
+	var err error
+	if f.image, err = node.Registry.PushDir(ctx, testutil.BusyboxRootfs(t), "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); err != nil {
+		t.Fatal(err)
+	}
+	if f.agentImage, err = node.PushAgentImage(ctx, testutil.MoatBinary(t)); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := controller.New(node.Config, controller.Options{AgentImage: f.agentImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	return f
+}
+// nodeNamespace makes a namespace on the node and waits for its default
+// service account (pods are refused until the controller-manager made it).
+func nodeNamespace(t *testing.T, f *nodeFixture) string {
+	t.Helper()
+	c, err := client.New(f.node.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("node%d", nsSeq.Add(1))
+	ctx := context.Background()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var sa corev1.ServiceAccount
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &sa); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s: no default service account", ns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ns
+}
+
+func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime {
+	t.Helper()
+	rt, err := kubernetes.New(f.node.Config, kubernetes.Config{Namespace: ns, DeleteTimeout: 60 * time.Second, CreateTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// TestRealNode runs against a real single-node cluster (kubelet,
+// containerd, runc, CNI bridge; see k8stest.Node). Its subtests share the
+// node, which takes a while to start.
+func TestRealNode(t *testing.T) {
+	f := startRealNode(t)
+	t.Run("Conformance", func(t *testing.T) { testNodeConformance(t, f) })
+	t.Run("Tasks", func(t *testing.T) { testNodeTasks(t, f) })
+}
+
+// testNodeConformance runs the runtime conformance suite against the real
+// node: every sandbox is a real pod whose container runs moat's agent
+// (copied in by the init container from the agent image), and the suite
+// talks to that agent at the pod IP.
+func testNodeConformance(t *testing.T, f *nodeFixture) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
+		return newNodeRuntime(t, f, nodeNamespace(t, f))
+	}, runtimetest.Options{
+		Image:        f.image,
+		AgentTimeout: 60 * time.Second,
+		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
+			return newNodeRuntime(t, f, rt.(*kubernetes.Runtime).Namespace())
+		},
+	})
+}
+
+// testNodeTasks: a BatchSandbox with a taskTemplate runs its task in every
+// sandbox through moat's agent (no sidecar); the counts reach the status,
+// a failing shard is counted failed with its message, and with Release
+// the finished sandboxes' pods are deleted.
+func testNodeTasks(t *testing.T, f *nodeFixture) {
+	ns := nodeNamespace(t, f)
+	c, err := client.New(f.node.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	three, release := int32(3), sbv1.TaskRelease
+	b := &sbv1.BatchSandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tasks"},
+		Spec: sbv1.BatchSandboxSpec{
+			Replicas: &three,
+			Template: &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "sandbox", Image: f.image, Command: []string{"sleep", "3600"},
+			}}}},
+			TaskTemplate: &sbv1.TaskTemplateSpec{Spec: sbv1.TaskSpec{Process: &sbv1.ProcessTask{
+				Command: []string{"sh", "-c"}, Args: []string{"test \"$WHO\" = moat"},
+				Env: []corev1.EnvVar{{Name: "WHO", Value: "moat"}},
+			}}},
+			ShardTaskPatches:                []apiruntime.RawExtension{{}, {}, {Raw: []byte(`{"spec":{"process":{"args":["exit 3"]}}}`)}},
+			TaskResourcePolicyWhenCompleted: &release,
+		},
+	}
+	if err := c.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+			t.Fatal(err)
+		}
+		st := b.Status
+		if st.TaskSucceed == 2 && st.TaskFailed == 1 && st.TaskRunning == 0 && st.TaskPending == 0 {
+			if !strings.Contains(st.TaskLastErrorMessage, "code 3") {
+				t.Errorf("taskLastErrorMessage = %q", st.TaskLastErrorMessage)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tasks did not finish: %+v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Release: the finished sandboxes' pods go away, and are not replaced.
+	for {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pods left after their tasks finished", len(pods.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
