@@ -58,6 +58,7 @@ func startRealNode(t *testing.T) *nodeFixture {
 	})
 	return f
 }
+
 // nodeNamespace makes a namespace on the node and waits for its default
 // service account (pods are refused until the controller-manager made it).
 func nodeNamespace(t *testing.T, f *nodeFixture) string {
