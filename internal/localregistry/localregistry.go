@@ -58,26 +58,8 @@ func (r *Registry) PushDir(ctx context.Context, dir, repoTag string, env []strin
 
 // PushDirConfig is PushDir with a whole image config (entrypoint, ...).
 func (r *Registry) PushDirConfig(ctx context.Context, dir, repoTag string, config v1.Config) (string, error) {
-	data, err := TarDir(dir)
+	img, err := dirImage(dir, config)
 	if err != nil {
-		return "", err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		return "", err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return "", err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return "", err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config = config
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return "", err
 	}
 	ref := r.Host + "/" + repoTag
@@ -89,6 +71,45 @@ func (r *Registry) PushDirConfig(ctx context.Context, dir, repoTag string, confi
 		return "", fmt.Errorf("push %s: %w", ref, err)
 	}
 	return ref, nil
+}
+
+// dirImage is dir as a one-layer linux/amd64 image with config.
+func dirImage(dir string, config v1.Config) (v1.Image, error) {
+	data, err := TarDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config = config
+	return mutate.ConfigFile(img, cf)
+}
+
+// WriteImageTarball writes dir as a one-layer linux/amd64 image named ref
+// with config to a docker-archive tarball at path (what `docker save`
+// writes and `ctr images import` reads).
+func WriteImageTarball(dir, ref string, config v1.Config, path string) error {
+	img, err := dirImage(dir, config)
+	if err != nil {
+		return err
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return err
+	}
+	return tarball.WriteToFile(path, tag, img)
 }
 
 // TarDir returns an uncompressed tar of dir's tree (ownership, modes and

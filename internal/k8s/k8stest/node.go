@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,7 +78,7 @@ type nodeProc struct {
 
 // NodeTools are the binaries StartNode needs from AssetsDir.
 var NodeTools = []string{"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kubelet",
-	"containerd", "containerd-shim-runc-v2", "crictl", "cni/bridge", "cni/host-local", "cni/loopback"}
+	"containerd", "containerd-shim-runc-v2", "ctr", "crictl", "helm", "cni/bridge", "cni/host-local", "cni/loopback"}
 
 // MissingNodeTools returns the node tools absent from AssetsDir (and
 // runc, unshare and nsenter from the host), nil when all are present.
@@ -732,4 +733,73 @@ func (n *Node) PushAgentImage(ctx context.Context, moatBinary string) (string, e
 		return "", err
 	}
 	return n.Registry.PushDirConfig(ctx, dir, "moat-agent:test", v1.Config{Entrypoint: []string{"/moat"}})
+}
+
+// ControllerImage is the name the node's runtime knows the controller
+// image by after ImportControllerImage.
+const ControllerImage = "moat.local/moat:test"
+
+// ImportControllerImage builds an image holding moatBinary at /moat as a
+// local image tarball and imports it into the node's containerd (what an
+// air-gapped install does), as ControllerImage.
+func (n *Node) ImportControllerImage(ctx context.Context, moatBinary string) error {
+	dir, err := os.MkdirTemp(n.dir, "controller-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(dir, "root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(moatBinary)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(root, "moat"), data, 0o755); err != nil {
+		return err
+	}
+	tarPath := filepath.Join(dir, "moat.tar")
+	if err := localregistry.WriteImageTarball(root, ControllerImage, v1.Config{Entrypoint: []string{"/moat"}}, tarPath); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "ctr"), "--address", n.ContainerdSocket,
+		"--namespace", "k8s.io", "images", "import", tarPath).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("k8stest: ctr images import: %v: %s", err, out)
+	}
+	return nil
+}
+
+// InstallChart installs the Helm chart at chartDir as release name into
+// namespace ns (created), running the controller from ControllerImage
+// (import it first) with the given agent image, on the host network and
+// talking to the API server on loopback (the node has no service proxy).
+// It returns once the controller is ready (helm --wait).
+func (n *Node) InstallChart(ctx context.Context, chartDir, name, ns, agentImage string) error {
+	u, err := url.Parse(n.Config.Host)
+	if err != nil {
+		return err
+	}
+	metrics, err := freePort()
+	if err != nil {
+		return err
+	}
+	health, err := freePort()
+	if err != nil {
+		return err
+	}
+	repo, tag, _ := strings.Cut(ControllerImage, ":")
+	home := filepath.Join(n.dir, "helm")
+	cmd := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "helm"), "install", name, chartDir,
+		"--kubeconfig", n.Kubeconfig, "--namespace", ns, "--create-namespace", "--wait", "--timeout", "4m",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		"--set", "agentImage="+agentImage, "--set", "hostNetwork=true",
+		"--set", "apiServer.host="+u.Hostname(), "--set-string", "apiServer.port="+u.Port(),
+		"--set", "metricsPort="+metrics, "--set", "healthPort="+health)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("k8stest: helm install: %v: %s", err, out)
+	}
+	return nil
 }

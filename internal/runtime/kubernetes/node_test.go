@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,33 +30,26 @@ type nodeFixture struct {
 	agentImage string // the moat binary at /moat
 }
 
-// startRealNode starts a real node for t with the test images pushed and
-// `moat controller` (in-process) serving it until t ends.
+// startRealNode starts a real node for t with the test image pushed and
+// moat's controller installed from the Helm chart (deploy/helm/moat), its
+// image a local tarball imported into the node's containerd; the
+// controller runs in a pod until t ends.
 func startRealNode(t *testing.T) *nodeFixture {
 	t.Helper()
 	node := k8stest.StartTestNode(t)
 	ctx := context.Background()
-	f := &nodeFixture{node: node}
+	f := &nodeFixture{node: node, agentImage: k8stest.ControllerImage}
 	var err error
 	if f.image, err = node.Registry.PushDir(ctx, testutil.BusyboxRootfs(t), "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); err != nil {
 		t.Fatal(err)
 	}
-	if f.agentImage, err = node.PushAgentImage(ctx, testutil.MoatBinary(t)); err != nil {
+	if err := node.ImportControllerImage(ctx, testutil.MoatBinary(t)); err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := controller.New(node.Config, controller.Options{AgentImage: f.agentImage})
-	if err != nil {
+	chart := filepath.Join(testutil.RepoRoot(t), "deploy", "helm", "moat")
+	if err := node.InstallChart(ctx, chart, "moat", "moat-system", f.agentImage); err != nil {
 		t.Fatal(err)
 	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	})
 	return f
 }
 
