@@ -22,6 +22,9 @@ type KubernetesConfig struct {
 	Pool string
 	// AgentImage overrides the controller's agent image.
 	AgentImage string
+	// RequestFraction is the share of a sandbox's limits its pod requests
+	// (0 = requests equal limits).
+	RequestFraction float64
 }
 
 // newKubernetes builds the kubernetes backend. Sandboxes get no egress
@@ -37,6 +40,8 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 		Scope:      cfg.Bridge,
 		Pool:       cfg.Kubernetes.Pool,
 		AgentImage: cfg.Kubernetes.AgentImage,
+
+		RequestFraction: cfg.Kubernetes.RequestFraction,
 	})
 	if err != nil {
 		return backend{}, err

@@ -97,7 +97,7 @@ func startKubeStack(t *testing.T) *kubeStack {
 }
 
 func (k *kubeStack) serverArgs() []string {
-	return []string{"--runtime", "kubernetes", "--kubeconfig", k.node.Kubeconfig, "--k8s-namespace", k.ns}
+	return []string{"--runtime", "kubernetes", "--kubeconfig", k.node.Kubeconfig, "--k8s-namespace", k.ns, "--k8s-request-fraction", "0.1"}
 }
 
 // TestKubernetesLifecycle drives `moat serve --runtime kubernetes` against

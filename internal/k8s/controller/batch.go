@@ -689,7 +689,11 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 		setCondition(st, sbv1.ConditionReady, true, sbv1.ReasonAllReady, fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas), now)
 	default:
 		st.Phase = sbv1.PhasePending
-		setCondition(st, sbv1.ConditionReady, false, sbv1.ReasonPodsStarting, fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas), now)
+		msg := fmt.Sprintf("%d of %d sandboxes ready", st.Ready, replicas)
+		if why := waitingFor(rec, pods); why != "" {
+			msg += "; " + why
+		}
+		setCondition(st, sbv1.ConditionReady, false, sbv1.ReasonPodsStarting, msg, now)
 	}
 	if ended > 0 {
 		setCondition(st, sbv1.ConditionPodFailed, true, sbv1.ReasonPodsFailed, fmt.Sprintf("%d sandbox pods ended", ended), now)
@@ -709,6 +713,29 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 		st.PauseObservedGeneration = b.Generation
 	}
 	return *st
+}
+
+// waitingFor says why the first claim that is not ready waits: its pod
+// is unschedulable (pool or node exhausted: say so, not just time out), or
+// a container is waiting (image pull, crash loop).
+func waitingFor(rec record, pods map[string]*corev1.Pod) string {
+	for _, c := range rec.Claims {
+		p := pods[c.Pod]
+		if c.Done || p == nil || podReady(p) {
+			continue
+		}
+		for _, cd := range p.Status.Conditions {
+			if cd.Type == corev1.PodScheduled && cd.Status == corev1.ConditionFalse && cd.Message != "" {
+				return fmt.Sprintf("pod %s: %s", p.Name, cd.Message)
+			}
+		}
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {
+				return fmt.Sprintf("pod %s: container %s: %s %s", p.Name, cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return ""
 }
 
 // setCondition sets a condition, keeping its transition time when its

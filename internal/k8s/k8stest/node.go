@@ -178,6 +178,13 @@ func StartNode(ctx context.Context, o NodeOptions) (_ *Node, err error) {
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
 	}
+	for _, p := range n.procs {
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("k8stest: %s exited: %v", p.name, p.cmd.ProcessState)
+		default:
+		}
+	}
 	return n, nil
 }
 
@@ -301,7 +308,7 @@ func (n *Node) startControlPlane() error {
 		"--kubeconfig="+n.Kubeconfig, "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+kcm,
 		"--service-account-private-key-file="+filepath.Join(n.env.ControlPlane.APIServer.CertDir, "sa-signer.key"),
 		"--root-ca-file="+ca, "--use-service-account-credentials=false",
-		"--controllers=*,-csrsigning,-nodeipam,-service-lb-controller,-cloud-node-lifecycle")
+		"--controllers=*,-csrsigning,-nodeipam")
 }
 
 // startRuntime starts the mount namespace holder and containerd in it.
@@ -332,6 +339,9 @@ func (n *Node) startRuntime(name, pauseImage string) error {
 		return err
 	}
 	runc, _ := exec.LookPath("runc")
+	if w := os.Getenv("MOAT_K8STEST_RUNC"); w != "" {
+		runc = w
+	}
 	n.ContainerdSocket = n.path("containerd", "containerd.sock")
 	cfg := fmt.Sprintf(`version = 3
 root = %q
@@ -353,6 +363,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # Lowering a process's OOM score needs CAP_SYS_RESOURCE, which CI's
+  # root may lack: keep containers at or above containerd's own score.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = 'runc'
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -467,6 +480,8 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 resolvConf: /etc/resolv.conf
+# No KUBE-FIREWALL or canary chains in the host's iptables.
+makeIPTablesUtilChains: false
 `, port, n.cgroupName, n.ContainerdSocket, n.path("pods"))
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
@@ -799,7 +814,45 @@ func (n *Node) InstallChart(ctx context.Context, chartDir, name, ns, agentImage 
 		"--set", "metricsPort="+metrics, "--set", "healthPort="+health)
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("k8stest: helm install: %v: %s", err, out)
+		return fmt.Errorf("k8stest: helm install: %v: %s\n%s", err, out, n.Describe(ns))
 	}
 	return nil
+}
+
+// Describe summarizes the pods and events of namespace ns (for failure
+// messages).
+func (n *Node) Describe(ns string) string {
+	cs, err := kubernetes.NewForConfig(n.Config)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "pod %s: %s %s ip=%s\n", p.Name, p.Status.Phase, p.Status.Message, p.Status.PodIP)
+		for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			fmt.Fprintf(&b, "  container %s ready=%v restarts=%d state=%+v last=%+v\n", s.Name, s.Ready, s.RestartCount, s.State, s.LastTerminationState)
+		}
+	}
+	// Container logs, straight from the kubelet's log directory.
+	logs, _ := filepath.Glob(n.path("pods", ns+"_*", "*", "*.log"))
+	for _, f := range logs {
+		data, _ := os.ReadFile(f)
+		if len(data) > 2000 {
+			data = data[len(data)-2000:]
+		}
+		fmt.Fprintf(&b, "log %s:\n%s\n", strings.TrimPrefix(f, n.path("pods")), data)
+	}
+	evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, e := range evs.Items {
+			fmt.Fprintf(&b, "event %s %s: %s %s\n", e.InvolvedObject.Name, e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
 }

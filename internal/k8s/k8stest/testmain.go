@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -137,6 +138,12 @@ func StartTestNode(t testing.TB) *Node {
 		}
 		if err := node.Stop(); err != nil {
 			t.Errorf("stop node: %v", err)
+		}
+		// The kubelet must not have touched the host's firewall.
+		for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+			if out, err := exec.Command(tool).Output(); err == nil && strings.Contains(string(out), "KUBE-") {
+				t.Errorf("%s shows chains the kubelet left:\n%s", tool, out)
+			}
 		}
 	})
 	return node

@@ -74,6 +74,11 @@ type Config struct {
 	// SyncTimeout bounds how long New waits for its informers' first
 	// lists (default 60s).
 	SyncTimeout time.Duration
+	// RequestFraction is the share of a sandbox's CPU and memory limits
+	// its pod requests from the scheduler, in (0, 1] (0 = 1: requests
+	// equal limits, a Guaranteed pod). Lower values pack more sandboxes
+	// on a node than their limits add up to.
+	RequestFraction float64
 }
 
 // Runtime is the kubernetes backend.
@@ -106,6 +111,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.SyncTimeout == 0 {
 		cfg.SyncTimeout = 60 * time.Second
+	}
+	if cfg.RequestFraction < 0 || cfg.RequestFraction > 1 {
+		return nil, fmt.Errorf("kubernetes: %w: request fraction %v is not in (0, 1]", errdefs.ErrInvalidArgument, cfg.RequestFraction)
 	}
 	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
@@ -204,7 +212,18 @@ func (r *Runtime) template(spec runtime.Spec) *corev1.PodTemplateSpec {
 	}
 	// PidsLimit is a node (kubelet) setting in Kubernetes; not per pod.
 	if len(lim) > 0 {
-		c.Resources = corev1.ResourceRequirements{Limits: lim, Requests: lim}
+		req := lim
+		if f := r.cfg.RequestFraction; f > 0 && f < 1 {
+			req = corev1.ResourceList{}
+			for k, q := range lim {
+				if k == corev1.ResourceCPU {
+					req[k] = *resource.NewMilliQuantity(max(1, int64(float64(q.MilliValue())*f)), resource.DecimalSI)
+				} else {
+					req[k] = *resource.NewQuantity(max(1, int64(float64(q.Value())*f)), resource.BinarySI)
+				}
+			}
+		}
+		c.Resources = corev1.ResourceRequirements{Limits: lim, Requests: req}
 	}
 	t := &corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{labelScope: r.cfg.Scope}},

@@ -82,7 +82,10 @@ func nodeNamespace(t *testing.T, f *nodeFixture) string {
 
 func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime {
 	t.Helper()
-	rt, err := kubernetes.New(f.node.Config, kubernetes.Config{Namespace: ns, DeleteTimeout: 60 * time.Second, CreateTimeout: 2 * time.Minute})
+	rt, err := kubernetes.New(f.node.Config, kubernetes.Config{Namespace: ns, DeleteTimeout: 60 * time.Second, CreateTimeout: 2 * time.Minute,
+		// The node has 2 CPUs: requests equal to the suite's limits would
+		// not fit the concurrent sandboxes next to the controller.
+		RequestFraction: 0.1})
 	if err != nil {
 		t.Fatal(err)
 	}
