@@ -28,7 +28,8 @@ import (
 	"github.com/moat-sandbox/moat/internal/localregistry"
 )
 
-// Node is a real single-node cluster for tests and `moat bench k8s`:
+// Node is a real single-node cluster for tests and `moat bench k8s`
+// (PersistentVolumeClaims get hostPath volumes under its directory):
 // kube-apiserver and etcd (envtest), kube-scheduler,
 // kube-controller-manager, a kubelet and containerd 2 with runc and the
 // CNI bridge plugin, all built from the Go module proxy by
@@ -67,6 +68,9 @@ type Node struct {
 	holder     *exec.Cmd
 	procs      []*nodeProc
 	stopOnce   sync.Once
+	// stopProvisioner ends the hostPath volume provisioner.
+	stopProvisioner context.CancelFunc
+	provWG          sync.WaitGroup
 }
 
 type nodeProc struct {
@@ -185,6 +189,10 @@ func StartNode(ctx context.Context, o NodeOptions) (_ *Node, err error) {
 		default:
 		}
 	}
+	pctx, cancel := context.WithCancel(context.Background())
+	n.stopProvisioner = cancel
+	n.provWG.Add(1)
+	go func() { defer n.provWG.Done(); n.provisionVolumes(pctx) }()
 	return n, nil
 }
 
@@ -547,6 +555,10 @@ func (n *Node) Logs() string {
 func (n *Node) Stop() error {
 	var errs []error
 	n.stopOnce.Do(func() {
+		if n.stopProvisioner != nil {
+			n.stopProvisioner()
+			n.provWG.Wait()
+		}
 		if n.Config != nil && n.holder != nil {
 			n.drain()
 		}
@@ -855,4 +867,51 @@ func (n *Node) Describe(ns string) string {
 		}
 	}
 	return b.String()
+}
+
+// provisionVolumes binds every pending PersistentVolumeClaim to a new
+// hostPath PersistentVolume under the node's directory (static
+// provisioning, as single-node clusters do); the controller-manager's PV
+// controller does the binding. It runs until ctx ends.
+func (n *Node) provisionVolumes(ctx context.Context) {
+	cs, err := kubernetes.NewForConfig(n.Config)
+	if err != nil {
+		return
+	}
+	made := map[string]bool{}
+	for ctx.Err() == nil {
+		pvcs, err := cs.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
+		if err == nil {
+			for _, c := range pvcs.Items {
+				if c.Spec.VolumeName != "" || c.Status.Phase != corev1.ClaimPending || made[string(c.UID)] || c.DeletionTimestamp != nil {
+					continue
+				}
+				dir := n.path("pv", string(c.UID))
+				if err := os.MkdirAll(dir, 0o777); err != nil {
+					continue
+				}
+				hp := corev1.HostPathDirectoryOrCreate
+				pv := &corev1.PersistentVolume{
+					ObjectMeta: metav1.ObjectMeta{Name: "pv-" + string(c.UID)},
+					Spec: corev1.PersistentVolumeSpec{
+						Capacity:                      corev1.ResourceList{corev1.ResourceStorage: c.Spec.Resources.Requests[corev1.ResourceStorage]},
+						AccessModes:                   c.Spec.AccessModes,
+						PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+						ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.Namespace, Name: c.Name, UID: c.UID},
+						PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &hp}},
+					},
+				}
+				if c.Spec.StorageClassName != nil {
+					pv.Spec.StorageClassName = *c.Spec.StorageClassName
+				}
+				if _, err := cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err == nil {
+					made[string(c.UID)] = true
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
