@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -79,14 +80,34 @@ func CreateFS(ctx context.Context, img string, size int64, opts FSOptions) (err 
 	return nil
 }
 
-// MountFS attaches img to a free loop device (auto-clearing) and mounts
-// its ext4 filesystem at target (an existing directory), nosuid and nodev.
+// MountFS mounts img's ext4 filesystem at target (an existing
+// directory), nosuid and nodev, on a free loop device (auto-clearing).
+//
+// If the filesystem is still alive on the loop device of an earlier mount,
+// MountFS mounts that one again instead. That happens when a mount
+// namespace cloned elsewhere on the host (any container being set up)
+// holds a copy of the last mount: the unmount here does not end the
+// filesystem, which may still hold data not yet written to img. A second
+// instance on a new loop device would read img without that data (a file
+// written just before the unmount is missing) and the two would then
+// overwrite each other's blocks. The kernel shares one instance per
+// device, so mounting the live device again keeps a single filesystem.
 func MountFS(img, target string) error {
 	f, err := os.OpenFile(img, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("quota filesystem image: %w", err)
 	}
 	defer f.Close()
+	const flags = unix.MS_NOSUID | unix.MS_NODEV
+	if live := liveLoop(img, f); live != nil {
+		// Held open, the device cannot auto-clear before the mount.
+		err := unix.Mount(live.Name(), target, "ext4", flags, "")
+		live.Close()
+		if err == nil {
+			return nil
+		}
+		// Its filesystem went in between: a new instance is safe now.
+	}
 	loop, err := attachLoop(f)
 	if err != nil {
 		return err
@@ -94,8 +115,35 @@ func MountFS(img, target string) error {
 	// Closing the device after the mount is what lets AUTOCLEAR release
 	// it once the filesystem is unmounted.
 	defer loop.Close()
-	if err := unix.Mount(loop.Name(), target, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	if err := unix.Mount(loop.Name(), target, "ext4", flags, ""); err != nil {
 		return fmt.Errorf("mount %s at %s: %w", loop.Name(), target, err)
+	}
+	return nil
+}
+
+// liveLoop returns, opened, a loop device still bound to the image file f
+// (whose path is img), or nil. The file's identity (device and inode) is
+// checked, not only its path: a deleted image's device must not serve a
+// new image created at the same path.
+func liveLoop(img string, f *os.File) *os.File {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil
+	}
+	path, err := filepath.EvalSymlinks(img)
+	if err != nil {
+		return nil
+	}
+	for _, name := range LoopsBacking(path) {
+		dev, err := os.OpenFile("/dev/"+name, os.O_RDWR, 0)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(dev.Fd()))
+		if err == nil && info.Device == st.Dev && info.Inode == st.Ino {
+			return dev
+		}
+		dev.Close()
 	}
 	return nil
 }

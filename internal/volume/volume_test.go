@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,4 +196,91 @@ func TestStore(t *testing.T) {
 	if ents, _ := os.ReadDir(root); len(ents) != 0 {
 		t.Fatalf("left in the store: %v", ents)
 	}
+}
+
+// A volume unmounted while a mount namespace cloned elsewhere on the host
+// (any container being set up) still holds a copy of its mount, then
+// mounted again: the new mount must see everything written before the
+// unmount, and the filesystem must stay one (fsck-clean) once the copy
+// goes. A second ext4 instance on a new loop device saw the image without
+// the data still in the first one's cache (the JavaScript SDK's "the data
+// outlives the sandboxes that wrote it" read an empty file), and the two
+// instances would then overwrite each other's blocks.
+func TestRemountWhileAnotherNamespaceHoldsTheVolume(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	testutil.RequireBinary(t, "e2fsck")
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "volumes")
+	s, err := OpenStore(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder *exec.Cmd
+	t.Cleanup(func() {
+		if holder != nil {
+			holder.Process.Kill()
+			holder.Wait()
+		}
+		s.Sweep(func(string) bool { return false })
+		if l := LoopsReleased(root, 10*time.Second); len(l) > 0 {
+			t.Errorf("loop devices left: %v", l)
+		}
+	})
+	if _, err := s.Create(ctx, runtime.VolumeSpec{Name: "data", SizeBytes: 32 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Acquire(ctx, "data", "sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p, "a.txt"), []byte("from-a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A process in a new mount namespace: it holds a copy of every mount
+	// of the host's, the volume's included, until it exits.
+	holder = exec.Command("sleep", "600")
+	holder.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release("data", "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := isMountPoint(p); m {
+		t.Fatal("the released volume is still mounted here")
+	}
+	p, err = s.Acquire(ctx, "data", "sb-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(p, "a.txt")); string(b) != "from-a" {
+		t.Fatalf("remounted while a copy lives: a.txt %q (%v)", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(p, "b.txt"), []byte("from-b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release("data", "sb-2"); err != nil {
+		t.Fatal(err)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	holder = nil
+	if l := LoopsReleased(root, 10*time.Second); len(l) > 0 {
+		t.Fatalf("loop devices left after the copy went: %v", l)
+	}
+	img := filepath.Join(root, "data", imageFile)
+	if out, err := exec.Command("e2fsck", "-fn", img).CombinedOutput(); err != nil {
+		t.Fatalf("the volume's filesystem is damaged: %v\n%s", err, out)
+	}
+	p, err = s.Acquire(ctx, "data", "sb-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{"a.txt": "from-a", "b.txt": "from-b"} {
+		if b, err := os.ReadFile(filepath.Join(p, f)); string(b) != want {
+			t.Errorf("after the copy went: %s %q (%v)", f, b, err)
+		}
+	}
+	s.Release("data", "sb-3")
 }
