@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/execd/metrics"
 	"github.com/moat-sandbox/moat/internal/execd/pty"
 	"github.com/moat-sandbox/moat/internal/execd/wire"
+	"github.com/moat-sandbox/moat/internal/web/webtest"
 )
 
 func TestSessionPersistsEnvAndCwd(t *testing.T) {
@@ -145,6 +146,11 @@ func TestProxy(t *testing.T) {
 	if resp.StatusCode != 502 {
 		t.Fatalf("dead port: %d", resp.StatusCode)
 	}
+
+	// An answer that starts while the request body is still arriving.
+	duplex := webtest.DuplexBackend(t)
+	webtest.CheckDuplex(t, e.ts.Client(), e.ts.URL+"/proxy/"+itoa(duplex.Listener.Addr().(*net_TCPAddr).Port)+"/upload",
+		http.Header{TokenHeader: {"tok"}})
 }
 
 func TestPTY(t *testing.T) {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/web/webtest"
 )
 
 const key = "test-key"
@@ -209,6 +212,21 @@ func TestAuthAndProxy(t *testing.T) {
 	if code, m, _ := call(t, srv, "GET", "/sandboxes/nope/proxy/44772/ping", ""); code != 404 || m["code"] != "SANDBOX::NOT_FOUND" {
 		t.Fatalf("proxy to unknown sandbox: %d %v", code, m)
 	}
+}
+
+// The server proxy carries an answer that starts while the request body
+// is still arriving (web.ServeProxy through the API's middleware): the
+// JavaScript SDK's first command through the proxy was cut off ("other
+// side closed") when the agent's stream started before the proxy had
+// read the end of the request body.
+func TestProxyFullDuplex(t *testing.T) {
+	srv := newAPI(t)
+	_, m, _ := call(t, srv, "POST", "/v1/sandboxes", createBody)
+	id := m["id"].(string)
+	// The fake runtime resolves ports other than the agent's to loopback.
+	port := webtest.DuplexBackend(t).Listener.Addr().(*net.TCPAddr).Port
+	webtest.CheckDuplex(t, srv.Client(), fmt.Sprintf("%s/sandboxes/%s/proxy/%d/upload", srv.URL, id, port),
+		http.Header{"OPEN-SANDBOX-API-KEY": {key}})
 }
 
 func TestBadInput(t *testing.T) {

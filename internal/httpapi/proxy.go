@@ -110,7 +110,7 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	p.svc.Touch(r.Context(), id)
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	web.ServeProxy(p.rp, w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 	return nil
 }
 

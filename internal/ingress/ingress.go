@@ -279,7 +279,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Upgrade") != "" {
 		w = upgradeWriter{w}
 	}
-	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxiedKey{}, p)))
+	web.ServeProxy(g.rp, w, r.WithContext(context.WithValue(r.Context(), proxiedKey{}, p)))
 }
 
 // resolve tries the route's candidates in order; a later one only when

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/web/webtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -553,6 +554,14 @@ func TestSSEFlushesImmediately(t *testing.T) {
 	if want := "data: 1,,event: second,data: 2,"; strings.Join(rest, ",") != want {
 		t.Fatalf("rest of stream %q, want %q", strings.Join(rest, ","), want)
 	}
+}
+
+// An answer that starts while the request body is still arriving (an
+// upload that reports progress) goes through whole (web.ServeProxy).
+func TestFullDuplex(t *testing.T) {
+	e := newEnv(t)
+	e.res.add("sb", Target{Addr: addrOf(webtest.DuplexBackend(t))})
+	webtest.CheckDuplex(t, e.cl, e.ts.URL+"/sb/80/upload", nil)
 }
 
 func TestConcurrentRequests(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // Timeouts of the proxy.
@@ -302,7 +303,7 @@ func (p *Proxy) intercept(ctx context.Context, cl *Client, c net.Conn, dst netip
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fw.handlers.Add(1)
 			defer fw.handlers.Done()
-			rp.ServeHTTP(w, r)
+			web.ServeProxy(rp, w, r)
 		}),
 		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       idleTimeout,

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/vault"
+	"github.com/moat-sandbox/moat/internal/web/webtest"
 )
 
 // upstream is a fake HTTPS (or HTTP) server that records what it gets.
@@ -334,6 +335,17 @@ func TestQueryKeyAndPlainHTTP(t *testing.T) {
 	if got := uph.last(t); got.Header.Get("X-Key") != "" || got.Host != "elsewhere.test" {
 		t.Fatalf("unbound plain HTTP: %+v", got)
 	}
+}
+
+// An intercepted request whose answer starts while its body is still
+// arriving (an upload that reports progress) goes through whole
+// (web.ServeProxy).
+func TestInterceptedFullDuplex(t *testing.T) {
+	r := newRig(t)
+	r.cl.SetRules(rules(t, testVault))
+	up := &upstream{addr: webtest.DuplexBackend(t).Listener.Addr().String()}
+	via := r.route("10.9.0.7:80", up, "plain.test")
+	webtest.CheckDuplex(t, sandboxClient(via, nil), "http://plain.test/upload", nil)
 }
 
 func TestUntrustedUpstreamGets502(t *testing.T) {

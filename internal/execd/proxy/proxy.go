@@ -55,7 +55,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request) error {
 			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: wire.CodeRuntimeError, Message: "error proxying to port " + strconv.Itoa(port) + ": " + err.Error()})
 		},
 	}
-	rp.ServeHTTP(w, r)
+	web.ServeProxy(rp, w, r)
 	return nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // CountingProxy is a loopback HTTP proxy in front of the API server that
@@ -50,7 +52,7 @@ func StartCountingProxy(cfg *rest.Config, w *WriteCounter, dir string) (*Countin
 		Transport:     countingRT{w: w, next: rt},
 		FlushInterval: -1,
 	}
-	p := &CountingProxy{srv: &http.Server{Handler: rp}, ln: ln, Kubeconfig: filepath.Join(dir, "proxy.kubeconfig")}
+	p := &CountingProxy{srv: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { web.ServeProxy(rp, w, r) })}, ln: ln, Kubeconfig: filepath.Join(dir, "proxy.kubeconfig")}
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["proxy"] = &clientcmdapi.Cluster{Server: "http://" + ln.Addr().String()}
 	kc.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{}
