@@ -31,8 +31,16 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 // cleanup removes everything that may exist for id, in reverse order of
 // creation. Each step tolerates its resource being absent, so it serves
 // for Delete, for the rollback of a failed Create and for recovery.
-func (r *Runtime) cleanup(ctx context.Context, id string) error {
+func (r *Runtime) cleanup(ctx context.Context, id string) (err error) {
 	dir := r.sandboxDir(id)
+	// Cumulative time at the end of each step, logged like "oci: created"
+	// (a slow delete on a busy host shows which step waited).
+	t0 := time.Now()
+	var phases []any
+	phase := func(name string) { phases = append(phases, name, time.Since(t0)) }
+	defer func() {
+		r.log.Debug("oci: deleted", append([]any{"id", id, "err", err}, phases...)...)
+	}()
 	classes := slices.Sorted(maps.Keys(r.classes))
 	var named []string
 	if rec, err := r.readRecord(id); err == nil {
@@ -49,15 +57,18 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	phase("container")
 	// A container the runtime lost track of (a `run` of a crashed server
 	// that finished late) is still in its cgroups: kill it there.
 	killCgroupProcs(r.cgroupPath(id))
+	phase("kill")
 	if err := unmountAll(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	} else if err := unmountAll(filepath.Join(dir, diskMount)); err != nil {
 		// The loop device of the quota filesystem auto-clears here.
 		errs = append(errs, err)
 	}
+	phase("unmount")
 	if err := unmountVolumes(dir); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -69,12 +80,15 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 			}
 		}
 	}
+	phase("volumes")
 	if err := r.net.Teardown(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	phase("network")
 	if err := removeCgroups(r.cgroupPath(id)); err != nil {
 		errs = append(errs, err)
 	}
+	phase("cgroups")
 	if len(errs) > 0 {
 		// Keep the directory (and its record) so a later Delete retries.
 		return fmt.Errorf("oci: delete %s: %w", id, errors.Join(errs...))
@@ -86,6 +100,7 @@ func (r *Runtime) cleanup(ctx context.Context, id string) error {
 	if err := removeDirRetry(dir); err != nil {
 		return fmt.Errorf("oci: delete %s: %w", id, err)
 	}
+	phase("dir")
 	r.images.Unpin(id) // its root is unmounted: the layers may go
 	return nil
 }
