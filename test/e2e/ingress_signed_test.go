@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -55,14 +56,18 @@ func TestIngressEndpointsAndSignedRoutes(t *testing.T) {
 		}
 		var resp *http.Response
 		var err error
-		for i := 0; i < 50; i++ { // httpd may still be starting
+		// httpd may still be starting (502 until it listens): how long
+		// that takes depends on the machine's load, so only a hang fails.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			if resp, err = client.Do(req); err == nil && resp.StatusCode != 502 {
 				break
 			}
 			if resp != nil {
 				resp.Body.Close()
 			}
-			time.Sleep(50 * time.Millisecond)
+			if time.Now().After(deadline) {
+				break
+			}
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -84,8 +89,10 @@ func TestIngressEndpointsAndSignedRoutes(t *testing.T) {
 		t.Fatalf("unsigned endpoint without the token: %d", code)
 	}
 
-	// Signed endpoint: no token needed until it expires.
-	exp := time.Now().Add(3 * time.Second).Unix()
+	// Signed endpoint: no token needed until it expires. Its expiry is
+	// far enough for the checks below on a busy machine; a second one
+	// that expires soon shows the expiry (at the end).
+	exp := time.Now().Add(10 * time.Minute).Unix()
 	ep = endpointResp{}
 	srv.mustJSON(200, "GET", fmt.Sprintf("/v1/sandboxes/%s/endpoints/8080?expires=%d", id, exp), nil, &ep)
 	if _, ok := ep.Headers["OpenSandbox-Secure-Access"]; ok {
@@ -122,8 +129,32 @@ func TestIngressEndpointsAndSignedRoutes(t *testing.T) {
 			t.Errorf("%s: %d %q, want 401", name, code, body)
 		}
 	}
-	time.Sleep(time.Until(time.Unix(exp+1, 0)) + 100*time.Millisecond)
-	if code, _ := get("http://"+ep.Endpoint+"/index.html", nil); code != 401 {
+	// A route signed to expire in a few seconds opens the sandbox until
+	// then, and no longer after. (A request slower than those seconds
+	// finds the expiry already past: the API refuses it, and it is asked
+	// again.)
+	var short endpointResp
+	var shortExp int64
+	for {
+		shortExp = time.Now().Add(4 * time.Second).Unix()
+		code, body, _ := srv.do("GET", fmt.Sprintf("/v1/sandboxes/%s/endpoints/8080?expires=%d", id, shortExp), nil)
+		if code == 200 {
+			if err := json.Unmarshal(body, &short); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if code != 400 || time.Now().Unix() < shortExp {
+			t.Fatalf("short-lived signed endpoint: %d %s", code, body)
+		}
+	}
+	if time.Now().Unix() < shortExp {
+		if code, body := get("http://"+short.Endpoint+"/index.html", nil); code != 200 && time.Now().Unix() < shortExp {
+			t.Fatalf("short-lived signed route before its expiry: %d %q", code, body)
+		}
+	}
+	time.Sleep(time.Until(time.Unix(shortExp+1, 0)) + 100*time.Millisecond)
+	if code, _ := get("http://"+short.Endpoint+"/index.html", nil); code != 401 {
 		t.Fatalf("expired signed route: %d, want 401", code)
 	}
 	// Expiry in the past is refused by the API.
