@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet bench fmt clean generate verify check-generated
+.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet lint bench fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -73,6 +73,33 @@ verify: generate ## Fail if the generated code or the specs differ from what is 
 
 vet: ## go vet
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/...
+	cd client && $(GO) vet ./...
+
+# staticcheck is pinned in tools.mod; built once into bin/.
+STATICCHECK := bin/staticcheck
+
+$(STATICCHECK): tools.mod tools.sum
+	$(GO) build -modfile=tools.mod -o $@ honnef.co/go/tools/cmd/staticcheck
+
+lint: vet $(STATICCHECK) check-generated check-generated-k8s ## go vet + staticcheck (zero findings), gofmt, generated code current, docs name every package, client side cross-compiles for darwin and windows
+	$(STATICCHECK) -tags e2e ./...
+	cd client && ../$(STATICCHECK) ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:" $$out >&2; exit 1; fi
+	@bash scripts/check-docs.sh
+	@# The client side (CLI verbs, moat mcp, the Go SDK) runs on laptops.
+	@for os in darwin windows; do \
+		GOOS=$$os GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/moat ./internal/mcp || exit 1; \
+		(cd client && GOOS=$$os GOARCH=amd64 CGO_ENABLED=0 $(GO) build ./...) || exit 1; \
+	done
+
+# K8S_GEN_SUM fingerprints what controller-gen writes (tracked or not).
+K8S_GEN_SUM = { find api config/crd/bases config/rbac deploy/helm/moat/crds -type f | sort; echo deploy/helm/moat/templates/clusterrole.yaml; } | xargs sha256sum | sha256sum
+
+check-generated-k8s: deps-k8s ## Fail if the deepcopy code, CRDs, RBAC or the Helm chart's copies are stale against api/ and the controller
+	@before=$$($(K8S_GEN_SUM)); $(MAKE) --no-print-directory generate-k8s >/dev/null; \
+	if [ "$$before" != "$$($(K8S_GEN_SUM))" ]; then \
+		echo "controller-gen output was stale and has been regenerated (make generate-k8s): review and commit it" >&2; exit 1; fi
 
 K8S_TOOLS = $(shell bash scripts/build-k8s-tools.sh --print-dir)
 
@@ -90,7 +117,7 @@ generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) an
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-test: deps deps-browser deps-runsc deps-docker deps-k8s check-generated vet build ## Run every test (as root: includes the runtime and end-to-end tests)
+test: deps deps-browser deps-runsc deps-docker deps-k8s lint build ## Run every test (as root: includes the runtime and end-to-end tests)
 	@# The run gets its own directory (its TMPDIR, the test-network journal);
 	@# leakcheck fails the run if it left a bridge, netns, nft table, mount,
 	@# cgroup or process behind (see internal/testutil/leakcheck).
@@ -101,7 +128,7 @@ test: deps deps-browser deps-runsc deps-docker deps-k8s check-generated vet buil
 	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
 	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc
 
-test-short: ## Unit tests only (no root needed)
+test-short: ## Unit tests only: -short skips every root, runtime and end-to-end test, even as root
 	$(GO) test -short -count=1 ./...
 
 bench: build ## Print create-latency figures (moat bench create)

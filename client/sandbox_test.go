@@ -377,7 +377,7 @@ func TestEgressPolicy(t *testing.T) {
 	var lastBody []byte
 	f.handle("/sandboxes/{id}/proxy/18080/policy", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("OPENSANDBOX-EGRESS-AUTH") != egressToken {
-			http.Error(w, "unauthorized", 401)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
 		lastBody, _ = io.ReadAll(r.Body)

@@ -1,6 +1,8 @@
 // Command moat is the single moat binary: the lifecycle server (`moat serve`),
-// the in-sandbox agent (`moat execd`), the Kubernetes controller, the MCP
-// server and the CLI verbs.
+// the Kubernetes controller, the MCP server and the CLI verbs. It carries
+// the in-sandbox agent (cmd/moat-agent, see internal/agentbin); `moat
+// execd` runs the same agent code, for existing command lines. The server
+// verbs are Linux only; the client verbs build for darwin and windows.
 package main
 
 import (
@@ -13,10 +15,10 @@ import (
 )
 
 func main() {
-	// The agent (`moat execd`) is PID 1 in a sandbox and handles signals
-	// itself; everything else is cancelled on SIGINT/SIGTERM.
-	if len(os.Args) > 1 && os.Args[1] == "execd" {
-		os.Exit(cli.RunExecd(os.Args[2:]))
+	// The agent alias (`moat execd`) is PID 1 in a sandbox and handles
+	// signals itself; everything else is cancelled on SIGINT/SIGTERM.
+	if code, ok := cli.FastPath(os.Args[1:]); ok {
+		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Execute(ctx, os.Args[1:])

@@ -21,11 +21,8 @@ func NewRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.AddCommand(platformCommands()...)
 	root.AddCommand(
-		newServeCommand(),
-		newExecdCommand(),
-		newImageCommand(),
-		newBenchCommand(),
 		newControllerCommand(),
 		newSandboxCommand(),
 		newExecCommand(),

@@ -109,25 +109,15 @@ func runShell(parent context.Context, h *client.SandboxHandle, o shellOptions, s
 			return fmt.Errorf("raw terminal: %w", err)
 		}
 		defer term.Restore(fd, old)
-		resize := func() {
-			if cols, rows, err := termSize(stdin, stdout); err == nil {
+		var lastCols, lastRows int
+		resize := func() { // sends the size when it changed
+			if cols, rows, err := termSize(stdin, stdout); err == nil && (cols != lastCols || rows != lastRows) {
+				lastCols, lastRows = cols, rows
 				conn.Resize(ctx, cols, rows)
 			}
 		}
 		resize()
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-winch:
-					resize()
-				}
-			}
-		}()
+		defer watchResize(ctx, resize)()
 	}
 	// SIGTERM (and SIGINT on a raw terminal, where Ctrl-C is a byte sent
 	// to the remote side) ends moat: the session is deleted, which kills

@@ -225,7 +225,7 @@ func TestFileOperations(t *testing.T) {
 	}
 	st, b = e.Call("GET", "/files/search?path="+dir, nil)
 	json.Unmarshal(b, &found)
-	if len(found) != 2 {
+	if st != 200 || len(found) != 2 {
 		t.Fatalf("search **: %s", b)
 	}
 	st, b = e.Call("GET", "/files/search", nil)
@@ -243,7 +243,7 @@ func TestFileOperations(t *testing.T) {
 	}
 	st, b = e.Call("GET", "/directories/list?path="+dir+"&depth=3", nil)
 	json.Unmarshal(b, &list)
-	if len(list) != 6 { // d1, d1/d2, d1/d2/deep.py, link, sub, sub/g.txt
+	if st != 200 || len(list) != 6 { // d1, d1/d2, d1/d2/deep.py, link, sub, sub/g.txt
 		t.Fatalf("depth 3: %s", b)
 	}
 	st, b = e.Call("GET", "/directories/list?path="+dir+"/link", nil)

@@ -206,6 +206,9 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("create tenant: %d %s", code, raw)
 	}
 	code, raw = rawBody(t, ta.srv, "GET", "/v1/tenants", "")
+	if code != 200 {
+		t.Errorf("list tenants: %d %s", code, raw)
+	}
 	wirecheck.Response[lifecycleapi.ListTenantsResponse](t, "GET /v1/tenants", raw)
 	for _, want := range []string{`"name":"default"`, `"name":"acme"`, `"name":"delta"`, `"name":"gamma"`} {
 		if !strings.Contains(string(raw), want) {

@@ -229,7 +229,7 @@ func (e *extractor) entry(hdr *tar.Header, r io.Reader) error {
 		e.dirs = append(e.dirs, dirMeta{name: name, mode: mode, atime: hdr.AccessTime, mtime: hdr.ModTime})
 		return nil
 
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse: // archive/tar reads the old TypeRegA as TypeReg
 		if hdr.Typeflag == tar.TypeGNUSparse {
 			return fmt.Errorf("GNU sparse files are not supported: %w", errdefs.ErrInvalidArgument)
 		}

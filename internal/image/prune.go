@@ -77,7 +77,9 @@ func (s *Store) mountedLayers() map[string]bool {
 				for _, opt := range strings.Split(fields[i+3], ",") {
 					dirs, ok := strings.CutPrefix(opt, "lowerdir=")
 					if !ok {
-						dirs, ok = strings.CutPrefix(opt, "lowerdir+=")
+						if dirs, ok = strings.CutPrefix(opt, "lowerdir+="); !ok {
+							continue
+						}
 					}
 					for _, d := range strings.Split(dirs, ":") {
 						if h, ok := strings.CutPrefix(d, base); ok {

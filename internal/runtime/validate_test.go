@@ -50,7 +50,7 @@ func TestSpecValidate(t *testing.T) {
 	ok := func() Spec {
 		return Spec{ID: "sb-1", Image: "busybox", WorkingDir: "/w", Env: map[string]string{"A": "1"},
 			Resources: Resources{MemoryBytes: MinMemoryBytes},
-			Mounts: []Mount{{Source: "/srv/data", Destination: "/data"}, {Volume: "vol.a", SubPath: "x/y", Destination: "/v"}}}
+			Mounts:    []Mount{{Source: "/srv/data", Destination: "/data"}, {Volume: "vol.a", SubPath: "x/y", Destination: "/v"}}}
 	}
 	good := ok()
 	if err := good.Validate(); err != nil {

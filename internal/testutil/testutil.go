@@ -18,8 +18,13 @@ import (
 
 // RequiresRoot skips t unless the test runs as root. Under CI (CI=true) it
 // fails instead, so a root-only test can never be silently skipped there.
+// With -short (make test-short: unit tests only) it always skips: every
+// root test drives real runtimes, namespaces or mounts.
 func RequiresRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs root and real components; skipped with -short")
+	}
 	if os.Geteuid() == 0 {
 		return
 	}
@@ -27,6 +32,15 @@ func RequiresRoot(t testing.TB) {
 		t.Fatal("test requires root, and CI must run as root")
 	}
 	t.Skip("requires root")
+}
+
+// SkipShort skips t with -short (make test-short runs unit tests only):
+// why says what the test needs.
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("%s; skipped with -short", why)
+	}
 }
 
 // RequireBinary fails t (it does not skip) if name is not on PATH: the test
@@ -77,6 +91,7 @@ type build struct {
 // process and returns the binary's path. RemoveBuilt deletes them.
 func Build(t testing.TB, pkg string, flags ...string) string {
 	t.Helper()
+	SkipShort(t, "builds binaries")
 	builds.mu.Lock()
 	if builds.m == nil {
 		builds.m = map[string]*build{}
@@ -121,6 +136,7 @@ func RemoveBuilt() {
 // one.
 func AgentBinary(t testing.TB) string {
 	t.Helper()
+	SkipShort(t, "runs the agent")
 	if p := os.Getenv("MOAT_AGENT_BIN"); p != "" {
 		return p
 	}
@@ -135,6 +151,7 @@ var payloadMu sync.Mutex
 // embeds it), and returns its path. Set MOAT_BIN to use a prebuilt one.
 func MoatBinary(t testing.TB) string {
 	t.Helper()
+	SkipShort(t, "runs moat")
 	if p := os.Getenv("MOAT_BIN"); p != "" {
 		return p
 	}

@@ -287,13 +287,12 @@ func codeResult(evs []codeEvent) string {
 
 // codeLanguage is what TestCodeLanguagesInSandbox runs in one language.
 type codeLanguage struct {
-	name         string
-	kernel       string // a process of the Jupyter kernel, "" for a built-in driver
-	define, use  string // use prints 42 and (result != "") has a value containing result
-	result       string
-	fail, ename  string
-	loop         string // runs until interrupted
-	afterFailure string // a cell that prints 42 after the failure and interrupt
+	name        string
+	kernel      string // a process of the Jupyter kernel, "" for a built-in driver
+	define, use string // use prints 42 and (result != "") has a value containing result
+	result      string
+	fail, ename string
+	loop        string // runs until interrupted
 }
 
 // TestCodeLanguagesInSandbox runs code contexts of every language the
