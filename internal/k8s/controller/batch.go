@@ -299,7 +299,7 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 			if err != nil {
 				return reconcile.Result{}, err
 			}
-			return reconcile.Result{Requeue: true}, nil
+			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil // Requeue is deprecated
 		}
 	}
 	w, _ := r.lastWritten(b.UID)
