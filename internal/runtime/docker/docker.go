@@ -582,7 +582,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			{Type: mount.TypeBind, Source: r.cfg.AgentPath, Target: agentproto.BinPath, ReadOnly: true},
 			{Type: mount.TypeBind, Source: r.agentConfPath(id), Target: agentproto.ConfigPath, ReadOnly: true},
 		},
-		Sysctls: map[string]string{},
+		Sysctls:     map[string]string{},
 		CapDrop:     []string{"ALL"},
 		CapAdd:      slices.Clone(keepCaps),
 		SecurityOpt: []string{"no-new-privileges"},
