@@ -7,15 +7,15 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestKillInCgroupOnlyKillsMembers: a pid listed for a sandbox that has
 // since been reused by a process outside the sandbox's cgroups must not
 // be killed (the chaos test lost fresh sandboxes' agents this way).
 func TestKillInCgroupOnlyKillsMembers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testutil.RequiresRoot(t)
 	outsider := exec.Command("sleep", "30")
 	if err := outsider.Start(); err != nil {
 		t.Fatal(err)
