@@ -33,6 +33,9 @@ import (
 // may also implement Watcher.
 type Store interface {
 	Put(bucket, key string, v any) error
+	// Update is Put for a record that must exist: ErrNotFound if it does
+	// not (e.g. another replica deleted it), and it is not created.
+	Update(bucket, key string, v any) error
 	PutMany(bucket string, kv map[string]any) error
 	Get(bucket, key string, v any) error
 	Delete(bucket, key string) error
@@ -90,6 +93,22 @@ func (d *DB) Put(bucket, key string, v any) error {
 		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
 		if err != nil {
 			return err
+		}
+		return bk.Put([]byte(key), b)
+	})
+}
+
+// Update stores v under bucket/key if a record is there already
+// (ErrNotFound otherwise), in one transaction.
+func (d *DB) Update(bucket, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s/%s: %w", bucket, key, err)
+	}
+	return d.db.Update(func(tx *bolt.Tx) error {
+		bk := tx.Bucket([]byte(bucket))
+		if bk == nil || bk.Get([]byte(key)) == nil {
+			return fmt.Errorf("%s/%s: %w", bucket, key, errdefs.ErrNotFound)
 		}
 		return bk.Put([]byte(key), b)
 	})
