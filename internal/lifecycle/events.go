@@ -201,13 +201,13 @@ func (s *Service) flushEvents() {
 	l.mu.Unlock()
 
 	if len(put) > 0 {
-		if err := s.deps.Store.PutMany(EventsBucket, put); err != nil {
+		if err := s.deps.Events.PutMany(EventsBucket, put); err != nil {
 			s.log.Warn("persist sandbox events", "err", err)
 			s.redirty(put)
 		}
 	}
 	for id := range removed {
-		if err := s.deps.Store.Delete(EventsBucket, id); err != nil {
+		if err := s.deps.Events.Delete(EventsBucket, id); err != nil {
 			s.log.Warn("prune sandbox events", "id", id, "err", err)
 		}
 	}
@@ -232,7 +232,7 @@ func (s *Service) loadEvents() error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return s.deps.Store.ForEach(EventsBucket, func(key string, raw []byte) error {
+	return s.deps.Events.ForEach(EventsBucket, func(key string, raw []byte) error {
 		var r eventRing
 		if err := json.Unmarshal(raw, &r); err != nil {
 			// A corrupt ring is diagnostics only; drop it.

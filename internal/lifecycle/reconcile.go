@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
 )
@@ -41,9 +42,10 @@ func (s *Service) Recover(ctx context.Context) error {
 			sb.Metadata = map[string]string{}
 		}
 		e := newEntry(sb)
+		e.stored = true
 		rst, ok := byID[sb.ID]
 		delete(byID, sb.ID)
-		if sb.ExpiresAt != nil && !sb.ExpiresAt.After(now) {
+		if sb.ExpiresAt != nil && !sb.ExpiresAt.After(now) && s.leader() {
 			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
 				s.log.Error("recover: delete expired sandbox", "id", sb.ID, "err", err)
 				s.put(e)
@@ -99,7 +101,11 @@ func (s *Service) Recover(ctx context.Context) error {
 			}
 		}
 		if e.sb.Status != sb.Status {
-			if err := s.persist(e); err != nil {
+			if err := s.persist(e); errdefs.IsNotFound(err) {
+				// Deleted meanwhile (by another replica, or by the
+				// clean-up of a process still stopping): gone.
+				continue
+			} else if err != nil {
 				return err
 			}
 		}
@@ -111,6 +117,11 @@ func (s *Service) Recover(ctx context.Context) error {
 		s.put(e)
 	}
 	for id := range byID {
+		if s.shared() {
+			// Another replica may be creating it (it records a sandbox
+			// once it runs): the leader's sweep deletes real orphans.
+			continue
+		}
 		if err := s.deps.Runtime.Delete(ctx, id); err != nil {
 			s.log.Error("recover: delete orphan sandbox", "id", id, "err", err)
 		}
@@ -121,6 +132,7 @@ func (s *Service) Recover(ctx context.Context) error {
 	}
 	s.forgetUnknownEvents()
 	s.flushEvents()
+	s.follow()
 	s.log.Info("recovered sandboxes", "adopted", adopted, "expired", expired, "lost", lost, "orphans_deleted", orphans)
 	return nil
 }
@@ -153,6 +165,9 @@ func (s *Service) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
 	var n int
+	// Orphans are looked for a few times per grace period, at most every
+	// 30 s.
+	sweepEvery := max(1, int(min(s.cfg.OrphanGrace/4, 30*time.Second)/s.cfg.ReapInterval))
 	for {
 		select {
 		case <-ctx.Done():
@@ -161,8 +176,11 @@ func (s *Service) Run(ctx context.Context) {
 		}
 		s.reap(ctx)
 		n++
-		if n%5 == 0 {
+		if n%5 == 0 && s.leader() {
 			s.checkLiveness(ctx)
+		}
+		if n%sweepEvery == 0 && s.leader() && s.shared() {
+			s.sweepOrphans(ctx)
 		}
 		if n%30 == 0 {
 			s.trimLogs(ctx)
@@ -193,7 +211,7 @@ func (s *Service) reap(ctx context.Context) {
 				s.mu.Unlock()
 				s.markGone(e.sb.ID)
 			}
-		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending:
+		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending && s.leader():
 			s.log.Info("sandbox expired", "id", e.sb.ID)
 			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
 				s.log.Error("delete expired sandbox", "id", e.sb.ID, "err", err)

@@ -261,6 +261,7 @@ func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req Cr
 	}
 	for _, e := range entries {
 		e.mu.Lock()
+		e.stored = true
 		s.put(e)
 	}
 	unlock := func() {

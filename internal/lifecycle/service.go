@@ -72,6 +72,11 @@ type Config struct {
 	// SecureAccess allows secureAccess sandboxes (an ingress gateway that
 	// checks their access tokens is running).
 	SecureAccess bool
+	// OrphanGrace is how old a runtime sandbox without a record must be
+	// before the leader of replicas sharing a store deletes it (a create
+	// on another replica records its sandbox only once it runs). Default
+	// DefaultOrphanGrace.
+	OrphanGrace time.Duration
 	// AllowedHostPaths are the host directories host volumes may mount
 	// (prefix match after cleaning and symlink resolution). Empty refuses
 	// every host volume (VOLUME::HOST_PATH_NOT_ALLOWED).
@@ -91,11 +96,25 @@ func (c *Config) setDefaults() {
 	if c.StopGrace == 0 {
 		c.StopGrace = 2 * time.Second
 	}
+	if c.OrphanGrace == 0 {
+		c.OrphanGrace = DefaultOrphanGrace
+	}
 }
 
 // Deps are the service's collaborators.
 type Deps struct {
-	Store   store.Store
+	// Store holds the sandbox records, pools and snapshots. A store that
+	// other processes write too (store.Watcher: the replicas of a
+	// stateless server on Kubernetes) is followed: their changes update
+	// this process's view (follow.go).
+	Store store.Store
+	// Events holds the sandboxes' event rings (default Store). A
+	// stateless server keeps them in memory (store.Memory).
+	Events store.Store
+	// Leader reports whether this process runs the background duties
+	// (expiry, liveness, the clean-up of orphans) for the sandboxes it
+	// shares with other replicas; nil: always (a single server).
+	Leader  func() bool
 	Runtime runtime.Runtime
 	Images  Images
 	// Egress is optional; without it networkPolicy is refused (501).
@@ -165,6 +184,10 @@ type entry struct {
 	// cred is the credential proxy (CA and vault) of a sandbox created
 	// with credentialProxy; its persisted form is sb.CredentialProxy.
 	cred *credProxy
+	// stored is set once the record is in the store: later writes update
+	// it and never create it again (another replica may have deleted
+	// it). Guarded by mu.
+	stored bool
 }
 
 // Service is the lifecycle service. It is safe for concurrent use.
@@ -208,6 +231,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	if deps.Log == nil {
 		deps.Log = slog.Default()
+	}
+	if deps.Events == nil {
+		deps.Events = deps.Store
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
@@ -268,12 +294,28 @@ func notFound(id string) error {
 		"SANDBOX::NOT_FOUND", fmt.Sprintf("sandbox %s not found", id))
 }
 
-// persist writes e's record; the caller holds e.mu.
+// persist writes e's record; the caller holds e.mu. The first write
+// creates it; later ones only update it, so that a record another replica
+// deleted meanwhile is not made again (ErrNotFound).
 func (s *Service) persist(e *entry) error {
-	if err := s.deps.Store.Put(Bucket, e.sb.ID, &e.sb); err != nil {
+	write := s.deps.Store.Put
+	if e.stored {
+		write = s.deps.Store.Update
+	}
+	if err := write(Bucket, e.sb.ID, &e.sb); err != nil {
 		return fmt.Errorf("persist sandbox %s: %w", e.sb.ID, err)
 	}
+	e.stored = true
 	return nil
+}
+
+// leader reports whether this process runs the background duties.
+func (s *Service) leader() bool { return s.deps.Leader == nil || s.deps.Leader() }
+
+// shared reports whether other processes write the store too.
+func (s *Service) shared() bool {
+	_, ok := s.deps.Store.(store.Watcher)
+	return ok
 }
 
 // Create provisions a sandbox and returns once it is Running (its agent

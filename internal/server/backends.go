@@ -10,6 +10,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/store"
 )
 
 // deps are what a backend factory may use.
@@ -28,6 +29,17 @@ type backend struct {
 	committer lifecycle.Committer
 	// close releases the backend (not its sandboxes).
 	close func() error
+	// store, if set, holds the server's records instead of its own bbolt
+	// file (the kubernetes backend: the API server, shared by replicas);
+	// events then holds the sandbox events.
+	store  store.Store
+	events store.Store
+	// leader reports whether this replica runs the background duties
+	// (nil: always).
+	leader func() bool
+	// shared, if set, gives the secrets every replica must agree on (the
+	// API key, the key-hashing secret) when no file or flag gives them.
+	shared func(ctx context.Context, name string, mk func() []byte) ([]byte, error)
 }
 
 // factory builds a backend; ctx bounds its start-up, run lives as long as

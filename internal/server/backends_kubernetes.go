@@ -3,11 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/lease"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
+	"github.com/moat-sandbox/moat/internal/store"
 )
 
 // KubernetesConfig configures Runtime "kubernetes".
@@ -25,6 +29,9 @@ type KubernetesConfig struct {
 	// RequestFraction is the share of a sandbox's limits its pod requests
 	// (0 = requests equal limits).
 	RequestFraction float64
+	// OrphanGrace is how old a sandbox without a record must be before
+	// the leading replica deletes it (default 2m; see lifecycle).
+	OrphanGrace time.Duration
 }
 
 // newKubernetes builds the kubernetes backend. Sandboxes get no egress
@@ -46,7 +53,22 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 	if err != nil {
 		return backend{}, err
 	}
-	return backend{rt: rt, images: clusterImages{}, close: rt.Close}, nil
+	// Stateless: the records live in the API server (shared by every
+	// replica of this server), the background duties run on the elected
+	// leader, events stay in each replica's memory.
+	st, err := kstore.New(rc, kstore.Options{Namespace: rt.Namespace(), Scope: cfg.Bridge})
+	if err != nil {
+		rt.Close()
+		return backend{}, err
+	}
+	el, err := lease.Run(run, rc, rt.Namespace(), "moat-serve-"+cfg.Bridge)
+	if err != nil {
+		st.Close()
+		rt.Close()
+		return backend{}, err
+	}
+	return backend{rt: rt, images: clusterImages{}, store: st, events: store.NewMemory(), leader: el.IsLeader, shared: st.Shared,
+		close: func() error { st.Close(); return rt.Close() }}, nil
 }
 
 // clusterImages leaves images to the cluster: the kubelet pulls the

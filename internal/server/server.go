@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,7 +31,8 @@ import (
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	db      *store.DB
+	db      store.Store
+	closeDB func() error
 	images  *image.Store
 	rt      runtime.Runtime
 	closeRT func() error
@@ -68,20 +71,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
 		return nil, err
 	}
-	key, generated, err := cfg.resolveAPIKey()
-	if err != nil {
-		return nil, fmt.Errorf("api key: %w", err)
-	}
-	s.apiKey = key
-	switch {
-	case cfg.NoAuth:
-		log.Warn("API-key authentication is DISABLED (--insecure-no-auth)")
-	case generated:
-		log.Info("generated an API key", "file", cfg.APIKeyFile)
-	}
-	if s.db, err = store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second); err != nil {
-		return nil, err
-	}
 	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images"), image.WithAllowedRegistries(cfg.AllowedRegistries)); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
@@ -95,6 +84,28 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
 	s.rt, s.closeRT = be.rt, be.close
+	// The records: the backend's store (shared by replicas), else this
+	// server's own bbolt file.
+	if be.store != nil {
+		s.db = be.store
+	} else {
+		db, err := store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		s.db, s.closeDB = db, db.Close
+	}
+	key, generated, err := s.apiKeyOf(ctx, be)
+	if err != nil {
+		return nil, fmt.Errorf("api key: %w", err)
+	}
+	s.apiKey = key
+	switch {
+	case cfg.NoAuth:
+		log.Warn("API-key authentication is DISABLED (--insecure-no-auth)")
+	case generated:
+		log.Info("generated an API key", "file", cfg.APIKeyFile)
+	}
 	// GET /metrics (behind the API key); moat_sandboxes is counted at
 	// scrape time, when s.svc is set.
 	reg := metrics.New(metrics.Options{States: func() map[string]int { return stateCounts(s.svc) }, KnownStates: knownStates()})
@@ -105,7 +116,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	// Tenants, API keys and quotas (nil without auth: one anonymous admin).
 	var quotas lifecycle.Quotas
 	if !cfg.NoAuth {
-		secret, err := cfg.loadKeySecret()
+		secret, err := s.keySecretOf(ctx, be)
 		if err != nil {
 			return nil, fmt.Errorf("key secret: %w", err)
 		}
@@ -114,8 +125,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		}
 		quotas = s.tenants
 	}
-	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths}, lifecycle.Deps{
-		Store: s.db, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
+	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths,
+		OrphanGrace: cfg.Kubernetes.OrphanGrace}, lifecycle.Deps{
+		Store: s.db, Events: be.events, Leader: be.leader, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
 		Committer: be.committer, Metrics: reg, Quotas: quotas, Sealer: sealer,
 	})
 	if err != nil {
@@ -152,6 +164,52 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		return nil, err
 	}
 	return s, nil
+}
+
+// apiKeyOf resolves the server's API key: the flag, else the key file;
+// without either, a backend whose replicas share secrets (kubernetes)
+// gives one every replica agrees on, and other servers make the file.
+func (s *Server) apiKeyOf(ctx context.Context, be backend) (string, bool, error) {
+	cfg := s.cfg
+	if be.shared == nil || cfg.NoAuth || cfg.APIKey != "" || fileExists(cfg.APIKeyFile) {
+		return cfg.resolveAPIKey()
+	}
+	k, err := be.shared(ctx, "api-key", func() []byte {
+		var r [24]byte
+		rand.Read(r[:])
+		return []byte(hex.EncodeToString(r[:]))
+	})
+	if err != nil {
+		return "", false, err
+	}
+	s.log.Info("using the API key shared by the replicas (Secret " + sharedSecretHint + ")")
+	return string(k), false, nil
+}
+
+// keySecretOf resolves the secret API keys are hashed with: the file,
+// else (kubernetes) one shared by the replicas, else a new file.
+func (s *Server) keySecretOf(ctx context.Context, be backend) ([]byte, error) {
+	cfg := s.cfg
+	if be.shared == nil || fileExists(cfg.KeySecretFile) {
+		return cfg.loadKeySecret()
+	}
+	raw, err := be.shared(ctx, "key-secret", func() []byte {
+		sec := make([]byte, tenant.SecretLen)
+		rand.Read(sec)
+		return []byte(hex.EncodeToString(sec))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return hex.DecodeString(string(raw))
+}
+
+// sharedSecretHint names where the kubernetes backend keeps shared secrets.
+const sharedSecretHint = "moat-<scope>-shared"
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // withConsole mounts the web console (internal/console) at /console in
@@ -268,8 +326,8 @@ func (s *Server) Close() {
 	if s.images != nil {
 		s.images.Close()
 	}
-	if s.db != nil {
-		s.db.Close()
+	if s.closeDB != nil {
+		s.closeDB()
 	}
 	if s.audit != nil {
 		s.audit.Close()

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -127,7 +128,43 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 	for _, t := range tenants {
 		r.tenants[t.Name] = t
 	}
+	if w, ok := db.(store.Watcher); ok {
+		r.follow(w)
+	}
 	return r, nil
+}
+
+// follow keeps the registry current with the keys and tenants other
+// processes sharing the store write (the replicas of a stateless server):
+// a key made or revoked through one replica counts on every replica.
+func (r *Registry) follow(w store.Watcher) {
+	ctx := context.Background() // the registry lives as long as the process
+	w.Watch(ctx, KeyBucket, func(id string, raw []byte) {
+		var k Key
+		if raw != nil && json.Unmarshal(raw, &k) != nil {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if raw == nil {
+			delete(r.keys, id)
+		} else {
+			r.keys[id] = k
+		}
+	})
+	w.Watch(ctx, TenantBucket, func(name string, raw []byte) {
+		var t Tenant
+		if raw != nil && json.Unmarshal(raw, &t) != nil {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if raw == nil {
+			delete(r.tenants, name)
+		} else {
+			r.tenants[name] = t
+		}
+	})
 }
 
 // HasRootKey reports whether the server's own key is configured.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -27,6 +28,13 @@ type testServer struct {
 	cl     *moat.Client
 	writes *k8stest.WriteCounter
 	scope  string
+	root   string
+}
+
+// stateFile reports whether the server wrote a state file of its own.
+func (s *testServer) stateFile() bool {
+	_, err := os.Stat(filepath.Join(s.root, "state.db"))
+	return err == nil
 }
 
 func startServer(t *testing.T, ns, scope string) *testServer {
@@ -66,7 +74,7 @@ func startServer(t *testing.T, ns, scope string) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testServer{cl: cl, writes: w, scope: scope}
+	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
@@ -100,7 +108,8 @@ func table(t *testing.T, c client.Client, ns, pool string) alloc.Table {
 // TestClaimThroughLifecycleAPI: on the kubernetes runtime, a pool made
 // through the Lifecycle API is a Pool that the controller fills; a create
 // with its poolRef, and a batch, are served from its warm pods by one
-// write of the pool's allocation table, with no BatchSandbox; each claimed
+// write of the pool's allocation table and one of the sandbox records
+// (whatever the batch size), with no BatchSandbox; each claimed
 // sandbox has its pod's own token, gets the claim's env through its agent
 // and its metadata and timeout in its record; deleting it retires and
 // deletes the pod, and the pool refills.
@@ -138,8 +147,8 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	}
 	writes := srv.writes.Since(before)
 	t.Logf("API writes of a warm claim: %v", writes)
-	if k8stest.Total(writes) != 1 || writes["PUT configmaps"]+writes["POST configmaps"] != 1 {
-		t.Errorf("a warm claim made API writes %v, want one table write", writes)
+	if k8stest.Total(writes) != 2 || writes["PUT configmaps"]+writes["POST configmaps"] != 1 || writes["POST secrets"] != 1 {
+		t.Errorf("a warm claim made API writes %v, want one table write and one record write", writes)
 	}
 	if sb.Status.State != moat.StateRunning || sb.Metadata["team"] != "k8s" || sb.ExpiresAt == nil {
 		t.Errorf("claimed sandbox %+v", sb)
@@ -174,10 +183,15 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 		t.Errorf("the claim's env did not reach the agent of %s", pod)
 	}
 
-	// A batch from the same pool: its own pods and tokens.
+	// A batch from the same pool: its own pods and tokens, in as many
+	// writes as one sandbox.
+	before = srv.writes.Snapshot()
 	batch, err := srv.cl.CreateBatch(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}}, 3)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != 2 {
+		t.Errorf("a warm batch of 3 made API writes %v, want 2", writes)
 	}
 	tbl = table(t, c, ns, "warm")
 	seen := map[string]bool{pod: true}

@@ -67,6 +67,7 @@ func newRuntime(t *testing.T, ns string) *kubernetes.Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { rt.Close() })
 	return rt
 }
 
@@ -185,6 +186,7 @@ func TestPoolBacked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { rt.Close() })
 	// Wait for the pool to be warm.
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -1,0 +1,181 @@
+package kstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kstore"
+	"github.com/moat-sandbox/moat/internal/store/storetest"
+)
+
+var env *k8stest.Env
+
+func TestMain(m *testing.M) { k8stest.Main(m, &env, k8stest.Options{Nodes: 1}) }
+
+var nsSeq atomic.Int32
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("kstore%d", nsSeq.Add(1))
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func open(t *testing.T, ns string) *kstore.Store {
+	t.Helper()
+	s, err := kstore.New(env.Config, kstore.Options{Namespace: ns, Scope: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	k8stest.Require(t, env)
+	storetest.Run(t, open(t, namespace(t)))
+}
+
+type rec struct {
+	ID    string `json:"id"`
+	Value int    `json:"value"`
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReplicas: two stores on one scope (two replicas) see each other's
+// records and changes through Watch (never their own), a record one
+// deleted is not made again by the other's update, and concurrent
+// updates of different records of one group are all kept.
+func TestReplicas(t *testing.T) {
+	k8stest.Require(t, env)
+	ns := namespace(t)
+	a, b := open(t, ns), open(t, ns)
+	var mu sync.Mutex
+	seenA, seenB := map[string][]byte{}, map[string][]byte{}
+	watch := func(s *kstore.Store, seen map[string][]byte) {
+		s.Watch(context.Background(), "sb", func(k string, raw []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[k] = raw
+		})
+	}
+	watch(a, seenA)
+	watch(b, seenB)
+	many := map[string]any{}
+	for i := range 20 {
+		k := fmt.Sprintf("s%02d", i)
+		many[k] = rec{ID: k, Value: i}
+	}
+	if err := a.PutMany("sb", many); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b sees a's records", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seenB) == 20
+	})
+	var got rec
+	if err := b.Get("sb", "s07", &got); err != nil || got.Value != 7 {
+		t.Fatalf("b.Get = %+v %v", got, err)
+	}
+	// Concurrent updates of different records of the one group.
+	var wg sync.WaitGroup
+	for i := range 20 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		k := fmt.Sprintf("s%02d", i)
+		wg.Go(func() {
+			if err := s.Update("sb", k, rec{ID: k, Value: 100 + i}); err != nil {
+				t.Errorf("update %s: %v", k, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range []*kstore.Store{a, b} {
+		eventually(t, "every update kept", func() bool {
+			for i := range 20 {
+				var r rec
+				if s.Get("sb", fmt.Sprintf("s%02d", i), &r) != nil || r.Value != 100+i {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	// b deletes a record; a's update right after does not bring it back.
+	if err := b.Delete("sb", "s03"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Update("sb", "s03", rec{ID: "s03", Value: -1}); !errdefs.IsNotFound(err) {
+		t.Errorf("update of a record another replica deleted = %v, want ErrNotFound", err)
+	}
+	eventually(t, "a hears of the delete", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		raw, ok := seenA["s03"]
+		return ok && raw == nil
+	})
+	if err := b.Get("sb", "s03", &got); !errdefs.IsNotFound(err) {
+		t.Errorf("deleted record came back: %+v %v", got, err)
+	}
+	mu.Lock()
+	_, own := seenA["s00"]
+	mu.Unlock()
+	if own {
+		// s00 was written only by a itself (PutMany, Update).
+		t.Errorf("a was told of its own write of s00")
+	}
+}
+
+// TestShared: replicas starting together agree on one shared secret.
+func TestShared(t *testing.T) {
+	k8stest.Require(t, env)
+	ns := namespace(t)
+	var wg sync.WaitGroup
+	vals := make([]string, 4)
+	for i := range vals {
+		s := open(t, ns)
+		wg.Go(func() {
+			v, err := s.Shared(context.Background(), "api-key", func() []byte { return []byte(fmt.Sprintf("key-%d", i)) })
+			if err != nil {
+				t.Error(err)
+			}
+			vals[i] = string(v)
+		})
+	}
+	wg.Wait()
+	for _, v := range vals {
+		if v == "" || v != vals[0] {
+			t.Fatalf("replicas disagree: %v", vals)
+		}
+	}
+}

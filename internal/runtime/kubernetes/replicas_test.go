@@ -1,0 +1,259 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	moat "github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kstore"
+)
+
+// TestReplicasShareEverything: two servers on one namespace and scope
+// (two replicas of a stateless server) serve the same pools and
+// sandboxes: what is made through one is read, changed and deleted
+// through the other, and neither keeps a state file.
+func TestReplicasShareEverything(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	a, b := startServer(t, ns, "shared"), startServer(t, ns, "shared")
+	ctx := context.Background()
+	if _, err := a.cl.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: 2, BufferMax: 4, PoolMax: 20}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "pool warm on the other replica", func() (bool, string) {
+		p, err := b.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == 4, fmt.Sprintf("%+v %v", p, err)
+	})
+	time.Sleep(300 * time.Millisecond) // the agents come up on the pod IPs
+	sb, err := a.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
+		Metadata: map[string]string{"made": "on-a"}, Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *moat.Sandbox
+	waitFor(t, 30*time.Second, "the other replica serves the sandbox", func() (bool, string) {
+		got, err = b.cl.GetSandbox(ctx, sb.ID)
+		return err == nil && got.Status.State == moat.StateRunning, fmt.Sprint(err)
+	})
+	if got.Metadata["made"] != "on-a" || got.ExpiresAt == nil || !got.ExpiresAt.Equal(*sb.ExpiresAt) {
+		t.Errorf("replica b sees %+v, a made %+v", got, sb)
+	}
+	epA, err := a.cl.Endpoint(ctx, sb.ID, 44772, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epB, err := b.cl.Endpoint(ctx, sb.ID, 44772, false)
+	if err != nil || epB.Address != epA.Address || epB.Headers["X-EXECD-ACCESS-TOKEN"] != epA.Headers["X-EXECD-ACCESS-TOKEN"] {
+		t.Errorf("endpoints differ: a %+v, b %+v (%v)", epA, epB, err)
+	}
+	// A renewal on b is seen on a.
+	exp, err := b.cl.Renew(ctx, sb.ID, time.Now().Add(30*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a sees b's renewal", func() (bool, string) {
+		got, err := a.cl.GetSandbox(ctx, sb.ID)
+		return err == nil && got.ExpiresAt != nil && got.ExpiresAt.Equal(exp), fmt.Sprintf("%v %v", got.ExpiresAt, exp)
+	})
+	// A list on either replica shows it.
+	for _, r := range []*testServer{a, b} {
+		list, err := r.cl.ListSandboxes(ctx, moat.ListOptions{})
+		if err != nil || len(list.Items) != 1 || list.Items[0].ID != sb.ID {
+			t.Errorf("list: %+v %v", list, err)
+		}
+	}
+	// The record is a Secret of the scope.
+	c := adminClient(t)
+	var secs corev1.SecretList
+	if err := c.List(ctx, &secs, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: "shared"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(secs.Items) != 1 {
+		t.Errorf("%d record Secrets, want 1", len(secs.Items))
+	}
+	// Deleted through b: gone on a, and so is its record.
+	if err := b.cl.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a forgets the deleted sandbox", func() (bool, string) {
+		_, err := a.cl.GetSandbox(ctx, sb.ID)
+		return err != nil, fmt.Sprint(err)
+	})
+	if err := c.List(ctx, &secs, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: "shared"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(secs.Items) != 0 {
+		t.Errorf("%d record Secrets left, want none", len(secs.Items))
+	}
+	for _, r := range []*testServer{a, b} {
+		if r.stateFile() {
+			t.Errorf("a replica wrote a state file")
+		}
+	}
+}
+
+// TestReplicasNeverDoubleAllocate: two replicas claim from one pool at
+// once (single creates and batches, through the Lifecycle API) while the
+// controller serves a BatchSandbox created with the Kubernetes API from
+// the same pool: no pod is handed out twice, every claim is in the table
+// under its own owner, and every sandbox answers on an address of its
+// own. Deleting them through the other replica retires their pods.
+func TestReplicasNeverDoubleAllocate(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	a, b := startServer(t, ns, "race"), startServer(t, ns, "race")
+	ctx := context.Background()
+	c := adminClient(t)
+	const warm = 40
+	if _, err := a.cl.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: warm, BufferMax: warm, PoolMax: warm}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 120*time.Second, "pool warm", func() (bool, string) {
+		p, err := b.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == warm, fmt.Sprintf("%+v %v", p, err)
+	})
+	time.Sleep(300 * time.Millisecond) // the agents come up on the pod IPs
+
+	// 30 claims through the two replicas and a BatchSandbox of 10 through
+	// the controller, all at once: 40 pods for 40 claims.
+	var (
+		mu  sync.Mutex
+		ids []string
+		wg  sync.WaitGroup
+	)
+	claim := func(r *testServer, n int) {
+		req := moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: 10 * time.Minute}
+		var got []moat.Sandbox
+		var err error
+		if n == 1 {
+			var sb *moat.Sandbox
+			if sb, err = r.cl.CreateSandbox(ctx, req); err == nil {
+				got = []moat.Sandbox{*sb}
+			}
+		} else {
+			got, err = r.cl.CreateBatch(ctx, req, n)
+		}
+		if err != nil {
+			t.Errorf("claim %d: %v", n, err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, sb := range got {
+			ids = append(ids, sb.ID)
+		}
+	}
+	for i := range 5 {
+		wg.Go(func() { claim(a, 1) })
+		wg.Go(func() { claim(b, 1) })
+		if i < 2 {
+			wg.Go(func() { claim(a, 5) })
+			wg.Go(func() { claim(b, 5) })
+		}
+	}
+	replicas := int32(10)
+	wg.Go(func() {
+		bs := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kubectl"},
+			Spec: sbv1.BatchSandboxSpec{Replicas: &replicas, PoolRef: "warm"}}
+		if err := c.Create(ctx, bs); err != nil {
+			t.Error(err)
+		}
+	})
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if len(ids) != 30 {
+		t.Fatalf("%d sandboxes claimed, want 30", len(ids))
+	}
+	waitFor(t, 60*time.Second, "the BatchSandbox allocated", func() (bool, string) {
+		var bs sbv1.BatchSandbox
+		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "kubectl"}, &bs)
+		return err == nil && bs.Status.Allocated == replicas, fmt.Sprintf("%+v %v", bs.Status, err)
+	})
+
+	// The table: every pod has one owner; each sandbox owns one pod.
+	tbl := table(t, c, ns, "warm")
+	owner := map[string]string{}
+	for o, own := range tbl.Owners {
+		for _, p := range own.Pods {
+			if prev, dup := owner[p]; dup {
+				t.Errorf("pod %s allocated to %s and %s", p, prev, o)
+			}
+			owner[p] = o
+		}
+	}
+	if n := len(tbl.Owners[alloc.BatchOwner("kubectl")].Pods); n != int(replicas) {
+		t.Errorf("the BatchSandbox holds %d pool pods in the table, want %d", n, replicas)
+	}
+	addrs := map[string]string{}
+	for _, id := range ids {
+		own := tbl.Owners[alloc.SandboxOwner("race", id)]
+		if len(own.Pods) != 1 {
+			t.Errorf("sandbox %s owns pods %v in the table", id, own.Pods)
+		}
+		// Served by either replica, each on an address of its own.
+		for _, r := range []*testServer{a, b} {
+			var ep *moat.Endpoint
+			var err error
+			waitFor(t, 30*time.Second, "endpoint of "+id, func() (bool, string) {
+				ep, err = r.cl.Endpoint(ctx, id, 44772, false)
+				return err == nil, fmt.Sprint(err)
+			})
+			if r == a {
+				if prev, dup := addrs[ep.Address]; dup {
+					t.Errorf("sandboxes %s and %s answer on %s", prev, id, ep.Address)
+				}
+				addrs[ep.Address] = id
+			} else if addrs[ep.Address] != id {
+				t.Errorf("replica b gives sandbox %s address %s, a gave it to %s", id, ep.Address, addrs[ep.Address])
+			}
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// Deleted through the other replica than the one that made them
+	// (either, for those): their pods are retired, never handed out again.
+	for i, id := range ids {
+		r := a
+		if i%2 == 1 {
+			r = b
+		}
+		if err := r.cl.DeleteSandbox(ctx, id); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	}
+	tbl = table(t, c, ns, "warm")
+	for _, id := range ids {
+		if own, still := tbl.Owners[alloc.SandboxOwner("race", id)]; still {
+			t.Errorf("deleted sandbox %s still owns %v", id, own.Pods)
+		}
+	}
+	for p, o := range owner {
+		if _, isBatch := alloc.BatchOf(o); isBatch {
+			continue
+		}
+		if _, retired := tbl.Retired[p]; !retired {
+			t.Errorf("pod %s of deleted %s not retired", p, o)
+		}
+	}
+}
