@@ -43,7 +43,7 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
-	f.DurationVar(&cfg.Kubernetes.OrphanGrace, "k8s-orphan-grace", 0, "with --runtime kubernetes, how old a sandbox without a record (its replica died while creating it) must be before the leading replica deletes it (default 2m)")
+	f.DurationVar(&cfg.Kubernetes.OrphanGrace, "k8s-orphan-grace", 0, "with --runtime kubernetes, how old a sandbox without a record (its replica died while creating it) must be before the leading replica deletes it (default 10m; must exceed the longest create)")
 	f.StringVar(&cfg.AgentPath, "agent-path", "", "in-sandbox agent binary for the oci and docker runtimes (a static cmd/moat-agent build; default: the one moat carries)")
 	f.Float64Var(&cfg.Kubernetes.RequestFraction, "k8s-request-fraction", 0, "share of a sandbox's cpu/memory limits its pod requests, in (0,1] (default: requests = limits)")
 	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address for --runtime docker (default unix:///var/run/docker.sock)")

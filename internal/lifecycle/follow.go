@@ -21,8 +21,10 @@ import (
 // replica only, the leader (Deps.Leader), so that they do not race each
 // other; a request is served by whichever replica receives it.
 
-// DefaultOrphanGrace is Config.OrphanGrace's default.
-const DefaultOrphanGrace = 2 * time.Minute
+// DefaultOrphanGrace is Config.OrphanGrace's default. It must exceed the
+// longest create: a replica records a sandbox only once it runs, and the
+// kubernetes runtime waits up to 5 minutes for a pod (image pulls).
+const DefaultOrphanGrace = 10 * time.Minute
 
 // follow starts applying the other processes' changes of the sandbox
 // records, until the service closes. It returns at once.

@@ -30,7 +30,7 @@ type KubernetesConfig struct {
 	// (0 = requests equal limits).
 	RequestFraction float64
 	// OrphanGrace is how old a sandbox without a record must be before
-	// the leading replica deletes it (default 2m; see lifecycle).
+	// the leading replica deletes it (default 10m, longer than a create may take; see lifecycle).
 	OrphanGrace time.Duration
 }
 

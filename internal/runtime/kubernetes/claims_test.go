@@ -39,6 +39,12 @@ func (s *testServer) stateFile() bool {
 
 func startServer(t *testing.T, ns, scope string) *testServer {
 	t.Helper()
+	return startServerWith(t, ns, scope, nil)
+}
+
+// startServerWith is startServer with edit applied to the configuration.
+func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) *testServer {
+	t.Helper()
 	dir := t.TempDir()
 	w := &k8stest.WriteCounter{}
 	proxy, err := k8stest.StartCountingProxy(env.Config, w, dir)
@@ -54,6 +60,9 @@ func startServer(t *testing.T, ns, scope string) *testServer {
 	cfg.Bridge = scope
 	cfg.Listen = "127.0.0.1:0"
 	cfg.LogLevel = "warn"
+	if edit != nil {
+		edit(&cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

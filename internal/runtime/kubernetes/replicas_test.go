@@ -17,6 +17,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
+	"github.com/moat-sandbox/moat/internal/server"
 )
 
 // TestReplicasShareEverything: two servers on one namespace and scope
@@ -255,5 +258,67 @@ func TestReplicasNeverDoubleAllocate(t *testing.T) {
 		if _, retired := tbl.Retired[p]; !retired {
 			t.Errorf("pod %s of deleted %s not retired", p, o)
 		}
+	}
+}
+
+// TestLeaderDeletesOrphans: a replica that dies after making a sandbox
+// (a cold BatchSandbox, or a warm pod taken in the table) and before
+// recording it leaves an orphan; one replica of the survivors, the
+// leader, deletes it once it is older than the grace period, and leaves
+// the recorded sandboxes alone.
+func TestLeaderDeletesOrphans(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	grace := func(cfg *server.Config) { cfg.Kubernetes.OrphanGrace = 3 * time.Second }
+	a, b := startServerWith(t, ns, "orph", grace), startServerWith(t, ns, "orph", grace)
+	ctx := context.Background()
+	if _, err := a.cl.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: 2, BufferMax: 2, PoolMax: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "pool warm", func() (bool, string) {
+		p, err := b.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == 2, fmt.Sprintf("%+v %v", p, err)
+	})
+	time.Sleep(300 * time.Millisecond) // the agents come up on the pod IPs
+	kept, err := b.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The dead replica's work: the same runtime, no record.
+	rt, err := kubernetes.New(env.Config, kubernetes.Config{Namespace: ns, Scope: "orph"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if _, err := rt.Create(ctx, runtime.Spec{ID: "orphan-cold", Image: "busybox:test", AgentToken: "tok", Entrypoint: []string{"sleep", "1000"}}); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := rt.Claim(ctx, "warm", []string{"orphan-warm"})
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	waitFor(t, 90*time.Second, "the orphans deleted", func() (bool, string) {
+		live, err := rt.List(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		var ids []string
+		for _, st := range live {
+			ids = append(ids, st.ID)
+		}
+		return len(live) == 1 && live[0].ID == kept.ID, fmt.Sprint(ids)
+	})
+	for _, r := range []*testServer{a, b} {
+		if got, err := r.cl.GetSandbox(ctx, kept.ID); err != nil || got.Status.State != moat.StateRunning {
+			t.Errorf("the recorded sandbox: %+v %v", got, err)
+		}
+	}
+	c := adminClient(t)
+	if _, owned := table(t, c, ns, "warm").Owners[alloc.SandboxOwner("orph", "orphan-warm")]; owned {
+		t.Errorf("the orphan's pod is still owned in the table")
 	}
 }
