@@ -64,6 +64,8 @@ type server struct {
 	// afterStop run at cleanup once the server has stopped (e.g. removing
 	// what a server keeps on purpose outside the lease's names).
 	afterStop []func()
+	docker    bool     // prepareDocker has run
+	lastArgs  []string // the extra arguments of the last start
 	logf      *os.File
 }
 
@@ -140,6 +142,10 @@ func (s *server) tryStart(extra ...string) error {
 		"--allow-registry", "loopback"}
 	if s.cgroupParent != "" {
 		args = append(args, "--cgroup-parent", s.cgroupParent)
+	}
+	s.lastArgs = extra
+	if dockerRuntime(extra) && !s.docker {
+		s.prepareDocker()
 	}
 	s.cmd = exec.Command(s.bin, append(args, extra...)...)
 	s.cmd.Env = append(os.Environ(), "MOAT_API_KEY="+s.key, s.net.Env())
@@ -422,20 +428,66 @@ func dropIdleConns(t *testing.T) {
 	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
 }
 
-// startDocker starts the server on the docker runtime (dockerd set up by
-// scripts/docker-setup.sh) and, at cleanup, removes the Docker network and
-// its host table, which a server keeps on purpose.
+// startDocker starts the server on the docker runtime.
 func (s *server) startDocker(extra ...string) {
 	s.t.Helper()
+	s.start(append([]string{"--runtime", "docker"}, extra...)...)
+}
+
+// sandboxBridge is the host bridge of the server's sandboxes: the
+// lease's, or on the docker runtime its network's.
+func (s *server) sandboxBridge() string {
+	if s.docker {
+		return docker.BridgeName("moat-" + s.bridge)
+	}
+	return s.bridge
+}
+
+// dockerRuntime reports whether serve arguments choose the docker runtime.
+func dockerRuntime(args []string) bool {
+	for i, a := range args {
+		if a == "--runtime=docker" || (a == "--runtime" && i+1 < len(args) && args[i+1] == "docker") {
+			return true
+		}
+	}
+	return false
+}
+
+// prepareDocker readies a server on the docker runtime (any start with
+// --runtime docker): dockerd is set up (scripts/docker-setup.sh), and at
+// cleanup the Docker network and the host and intercept tables of its
+// bridge, which a server keeps on purpose (its containers outlive it),
+// are removed. The bridge is the lease's (OwnLink): what is left of it is
+// reported as a leak.
+func (s *server) prepareDocker() {
+	s.t.Helper()
+	s.docker = true
 	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(s.t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
 		s.t.Fatalf("docker-setup.sh: %v\n%s", err, out)
 	}
 	network := "moat-" + s.bridge
-	s.afterStop = append(s.afterStop, func() {
-		if out, err := exec.Command("/usr/bin/docker", "network", "rm", network).CombinedOutput(); err != nil && !strings.Contains(string(out), "not found") {
-			s.t.Errorf("docker network rm %s: %v: %s", network, err, out)
+	bridge := docker.BridgeName(network)
+	s.net.OwnLink(bridge)
+	rm := func() error {
+		if out, err := exec.Command("/usr/bin/docker", "network", "rm", network).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such network") && !strings.Contains(string(out), "not found") {
+			return fmt.Errorf("docker network rm %s: %v: %s", network, err, out)
 		}
-		nft.RemoveHost(context.Background(), docker.BridgeName(network))
+		return nil
+	}
+	// A network of the lease's name is a crashed test's (the lease's sweep
+	// took its bridge): the daemon still has it.
+	if err := rm(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.afterStop = append(s.afterStop, func() {
+		if err := rm(); err != nil {
+			s.t.Error(err)
+		}
+		ctx := context.Background()
+		for _, err := range []error{nft.RemoveHost(ctx, bridge), nft.RemoveIntercept(ctx, bridge)} {
+			if err != nil {
+				s.t.Errorf("docker network %s: %v", network, err)
+			}
+		}
 	})
-	s.start(append([]string{"--runtime", "docker"}, extra...)...)
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/testutil"
 	"github.com/moat-sandbox/moat/internal/volume"
 )
 
@@ -289,10 +288,7 @@ func TestNamedVolumes(t *testing.T) {
 func TestNamedVolumesDocker(t *testing.T) {
 	srv := newServer(t)
 	ref := startRegistry(t)
-	if out, err := exec.Command("bash", filepath.Join(testutil.RepoRoot(t), "scripts", "docker-setup.sh")).CombinedOutput(); err != nil {
-		t.Fatalf("docker-setup.sh: %v\n%s", err, out)
-	}
-	srv.start("--runtime", "docker")
+	srv.startDocker()
 	p := &pvcEnv{t: t, srv: srv, ref: ref, runtime: "docker"}
 	pvcRoundTrip(p)
 	claim := fmt.Sprintf("e2e-docker-%06x", rand.Uint32()&0xffffff)

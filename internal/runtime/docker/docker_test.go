@@ -126,8 +126,10 @@ func newEnv(t testing.TB, img string) *testEnv {
 		img = importBusybox(t)
 	}
 	// The lease gives a subnet no host route overlaps; its cleanup
-	// removes the network's bridge should the daemon leave it.
+	// reports (and removes) the network's bridge and its tables should
+	// the test leave them.
 	n := testnet.New(t, testnet.Bits(24))
+	n.OwnLink(BridgeName(n.Name))
 	e := &testEnv{
 		lease: n,
 		image: img,

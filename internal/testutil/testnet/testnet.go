@@ -103,6 +103,7 @@ type Net struct {
 	slotNet netip.Prefix // the whole /20 of the slot
 	lock    *os.File
 	owned   []string
+	links   []string // OwnLink's
 	t       testing.TB
 }
 
@@ -120,6 +121,7 @@ type record struct {
 	PID   int      `json:"pid"`
 	Test  string   `json:"test"`
 	Owned []string `json:"owned,omitempty"`
+	Links []string `json:"links,omitempty"`
 }
 
 // New leases a network for t and releases it at cleanup. t must be a root
@@ -212,6 +214,7 @@ func tryLease(t testing.TB, slot int) (*Net, string) {
 	if b, _ := os.ReadFile(path); len(b) > 0 {
 		json.Unmarshal(b, &prev)
 	}
+	n.links = prev.Links // swept below, then forgotten
 	if left := n.sweep(prev.Owned); len(left) > 0 {
 		t.Logf("testnet: removed leftovers of %s (pid %d, %s): %s", n.Name, prev.PID, prev.Test, strings.Join(left, ", "))
 	}
@@ -219,6 +222,7 @@ func tryLease(t testing.TB, slot int) (*Net, string) {
 		f.Close()
 		return nil, fmt.Sprintf("%s (%s, %s): %s", n.Name, n.slotNet, n.Subnet6, why)
 	}
+	n.links = nil
 	n.save()
 	if run := os.Getenv(EnvRun); run != "" {
 		appendLine(filepath.Join(run, "leases"), n.Name)
@@ -338,8 +342,20 @@ func (n *Net) Own(dir string) {
 	n.save()
 }
 
+// OwnLink registers a link the test's code makes under a name that is
+// not the lease's (a Docker network's bridge, which the daemon names after
+// the network): the sweep removes it and its nft tables (moat-host-<name>,
+// moat-vault-<name>), reports them as left behind, and a successor of a
+// crashed holder removes them too.
+func (n *Net) OwnLink(name string) {
+	if !slices.Contains(n.links, name) {
+		n.links = append(n.links, name)
+		n.save()
+	}
+}
+
 func (n *Net) save() {
-	b, _ := json.Marshal(record{PID: os.Getpid(), Test: n.t.Name(), Owned: n.owned})
+	b, _ := json.Marshal(record{PID: os.Getpid(), Test: n.t.Name(), Owned: n.owned, Links: n.links})
 	n.lock.Truncate(0)
 	n.lock.WriteAt(b, 0)
 }
@@ -577,7 +593,7 @@ func (n *Net) removeLinks() []string {
 		switch {
 		case a.Name == n.Name:
 			// the bridge, last
-		case strings.HasPrefix(a.Name, n.Name):
+		case strings.HasPrefix(a.Name, n.Name) || slices.Contains(n.links, a.Name):
 			del(l, "link "+a.Name)
 		case strings.HasPrefix(a.Name, "moat") && n.holdsAddr(l):
 			// a Docker network's bridge, named by the daemon
@@ -603,7 +619,8 @@ func (n *Net) holdsAddr(l netlink.Link) bool {
 }
 
 // removeTables deletes host nft tables whose name contains the lease's
-// name (moat-host-<bridge> and any table a test names after its lease).
+// name (moat-host-<bridge> and any table a test names after its lease)
+// and the moat tables of OwnLink's links.
 func (n *Net) removeTables() []string {
 	c, err := nftables.New()
 	if err != nil {
@@ -616,7 +633,7 @@ func (n *Net) removeTables() []string {
 	}
 	var did []string
 	for _, t := range tables {
-		if strings.Contains(t.Name, n.Name) {
+		if strings.Contains(t.Name, n.Name) || n.ownsTable(t.Name) {
 			c.DelTable(t)
 			if c.Flush() == nil {
 				did = append(did, "nft table "+familyName(t.Family)+" "+t.Name)
@@ -624,6 +641,17 @@ func (n *Net) removeTables() []string {
 		}
 	}
 	return did
+}
+
+// ownsTable reports whether table is a moat table (moat-<kind>-<link>) of
+// one of OwnLink's links.
+func (n *Net) ownsTable(table string) bool {
+	for _, l := range n.links {
+		if strings.HasPrefix(table, "moat-") && strings.HasSuffix(table, "-"+l) {
+			return true
+		}
+	}
+	return false
 }
 
 func familyName(f nftables.TableFamily) string {

@@ -162,7 +162,7 @@ func TestLeaseReclaimsCrashedHolder(t *testing.T) {
 	if n.Name != name {
 		t.Fatalf("lease %s, want %s", n.Name, name)
 	}
-	for _, l := range []string{name, name + "d", name + "v"} {
+	for _, l := range []string{name, name + "d", name + "v", crashLink} {
 		if _, err := netlink.LinkByName(l); err == nil {
 			t.Errorf("link %s survived the reclaim", l)
 		}
@@ -185,11 +185,14 @@ func TestLeaseReclaimsCrashedHolder(t *testing.T) {
 	defer c.CloseLasting()
 	tables, _ := c.ListTables()
 	for _, tb := range tables {
-		if strings.Contains(tb.Name, name) {
+		if strings.Contains(tb.Name, name) || strings.Contains(tb.Name, crashLink) {
 			t.Errorf("nft table %s survived the reclaim", tb.Name)
 		}
 	}
 }
+
+// crashLink is the OwnLink link of TestCrashingHolder.
+const crashLink = "tnetcrashd"
 
 // TestCrashingHolder is the helper process of TestLeaseReclaimsCrashedHolder.
 func TestCrashingHolder(t *testing.T) {
@@ -208,6 +211,11 @@ func TestCrashingHolder(t *testing.T) {
 	must("ip", "netns", "add", n.Netns("x"))
 	must("ip", "link", "add", n.Link("v"), "master", n.Name, "type", "veth", "peer", "name", "eth0", "netns", n.Netns("x"))
 	must("nft", "add", "table", "inet", "moat-host-"+n.Name)
+	// A link named by someone else (a Docker network's bridge), with its
+	// tables.
+	n.OwnLink(crashLink)
+	must("ip", "link", "add", crashLink, "type", "bridge")
+	must("nft", "add", "table", "inet", "moat-vault-"+crashLink)
 	dir, _ := os.MkdirTemp("", "testnet-owned-")
 	n.Own(dir)
 	must("mkdir", "-p", filepath.Join(dir, "m"))
@@ -224,8 +232,12 @@ func TestCrashingHolder(t *testing.T) {
 	time.Sleep(time.Minute)
 }
 
-// TestReleaseReportsLeaks: a passing test that leaves a netns behind
-// fails; the bridge and its host table are a server's to keep.
+// leakLink is the OwnLink link of TestReleaseReportsLeaks.
+const leakLink = "tnetleakd"
+
+// TestReleaseReportsLeaks: a passing test that leaves a netns behind, or
+// a link it registered with OwnLink (and its tables), fails; the bridge and
+// its host table are a server's to keep.
 func TestReleaseReportsLeaks(t *testing.T) {
 	testutil.RequiresRoot(t)
 	// The leak below is made on purpose: it must not be reported to the
@@ -244,20 +256,38 @@ func TestReleaseReportsLeaks(t *testing.T) {
 				st.Fatalf("ip %v: %v: %s", args, err, out)
 			}
 		}
-		if out, err := exec.Command("nft", "add", "table", "inet", "moat-host-"+n.Name).CombinedOutput(); err != nil {
-			st.Fatalf("nft: %v: %s", err, out)
+		for _, table := range []string{"moat-host-" + n.Name, "moat-host-" + leakLink, "moat-vault-" + leakLink} {
+			if out, err := exec.Command("nft", "add", "table", "inet", table).CombinedOutput(); err != nil {
+				st.Fatalf("nft: %v: %s", err, out)
+			}
+		}
+		// A Docker network's bridge the server keeps: the test must remove
+		// it (and its tables) itself; here it does not.
+		n.OwnLink(leakLink)
+		if out, err := exec.Command("ip", "link", "add", leakLink, "type", "bridge").CombinedOutput(); err != nil {
+			st.Fatalf("ip: %v: %s", err, out)
 		}
 	})
 	// The subtest's cleanup has run: the lease is released.
-	if len(fb.errors) != 1 || !strings.Contains(fb.errors[0], "netns "+n.Netns("leak")) ||
-		strings.Contains(fb.errors[0], "link "+n.Name) || strings.Contains(fb.errors[0], "moat-host") {
-		t.Fatalf("release reported %q, want exactly the netns", fb.errors)
+	want := []string{"netns " + n.Netns("leak"), "link " + leakLink, "nft table inet moat-host-" + leakLink, "nft table inet moat-vault-" + leakLink}
+	if len(fb.errors) != 1 || strings.Contains(fb.errors[0], "link "+n.Name+",") || strings.Contains(fb.errors[0], "moat-host-"+n.Name) {
+		t.Fatalf("release reported %q, want the netns and the owned link with its tables", fb.errors)
+	}
+	for _, w := range want {
+		if !strings.Contains(fb.errors[0], w) {
+			t.Errorf("release did not report %q: %q", w, fb.errors[0])
+		}
 	}
 	if _, err := os.Stat("/run/netns/" + n.Netns("leak")); err == nil {
 		t.Fatal("release did not remove the netns")
 	}
-	if _, err := netlink.LinkByName(n.Name); err == nil {
-		t.Fatal("release did not remove the bridge")
+	for _, l := range []string{n.Name, leakLink} {
+		if _, err := netlink.LinkByName(l); err == nil {
+			t.Fatalf("release did not remove link %s", l)
+		}
+	}
+	if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), leakLink) {
+		t.Fatalf("release did not remove the owned link's tables:\n%s", out)
 	}
 }
 
