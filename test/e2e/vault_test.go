@@ -216,18 +216,19 @@ const vaultCreate = `{
  ]
 }`
 
-// TestCredentialVault exercises the Credential Vault through a real `moat
-// serve` on every runtime class that enforces egress (runc, crun, runsc):
-// every auth type reaches a fake upstream in its own netns (names from a
-// DNS map of the test), a live PATCH takes effect at the next request, an
-// unbound host is tunnelled untouched (the sandbox sees the upstream's own
-// certificate) and gets no credential, bad input is refused with
-// {code,message}, and no credential value is readable in the sandbox
-// (files, environment, /proc), the server's log or its state on disk,
-// also across a server restart.
-func TestCredentialVault(t *testing.T) {
-	srv := newServer(t)
-	ref := startRegistry(t)
+// vaultEnv is the outside world of a Credential Vault test: a fake
+// upstream (HTTPS and HTTP on two IPv4 and two IPv6 addresses of an
+// outside netns, certificates from a test CA the server is told to trust),
+// a DNS map naming it, and the flags that make a server use them.
+type vaultEnv struct {
+	o     outside
+	up    *fakeUpstream
+	flags []string // for moat serve: --dns-upstream, --vault-upstream-ca, --subnet6
+	probe []byte
+}
+
+func newVaultEnv(t *testing.T, srv *server) *vaultEnv {
+	t.Helper()
 	o := outsideHost(t, srv.net, true) // dual-stack: IPv6 goes through the proxy too
 	upCA, err := mitm.NewCA("upstream-e2e")
 	if err != nil {
@@ -247,8 +248,19 @@ func TestCredentialVault(t *testing.T) {
 		"other.vault.test.":   rec("other.vault.test", o.b),
 		"v6.vault.test.":      {"v6.vault.test. 60 IN AAAA " + o.a6}, // IPv6 only
 	})
-	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile, "--subnet6", srv.net.Subnet6.String())
-	probe := buildProbe(t)
+	return &vaultEnv{o: o, up: up, probe: buildProbe(t),
+		flags: []string{"--dns-upstream", dns, "--vault-upstream-ca", caFile, "--subnet6", srv.net.Subnet6.String()}}
+}
+
+// TestCredentialVault exercises the Credential Vault through a real `moat
+// serve` on every native runtime class (runc, crun, runsc): see
+// vaultCases and vaultAfter. TestCredentialVaultDocker runs the same on
+// the docker runtime.
+func TestCredentialVault(t *testing.T) {
+	srv := newServer(t)
+	ref := startRegistry(t)
+	env := newVaultEnv(t, srv)
+	srv.start(env.flags...)
 
 	classes := []string{"runc", "crun"}
 	if _, err := exec.LookPath("runsc"); err == nil {
@@ -258,145 +270,187 @@ func TestCredentialVault(t *testing.T) {
 	parent := t
 	for _, class := range classes {
 		t.Run(class, func(t *testing.T) {
-			v := newVaultSandbox(t, parent, srv, ref, class, probe)
+			v := newVaultSandbox(t, parent, srv, ref, class, env.probe)
 			sandboxes = append(sandboxes, v)
-			caName := "moat sandbox CA " + v.id
-			// No vault yet: bound nothing, so nothing is intercepted.
-			if r := v.probe("-insecure", "https://api.vault.test/v1/before"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
-				t.Fatalf("before the vault: %+v", r)
-			}
-			v.mustVault(404, "GET", "/credential-vault", "")
-			out := v.mustVault(201, "POST", "/credential-vault", vaultCreate)
-			if !strings.Contains(out, `"revision":1`) || !strings.Contains(out, `"name":"api-v1"`) {
-				t.Fatalf("create: %s", out)
-			}
-
-			// Every auth type arrives; the sandbox trusts the proxy's leaf
-			// through its installed CA, and sees the echo scrubbed.
-			r := v.probe("https://api.vault.test/v1/models", "'Authorization: Bearer sandbox-own'")
-			if r.Status != 200 || r.Issuer != caName {
-				t.Fatalf("bearer: %+v", r)
-			}
-			if got := up.last(t, "api.vault.test", "/v1/models").Header.Values("Authorization"); len(got) != 1 || got[0] != "Bearer "+vaultBearer {
-				t.Fatalf("bearer: upstream saw %q", got)
-			}
-			if strings.Contains(r.Body, vaultBearer) || !strings.Contains(r.Body, strings.Repeat("*", len(vaultBearer))) {
-				t.Fatalf("bearer: the echo was not scrubbed: %q", r.Body)
-			}
-			// Over IPv6 (the name has only an AAAA record).
-			if r := v.probe("https://v6.vault.test/six"); r.Status != 200 || r.Issuer != caName {
-				t.Fatalf("IPv6: %+v", r)
-			}
-			if got := up.last(t, "v6.vault.test", "/six"); got.Header.Get("Authorization") != "Bearer "+vaultBearer {
-				t.Fatalf("IPv6: upstream saw %v", got.Header)
-			}
-			v.probe("https://api.vault.test/v2/models")
-			if h := up.last(t, "api.vault.test", "/v2/models").Header; h.Get("X-Api-Key") != vaultKey || h.Get("Authorization") != "" {
-				t.Fatalf("apiKey header: upstream saw %v", h)
-			}
-			v.probe("https://api.vault.test/v3/models")
-			if h := up.last(t, "api.vault.test", "/v3/models").Header; h.Get("X-Api-Key") != "" || h.Get("Authorization") != "" {
-				t.Fatalf("unbound path: upstream saw %v", h)
-			}
-			v.probe("https://x.basic.vault.test/")
-			if h := up.last(t, "x.basic.vault.test", "/").Header; h.Get("Authorization") != "Basic "+vaultBasic {
-				t.Fatalf("basic: upstream saw %v", h)
-			}
-			v.probe("'https://q.vault.test/geo?z=1&api_key=mine'")
-			if q := up.last(t, "q.vault.test", "/geo").Query; !strings.Contains(q, "api_key="+vaultKey) || strings.Contains(q, "mine") || !strings.Contains(q, "z=1") {
-				t.Fatalf("apiKey query: upstream saw %q", q)
-			}
-			v.probe("http://plain.vault.test/")
-			if h := up.last(t, "plain.vault.test", "/").Header; h.Get("X-Org") != vaultOrg || h.Get("X-Team") != vaultTeam {
-				t.Fatalf("customHeaders over http: upstream saw %v", h)
-			}
-			// An unbound host: tunnelled, its own certificate, no credential.
-			if r := v.probe("-insecure", "https://other.vault.test/", "'Authorization: Bearer sandbox-own'"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
-				t.Fatalf("unbound host: %+v", r)
-			}
-			if h := up.last(t, "other.vault.test", "/").Header; h.Get("Authorization") != "Bearer sandbox-own" {
-				t.Fatalf("unbound host: upstream saw %v", h)
-			}
-			if r := v.probe("https://other.vault.test/"); r.Err == "" || !strings.Contains(r.Err, "certificate") {
-				t.Fatalf("the sandbox trusted an unbound host's certificate it has no root for: %+v", r)
-			}
-			// The policy still decides: an address no allowed name resolved
-			// to stays unreachable on the intercepted port (a server does
-			// listen there).
-			if r := v.probe("-insecure", "-timeout", "3s", "https://["+o.b6+"]/denied"); r.Status != 0 || r.Err == "" {
-				t.Fatalf("a vault sandbox reached an address its policy denies: %+v", r)
-			}
-			up.mu.Lock()
-			for _, g := range up.got {
-				if g.Path == "/denied" {
-					t.Errorf("the denied address received a request: %+v", g)
-				}
-			}
-			up.mu.Unlock()
-
-			// Live PATCH: replace a credential and a binding, delete one,
-			// bind the unbound host; the next requests follow at once.
-			v.mustVault(409, "PATCH", "/credential-vault", `{"expectedRevision":7,"bindings":{"delete":["basic"]}}`)
-			out = v.mustVault(200, "PATCH", "/credential-vault", `{"expectedRevision":1,
-			  "credentials":{"replace":[{"name":"bearer","source":{"type":"inline","value":"`+vaultBearer2+`"}}]},
-			  "bindings":{"delete":["basic"],
-			    "replace":[{"name":"api-v2","match":{"hosts":["api.vault.test"],"paths":["/v2/*"]},"auth":{"type":"bearer","credential":"bearer"}}],
-			    "add":[{"name":"other","match":{"hosts":["other.vault.test"]},"auth":{"type":"apiKey","name":"X-Other","credential":"key"}}]}}`)
-			if !strings.Contains(out, `"revision":2`) {
-				t.Fatalf("patch: %s", out)
-			}
-			v.probe("https://api.vault.test/v1/x")
-			if h := up.last(t, "api.vault.test", "/v1/x").Header; h.Get("Authorization") != "Bearer "+vaultBearer2 {
-				t.Fatalf("after PATCH, replaced credential: %v", h)
-			}
-			v.probe("https://api.vault.test/v2/x")
-			if h := up.last(t, "api.vault.test", "/v2/x").Header; h.Get("Authorization") != "Bearer "+vaultBearer2 || h.Get("X-Api-Key") != "" {
-				t.Fatalf("after PATCH, replaced binding: %v", h)
-			}
-			// The host is no longer bound: tunnelled (its own certificate).
-			if r := v.probe("-insecure", "https://x.basic.vault.test/deleted"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
-				t.Fatalf("after PATCH, host of a deleted binding: %+v", r)
-			}
-			if got := up.last(t, "x.basic.vault.test", "/deleted"); got.Path != "/deleted" || got.Header.Get("Authorization") != "" {
-				t.Fatalf("after PATCH, deleted binding still injects: %+v", got)
-			}
-			if r := v.probe("https://other.vault.test/bound"); r.Status != 200 || r.Issuer != caName {
-				t.Fatalf("after PATCH, newly bound host: %+v", r)
-			}
-			if h := up.last(t, "other.vault.test", "/bound").Header; h.Get("X-Other") != vaultKey {
-				t.Fatalf("after PATCH, newly bound host: upstream saw %v", h)
-			}
-
-			// Bad input: a clear {code, message}, nothing leaked, nothing changed.
-			for _, bad := range []struct{ body, code, want string }{
-				{`{"bindings":{"add":[{"name":"x","match":{"hosts":["x.vault.test"]},"auth":{"type":"oauth2","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "unsupported auth type"},
-				{`{"bindings":{"add":[{"name":"x","match":{"hosts":["https://x.vault.test/a"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "not a valid host pattern"},
-				{`{"bindings":{"add":[{"name":"x","match":{"hosts":["x.vault.test"],"paths":["v1"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "must start with /"},
-				{`{"bindings":{"add":[{"name":"x","match":{"hosts":["api.outside.example"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "not allowed by an explicit allow rule"},
-				{`{"credentials":{"add":[{"name":"big","source":{"value":"` + vaultOversize + strings.Repeat("x", 9000) + `"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "larger than"},
-				{`{"expectedRevision":1}`, "CREDENTIAL_VAULT::REVISION_CONFLICT", "does not match"},
-			} {
-				code, out := v.vault("PATCH", "/credential-vault", bad.body)
-				var e struct{ Code, Message string }
-				json.Unmarshal([]byte(out), &e)
-				if code < 400 || code >= 500 || e.Code != bad.code || !strings.Contains(e.Message, bad.want) {
-					t.Errorf("bad PATCH %.60s: %d %s", bad.body, code, out)
-				}
-				if strings.Contains(out, vaultOversize) || strings.Contains(out, vaultKey) {
-					t.Errorf("bad PATCH echoed a value: %s", out)
-				}
-			}
-			out = v.mustVault(200, "GET", "/credential-vault", "")
-			if !strings.Contains(out, `"revision":2`) {
-				t.Fatalf("a refused PATCH changed the vault: %s", out)
-			}
-			v.mustVault(200, "GET", "/credential-vault/credentials/bearer", "")
-			v.mustVault(200, "GET", "/credential-vault/bindings/other", "")
-			v.mustVault(404, "GET", "/credential-vault/bindings/basic", "")
-
-			assertSandboxHoldsNoSecret(t, v)
+			vaultCases(t, v, env)
 		})
 	}
+	vaultAfter(t, srv, ref, env, sandboxes)
+}
+
+// TestCredentialVaultDocker: the Credential Vault on the docker runtime,
+// whose egress stack is the native one's (the host intercept table of its
+// bridge, the same credential proxy): the cases of TestCredentialVault.
+func TestCredentialVaultDocker(t *testing.T) {
+	srv := newServer(t)
+	ref := startRegistry(t)
+	env := newVaultEnv(t, srv)
+	srv.startDocker(env.flags...)
+	var sandboxes []*vaultSandbox
+	parent := t
+	t.Run("docker", func(t *testing.T) {
+		v := newVaultSandbox(t, parent, srv, ref, "docker", env.probe)
+		sandboxes = append(sandboxes, v)
+		vaultCases(t, v, env)
+	})
+	vaultAfter(t, srv, ref, env, sandboxes)
+}
+
+// vaultCases: every auth type reaches the fake upstream (names from the
+// test's DNS map), a live PATCH takes effect at the next request, an
+// unbound host is tunnelled untouched (the sandbox sees the upstream's own
+// certificate) and gets no credential, the policy still denies an address
+// no allowed name resolved to, bad input is refused with {code,message},
+// and no credential value is readable in the sandbox (files, environment,
+// /proc).
+func vaultCases(t *testing.T, v *vaultSandbox, env *vaultEnv) {
+	t.Helper()
+	up, o := env.up, env.o
+	caName := "moat sandbox CA " + v.id
+	// No vault yet: bound nothing, so nothing is intercepted.
+	if r := v.probe("-insecure", "https://api.vault.test/v1/before"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
+		t.Fatalf("before the vault: %+v", r)
+	}
+	v.mustVault(404, "GET", "/credential-vault", "")
+	out := v.mustVault(201, "POST", "/credential-vault", vaultCreate)
+	if !strings.Contains(out, `"revision":1`) || !strings.Contains(out, `"name":"api-v1"`) {
+		t.Fatalf("create: %s", out)
+	}
+
+	// Every auth type arrives; the sandbox trusts the proxy's leaf
+	// through its installed CA, and sees the echo scrubbed.
+	r := v.probe("https://api.vault.test/v1/models", "'Authorization: Bearer sandbox-own'")
+	if r.Status != 200 || r.Issuer != caName {
+		t.Fatalf("bearer: %+v", r)
+	}
+	if got := up.last(t, "api.vault.test", "/v1/models").Header.Values("Authorization"); len(got) != 1 || got[0] != "Bearer "+vaultBearer {
+		t.Fatalf("bearer: upstream saw %q", got)
+	}
+	if strings.Contains(r.Body, vaultBearer) || !strings.Contains(r.Body, strings.Repeat("*", len(vaultBearer))) {
+		t.Fatalf("bearer: the echo was not scrubbed: %q", r.Body)
+	}
+	// Over IPv6 (the name has only an AAAA record).
+	if r := v.probe("https://v6.vault.test/six"); r.Status != 200 || r.Issuer != caName {
+		t.Fatalf("IPv6: %+v", r)
+	}
+	if got := up.last(t, "v6.vault.test", "/six"); got.Header.Get("Authorization") != "Bearer "+vaultBearer {
+		t.Fatalf("IPv6: upstream saw %v", got.Header)
+	}
+	v.probe("https://api.vault.test/v2/models")
+	if h := up.last(t, "api.vault.test", "/v2/models").Header; h.Get("X-Api-Key") != vaultKey || h.Get("Authorization") != "" {
+		t.Fatalf("apiKey header: upstream saw %v", h)
+	}
+	v.probe("https://api.vault.test/v3/models")
+	if h := up.last(t, "api.vault.test", "/v3/models").Header; h.Get("X-Api-Key") != "" || h.Get("Authorization") != "" {
+		t.Fatalf("unbound path: upstream saw %v", h)
+	}
+	v.probe("https://x.basic.vault.test/")
+	if h := up.last(t, "x.basic.vault.test", "/").Header; h.Get("Authorization") != "Basic "+vaultBasic {
+		t.Fatalf("basic: upstream saw %v", h)
+	}
+	v.probe("'https://q.vault.test/geo?z=1&api_key=mine'")
+	if q := up.last(t, "q.vault.test", "/geo").Query; !strings.Contains(q, "api_key="+vaultKey) || strings.Contains(q, "mine") || !strings.Contains(q, "z=1") {
+		t.Fatalf("apiKey query: upstream saw %q", q)
+	}
+	v.probe("http://plain.vault.test/")
+	if h := up.last(t, "plain.vault.test", "/").Header; h.Get("X-Org") != vaultOrg || h.Get("X-Team") != vaultTeam {
+		t.Fatalf("customHeaders over http: upstream saw %v", h)
+	}
+	// An unbound host: tunnelled, its own certificate, no credential.
+	if r := v.probe("-insecure", "https://other.vault.test/", "'Authorization: Bearer sandbox-own'"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
+		t.Fatalf("unbound host: %+v", r)
+	}
+	if h := up.last(t, "other.vault.test", "/").Header; h.Get("Authorization") != "Bearer sandbox-own" {
+		t.Fatalf("unbound host: upstream saw %v", h)
+	}
+	if r := v.probe("https://other.vault.test/"); r.Err == "" || !strings.Contains(r.Err, "certificate") {
+		t.Fatalf("the sandbox trusted an unbound host's certificate it has no root for: %+v", r)
+	}
+	// The policy still decides: an address no allowed name resolved
+	// to stays unreachable on the intercepted port (a server does
+	// listen there).
+	if r := v.probe("-insecure", "-timeout", "3s", "https://["+o.b6+"]/denied"); r.Status != 0 || r.Err == "" {
+		t.Fatalf("a vault sandbox reached an address its policy denies: %+v", r)
+	}
+	up.mu.Lock()
+	for _, g := range up.got {
+		if g.Path == "/denied" {
+			t.Errorf("the denied address received a request: %+v", g)
+		}
+	}
+	up.mu.Unlock()
+
+	// Live PATCH: replace a credential and a binding, delete one,
+	// bind the unbound host; the next requests follow at once.
+	v.mustVault(409, "PATCH", "/credential-vault", `{"expectedRevision":7,"bindings":{"delete":["basic"]}}`)
+	out = v.mustVault(200, "PATCH", "/credential-vault", `{"expectedRevision":1,
+	  "credentials":{"replace":[{"name":"bearer","source":{"type":"inline","value":"`+vaultBearer2+`"}}]},
+	  "bindings":{"delete":["basic"],
+	    "replace":[{"name":"api-v2","match":{"hosts":["api.vault.test"],"paths":["/v2/*"]},"auth":{"type":"bearer","credential":"bearer"}}],
+	    "add":[{"name":"other","match":{"hosts":["other.vault.test"]},"auth":{"type":"apiKey","name":"X-Other","credential":"key"}}]}}`)
+	if !strings.Contains(out, `"revision":2`) {
+		t.Fatalf("patch: %s", out)
+	}
+	v.probe("https://api.vault.test/v1/x")
+	if h := up.last(t, "api.vault.test", "/v1/x").Header; h.Get("Authorization") != "Bearer "+vaultBearer2 {
+		t.Fatalf("after PATCH, replaced credential: %v", h)
+	}
+	v.probe("https://api.vault.test/v2/x")
+	if h := up.last(t, "api.vault.test", "/v2/x").Header; h.Get("Authorization") != "Bearer "+vaultBearer2 || h.Get("X-Api-Key") != "" {
+		t.Fatalf("after PATCH, replaced binding: %v", h)
+	}
+	// The host is no longer bound: tunnelled (its own certificate).
+	if r := v.probe("-insecure", "https://x.basic.vault.test/deleted"); r.Status != 200 || r.Issuer != "moat sandbox CA upstream-e2e" {
+		t.Fatalf("after PATCH, host of a deleted binding: %+v", r)
+	}
+	if got := up.last(t, "x.basic.vault.test", "/deleted"); got.Path != "/deleted" || got.Header.Get("Authorization") != "" {
+		t.Fatalf("after PATCH, deleted binding still injects: %+v", got)
+	}
+	if r := v.probe("https://other.vault.test/bound"); r.Status != 200 || r.Issuer != caName {
+		t.Fatalf("after PATCH, newly bound host: %+v", r)
+	}
+	if h := up.last(t, "other.vault.test", "/bound").Header; h.Get("X-Other") != vaultKey {
+		t.Fatalf("after PATCH, newly bound host: upstream saw %v", h)
+	}
+
+	// Bad input: a clear {code, message}, nothing leaked, nothing changed.
+	for _, bad := range []struct{ body, code, want string }{
+		{`{"bindings":{"add":[{"name":"x","match":{"hosts":["x.vault.test"]},"auth":{"type":"oauth2","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "unsupported auth type"},
+		{`{"bindings":{"add":[{"name":"x","match":{"hosts":["https://x.vault.test/a"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "not a valid host pattern"},
+		{`{"bindings":{"add":[{"name":"x","match":{"hosts":["x.vault.test"],"paths":["v1"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "must start with /"},
+		{`{"bindings":{"add":[{"name":"x","match":{"hosts":["api.outside.example"]},"auth":{"type":"bearer","credential":"key"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "not allowed by an explicit allow rule"},
+		{`{"credentials":{"add":[{"name":"big","source":{"value":"` + vaultOversize + strings.Repeat("x", 9000) + `"}}]}}`, "CREDENTIAL_VAULT::INVALID_REQUEST", "larger than"},
+		{`{"expectedRevision":1}`, "CREDENTIAL_VAULT::REVISION_CONFLICT", "does not match"},
+	} {
+		code, out := v.vault("PATCH", "/credential-vault", bad.body)
+		var e struct{ Code, Message string }
+		json.Unmarshal([]byte(out), &e)
+		if code < 400 || code >= 500 || e.Code != bad.code || !strings.Contains(e.Message, bad.want) {
+			t.Errorf("bad PATCH %.60s: %d %s", bad.body, code, out)
+		}
+		if strings.Contains(out, vaultOversize) || strings.Contains(out, vaultKey) {
+			t.Errorf("bad PATCH echoed a value: %s", out)
+		}
+	}
+	out = v.mustVault(200, "GET", "/credential-vault", "")
+	if !strings.Contains(out, `"revision":2`) {
+		t.Fatalf("a refused PATCH changed the vault: %s", out)
+	}
+	v.mustVault(200, "GET", "/credential-vault/credentials/bearer", "")
+	v.mustVault(200, "GET", "/credential-vault/bindings/other", "")
+	v.mustVault(404, "GET", "/credential-vault/bindings/basic", "")
+
+	assertSandboxHoldsNoSecret(t, v)
+}
+
+// vaultAfter (after vaultCases on sandboxes): the denied address answers
+// a sandbox without a policy (the control of the denied-address case);
+// across a server restart every vault (sealed in the store) keeps its
+// effect; DELETE stops the injection; no value is in the server's log or
+// on its disk; deleting the sandboxes empties the intercept table.
+func vaultAfter(t *testing.T, srv *server, ref string, env *vaultEnv, sandboxes []*vaultSandbox) {
+	t.Helper()
+	up, o, probe := env.up, env.o, env.probe
 	if t.Failed() || len(sandboxes) == 0 {
 		return
 	}
@@ -416,7 +470,7 @@ func TestCredentialVault(t *testing.T) {
 
 	// A restart keeps every vault (sealed in the store) and its effect.
 	srv.kill9()
-	srv.start("--dns-upstream", dns, "--vault-upstream-ca", caFile, "--subnet6", srv.net.Subnet6.String())
+	srv.start(srv.lastArgs...)
 	v := sandboxes[0]
 	v.t = t
 	v.mustVault(200, "GET", "/credential-vault", "")
@@ -456,7 +510,7 @@ func TestCredentialVault(t *testing.T) {
 	// Deleting the sandboxes takes their addresses out of the intercept
 	// table (a later sandbox on a reused address is not redirected).
 	sets := func() string {
-		out, err := exec.Command("nft", "list", "table", "inet", "moat-vault-"+srv.bridge).CombinedOutput()
+		out, err := exec.Command("nft", "list", "table", "inet", "moat-vault-"+srv.sandboxBridge()).CombinedOutput()
 		if err != nil {
 			t.Fatalf("nft list: %v: %s", err, out)
 		}

@@ -253,6 +253,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		cli.Close()
 		return nil, err
 	}
+	if r.net.subnet6.IsValid() && strings.HasPrefix(r.net.bridge, BridgePrefix) {
+		if err := readyBridge6(r.net.bridge, netip.PrefixFrom(r.net.gateway6, r.net.subnet6.Bits())); err != nil {
+			cli.Close()
+			return nil, err
+		}
+	}
 	if err := r.sweepStages(ctx); err != nil {
 		log.Warn("docker: leftover volume binds", "err", err)
 	}

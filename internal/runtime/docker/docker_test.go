@@ -560,6 +560,23 @@ func TestDualStack(t *testing.T) {
 	if r.Subnet6() != e.lease.Subnet6 || !r.Gateway6().IsValid() {
 		t.Fatalf("network IPv6 %s gateway %s, want %s", r.Subnet6(), r.Gateway6(), e.lease.Subnet6)
 	}
+	// Before any container (the bridge has no carrier): the gateway
+	// address is usable at once (the server's credential proxy listens
+	// on it), and the bridge takes no router advertisements or redirects.
+	ln, err := net.Listen("tcp", net.JoinHostPort(r.Gateway6().String(), "0"))
+	if err != nil {
+		br, _ := exec.Command("ip", "-6", "addr", "show", "dev", r.Bridge()).CombinedOutput()
+		t.Fatalf("listen on the IPv6 gateway of a portless bridge: %v\n%s", err, br)
+	}
+	ln.Close()
+	for _, k := range []string{"accept_ra", "accept_redirects"} {
+		if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + r.Bridge() + "/" + k); err != nil || strings.TrimSpace(string(b)) != "0" {
+			t.Errorf("bridge %s: %s=%q (%v), want 0", r.Bridge(), k, b, err)
+		}
+	}
+	// A second backend instance over the network (a server restart) finds
+	// it ready as it is.
+	e.open(t)
 	ctx := context.Background()
 	id := runtimetest.NewID("dual")
 	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: e.image, AgentToken: runtimetest.Token}); err != nil {
