@@ -13,7 +13,13 @@ import (
 // (--subnet6): IPv6 CIDR rules, AAAA answers of the DNS proxy, and direct
 // IPv6 connections; and checks a server without --subnet6 gives sandboxes
 // no IPv6 path at all.
-func TestEgressIPv6(t *testing.T) {
+func TestEgressIPv6(t *testing.T) { egressIPv6(t) }
+
+// TestEgressIPv6Docker: the same on the docker runtime (a dual-stack
+// Docker network).
+func TestEgressIPv6Docker(t *testing.T) { egressIPv6(t, "--runtime", "docker") }
+
+func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	srv := newServer(t)
 	ref := startRegistry(t)
 	o := outsideHost(t, srv.net, true)
@@ -23,7 +29,7 @@ func TestEgressIPv6(t *testing.T) {
 		"denied6.test.":  {"denied6.test. 60 IN AAAA " + out6A},
 	}
 	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
-	srv.start("--dns-upstream", upstream, "--subnet6", srv.net.Subnet6.String())
+	srv.start(append([]string{"--dns-upstream", upstream, "--subnet6", srv.net.Subnet6.String()}, runtimeArgs...)...)
 
 	create := func(s *server, np any) string {
 		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
@@ -102,7 +108,7 @@ func TestEgressIPv6(t *testing.T) {
 
 	// Without --subnet6: IPv6 is disabled in the sandbox, nothing gets out.
 	v4 := newServer(t)
-	v4.start("--dns-upstream", upstream)
+	v4.start(append([]string{"--dns-upstream", upstream}, runtimeArgs...)...)
 	only4 := create(v4, nil)
 	if got, ok := shell(t, v4, only4, "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6"); !ok || strings.TrimSpace(got) != "1" {
 		t.Fatalf("IPv4-only sandbox: disable_ipv6 = %q (ok=%v)", got, ok)
