@@ -179,7 +179,7 @@ build_containerd() {
 	done
 }
 
-CNI_PLUGINS=(main/bridge ipam/host-local main/loopback)
+CNI_PLUGINS=(main/bridge ipam/host-local main/loopback meta/tuning)
 build_cni() {
 	local p missing=()
 	for p in "${CNI_PLUGINS[@]}"; do

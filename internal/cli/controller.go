@@ -29,6 +29,7 @@ func newControllerCommand() *cobra.Command {
 		kc          string
 		installCRDs bool
 		logLevel    string
+		policy      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -58,6 +59,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 					return err
 				}
 			}
+			opts.Isolation.Disabled = !policy
 			mgr, err := controller.New(cfg, opts)
 			if err != nil {
 				return err
@@ -77,6 +79,9 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.Float32Var(&opts.QPS, "kube-api-qps", controller.DefaultQPS, "API requests per second (client-side rate limit)")
 	f.IntVar(&opts.Burst, "kube-api-burst", controller.DefaultBurst, "API request burst (client-side rate limit)")
 	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
+	f.BoolVar(&policy, "sandbox-network-policy", true, "keep a NetworkPolicy ("+controller.IsolationPolicyName+") in every sandbox namespace that denies ingress to sandbox pods except from the node, --sandbox-ingress-namespace and --sandbox-ingress-cidr (needs a CNI that enforces NetworkPolicy)")
+	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable")
+	f.StringSliceVar(&opts.Isolation.FromCIDRs, "sandbox-ingress-cidr", nil, "address block that may reach the agent port of sandbox pods (an out-of-cluster moat server); repeatable")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.AddCommand(newCopyAgentCommand())
 	return cmd

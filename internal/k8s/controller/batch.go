@@ -43,6 +43,8 @@ type batchReconciler struct {
 	// poke tells the pool controller that allocation changed.
 	poke  chan<- event.GenericEvent
 	tasks *taskRunner
+	// iso keeps the namespaces' isolation policy (isolation.go).
+	iso *isolator
 
 	mu sync.Mutex
 	// created are pods created but maybe not yet in the cache.
@@ -53,6 +55,8 @@ type batchReconciler struct {
 	// batch: the cached batch may not show them yet, and a write from that
 	// stale copy would only conflict.
 	written map[types.UID]writtenState
+	// ends are how ended pods ended, found in their events (evictions.go).
+	ends map[types.UID]string
 }
 
 type writtenState struct {
@@ -572,6 +576,9 @@ func (r *batchReconciler) createPods(ctx context.Context, b *sbv1.BatchSandbox, 
 	if len(list) == 0 {
 		return nil
 	}
+	if err := r.iso.ensure(ctx, b.Namespace); err != nil {
+		return err
+	}
 	owner := metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))
 	return parallel(ctx, len(list), r.opts.CreateConcurrency, func(ctx context.Context, k int) error {
 		t, f := coldTemplate(b, pool, list[k].i)
@@ -649,6 +656,7 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 	st.ObservedGeneration = b.Generation
 	st.Replicas, st.Allocated, st.Ready = 0, 0, 0
 	ended, done := 0, 0
+	why := "" // how the first pod that ended by itself ended
 	for _, c := range rec.Claims {
 		if c.Pod == "" {
 			continue
@@ -658,6 +666,9 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 			done++
 			if !slices.Contains(rec.Released, c.Pod) {
 				ended++
+				if p := pods[c.Pod]; why == "" && p != nil {
+					why = r.endReason(p)
+				}
 			}
 			continue
 		}
@@ -696,7 +707,11 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 		setCondition(st, sbv1.ConditionReady, false, sbv1.ReasonPodsStarting, msg, now)
 	}
 	if ended > 0 {
-		setCondition(st, sbv1.ConditionPodFailed, true, sbv1.ReasonPodsFailed, fmt.Sprintf("%d sandbox pods ended", ended), now)
+		msg := fmt.Sprintf("%d sandbox pods ended", ended)
+		if why != "" {
+			msg += "; " + why
+		}
+		setCondition(st, sbv1.ConditionPodFailed, true, sbv1.ReasonPodsFailed, msg, now)
 	} else {
 		removeCondition(st, sbv1.ConditionPodFailed)
 	}
@@ -766,6 +781,7 @@ func removeCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionTy
 // writeStatus writes the batch's status if it changed, and asks for the
 // expiry reconcile.
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure, tasks *taskReport) (reconcile.Result, error) {
+	again := r.findEnds(ctx, rec, pods)
 	st := r.summarize(b, rec, pods, fail, tasks)
 	last, wrote := r.lastWritten(b.UID)
 	if !statusEqual(st, b.Status) && !(wrote && statusEqual(st, last.status)) {
@@ -778,6 +794,9 @@ func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox,
 			return reconcile.Result{}, err
 		}
 		r.noteWritten(b.UID, func(w *writtenState) { w.status = st })
+	}
+	if again {
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	if b.Spec.ExpireTime != nil {
 		return reconcile.Result{RequeueAfter: time.Until(b.Spec.ExpireTime.Time) + 10*time.Millisecond}, nil

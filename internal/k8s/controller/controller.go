@@ -72,6 +72,9 @@ type Options struct {
 	// default (5/s, burst 10) makes a pool of 100 take 20 s to fill.
 	QPS   float32
 	Burst int
+	// Isolation is the NetworkPolicy kept in every namespace with
+	// sandbox pods (isolation.go).
+	Isolation Isolation
 }
 
 // Client rate limits of `moat controller` (--kube-api-qps,
@@ -168,8 +171,9 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts}
-	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader())}
+	iso := newIsolator(mgr.GetClient(), mgr.GetAPIReader(), opts.Isolation)
+	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
+	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso}
 
 	podToPool := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[sbv1.LabelPool]; name != "" {

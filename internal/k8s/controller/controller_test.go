@@ -52,8 +52,13 @@ func setup(t *testing.T) (client.Client, string) {
 // the returned stop function is called or the test ends.
 func startController(t *testing.T, ns string) (*k8stest.WriteCounter, func()) {
 	t.Helper()
+	return startControllerWith(t, controller.Options{AgentImage: "moat:test", Namespace: ns})
+}
+
+func startControllerWith(t *testing.T, opts controller.Options) (*k8stest.WriteCounter, func()) {
+	t.Helper()
 	w := &k8stest.WriteCounter{}
-	mgr, err := controller.New(w.Wrap(env.Config), controller.Options{AgentImage: "moat:test", Namespace: ns})
+	mgr, err := controller.New(w.Wrap(env.Config), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -213,3 +213,4 @@ func podReady(p *corev1.Pod) bool {
 func podEnded(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
+

@@ -34,6 +34,8 @@ type poolReconciler struct {
 	tables *alloc.Allocator
 	api    client.Reader
 	opts   Options
+	// iso keeps the namespaces' isolation policy (isolation.go).
+	iso *isolator
 
 	mu sync.Mutex
 	// inflight are pods created but not yet seen in the cache, per pool,
@@ -255,6 +257,9 @@ func (r *poolReconciler) pending(pool types.NamespacedName, seen map[string]bool
 }
 
 func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash string, n int) error {
+	if err := r.iso.ensure(ctx, pool.Namespace); err != nil {
+		return err
+	}
 	key := client.ObjectKeyFromObject(pool)
 	pods := make([]*corev1.Pod, n)
 	r.mu.Lock()

@@ -45,6 +45,10 @@ import (
 // get addresses on a bridge and a /24 that no host route overlaps, their
 // cgroups live under a cgroup root of their own, and every port is picked
 // free on loopback. Stop removes all of it.
+//
+// Like a production cluster running sandboxes, the node enforces the
+// ingress rules of NetworkPolicies (netpol.go) and gives pods no IPv6
+// (the CNI chain's tuning plugin disables it in each pod's netns).
 type Node struct {
 	// Config is an admin client configuration.
 	Config *rest.Config
@@ -82,7 +86,7 @@ type nodeProc struct {
 
 // NodeTools are the binaries StartNode needs from AssetsDir.
 var NodeTools = []string{"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kubelet",
-	"containerd", "containerd-shim-runc-v2", "ctr", "crictl", "helm", "cni/bridge", "cni/host-local", "cni/loopback"}
+	"containerd", "containerd-shim-runc-v2", "ctr", "crictl", "helm", "cni/bridge", "cni/host-local", "cni/loopback", "cni/tuning"}
 
 // MissingNodeTools returns the node tools absent from AssetsDir (and
 // runc, unshare and nsenter from the host), nil when all are present.
@@ -193,6 +197,8 @@ func StartNode(ctx context.Context, o NodeOptions) (_ *Node, err error) {
 	n.stopProvisioner = cancel
 	n.provWG.Add(1)
 	go func() { defer n.provWG.Done(); n.provisionVolumes(pctx) }()
+	n.provWG.Add(1)
+	go func() { defer n.provWG.Done(); n.enforcePolicies(pctx) }()
 	return n, nil
 }
 
@@ -341,6 +347,9 @@ func (n *Node) startRuntime(name, pauseImage string) error {
   "plugins": [{
     "type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]]}
+  }, {
+    "type": "tuning",
+    "sysctl": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
   }]
 }`, n.bridge, n.path("cni-data"), n.Subnet.String(), n.Gateway.String())
 	if err := os.WriteFile(n.path("net.d", "10-moat.conflist"), []byte(conflist), 0o644); err != nil {
@@ -558,6 +567,9 @@ func (n *Node) Stop() error {
 		if n.stopProvisioner != nil {
 			n.stopProvisioner()
 			n.provWG.Wait()
+			if err := n.removePolicyTables(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if n.Config != nil && n.holder != nil {
 			n.drain()

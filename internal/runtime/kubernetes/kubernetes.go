@@ -358,7 +358,7 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 		json.Unmarshal([]byte(s), &st.Labels)
 	}
 	pods, ips := b.AllocatedPods(), b.Endpoints()
-	_, ended := b.Condition(sbv1.ConditionPodFailed)
+	podFailed, ended := b.Condition(sbv1.ConditionPodFailed)
 	switch {
 	case b.DeletionTimestamp != nil:
 		st.State = runtime.StateStopped
@@ -372,7 +372,12 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 			st.Message = c.Message
 		}
 	case ended:
+		// How it ended (an eviction: the kubelet's message) is in the
+		// condition.
 		st.State, st.Message = runtime.StateStopped, "pod ended"
+		if podFailed.Message != "" {
+			st.Message = podFailed.Message
+		}
 	case len(pods) > 0 && len(ips) > 0 && ips[0] != "" && b.Status.Ready > 0:
 		st.State, st.IP = runtime.StateRunning, ips[0]
 	default:

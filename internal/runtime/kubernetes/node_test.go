@@ -114,10 +114,18 @@ func TestRealNode(t *testing.T) {
 func testNodeConformance(t *testing.T, f *nodeFixture) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
 		ns := nodeNamespace(t, f)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("namespace %s:\n%s", ns, f.node.Describe(ns))
+			}
+		})
 		return nodeRuntime{newNodeRuntime(t, f, ns), ns}
 	}, runtimetest.Options{
 		Image:        f.image,
 		AgentTimeout: 60 * time.Second,
+		// The disk quota is the pod's ephemeral-storage limit, which the
+		// kubelet enforces by evicting the pod.
+		DiskQuotaEvicts: true,
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			ns := rt.(nodeRuntime).ns
 			return nodeRuntime{newNodeRuntime(t, f, ns), ns}

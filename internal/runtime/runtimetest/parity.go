@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // The cases that make every runtime equally safe: egress policy,
@@ -126,8 +128,48 @@ func (s *suite) diskQuota(t *testing.T) {
 	if out, code, err := Exec(ctx, rt, id, "dd if=/dev/zero of=/small bs=1M count=8 2>&1 && sync"); err != nil || code != 0 {
 		t.Fatalf("writing 8 MiB under a 64 MiB quota: exit %d %v: %s", code, err, out)
 	}
+	if s.opts.DiskQuotaEvicts {
+		s.diskQuotaEviction(t, rt, id)
+		return
+	}
 	if out, code, err := Exec(ctx, rt, id, "dd if=/dev/zero of=/big bs=1M count=96 2>&1 && sync"); err != nil || code == 0 {
 		t.Fatalf("writing 96 MiB under a 64 MiB quota succeeded (exit %d %v): %s", code, err, out)
+	}
+}
+
+// diskQuotaEviction (Options.DiskQuotaEvicts): the sandbox that writes
+// past its quota is ended by the backend, and Status says it was evicted;
+// the write itself may succeed.
+func (s *suite) diskQuotaEviction(t *testing.T, rt runtime.Runtime, id string) {
+	timeout := s.opts.DiskQuotaEvictTimeout
+	if timeout == 0 {
+		timeout = 3 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	if st, err := rt.Status(ctx, id); err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("before the write: %+v %v, want running", st, err)
+	}
+	// The agent may be gone before the command returns (evicted): its
+	// answer does not matter, what happens to the sandbox does.
+	Exec(ctx, rt, id, "dd if=/dev/zero of=/big bs=1M count=96 2>&1; sync")
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := rt.Status(ctx, id)
+		if err != nil {
+			t.Fatalf("status after writing past the quota: %v", err)
+		}
+		if st.State != runtime.StateRunning && st.State != runtime.StateCreating {
+			if st.State != runtime.StateStopped || !strings.Contains(strings.ToLower(st.Message), "evicted") {
+				t.Fatalf("after writing 96 MiB under a 64 MiB quota: state %s (%q), want stopped with a message naming the eviction", st.State, st.Message)
+			}
+			t.Logf("evicted: %s", st.Message)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writing 96 MiB under a 64 MiB quota: the sandbox still %s after %v (%q), want it evicted", st.State, timeout, st.Message)
+		}
+		time.Sleep(time.Second)
 	}
 }
 

@@ -49,6 +49,16 @@ type Options struct {
 	// Resources.DiskBytes: the DiskQuota case then checks it refuses one
 	// with ErrNotImplemented instead of ignoring it.
 	NoDiskQuota bool
+	// DiskQuotaEvicts tells that the backend enforces
+	// Resources.DiskBytes by ending the sandbox that exceeds it (the
+	// kubelet evicts a pod over its ephemeral-storage limit) rather than
+	// by failing the write: the DiskQuota case then wants the sandbox
+	// stopped within DiskQuotaEvictTimeout, its Status message naming
+	// the eviction.
+	DiskQuotaEvicts bool
+	// DiskQuotaEvictTimeout bounds the wait for the eviction (default
+	// 3m: the kubelet measures usage periodically).
+	DiskQuotaEvictTimeout time.Duration
 	// IPv6 tells that the backend was set up dual-stack: the IPv6 case
 	// then wants a global address in sandboxes, else no IPv6 at all.
 	IPv6 bool
