@@ -213,4 +213,3 @@ func podReady(p *corev1.Pod) bool {
 func podEnded(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
-
