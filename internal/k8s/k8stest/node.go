@@ -72,6 +72,7 @@ type Node struct {
 	holder     *exec.Cmd
 	procs      []*nodeProc
 	stopOnce   sync.Once
+	apiLog     *os.File
 	// stopProvisioner ends the hostPath volume provisioner.
 	stopProvisioner context.CancelFunc
 	provWG          sync.WaitGroup
@@ -286,6 +287,11 @@ func (n *Node) startControlPlane() error {
 	}
 	// A real node needs service account tokens in its pods.
 	n.env.ControlPlane.GetAPIServer().Configure().Disable("disable-admission-plugins")
+	// Its output, for the failure report of a start or a stop.
+	if n.apiLog, err = os.Create(n.path("kube-apiserver.log")); err != nil {
+		return err
+	}
+	n.env.ControlPlane.GetAPIServer().Out, n.env.ControlPlane.GetAPIServer().Err = n.apiLog, n.apiLog
 	if n.Config, err = n.env.Start(); err != nil {
 		return fmt.Errorf("k8stest: start control plane: %w", err)
 	}
@@ -617,8 +623,15 @@ func (n *Node) Stop() error {
 		}
 		if n.env != nil && n.env.ControlPlane.APIServer != nil {
 			if err := n.env.Stop(); err != nil {
-				errs = append(errs, err)
+				data, _ := os.ReadFile(n.path("kube-apiserver.log"))
+				if len(data) > 6000 {
+					data = data[len(data)-6000:]
+				}
+				errs = append(errs, fmt.Errorf("%w\n--- kube-apiserver ---\n%s", err, data))
 			}
+		}
+		if n.apiLog != nil {
+			n.apiLog.Close()
 		}
 		if err := os.RemoveAll(n.dir); err != nil {
 			errs = append(errs, err)

@@ -89,6 +89,9 @@ func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its informers' watches would hold the API server's shutdown at the
+	// node's Stop for a minute (the HTTP server waits for them).
+	t.Cleanup(func() { rt.Close() })
 	return rt
 }
 
