@@ -77,7 +77,9 @@ func benchmarkStart(b *testing.B, argv []string) {
 func waitPing(c *http.Client, url string, t0 time.Time) (time.Duration, error) {
 	deadline := t0.Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := c.Get(url)
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set(agentproto.TokenHeader, "bench")
+		resp, err := c.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -95,6 +96,7 @@ func benchTargetFlags(cmd *cobra.Command, t *bench.Target) {
 	f.StringVar(&t.Server, "server", "", "base URL of a running server (default: start one in-process)")
 	f.StringVar(&t.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
 	f.StringVar(&t.Image, "image", "", "image reference (default: in-process busybox)")
+	f.String("log-level", "warn", "log level of the in-process server (debug shows the create phases: `oci: created`)")
 }
 
 // benchRun adapts a bench runner to cobra's RunE: the API key defaults to
@@ -104,6 +106,12 @@ func benchRun(t *bench.Target, run func(cmd *cobra.Command, log *slog.Logger) er
 		if t.APIKey == "" {
 			t.APIKey = os.Getenv("MOAT_API_KEY")
 		}
-		return run(cmd, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		level := slog.LevelWarn
+		if s, _ := cmd.Flags().GetString("log-level"); s != "" {
+			if err := level.UnmarshalText([]byte(s)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+		}
+		return run(cmd, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	}
 }
