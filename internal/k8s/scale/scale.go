@@ -36,6 +36,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
@@ -54,6 +55,11 @@ type Options struct {
 	// Claims is the number of single claims (default: the rest of the
 	// pool after the batch).
 	Claims int
+	// CRDClaims, if set, are claims of one through the CRD path after the
+	// others, for comparison: a BatchSandbox of one with the pool's
+	// poolRef per claim, by W clients, each done when the batch shows its
+	// pod ready (the controller's allocation).
+	CRDClaims int
 	// Replicas is the number of server replicas (default 2).
 	Replicas int
 	// Workers is the number of concurrent clients (default 16).
@@ -89,6 +95,9 @@ type Result struct {
 	// pods were given back, Recorded had one (sandboxes whose answer
 	// alone was lost).
 	Unanswered, GivenBack, Recorded int
+	// CRD are the CRD path's figures (CRDClaims).
+	CRDWall        time.Duration
+	CRDP50, CRDP99 time.Duration
 	// TableBytes is the size of the pool's allocation table at the end:
 	// every table write carries all of it.
 	TableBytes int
@@ -98,15 +107,20 @@ type Result struct {
 func (r Result) PerSecond() float64 { return float64(r.Claims) / r.ClaimWall.Seconds() }
 
 func (r Result) String() string {
+	crd := ""
+	if r.CRDClaims > 0 {
+		crd = fmt.Sprintf("  crd-claims=%d in %v (%.0f/s) p50=%v p99=%v", r.CRDClaims, r.CRDWall.Round(time.Millisecond),
+			float64(r.CRDClaims)/r.CRDWall.Seconds(), r.CRDP50.Round(100*time.Microsecond), r.CRDP99.Round(100*time.Microsecond))
+	}
 	chaos := ""
 	if r.Chaos {
 		chaos = fmt.Sprintf(" chaos (a replica and the controller killed; %d claims unanswered: %d pods given back, %d recorded)", r.Unanswered, r.GivenBack, r.Recorded)
 	}
-	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes  ledger ok",
+	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes%s  ledger ok",
 		chaos, r.Nodes, r.Pool, r.Replicas, r.Workers, r.Fill.Round(time.Millisecond),
 		r.Claims, r.ClaimWall.Round(time.Millisecond), r.PerSecond(), r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(100*time.Microsecond),
 		k8stest.Total(r.ClaimWrites), fmtWrites(r.ClaimWrites),
-		r.Batch, r.BatchWall.Round(100*time.Microsecond), k8stest.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes)
+		r.Batch, r.BatchWall.Round(100*time.Microsecond), k8stest.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, crd)
 }
 
 func fmtWrites(w map[string]int) string {
@@ -130,8 +144,11 @@ func (o *Options) defaults() error {
 	if o.Batch > o.Pool {
 		return fmt.Errorf("batch %d is larger than the pool %d", o.Batch, o.Pool)
 	}
-	if o.Claims <= 0 || o.Claims > o.Pool-o.Batch {
-		o.Claims = o.Pool - o.Batch
+	if o.CRDClaims < 0 || o.CRDClaims > o.Pool-o.Batch {
+		return fmt.Errorf("%d CRD claims do not fit a pool of %d with a batch of %d", o.CRDClaims, o.Pool, o.Batch)
+	}
+	if o.Claims <= 0 || o.Claims > o.Pool-o.Batch-o.CRDClaims {
+		o.Claims = o.Pool - o.Batch - o.CRDClaims
 	}
 	if o.Replicas <= 0 {
 		o.Replicas = 2
@@ -420,6 +437,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		ids = append(ids, sb.ID)
 	}
 
+	if o.CRDClaims > 0 {
+		if err := crdClaims(ctx, env, ns, o, &res); err != nil {
+			return res, err
+		}
+	}
 	if o.Chaos {
 		// The claims the killed replica made but never answered: the
 		// leader (after the lease passes, if the dead replica held it)
@@ -540,6 +562,79 @@ func check(ctx context.Context, c client.Client, ns, scope string, ids []string,
 		})
 		if err != nil {
 			return fmt.Errorf("replica %d does not list the %d sandboxes: %w", i, len(want), err)
+		}
+	}
+	return nil
+}
+
+// crdClaims makes o.CRDClaims BatchSandboxes of one from the pool, by
+// o.Workers clients, each timed from its create until the batch shows its
+// pod ready, and checks that each got one pod of the table.
+func crdClaims(ctx context.Context, env *k8stest.Env, ns string, o Options, res *Result) error {
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		return err
+	}
+	one := int32(1)
+	lat := make([]time.Duration, o.CRDClaims)
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	claim := func(i int) error {
+		name := fmt.Sprintf("crd-%d", i)
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		w, err := wc.Watch(cctx, &sbv1.BatchSandboxList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		t := time.Now()
+		if err := wc.Create(cctx, &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: sbv1.BatchSandboxSpec{Replicas: &one, PoolRef: "warm"}}); err != nil {
+			return err
+		}
+		for ev := range w.ResultChan() {
+			if b, ok := ev.Object.(*sbv1.BatchSandbox); ok && b.Status.Ready == 1 && b.Status.Phase == sbv1.PhaseSucceed {
+				lat[i] = time.Since(t)
+				return nil
+			}
+		}
+		return fmt.Errorf("batch %s: not ready: %v", name, cctx.Err())
+	}
+	t0 := time.Now()
+	for range o.Workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= o.CRDClaims {
+					return
+				}
+				if err := claim(i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res.CRDWall = time.Since(t0)
+	if len(errs) > 0 {
+		return fmt.Errorf("%d of %d CRD claims failed, first: %w", len(errs), o.CRDClaims, errs[0])
+	}
+	slices.Sort(lat)
+	res.CRDP50, res.CRDP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	tbl, err := table(ctx, wc, ns)
+	if err != nil {
+		return err
+	}
+	for i := range o.CRDClaims {
+		if own := tbl.Owners[alloc.BatchOwner(fmt.Sprintf("crd-%d", i))]; len(own.Pods) != 1 {
+			return fmt.Errorf("ledger check: batch crd-%d owns pods %v in the table, want one", i, own.Pods)
 		}
 	}
 	return nil

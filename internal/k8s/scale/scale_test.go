@@ -18,19 +18,21 @@ var (
 	pool     = flag.Int("scale.pool", 0, "warm pods")
 	batch    = flag.Int("scale.batch", 0, "batch size")
 	claims   = flag.Int("scale.claims", 0, "single claims (default: the rest of the pool)")
+	crd      = flag.Int("scale.crd", -1, "claims of one through the CRD path (BatchSandboxes), after the others")
 	replicas = flag.Int("scale.replicas", 0, "server replicas")
 	workers  = flag.Int("scale.workers", 0, "concurrent clients")
 )
 
 // TestRun: the scenario at a small size (or the size of the -scale.*
 // flags): two server processes claim a whole pool concurrently, single
-// claims and a batch, and the ledger check passes (Run fails otherwise);
+// claims and a batch, then claims of one through the CRD path
+// (BatchSandboxes) from the same pool, and the ledger check passes (Run fails otherwise);
 // every claim is warm, with one record write, and the batch writes the
 // table and one record.
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
 	ctrllog.SetLogger(logr.Discard())
-	o := Options{Nodes: 2, Pool: 40, Batch: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
+	o := Options{Nodes: 2, Pool: 50, Batch: 10, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
 	if *nodes > 0 {
 		o.Nodes = *nodes
 	}
@@ -39,6 +41,9 @@ func TestRun(t *testing.T) {
 	}
 	if *batch > 0 {
 		o.Batch = *batch
+	}
+	if *crd >= 0 {
+		o.CRDClaims = *crd
 	}
 	if *claims > 0 {
 		o.Claims = *claims
