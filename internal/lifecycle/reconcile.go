@@ -147,8 +147,13 @@ func (s *Service) put(e *entry) {
 // runtime resources; the caller holds e.mu.
 func (s *Service) markExited(ctx context.Context, e *entry, rst runtime.Status) {
 	msg := fmt.Sprintf("the sandbox agent exited (code %d)", rst.ExitCode)
-	if rst.State == runtime.StateUnknown && rst.Message != "" {
+	switch {
+	case rst.State == runtime.StateUnknown && rst.Message != "":
 		msg = rst.Message
+	case rst.Message != "":
+		// How the runtime says it ended: an eviction over the disk quota
+		// (kubernetes), an OOM kill (docker).
+		msg += ": " + rst.Message
 	}
 	if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
 		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)

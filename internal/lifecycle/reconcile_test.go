@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,51 @@ func TestLivenessConfirmsStopBeforeTeardown(t *testing.T) {
 	// A sandbox that really stopped is still noticed.
 	if got, _ := h.svc.Get(ctx, b.ID); got.Status.State != StateFailed || got.Status.Reason != ReasonAgentExited {
 		t.Fatalf("stopped sandbox: %+v", got.Status)
+	}
+}
+
+// endedRuntime reports the sandboxes of ended as stopped, with the
+// runtime's word on how (the kubernetes runtime's eviction message).
+type endedRuntime struct {
+	runtime.Runtime
+	ended map[string]string
+}
+
+func (e endedRuntime) List(ctx context.Context) ([]runtime.Status, error) {
+	l, err := e.Runtime.List(ctx)
+	for i := range l {
+		if msg, ok := e.ended[l[i].ID]; ok {
+			l[i].State, l[i].Pid, l[i].Message = runtime.StateStopped, 0, msg
+		}
+	}
+	return l, err
+}
+
+func (e endedRuntime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	st, err := e.Runtime.Status(ctx, id)
+	if msg, ok := e.ended[id]; ok && err == nil {
+		st.State, st.Pid, st.Message = runtime.StateStopped, 0, msg
+	}
+	return st, err
+}
+
+// A sandbox the runtime ended (the kubelet evicted its pod over the disk
+// quota) is Failed with the runtime's message, not only "agent exited".
+func TestExitedSandboxKeepsRuntimeMessage(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	a, _ := h.svc.Create(ctx, req(time.Hour))
+	const evicted = "1 sandbox pods ended; pod x: Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 64Mi."
+	svc, err := New(Config{}, Deps{Store: h.db, Runtime: endedRuntime{h.rt, map[string]string{a.ID: evicted}}, Images: fakeImages{}, Now: h.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svc.checkLiveness(ctx)
+	got, err := svc.Get(ctx, a.ID)
+	if err != nil || got.Status.State != StateFailed || got.Status.Reason != ReasonAgentExited || !strings.Contains(got.Status.Message, evicted) {
+		t.Fatalf("ended sandbox: %+v %v, want Failed %s with the runtime's message", got.Status, err, ReasonAgentExited)
 	}
 }
