@@ -19,6 +19,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +45,7 @@ const (
 	annoLabels      = "moat." + sbv1.Group + "/sandbox-labels"
 	annoCreated     = "moat." + sbv1.Group + "/created-at"
 	annoClass       = "moat." + sbv1.Group + "/class"
+	labelToken      = "moat." + sbv1.Group + "/agent-token"
 	tokenSecretSufx = "-agent"
 	tokenEnv        = "EXECD_ACCESS_TOKEN"
 	tokenKey        = "token"
@@ -123,7 +125,37 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	if err := r.startClaims(rc); err != nil {
 		return nil, err
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.sweepTokens(sctx, orphanTokenAge)
 	return r, nil
+}
+
+// orphanTokenAge is how old an agent token Secret without an owner must be
+// before New's sweepTokens takes it for a crash's leftover (a Create in flight
+// owns its Secret within milliseconds).
+const orphanTokenAge = time.Minute
+
+// sweepTokens deletes the agent token Secrets of this scope that a server
+// stopped between creating one and creating its BatchSandbox left behind:
+// those without an owner, older than minAge, whose sandbox does
+// not exist. Best effort: a failure leaves them to the next start.
+func (r *Runtime) sweepTokens(ctx context.Context, minAge time.Duration) {
+	var list corev1.SecretList
+	if r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope, labelToken: "true"}) != nil {
+		return
+	}
+	for i := range list.Items {
+		sec := &list.Items[i]
+		if len(sec.OwnerReferences) > 0 || time.Since(sec.CreationTimestamp.Time) < minAge {
+			continue
+		}
+		var b sbv1.BatchSandbox
+		err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: strings.TrimSuffix(sec.Name, tokenSecretSufx)}, &b)
+		if apierrors.IsNotFound(err) {
+			r.c.Delete(ctx, sec, client.Preconditions{UID: &sec.UID})
+		}
+	}
 }
 
 // Name implements runtime.Runtime.
@@ -282,19 +314,33 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			b.Spec.PoolRef = r.cfg.Pool
 		}
 	}
-	if err := r.c.Create(ctx, b); err != nil {
-		return runtime.Status{}, classify("create sandbox "+spec.ID, err)
-	}
+	// The token Secret exists before the BatchSandbox: a pod started
+	// before it would fail with CreateContainerConfigError, which Create
+	// takes for a failure (startFailure). It gets its owner reference (for
+	// the garbage collector) once the batch exists; sweepTokens removes
+	// one a crash left without a batch.
+	var sec *corev1.Secret
 	if spec.AgentToken != "" {
-		owner := metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))
-		sec := &corev1.Secret{
+		sec = &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: spec.ID + tokenSecretSufx,
-				Labels: map[string]string{labelScope: r.cfg.Scope}, OwnerReferences: []metav1.OwnerReference{*owner}},
+				Labels: map[string]string{labelScope: r.cfg.Scope, labelToken: "true"}},
 			StringData: map[string]string{tokenKey: spec.AgentToken},
 		}
-		if err := r.c.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
-			r.Delete(context.WithoutCancel(ctx), spec.ID)
+		if err := r.c.Create(ctx, sec); err != nil {
 			return runtime.Status{}, classify("create agent token secret", err)
+		}
+	}
+	if err := r.c.Create(ctx, b); err != nil {
+		if sec != nil {
+			r.c.Delete(context.WithoutCancel(ctx), sec)
+		}
+		return runtime.Status{}, classify("create sandbox "+spec.ID, err)
+	}
+	if sec != nil {
+		sec.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(b, sbv1.GroupVersion.WithKind("BatchSandbox"))}
+		if err := r.c.Update(ctx, sec); err != nil {
+			r.Delete(context.WithoutCancel(ctx), spec.ID)
+			return runtime.Status{}, classify("own agent token secret", err)
 		}
 	}
 	// The contract: Create returns once the agent process has started,
@@ -307,11 +353,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	return st, nil
 }
 
-// waitRunning polls the sandbox until its pod runs, up to CreateTimeout.
+// podCheckInterval is how often waitRunning reads the pod of a sandbox
+// that is not running yet (its batch is read every 20 ms).
+const podCheckInterval = 200 * time.Millisecond
+
+// waitRunning polls the sandbox until its pod runs, up to CreateTimeout;
+// it fails early when the kubelet cannot start the pod (startFailure).
 func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	var last runtime.Status
+	var podChecked time.Time
 	for {
 		b, err := r.get(ctx, id)
 		if err == nil {
@@ -321,6 +373,15 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, e
 				return last, nil
 			case runtime.StateStopped, runtime.StateUnknown:
 				return runtime.Status{}, fmt.Errorf("sandbox %s: %w: pod %s (%s)", id, errdefs.ErrFailedPrecondition, last.State, last.Message)
+			}
+			if pods := b.AllocatedPods(); len(pods) > 0 && pods[0] != "" && time.Since(podChecked) >= podCheckInterval {
+				podChecked = time.Now()
+				var p corev1.Pod
+				if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: pods[0]}, &p); err == nil {
+					if err := startFailure(&p); err != nil {
+						return runtime.Status{}, fmt.Errorf("sandbox %s: %w", id, err)
+					}
+				}
 			}
 		} else if !errors.Is(err, errdefs.ErrUnavailable) {
 			return runtime.Status{}, err

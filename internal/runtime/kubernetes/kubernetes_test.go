@@ -11,6 +11,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
@@ -161,6 +162,11 @@ func TestPodSpec(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tokenRef}, &sec); err != nil || string(sec.Data["token"]) != "tok" {
 		t.Errorf("token secret %q: %v %v", tokenRef, err, sec.Data)
 	}
+	// Made before the batch (so that no pod starts without it), then
+	// owned by it (so that the garbage collector removes it with the batch).
+	if o := metav1.GetControllerOf(&sec); o == nil || o.UID != b.UID || o.Kind != "BatchSandbox" {
+		t.Errorf("token secret owner = %+v, want the BatchSandbox %s", o, b.UID)
+	}
 	if err := rt.Delete(ctx, spec.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -223,6 +229,53 @@ func TestPoolBacked(t *testing.T) {
 		}
 		if got := pod.Labels[sbv1.LabelPool] == "warm"; got != tc.warm {
 			t.Errorf("%s: pod %s labels %v, want warm %v", tc.id, pod.Name, pod.Labels, tc.warm)
+		}
+	}
+}
+
+// TestTokenSweep: a new backend deletes the agent token Secrets a server
+// stopped between the Secret and the BatchSandbox left behind (no owner,
+// no sandbox), and keeps those of sandboxes and those another label owns.
+func TestTokenSweep(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	rt := newRuntime(t, ns)
+	c := adminClient(t)
+	ctx := context.Background()
+	spec := runtime.Spec{ID: "sweep-live", Image: "busybox:test", AgentToken: "tok"}
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), spec.ID) })
+	mk := func(name string, labels map[string]string) {
+		t.Helper()
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, StringData: map[string]string{"token": "x"}}
+		if err := c.Create(ctx, sec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var live corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sweep-live-agent"}, &live); err != nil {
+		t.Fatal(err)
+	}
+	mine := map[string]string{kubernetes.LabelToken: "true"}
+	for k, v := range live.Labels {
+		mine[k] = v
+	}
+	mk("sweep-orphan-agent", mine)
+	// A Secret of a sandbox that exists but is not owned yet (a Create in
+	// flight) stays.
+	if err := c.Patch(ctx, &live, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`))); err != nil {
+		t.Fatal(err)
+	}
+	mk("other-agent", map[string]string{"app": "other"})
+	kubernetes.SweepTokens(ctx, rt, 0)
+	for name, want := range map[string]bool{"sweep-orphan-agent": false, "sweep-live-agent": true, "other-agent": true} {
+		var s corev1.Secret
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s)
+		if got := err == nil; got != want {
+			t.Errorf("secret %s present = %v (%v), want %v", name, got, err, want)
 		}
 	}
 }

@@ -107,13 +107,10 @@ func TestRealNode(t *testing.T) {
 // testNodeConformance runs the runtime conformance suite against the real
 // node: every sandbox is a real pod whose container runs moat's agent
 // (copied in by the init container from the agent image), and the suite
-// talks to that agent at the pod IP.
-//
-// The Volumes case is left to the kwok run (TestConformance) for now: on a
-// real kubelet a subPath that is a symlink out of the volume fails the
-// container with CreateContainerConfigError, which Create does not yet
-// turn into an error (it waits until CreateTimeout). nodeRuntime hides
-// runtime.Volumes so the suite skips that case here.
+// talks to that agent at the pod IP. PersistentVolumeClaims are bound to
+// hostPath volumes (k8stest.Node), so the Volumes case writes through real
+// mounts, and the kubelet's own refusal of a subPath that leads out of the
+// volume through a symlink fails Create at once (startFailure).
 func testNodeConformance(t *testing.T, f *nodeFixture) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
 		ns := nodeNamespace(t, f)
@@ -122,7 +119,8 @@ func testNodeConformance(t *testing.T, f *nodeFixture) {
 				t.Logf("namespace %s:\n%s", ns, f.node.Describe(ns))
 			}
 		})
-		return nodeRuntime{newNodeRuntime(t, f, ns), ns}
+		rt := newNodeRuntime(t, f, ns)
+		return nodeRuntime{rt, rt, ns}
 	}, runtimetest.Options{
 		Image:        f.image,
 		AgentTimeout: 60 * time.Second,
@@ -131,14 +129,17 @@ func testNodeConformance(t *testing.T, f *nodeFixture) {
 		DiskQuotaEvicts: true,
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			ns := rt.(nodeRuntime).ns
-			return nodeRuntime{newNodeRuntime(t, f, ns), ns}
+			rt2 := newNodeRuntime(t, f, ns)
+			return nodeRuntime{rt2, rt2, ns}
 		},
 	})
 }
 
-// nodeRuntime is the kubernetes runtime seen through runtime.Runtime only.
+// nodeRuntime is the kubernetes runtime seen through runtime.Runtime and
+// runtime.Volumes, keeping the namespace for Reopen.
 type nodeRuntime struct {
 	runtime.Runtime
+	runtime.Volumes
 	ns string
 }
 
