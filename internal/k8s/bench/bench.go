@@ -1,39 +1,77 @@
-// Package bench is `moat bench k8s`: the time to fill a Pool of N, and the
-// wall time and API writes to deliver N sandboxes as one BatchSandbox,
-// from the warm pool and cold, on a throw-away control plane
-// (kube-apiserver + etcd + kwok, see internal/k8s/k8stest). The controller
-// runs as its own process (`moat controller` at its default flags), behind
-// a loopback proxy that counts its writes, so the figures are what users
-// get.
+// Package bench is `moat bench k8s`: figures of moat's Kubernetes path on a
+// cluster that exists (its kubeconfig; moat's CRDs installed), with `moat
+// controller` as its own process at its default flags, behind a loopback
+// proxy that counts its API writes, so the figures are what users get.
+//
+//   - Batches (N > 0; any cluster, kwok's fake nodes for large N): the time
+//     to fill a Pool of N, and the wall time and API writes to deliver N
+//     sandboxes as one BatchSandbox from the warm pool and cold.
+//   - Sandboxes (Image set; real nodes, whose pod IPs this process can
+//     reach): create -> Running -> first command of one sandbox at a time
+//     through the kubernetes runtime (what `moat serve --runtime
+//     kubernetes` runs), and a BatchSandbox of Warm sandboxes from a warm
+//     Pool until each has answered its first command.
+//
+// Everything runs in a namespace of its own, deleted at the end. The
+// throw-away clusters of `make bench-k8s` and `make bench-k8s-node` come
+// from the test harness (internal/k8s/k8stest), which this package does
+// not link.
 package bench
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/agentproto"
+	sandboxbench "github.com/moat-sandbox/moat/internal/bench"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 )
 
 // Options tune the benchmark.
 type Options struct {
-	// N is the pool and batch size (default 100).
+	// Kubeconfig is the cluster's client configuration ("" = $KUBECONFIG,
+	// ~/.kube/config or in-cluster).
+	Kubeconfig string
+	// N is the pool and batch size of the batch figures (0 skips them).
 	N int
-	// Nodes is the number of fake nodes (default 4).
-	Nodes int
+	// Image, if set, is an image the nodes can pull and run (with sh,
+	// echo and tail): the sandbox figures run with it.
+	Image string
+	// AgentImage is the controller's --agent-image (default "moat:bench",
+	// which only fake nodes "run"; real nodes need a real one).
+	AgentImage string
+	// Creates is how many single sandboxes are timed (default 10).
+	Creates int
+	// Warm is the size of the warm batch of the sandbox figures (default 10).
+	Warm int
 	// Timeout bounds each phase (default 5m).
 	Timeout time.Duration
 	// Moat is the moat binary whose `controller` verb is measured
@@ -43,11 +81,13 @@ type Options struct {
 	ControllerArgs []string
 }
 
-// Result is one measured delivery.
+// Result is one measured figure.
 type Result struct {
 	Mode string
 	N    int
 	Wall time.Duration
+	// Latency summarizes per-sandbox times (the sandbox figures).
+	Latency *sandboxbench.Percentiles
 	// Writes are the controller's API writes, by "VERB resource".
 	Writes map[string]int
 	// ClientWrites are the writes of the requester (creating the batch).
@@ -55,67 +95,104 @@ type Result struct {
 }
 
 func (r Result) String() string {
+	if r.Latency != nil {
+		return fmt.Sprintf("k8s %-6s n=%d  %v  controller-writes=%d", r.Mode, r.N, *r.Latency, apiwrites.Total(r.Writes))
+	}
 	keys := slices.Sorted(maps.Keys(r.Writes))
 	var parts []string
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Writes[k]))
 	}
-	return fmt.Sprintf("k8s %-4s n=%d  wall=%-9v  controller-writes=%d (%s)  client-writes=%d",
-		r.Mode, r.N, r.Wall.Round(time.Millisecond), k8stest.Total(r.Writes), strings.Join(parts, " "), r.ClientWrites)
+	return fmt.Sprintf("k8s %-6s n=%d  wall=%-9v  controller-writes=%d (%s)  client-writes=%d",
+		r.Mode, r.N, r.Wall.Round(time.Millisecond), apiwrites.Total(r.Writes), strings.Join(parts, " "), r.ClientWrites)
 }
 
-// Run measures a pool fill, a warm and a cold batch of o.N and prints one
-// line each.
+// run is one benchmark run: the cluster, its namespace and the measured
+// controller.
+type run struct {
+	o      Options
+	cfg    *rest.Config // admin, straight to the API server (not counted)
+	c      client.Client
+	ns     string
+	writes *apiwrites.Counter
+	out    io.Writer
+}
+
+// Run measures the figures o asks for and prints one line each.
 func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) {
-	if o.N <= 0 {
-		o.N = 100
+	if o.Creates <= 0 {
+		o.Creates = 10
 	}
-	if o.Nodes <= 0 {
-		o.Nodes = 4
+	if o.Warm <= 0 {
+		o.Warm = 10
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute
+	}
+	if o.AgentImage == "" {
+		o.AgentImage = "moat:bench"
+	}
+	if o.N <= 0 && o.Image == "" {
+		return nil, errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
 	}
 	if o.Moat == "" {
 		if o.Moat, err = os.Executable(); err != nil {
 			return nil, err
 		}
 	}
-	env, err := k8stest.Start(ctx, k8stest.Options{Nodes: o.Nodes})
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	defer env.Stop()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	cfg = controller.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
 		return nil, err
+	}
+	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, errors.New("bench k8s: moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
+		}
+		return nil, fmt.Errorf("bench k8s: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "moat-bench-k8s-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	w := &k8stest.WriteCounter{}
-	proxy, err := k8stest.StartCountingProxy(env.Config, w, dir)
+	r := &run{o: o, cfg: cfg, c: c, out: out, writes: &apiwrites.Counter{}, ns: fmt.Sprintf("moat-bench-%04x", rand.Uint32()&0xffff)}
+	proxy, err := apiwrites.StartProxy(cfg, r.writes, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer proxy.Close()
-
-	ns := "moat-bench"
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}); err != nil {
 		return nil, err
 	}
+	defer func() {
+		if derr := r.deleteNamespace(context.WithoutCancel(ctx)); err == nil {
+			err = derr
+		}
+	}()
+	if err := r.waitServiceAccount(ctx); err != nil {
+		return nil, err
+	}
+
 	var logs bytes.Buffer
 	cctx, stop := context.WithCancel(ctx)
 	cmd := exec.CommandContext(cctx, o.Moat, append([]string{"controller", "--kubeconfig", proxy.Kubeconfig,
-		"--agent-image", "moat:bench", "--namespace", ns, "--log-level", "error"}, o.ControllerArgs...)...)
+		"--agent-image", o.AgentImage, "--namespace", r.ns, "--log-level", "error"}, o.ControllerArgs...)...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		stop()
 		return nil, fmt.Errorf("start moat controller: %w", err)
 	}
 	defer func() {
+		// The controller releases what the benchmark made (finalizers)
+		// before it stops.
+		if cerr := r.cleanUp(context.WithoutCancel(ctx)); err == nil {
+			err = cerr
+		}
 		stop()
 		cmd.Wait()
 		if err != nil && logs.Len() > 0 {
@@ -123,34 +200,99 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		}
 	}()
 
+	var results []Result
+	if o.N > 0 {
+		res, err := r.batches(ctx)
+		results = append(results, res...)
+		if err != nil {
+			return results, err
+		}
+	}
+	if o.Image != "" {
+		res, err := r.sandboxes(ctx)
+		results = append(results, res...)
+		if err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+// waitServiceAccount waits for the namespace's default service account
+// (real clusters refuse pods before the controller-manager made it).
+func (r *run) waitServiceAccount(ctx context.Context) error {
+	return waitFor(ctx, time.Minute, func() (bool, error) {
+		var sa corev1.ServiceAccount
+		err := r.c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: "default"}, &sa)
+		if apierrors.IsNotFound(err) {
+			// envtest runs no controller-manager: make it.
+			err = r.c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "default"}})
+			if apierrors.IsAlreadyExists(err) {
+				err = nil
+			}
+		}
+		return err == nil, err
+	})
+}
+
+// cleanUp deletes the batches and pools of the run and waits until the
+// controller has released them.
+func (r *run) cleanUp(ctx context.Context) error {
+	r.c.DeleteAllOf(ctx, &sbv1.BatchSandbox{}, client.InNamespace(r.ns))
+	r.c.DeleteAllOf(ctx, &sbv1.Pool{}, client.InNamespace(r.ns))
+	return waitFor(ctx, 2*time.Minute, func() (bool, error) {
+		var bl sbv1.BatchSandboxList
+		var pl sbv1.PoolList
+		if err := r.c.List(ctx, &bl, client.InNamespace(r.ns)); err != nil {
+			return false, err
+		}
+		if err := r.c.List(ctx, &pl, client.InNamespace(r.ns)); err != nil {
+			return false, err
+		}
+		return len(bl.Items)+len(pl.Items) == 0, nil
+	})
+}
+
+// deleteNamespace deletes the run's namespace and waits until it is gone.
+func (r *run) deleteNamespace(ctx context.Context) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}
+	if err := r.c.Delete(ctx, ns); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	// envtest has no namespace controller: a namespace stays Terminating
+	// there, which is harmless; a real cluster empties and removes it.
+	return nil
+}
+
+// batches measures a pool fill, a warm and a cold batch of N.
+func (r *run) batches(ctx context.Context) ([]Result, error) {
 	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "sandbox", Image: "busybox:bench", Command: []string{"sleep", "infinity"},
 	}}}}
-	n := int32(o.N)
+	if r.o.Image != "" {
+		tpl.Spec.Containers[0].Image = r.o.Image
+	}
+	n := int32(r.o.N)
 	var results []Result
 
 	// Pool fill: from the Pool's creation to N available pods.
-	before := w.Snapshot()
+	before := r.writes.Snapshot()
 	start := time.Now()
-	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
+	if err := r.c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "warm"},
 		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: n, PoolMax: n}}}); err != nil {
 		return nil, err
 	}
-	if err := waitFor(ctx, o.Timeout, func() (bool, error) {
-		var p sbv1.Pool
-		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "warm"}, &p)
-		return err == nil && p.Status.Available == n && p.Status.Total == n, err
-	}); err != nil {
+	if err := r.waitPool(ctx, "warm", n); err != nil {
 		return nil, fmt.Errorf("warming the pool: %w", err)
 	}
-	fill := Result{Mode: "fill", N: o.N, Wall: time.Since(start), Writes: w.Since(before), ClientWrites: 1}
+	fill := Result{Mode: "fill", N: r.o.N, Wall: time.Since(start), Writes: r.writes.Since(before), ClientWrites: 1}
 	results = append(results, fill)
-	fmt.Fprintln(out, fill)
+	fmt.Fprintln(r.out, fill)
 	time.Sleep(time.Second) // let the pool's last status write land before counting
 
 	for _, mode := range []string{"warm", "cold"} {
 		b := &sbv1.BatchSandbox{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "batch-" + mode},
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "batch-" + mode},
 			Spec:       sbv1.BatchSandboxSpec{Replicas: &n},
 		}
 		if mode == "warm" {
@@ -158,24 +300,150 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		} else {
 			b.Spec.Template = tpl
 		}
-		before := w.Snapshot()
+		before := r.writes.Snapshot()
 		start := time.Now()
-		if err := c.Create(ctx, b); err != nil {
-			return nil, err
+		if err := r.c.Create(ctx, b); err != nil {
+			return results, err
 		}
-		if err := waitFor(ctx, o.Timeout, func() (bool, error) {
-			err := c.Get(ctx, client.ObjectKeyFromObject(b), b)
-			return err == nil && b.Status.Phase == sbv1.PhaseSucceed && b.Status.Ready == n, err
-		}); err != nil {
-			return nil, fmt.Errorf("%s batch: %w", mode, err)
+		if err := r.waitBatch(ctx, b, n); err != nil {
+			return results, fmt.Errorf("%s batch: %w", mode, err)
 		}
 		wall := time.Since(start)
 		time.Sleep(500 * time.Millisecond) // count writes that trail the allocation too
-		r := Result{Mode: mode, N: o.N, Wall: wall, Writes: w.Since(before), ClientWrites: 1}
-		results = append(results, r)
-		fmt.Fprintln(out, r)
+		res := Result{Mode: mode, N: r.o.N, Wall: wall, Writes: r.writes.Since(before), ClientWrites: 1}
+		results = append(results, res)
+		fmt.Fprintln(r.out, res)
 	}
+	// The batches' pods go before the sandbox figures (a real node is small).
+	return results, r.cleanUp(ctx)
+}
+
+func (r *run) waitPool(ctx context.Context, name string, n int32) error {
+	return waitFor(ctx, r.o.Timeout, func() (bool, error) {
+		var p sbv1.Pool
+		err := r.c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: name}, &p)
+		return err == nil && p.Status.Available == n && p.Status.Total == n, err
+	})
+}
+
+func (r *run) waitBatch(ctx context.Context, b *sbv1.BatchSandbox, n int32) error {
+	return waitFor(ctx, r.o.Timeout, func() (bool, error) {
+		err := r.c.Get(ctx, client.ObjectKeyFromObject(b), b)
+		return err == nil && b.Status.Phase == sbv1.PhaseSucceed && b.Status.Ready == n, err
+	})
+}
+
+// sandboxes measures create -> Running -> first command of Creates single
+// sandboxes through the kubernetes runtime, one at a time, and a batch of
+// Warm sandboxes from a warm Pool until each answered its first command.
+func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
+	rt, err := kubernetes.New(r.cfg, kubernetes.Config{Namespace: r.ns, CreateTimeout: r.o.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	defer rt.Close()
+	agent := &sandboxbench.Client{HTTP: &http.Client{Timeout: time.Minute}}
+	var results []Result
+
+	var lat []time.Duration
+	before := r.writes.Snapshot()
+	for i := range r.o.Creates {
+		id := fmt.Sprintf("bench-%d-%04x", i, rand.Uint32()&0xffff)
+		tok := alloc.NewToken()
+		start := time.Now()
+		st, err := rt.Create(ctx, runtime.Spec{ID: id, Image: r.o.Image, AgentToken: tok, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+		if err != nil {
+			return results, fmt.Errorf("create %s: %w", id, err)
+		}
+		err = firstCommand(ctx, agent, st.IP, tok, r.o.Timeout)
+		lat = append(lat, time.Since(start))
+		if derr := rt.Delete(ctx, id); err == nil {
+			err = derr
+		}
+		if err != nil {
+			return results, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
+	p := sandboxbench.Summarize(lat)
+	single := Result{Mode: "create", N: len(lat), Latency: &p, Writes: r.writes.Since(before)}
+	results = append(results, single)
+	fmt.Fprintln(r.out, single)
+
+	// A warm batch: fill a Pool of Warm, then one BatchSandbox of Warm
+	// from it; the wall time ends when every sandbox answered a command.
+	n := int32(r.o.Warm)
+	before = r.writes.Snapshot()
+	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "sandbox", Image: r.o.Image, Command: []string{"tail", "-f", "/dev/null"},
+	}}}}
+	start := time.Now()
+	if err := r.c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-warm"},
+		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: n, PoolMax: n}}}); err != nil {
+		return results, err
+	}
+	if err := r.waitPool(ctx, "node-warm", n); err != nil {
+		return results, fmt.Errorf("warming the pool: %w", err)
+	}
+	fill := Result{Mode: "fill", N: r.o.Warm, Wall: time.Since(start), Writes: r.writes.Since(before)}
+	fmt.Fprintln(r.out, fill)
+	results = append(results, fill)
+	time.Sleep(time.Second)
+
+	b := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-batch"},
+		Spec: sbv1.BatchSandboxSpec{Replicas: &n, PoolRef: "node-warm"}}
+	before = r.writes.Snapshot()
+	start = time.Now()
+	if err := r.c.Create(ctx, b); err != nil {
+		return results, err
+	}
+	if err := r.waitBatch(ctx, b, n); err != nil {
+		return results, fmt.Errorf("warm batch: %w", err)
+	}
+	var toks corev1.Secret
+	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.ns, Name: alloc.TokenSecretName("node-warm")}, &toks); err != nil {
+		return results, err
+	}
+	pods, ips := b.AllocatedPods(), b.Endpoints()
+	if len(pods) != int(n) || len(ips) != int(n) {
+		return results, fmt.Errorf("warm batch: pods %v, endpoints %v", pods, ips)
+	}
+	per := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range pods {
+		wg.Go(func() {
+			errs[i] = firstCommand(ctx, agent, ips[i], string(toks.Data[pods[i]]), r.o.Timeout)
+			per[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return results, fmt.Errorf("warm batch: %w", err)
+	}
+	wp := sandboxbench.Summarize(per)
+	warm := Result{Mode: "warm", N: int(n), Wall: slices.Max(per), Latency: &wp, Writes: r.writes.Since(before), ClientWrites: 1}
+	results = append(results, warm)
+	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
 	return results, nil
+}
+
+// firstCommand runs `echo ok` through the agent at ip (retrying while it
+// does not listen yet) and checks its output.
+func firstCommand(ctx context.Context, agent *sandboxbench.Client, ip, token string, timeout time.Duration) error {
+	ep := sandboxbench.Endpoint{Endpoint: net.JoinHostPort(ip, strconv.Itoa(agentproto.Port)), Headers: map[string]string{agentproto.TokenHeader: token}}
+	var out string
+	var last error
+	err := waitFor(ctx, timeout, func() (bool, error) {
+		out, last = agent.Run(ctx, ep, "echo ok")
+		return last == nil, last
+	})
+	if err != nil {
+		return err
+	}
+	if out != "ok" {
+		return fmt.Errorf("first command printed %q", out)
+	}
+	return nil
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {

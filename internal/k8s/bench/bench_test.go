@@ -3,20 +3,32 @@ package bench
 import (
 	"bytes"
 	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
-// TestRun: `moat controller` as its own process fills the pool and
-// delivers both batches with the counts the design promises (one record
-// and one status write warm; one create per pod cold).
+// TestRun: against a throw-away control plane with kwok's fake nodes,
+// `moat controller` as its own process fills the pool and delivers both
+// batches with the counts the design promises (one table, one record and
+// one status write warm; one create per pod cold), and the run leaves no
+// batch or pool behind.
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
+	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Stop() })
 	var out bytes.Buffer
-	res, err := Run(context.Background(), Options{N: 10, Nodes: 2, Moat: testutil.MoatBinary(t)}, &out)
+	res, err := Run(context.Background(), Options{Kubeconfig: env.Kubeconfig, N: 10, Moat: testutil.MoatBinary(t)}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,13 +40,81 @@ func TestRun(t *testing.T) {
 	if fill["POST pods"] != 10 {
 		t.Errorf("fill writes %v", fill)
 	}
-	if warm["PUT batchsandboxes"] != 1 || warm["PUT batchsandboxes/status"] != 1 || warm["POST pods"] != 0 || k8stest.Total(warm) > 3 {
+	if warm["PUT batchsandboxes"] != 1 || warm["PUT batchsandboxes/status"] != 1 || warm["POST pods"] != 0 || apiwrites.Total(warm) > 3 {
 		t.Errorf("warm writes %v", warm)
 	}
 	if cold["POST pods"] != 10 {
 		t.Errorf("cold writes %v", cold)
 	}
-	if !strings.Contains(out.String(), "k8s warm n=10") || !strings.Contains(out.String(), "k8s cold n=10") {
+	if !strings.Contains(out.String(), "k8s warm   n=10") || !strings.Contains(out.String(), "k8s cold   n=10") {
 		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+// TestRunNeedsCRDs: a cluster without moat's CRDs gets a clear error, not
+// a controller crash loop.
+func TestRunNeedsCRDs(t *testing.T) {
+	k8stest.RequireTools(t)
+	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: 1, NoCRDs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Stop() })
+	_, err = Run(context.Background(), Options{Kubeconfig: env.Kubeconfig, N: 1, Moat: testutil.MoatBinary(t)}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "CRDs are not installed") {
+		t.Fatalf("Run without CRDs: %v", err)
+	}
+}
+
+var (
+	benchN       = flag.Int("k8s-n", 100, "BenchmarkKwok: pool and batch size")
+	benchCreates = flag.Int("k8s-creates", 10, "BenchmarkRealNode: single sandboxes to time")
+	benchWarm    = flag.Int("k8s-warm", 10, "BenchmarkRealNode: warm batch size")
+)
+
+// BenchmarkKwok brings up a control plane with kwok's fake nodes (4) and
+// runs `moat bench k8s -n N` against it, printing its figures (make
+// bench-k8s). Run it with -benchtime 1x.
+func BenchmarkKwok(b *testing.B) {
+	k8stest.RequireTools(b)
+	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { env.Stop() })
+	moat := testutil.MoatBinary(b)
+	for b.Loop() {
+		benchCommand(b, moat, "--kubeconfig", env.Kubeconfig, "-n", strconv.Itoa(*benchN))
+	}
+}
+
+// BenchmarkRealNode brings up a real single-node cluster (k8stest.Node) and
+// runs `moat bench k8s --image` against it: create -> Running -> first
+// command of single sandboxes and a warm batch (make bench-k8s-node). Run
+// it with -benchtime 1x.
+func BenchmarkRealNode(b *testing.B) {
+	node := k8stest.StartTestNode(b)
+	ctx := context.Background()
+	img, err := node.Registry.PushDir(ctx, testutil.BusyboxRootfs(b), "bench/busybox:1", []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	moat := testutil.MoatBinary(b)
+	agent, err := node.PushAgentImage(ctx, moat)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		benchCommand(b, moat, "--kubeconfig", node.Kubeconfig, "-n", "0", "--image", img, "--agent-image", agent,
+			"--creates", strconv.Itoa(*benchCreates), "--warm", strconv.Itoa(*benchWarm))
+	}
+}
+
+// benchCommand runs `moat bench k8s args...`, its figures to stdout.
+func benchCommand(b *testing.B, moat string, args ...string) {
+	cmd := exec.Command(moat, append([]string{"bench", "k8s"}, args...)...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("moat bench k8s: %v", err)
 	}
 }

@@ -1,5 +1,6 @@
-// Package k8stest starts a throw-away Kubernetes control plane for tests
-// and `moat bench k8s`: a real kube-apiserver and etcd (envtest), with
+// Package k8stest starts throw-away Kubernetes clusters for tests and for
+// the figures of `moat bench k8s` (make bench-k8s, make bench-k8s-node; the
+// moat binary does not link this package): a real kube-apiserver and etcd (envtest), with
 // moat's CRDs installed, plus kwok, which makes pods on fake nodes reach
 // Running. No container runs: pod IPs are fake addresses nothing may dial,
 // unless Options.Agents gives pods loopback IPs with stand-in agents.
@@ -16,7 +17,6 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,6 +97,8 @@ type Options struct {
 	// through the agent path. Without it pod IPs are fake addresses in
 	// 10.244.0.0/16 that nothing may dial.
 	Agents bool
+	// NoCRDs leaves moat's CRDs out (a cluster moat is not installed in).
+	NoCRDs bool
 }
 
 // Start brings up the control plane. Stop it with Stop.
@@ -110,6 +112,9 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	crds, err := crd.Objects()
 	if err != nil {
 		return nil, err
+	}
+	if o.NoCRDs {
+		crds = nil
 	}
 	dir, err := os.MkdirTemp("", "moat-k8stest-")
 	if err != nil {
@@ -287,99 +292,4 @@ func (e *Env) Stop() error {
 func (e *Env) KwokLog() string {
 	b, _ := os.ReadFile(filepath.Join(e.dir, "kwok.log"))
 	return string(b)
-}
-
-// WriteCounter counts the API writes (every request that is not a GET,
-// LIST or WATCH) made through a rest.Config it wrapped, by "VERB resource".
-type WriteCounter struct {
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-// Wrap returns a copy of cfg whose requests are counted.
-func (w *WriteCounter) Wrap(cfg *rest.Config) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	prev := c.WrapTransport
-	c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		if prev != nil {
-			rt = prev(rt)
-		}
-		return countingRT{w: w, next: rt}
-	}
-	return c
-}
-
-type countingRT struct {
-	w    *WriteCounter
-	next http.RoundTripper
-}
-
-func (c countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		c.w.add(r.Method + " " + resourceOf(r.URL.Path))
-	}
-	return c.next.RoundTrip(r)
-}
-
-// resourceOf maps /api/v1/namespaces/ns/pods/x/status to "pods/status".
-func resourceOf(path string) string {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	// Drop the group/version prefix: api/v1 or apis/<group>/<version>.
-	switch {
-	case len(parts) >= 2 && parts[0] == "api":
-		parts = parts[2:]
-	case len(parts) >= 3 && parts[0] == "apis":
-		parts = parts[3:]
-	}
-	if len(parts) >= 2 && parts[0] == "namespaces" {
-		parts = parts[2:]
-	}
-	switch len(parts) {
-	case 0:
-		return "namespaces"
-	case 1, 2:
-		return parts[0]
-	default:
-		return parts[0] + "/" + parts[2]
-	}
-}
-
-func (w *WriteCounter) add(k string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.counts == nil {
-		w.counts = map[string]int{}
-	}
-	w.counts[k]++
-}
-
-// Snapshot returns the counts so far.
-func (w *WriteCounter) Snapshot() map[string]int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make(map[string]int, len(w.counts))
-	for k, v := range w.counts {
-		out[k] = v
-	}
-	return out
-}
-
-// Since returns the counts added after snapshot before.
-func (w *WriteCounter) Since(before map[string]int) map[string]int {
-	out := map[string]int{}
-	for k, v := range w.Snapshot() {
-		if d := v - before[k]; d > 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-// Total sums counts.
-func Total(counts map[string]int) int {
-	n := 0
-	for _, v := range counts {
-		n += v
-	}
-	return n
 }

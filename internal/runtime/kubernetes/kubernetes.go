@@ -14,7 +14,6 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -116,6 +115,11 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.RequestFraction < 0 || cfg.RequestFraction > 1 {
 		return nil, fmt.Errorf("kubernetes: %w: request fraction %v is not in (0, 1]", errdefs.ErrInvalidArgument, cfg.RequestFraction)
+	}
+	if rc.QPS == 0 && rc.RateLimiter == nil {
+		// client-go's default (5/s, burst 10) would be shared by every
+		// request of the server: the controller's defaults instead.
+		rc = controller.RateLimited(rc, 0, 0)
 	}
 	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
@@ -354,28 +358,47 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 }
 
 // podCheckInterval is how often waitRunning reads the pod of a sandbox
-// that is not running yet (its batch is read every 20 ms).
-const podCheckInterval = 200 * time.Millisecond
+// that is not running yet from the API server, and how often it asks the
+// API server about a sandbox its cache does not show yet.
+const podCheckInterval = 250 * time.Millisecond
 
-// waitRunning polls the sandbox until its pod runs, up to CreateTimeout;
+// waitRunning waits until the sandbox's pod runs, up to CreateTimeout,
+// watching the BatchSandbox through the cache (no API request per look);
 // it fails early when the kubelet cannot start the pod (startFailure).
 func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}
 	var last runtime.Status
-	var podChecked time.Time
+	var checked time.Time
 	for {
-		b, err := r.get(ctx, id)
-		if err == nil {
-			last = status(b)
+		var b sbv1.BatchSandbox
+		err := r.cache.Get(ctx, key, &b)
+		check := time.Since(checked) >= podCheckInterval
+		if check {
+			checked = time.Now()
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			// Not in the cache yet, or deleted meanwhile: ask the API.
+			if check {
+				if _, err := r.get(ctx, id); errdefs.IsNotFound(err) {
+					return runtime.Status{}, fmt.Errorf("sandbox %s: %w: deleted while it started", id, errdefs.ErrNotFound)
+				}
+			}
+		case err != nil:
+			if ctx.Err() == nil {
+				return runtime.Status{}, classify("sandbox "+id, err)
+			}
+		default:
+			last = status(&b)
 			switch last.State {
 			case runtime.StateRunning:
 				return last, nil
 			case runtime.StateStopped, runtime.StateUnknown:
 				return runtime.Status{}, fmt.Errorf("sandbox %s: %w: pod %s (%s)", id, errdefs.ErrFailedPrecondition, last.State, last.Message)
 			}
-			if pods := b.AllocatedPods(); len(pods) > 0 && pods[0] != "" && time.Since(podChecked) >= podCheckInterval {
-				podChecked = time.Now()
+			if pods := b.AllocatedPods(); check && len(pods) > 0 && pods[0] != "" {
 				var p corev1.Pod
 				if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: pods[0]}, &p); err == nil {
 					if err := startFailure(&p); err != nil {
@@ -383,13 +406,11 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, e
 					}
 				}
 			}
-		} else if !errors.Is(err, errdefs.ErrUnavailable) {
-			return runtime.Status{}, err
 		}
 		select {
 		case <-ctx.Done():
 			return runtime.Status{}, fmt.Errorf("sandbox %s: %w: not running after %v (%s)", id, errdefs.ErrUnavailable, r.cfg.CreateTimeout, last.Message)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

@@ -38,8 +38,9 @@ const annoDefinition = "moat." + sbv1.Group + "/pool-definition"
 var _ runtime.Pools = (*Runtime)(nil)
 
 // informers builds the backend's cache: pool pods, allocation tables, pool
-// token Secrets and Pools of the namespace.
-func informers(rc *rest.Config, ns string) (cache.Cache, error) {
+// token Secrets and Pools of the namespace, and the BatchSandboxes of the
+// scope (Create waits on these without polling the API server).
+func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
 	hasPool, err := labels.Parse(sbv1.LabelPool)
 	if err != nil {
 		return nil, err
@@ -48,9 +49,10 @@ func informers(rc *rest.Config, ns string) (cache.Cache, error) {
 		Scheme:            controller.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:       {Label: hasPool},
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
-			&corev1.Secret{}:    {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTokens: "true"})},
+			&corev1.Pod{}:        {Label: hasPool},
+			&corev1.ConfigMap{}:  {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
+			&corev1.Secret{}:     {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTokens: "true"})},
+			&sbv1.BatchSandbox{}: {Label: labels.SelectorFromSet(labels.Set{labelScope: scope})},
 		},
 	})
 }
@@ -58,7 +60,7 @@ func informers(rc *rest.Config, ns string) (cache.Cache, error) {
 // startClaims starts the informers and the allocator; they run until
 // Close.
 func (r *Runtime) startClaims(rc *rest.Config) error {
-	inf, err := informers(rc, r.cfg.Namespace)
+	inf, err := informers(rc, r.cfg.Namespace, r.cfg.Scope)
 	if err != nil {
 		return fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}
@@ -75,10 +77,12 @@ func (r *Runtime) startClaims(rc *rest.Config) error {
 		cancel()
 		return fmt.Errorf("kubernetes: %w", err)
 	}
-	// Pools are read from the cache too.
-	if _, err := inf.GetInformer(ctx, &sbv1.Pool{}); err != nil {
-		cancel()
-		return fmt.Errorf("kubernetes: pool informer: %w", err)
+	// Pools and the scope's BatchSandboxes are read from the cache too.
+	for _, o := range []client.Object{&sbv1.Pool{}, &sbv1.BatchSandbox{}} {
+		if _, err := inf.GetInformer(ctx, o); err != nil {
+			cancel()
+			return fmt.Errorf("kubernetes: informer: %w", err)
+		}
 	}
 	r.done = make(chan struct{})
 	go func() {
