@@ -2,11 +2,17 @@ package k8stest
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
@@ -16,9 +22,38 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// agentCIDR is the pod address range with Options.Agents: loopback, so
-// the stand-in agents can listen on the pod IPs and tests may dial them.
-const agentCIDR = "127.64.0.0/16"
+// Pod addresses with Options.Agents are loopback, so the stand-in agents
+// can listen on the pod IPs and tests may dial them: a block 127.<b>.0.0/16
+// (b in [firstBlock, firstBlock+blocks)) of the process's own, held by an
+// flock on blockDir/<b> while the Env runs. Test processes running at the
+// same time (another package, another helper's run) would otherwise hand
+// out the same pod IPs and serve their stand-ins on one another's
+// addresses: a sandbox's agent answering with another process's token.
+const (
+	blockDir   = "/run/moat-test/k8stest-loopback"
+	firstBlock = 64
+	blocks     = 64
+)
+
+// leaseBlock takes a free loopback block; close the file to give it back.
+func leaseBlock() (int, *os.File, error) {
+	if err := os.MkdirAll(blockDir, 0o755); err != nil {
+		return 0, nil, err
+	}
+	start := rand.IntN(blocks)
+	for i := range blocks {
+		b := firstBlock + (start+i)%blocks
+		f, err := os.OpenFile(filepath.Join(blockDir, strconv.Itoa(b)), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return 0, nil, err
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			return b, f, nil
+		}
+		f.Close()
+	}
+	return 0, nil, fmt.Errorf("k8stest: every loopback block 127.%d-%d.0.0/16 is held by another test process", firstBlock, firstBlock+blocks-1)
+}
 
 // agents plays the kubelet's part for the agent: for every running pod
 // with an IP it serves a stand-in of the agent (agenttest.Agent) on

@@ -82,6 +82,7 @@ type Env struct {
 	dir     string
 	kwok    *exec.Cmd
 	kwokOut *os.File
+	block   *os.File // the lock of the pods' loopback block (Agents)
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -92,7 +93,8 @@ type Options struct {
 	Nodes int
 	// Log receives kwok's output (default: a file in the env's directory).
 	Log io.Writer
-	// Agents gives pods loopback IPs (127.64.0.0/16) and serves a stand-in
+	// Agents gives pods loopback IPs (a 127.x.0.0/16 of the process's own,
+	// see leaseBlock) and serves a stand-in
 	// agent on each running pod's IP (see agents), so that tests can go
 	// through the agent path. Without it pod IPs are fake addresses in
 	// 10.244.0.0/16 that nothing may dial.
@@ -195,7 +197,12 @@ func (e *Env) startKwok(stages string, logw io.Writer, loopback bool) error {
 	// Fake pod addresses: nothing listens there and nothing may dial them.
 	cidr, nodeIP := "10.244.0.0/16", "10.244.0.1"
 	if loopback {
-		cidr, nodeIP = agentCIDR, "127.64.0.1"
+		b, f, err := leaseBlock()
+		if err != nil {
+			return err
+		}
+		e.block = f
+		cidr, nodeIP = fmt.Sprintf("127.%d.0.0/16", b), fmt.Sprintf("127.%d.0.1", b)
 	}
 	e.kwok = exec.Command(filepath.Join(AssetsDir(), "kwok"),
 		"--kubeconfig", e.Kubeconfig,
@@ -279,6 +286,9 @@ func (e *Env) Stop() error {
 	}
 	if e.kwokOut != nil {
 		e.kwokOut.Close()
+	}
+	if e.block != nil {
+		e.block.Close()
 	}
 	var err error
 	if e.env != nil && e.env.ControlPlane.APIServer != nil {
