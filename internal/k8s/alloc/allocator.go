@@ -527,6 +527,39 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 	}
 }
 
+// Ensure creates pool's table, empty, unless it exists. The pool
+// controller calls it when it first sees the pool, so that the table is
+// made with the pool's fill and the first allocation from the pool is an
+// update of it like every later one, not a create on the delivery path.
+func (a *Allocator) Ensure(ctx context.Context, pool types.NamespacedName) error {
+	if err := a.WaitSynced(ctx); err != nil {
+		return err
+	}
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	exists := ps.exists
+	ps.mu.Unlock()
+	if exists {
+		return nil
+	}
+	rv, err := a.write(ctx, pool, Table{}, "", false)
+	switch {
+	case err == nil:
+		ps.mu.Lock()
+		if !ps.exists {
+			ps.setLocked(Table{}, rv, true)
+		}
+		ps.mu.Unlock()
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// Another writer made it first (a moat server's claim, or a
+		// group commit of this process): read what it wrote.
+		return a.refresh(ctx, pool, ps)
+	default:
+		return fmt.Errorf("create allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+	}
+}
+
 // freeLocked lists the pool's free pods: ready, of the current revision,
 // usable, not named by the table. Preconditions: ps.mu held.
 func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) []string {

@@ -75,6 +75,11 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			return reconcile.Result{}, err
 		}
 	}
+	// The allocation table is made with the pool: a warm batch then
+	// updates it (one write) instead of creating it on delivery.
+	if err := r.tables.Ensure(ctx, req.NamespacedName); err != nil {
+		return reconcile.Result{}, err
+	}
 
 	pods, err := r.poolPods(ctx, req.NamespacedName)
 	if err != nil {
