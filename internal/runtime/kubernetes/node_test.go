@@ -127,6 +127,9 @@ func testNodeConformance(t *testing.T, f *nodeFixture) {
 		// The disk quota is the pod's ephemeral-storage limit, which the
 		// kubelet enforces by evicting the pod.
 		DiskQuotaEvicts: true,
+		// Every sandbox is a pod the kubelet starts (and a refused one a
+		// pod it tries to start): the Volumes case makes seven.
+		CaseTimeout: 5 * time.Minute,
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			ns := rt.(nodeRuntime).ns
 			rt2 := newNodeRuntime(t, f, ns)

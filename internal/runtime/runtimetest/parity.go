@@ -38,7 +38,7 @@ func (s *suite) egressCase(t *testing.T) {
 	if s.opts.NoCommands {
 		t.Fatal("Options.Egress needs a backend whose agents run commands")
 	}
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	h := s.opts.Egress(t, rt)
 	a, b := h.Outside()
@@ -79,7 +79,7 @@ func (s *suite) egressCase(t *testing.T) {
 // isolation (backends whose agents run commands): a sandbox cannot open a connection to another sandbox (its
 // agent port), while the host can.
 func (s *suite) isolation(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	a, b := NewID("iso-a"), NewID("iso-b")
 	s.create(t, ctx, rt, a)
@@ -98,7 +98,7 @@ func (s *suite) isolation(t *testing.T) {
 // diskQuota: Resources.DiskBytes caps what a sandbox can write, or the
 // backend refuses it with ErrNotImplemented naming the disk quota.
 func (s *suite) diskQuota(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	id := NewID("disk")
 	spec := s.spec(id)
@@ -176,7 +176,7 @@ func (s *suite) diskQuotaEviction(t *testing.T, rt runtime.Runtime, id string) {
 // ipv6 (backends whose agents run commands): without Options.IPv6 a sandbox has no IPv6 path at all; with it,
 // a global IPv6 address.
 func (s *suite) ipv6(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	id := NewID("ipv6")
 	s.create(t, ctx, rt, id)

@@ -37,6 +37,9 @@ type Options struct {
 	Reopen func(t *testing.T, rt runtime.Runtime) runtime.Runtime
 	// AgentTimeout bounds the wait for the agent's /ping (default 10s).
 	AgentTimeout time.Duration
+	// CaseTimeout bounds each case (default 60s): a real cluster, where
+	// every sandbox is a pod the kubelet starts, needs more.
+	CaseTimeout time.Duration
 	// NoCommands tells that the backend's agents run no commands (the
 	// fake's, kwok's stand-in): cases check what the API reports and skip
 	// the checks made by commands inside the sandbox.
@@ -120,8 +123,13 @@ func (s *suite) spec(id string) runtime.Spec {
 	}
 }
 
-func ctxFor(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+// ctxFor bounds one case (Options.CaseTimeout).
+func (s *suite) ctxFor(t *testing.T) context.Context {
+	d := s.opts.CaseTimeout
+	if d == 0 {
+		d = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -206,7 +214,7 @@ func listHas(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) (
 }
 
 func (s *suite) lifecycle(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	if rt.Name() == "" {
 		t.Error("Name is empty")
@@ -288,7 +296,7 @@ func (s *suite) lifecycle(t *testing.T) {
 }
 
 func (s *suite) unknownID(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	id := NewID("nope")
 	if _, err := rt.Status(ctx, id); !errdefs.IsNotFound(err) {
@@ -317,7 +325,7 @@ func (s *suite) unknownID(t *testing.T) {
 }
 
 func (s *suite) invalidSpec(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	for i, tc := range []struct {
 		name   string
@@ -351,7 +359,7 @@ func (s *suite) invalidSpec(t *testing.T) {
 }
 
 func (s *suite) recover(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	id := NewID("rec")
 	stopped := NewID("recstop")
@@ -394,7 +402,7 @@ func (s *suite) recover(t *testing.T) {
 }
 
 func (s *suite) concurrent(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	const n = 4
 	ids := make([]string, n)
@@ -445,7 +453,7 @@ func (s *suite) concurrent(t *testing.T) {
 // stopNoGrace checks that a zero grace period still stops the sandbox
 // (SIGKILL right away), and that a stopped sandbox can be deleted.
 func (s *suite) stopNoGrace(t *testing.T) {
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	rt := s.newRuntime(t)
 	id := NewID("kill")
 	s.create(t, ctx, rt, id)
@@ -472,7 +480,7 @@ func (s *suite) checkpoint(t *testing.T) {
 	if !ok {
 		t.Skipf("%s does not implement runtime.Checkpointer", rt.Name())
 	}
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	src := NewID("ckpt-src")
 	s.create(t, ctx, rt, src)
 	WaitAgent(t, ctx, rt, src, s.opts.AgentTimeout)

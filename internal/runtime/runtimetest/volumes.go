@@ -23,7 +23,7 @@ func (s *suite) volumes(t *testing.T) {
 	if !ok {
 		t.Skipf("%s does not implement runtime.Volumes", rt.Name())
 	}
-	ctx := ctxFor(t)
+	ctx := s.ctxFor(t)
 	name := NewID("vol")
 	t.Cleanup(func() { vr.DeleteVolume(context.Background(), name) })
 	if _, err := vr.GetVolume(ctx, name); !errdefs.IsNotFound(err) {
