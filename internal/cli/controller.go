@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -22,6 +23,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 )
+
+// serviceAccountNamespace holds the namespace of the pod a process runs in.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 func newControllerCommand() *cobra.Command {
 	var (
@@ -60,6 +64,13 @@ run it as their entrypoint, with the container's own command as its child.`,
 				}
 			}
 			opts.Isolation.Disabled = !policy
+			if !cmd.Flags().Changed("sandbox-ingress-namespace") {
+				// In a pod: its own namespace (the controller runs tasks
+				// through the sandboxes' agents).
+				if ns, err := os.ReadFile(serviceAccountNamespace); err == nil && strings.TrimSpace(string(ns)) != "" {
+					opts.Isolation.FromNamespaces = []string{strings.TrimSpace(string(ns))}
+				}
+			}
 			mgr, err := controller.New(cfg, opts)
 			if err != nil {
 				return err
@@ -80,7 +91,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.IntVar(&opts.Burst, "kube-api-burst", controller.DefaultBurst, "API request burst (client-side rate limit)")
 	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
 	f.BoolVar(&policy, "sandbox-network-policy", true, "keep a NetworkPolicy ("+controller.IsolationPolicyName+") in every sandbox namespace that denies ingress to sandbox pods except from the node, --sandbox-ingress-namespace and --sandbox-ingress-cidr (needs a CNI that enforces NetworkPolicy)")
-	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable")
+	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")
 	f.StringSliceVar(&opts.Isolation.FromCIDRs, "sandbox-ingress-cidr", nil, "address block that may reach the agent port of sandbox pods (an out-of-cluster moat server); repeatable")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.AddCommand(newCopyAgentCommand())
