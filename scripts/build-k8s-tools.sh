@@ -14,7 +14,7 @@
 #   containerd, containerd-shim-runc-v2, ctr
 #                   github.com/containerd/containerd/v2    (CONTAINERD_VERSION;
 #                   kubelet 1.37 needs containerd 2.x, Debian 12 has 1.6)
-#   cni/bridge, cni/host-local, cni/loopback
+#   cni/bridge, cni/host-local, cni/loopback, cni/tuning
 #                   github.com/containernetworking/plugins (CNI_VERSION)
 #   helm            helm.sh/helm/v4/cmd/helm               (HELM_VERSION)
 #   crictl          sigs.k8s.io/cri-tools/cmd/crictl       (CRICTL_VERSION;
