@@ -43,6 +43,8 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
+	f.Float32Var(&cfg.Kubernetes.QPS, "k8s-api-qps", 0, "with --runtime kubernetes, API requests per second of the server's clients (client-side rate limit; default 200, as moat controller)")
+	f.IntVar(&cfg.Kubernetes.Burst, "k8s-api-burst", 0, "with --runtime kubernetes, API request burst of the server's clients (default 400)")
 	f.DurationVar(&cfg.Kubernetes.OrphanGrace, "k8s-orphan-grace", 0, "with --runtime kubernetes, how old a sandbox without a record (its replica died while creating it) must be before the leading replica deletes it (default 10m; must exceed the longest create)")
 	f.StringVar(&cfg.AgentPath, "agent-path", "", "in-sandbox agent binary for the oci and docker runtimes (a static cmd/moat-agent build; default: the one moat carries)")
 	f.Float64Var(&cfg.Kubernetes.RequestFraction, "k8s-request-fraction", 0, "share of a sandbox's cpu/memory limits its pod requests, in (0,1] (default: requests = limits)")

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 	"github.com/moat-sandbox/moat/internal/k8s/lease"
@@ -29,6 +30,12 @@ type KubernetesConfig struct {
 	// RequestFraction is the share of a sandbox's limits its pod requests
 	// (0 = requests equal limits).
 	RequestFraction float64
+	// QPS and Burst are the client-side rate limit of the server's API
+	// clients (default controller.DefaultQPS and DefaultBurst, as `moat
+	// controller`: client-go's own 5/s held each replica to a few claims
+	// per second).
+	QPS   float32
+	Burst int
 	// OrphanGrace is how old a sandbox without a record must be before
 	// the leading replica deletes it (default 10m, longer than a create may take; see lifecycle).
 	OrphanGrace time.Duration
@@ -41,6 +48,13 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 	rc, err := kubeconfig.Load(cfg.Kubernetes.Kubeconfig)
 	if err != nil {
 		return backend{}, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	rc.QPS, rc.Burst = cfg.Kubernetes.QPS, cfg.Kubernetes.Burst
+	if rc.QPS <= 0 {
+		rc.QPS = controller.DefaultQPS
+	}
+	if rc.Burst <= 0 {
+		rc.Burst = controller.DefaultBurst
 	}
 	rt, err := kubernetes.New(rc, kubernetes.Config{
 		Namespace:  cfg.Kubernetes.Namespace,
