@@ -16,7 +16,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 )
 
 // The node enforces NetworkPolicy ingress rules, as a cluster with a
@@ -32,27 +34,68 @@ import (
 // bridge. The kernel lacks bridge conntrack, so the bridge table is
 // stateless: for TCP it drops the opening SYN (an established flow's
 // other segments pass), other protocols are dropped unless allowed.
-// The rules follow pods and policies within about half a second
-// (polling), unlike a CNI, which has them in place before a pod starts.
+// The rules follow pods and policies through watches: a pod's rules are
+// in place moments after its address is published (a CNI has them before
+// the pod starts).
 
-// enforcePolicies reconciles the node's policy tables until ctx ends.
+// enforcePolicies reconciles the node's policy tables until ctx ends:
+// on every change of a pod, policy or namespace (watches), so the rules
+// of a new pod are in place as soon as its address is published.
 func (n *Node) enforcePolicies(ctx context.Context) {
 	cs, err := kubernetes.NewForConfig(n.Config)
 	if err != nil {
 		return
 	}
+	f := informers.NewSharedInformerFactory(cs, 0)
+	changed := make(chan struct{}, 1)
+	poke := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify(changed) },
+		UpdateFunc: func(any, any) { notify(changed) },
+		DeleteFunc: func(any) { notify(changed) },
+	}
+	pods, pols, nss := f.Core().V1().Pods(), f.Networking().V1().NetworkPolicies(), f.Core().V1().Namespaces()
+	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), pols.Informer(), nss.Informer()} {
+		inf.AddEventHandler(poke)
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	f.WaitForCacheSync(ctx.Done())
 	var last string
-	for ctx.Err() == nil {
-		if script, err := n.policyScript(ctx, cs); err == nil && script != last {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(5 * time.Second): // retry a failed apply
+		}
+		pl, err1 := pols.Lister().List(labels.Everything())
+		po, err2 := pods.Lister().List(labels.Everything())
+		ns, err3 := nss.Lister().List(labels.Everything())
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue
+		}
+		script := policyRules(n.policyTable(), n.bridge, deref(pl), deref(po), deref(ns))
+		if script != last {
 			if err := n.nft(script); err == nil {
 				last = script
 			}
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
-		}
 	}
+}
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func deref[T any](l []*T) []T {
+	out := make([]T, len(l))
+	for i, x := range l {
+		out[i] = *x
+	}
+	return out
 }
 
 // policyTable is the name of the node's policy tables.
@@ -71,22 +114,6 @@ func (n *Node) nft(script string) error {
 func (n *Node) removePolicyTables() error {
 	t := n.policyTable()
 	return n.nft(fmt.Sprintf("table bridge %s {}\ndelete table bridge %s\ntable inet %s {}\ndelete table inet %s\n", t, t, t, t))
-}
-
-func (n *Node) policyScript(ctx context.Context, cs kubernetes.Interface) (string, error) {
-	pols, err := cs.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return "", err
-	}
-	pods, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return "", err
-	}
-	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return "", err
-	}
-	return policyRules(n.policyTable(), n.bridge, pols.Items, pods.Items, nss.Items), nil
 }
 
 // policyRules renders the node's policy tables (see enforcePolicies) for
