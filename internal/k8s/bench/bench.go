@@ -178,10 +178,14 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		return nil, err
 	}
 
+	health, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
 	var logs bytes.Buffer
 	cctx, stop := context.WithCancel(ctx)
 	cmd := exec.CommandContext(cctx, o.Moat, append([]string{"controller", "--kubeconfig", proxy.Kubeconfig,
-		"--agent-image", o.AgentImage, "--namespace", r.ns, "--log-level", "error"}, o.ControllerArgs...)...)
+		"--agent-image", o.AgentImage, "--namespace", r.ns, "--log-level", "error", "--health-addr", health}, o.ControllerArgs...)...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		stop()
@@ -199,6 +203,18 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 			err = fmt.Errorf("%w\ncontroller output:\n%s", err, logs.String())
 		}
 	}()
+
+	// The figures start once the controller serves (not its start-up).
+	if err := waitFor(ctx, time.Minute, func() (bool, error) {
+		res, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK, fmt.Errorf("readyz: %s", res.Status)
+	}); err != nil {
+		return nil, fmt.Errorf("moat controller not ready: %w", err)
+	}
 
 	var results []Result
 	if o.N > 0 {
@@ -425,6 +441,16 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 	results = append(results, warm)
 	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
 	return results, nil
+}
+
+// freeAddr returns a free loopback address.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // firstCommand runs `echo ok` through the agent at ip (retrying while it
