@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s generate-k8s build run test test-short vet lint bench bench-k8s bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -95,17 +95,18 @@ lint: vet $(STATICCHECK) check-generated check-generated-k8s ## go vet + staticc
 # K8S_GEN_SUM fingerprints what controller-gen writes (tracked or not).
 K8S_GEN_SUM = { find api config/crd/bases config/rbac deploy/helm/moat/crds -type f | sort; echo deploy/helm/moat/templates/clusterrole.yaml; } | xargs sha256sum | sha256sum
 
-check-generated-k8s: deps-k8s ## Fail if the deepcopy code, CRDs, RBAC or the Helm chart's copies are stale against api/ and the controller
+check-generated-k8s: ## Fail if the deepcopy code, CRDs, RBAC or the Helm chart's copies are stale against api/ and the controller
 	@before=$$($(K8S_GEN_SUM)); $(MAKE) --no-print-directory generate-k8s >/dev/null; \
 	if [ "$$before" != "$$($(K8S_GEN_SUM))" ]; then \
 		echo "controller-gen output was stale and has been regenerated (make generate-k8s): review and commit it" >&2; exit 1; fi
 
 K8S_TOOLS = $(shell bash scripts/build-k8s-tools.sh --print-dir)
 
-deps-k8s: ## Build kube-apiserver, etcd, kwok, controller-gen from the module proxy into the cache (slow once, then instant)
+deps-k8s: ## Build the Kubernetes test tools (kube-apiserver, etcd, kwok, kubelet, containerd, ...) from the module proxy into the cache (slow once, then instant)
 	@bash scripts/build-k8s-tools.sh
 
-generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) and copy them into the Helm chart
+generate-k8s: ## Regenerate deepcopy, CRDs and RBAC (controller-gen) and copy them into the Helm chart
+	@bash scripts/build-k8s-tools.sh controller-gen
 	$(K8S_TOOLS)/controller-gen object paths=./api/...
 	$(K8S_TOOLS)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(K8S_TOOLS)/controller-gen rbac:roleName=moat-controller paths=./internal/k8s/controller/... output:rbac:artifacts:config=config/rbac
@@ -116,7 +117,31 @@ generate-k8s: deps-k8s ## Regenerate deepcopy, CRDs and RBAC (controller-gen) an
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-test: deps deps-browser deps-runsc deps-docker deps-k8s lint build ## Run every test (as root: includes the runtime and end-to-end tests)
+deps-images: ## Build the debootstrap test image (Jupyter kernels, JDK, node) into the cache (a few minutes once, then instant)
+	@bash scripts/build-test-images.sh debian-kernels >/dev/null
+
+deps-npm: ## Install the locked npm packages of the JS SDK compatibility test (test/compat/js)
+	@bash scripts/npm-ci.sh test/compat/js
+
+# The set-up of `make test`. The Debian packages come first (apt holds one
+# lock); then every other stage runs at once, so that the CPU-bound Go
+# builds overlap the network- and disk-bound ones (module downloads,
+# debootstrap, npm): a cold set-up takes about as long as its longest
+# stage, the Kubernetes tools (docs/BENCHMARKS.md "CI cold set-up").
+# Their lines interleave; each script prefixes its own. (No --output-sync:
+# GNU make 4.3 locks stdout for it, and hangs when that is /dev/null and
+# another process holds a lock on it.)
+test-setup: deps deps-browser deps-docker ## Everything `make test` needs before the tests run (root, idempotent)
+	@$(MAKE) --no-print-directory -j deps-runsc deps-k8s deps-images deps-npm test-build
+
+# build, then lint one step at a time: its generators (check-generated,
+# check-generated-k8s) rewrite files that vet, staticcheck and the builds
+# compile, and the console build rewrites the directory the binary embeds.
+test-build:
+	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory -j1 lint
+
+test: test-setup ## Run every test (as root: includes the runtime and end-to-end tests)
 	@# The run gets its own directory (its TMPDIR, the test-network journal);
 	@# leakcheck fails the run if it left a bridge, netns, nft table, mount,
 	@# cgroup or process behind (see internal/testutil/leakcheck).

@@ -25,7 +25,9 @@ fi
 # python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests;
 # default-jdk-headless and node-typescript: the agent's built-in Java
 # (jshell) and TypeScript drivers, tested on the host (internal/execd/code).
-pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript)
+# debootstrap: scripts/build-test-images.sh (installed here so that no apt
+# runs while `make test-setup` builds its stages at once).
+pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
