@@ -32,12 +32,14 @@ var (
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
 	ctrllog.SetLogger(logr.Discard())
-	o := Options{Nodes: 2, Pool: 50, Batch: 10, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
+	// Ten pods spare: a replica whose pod cache lags the fill a moment
+	// still finds every claim a warm pod.
+	o := Options{Nodes: 2, Pool: 60, Claims: 30, Batch: 10, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
 	if *nodes > 0 {
 		o.Nodes = *nodes
 	}
 	if *pool > 0 {
-		o.Pool = *pool
+		o.Pool, o.Claims = *pool, 0 // the rest of the pool, unless -scale.claims
 	}
 	if *batch > 0 {
 		o.Batch = *batch
