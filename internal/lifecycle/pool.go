@@ -431,20 +431,12 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 	need := 0
 	if filling {
 		need = max(0, def.Capacity.BufferMax-avail, def.Capacity.PoolMin-st.Total)
-		made := st.Total - pl.creating
-		if st.Available >= def.Capacity.BufferMax && made >= def.Capacity.PoolMin {
+		if pl.refilledLocked() {
 			filling = false
 		}
 	}
-	if filling != def.Refilling {
-		// Written under pl.mu, like UpdatePool's writes, so the record
-		// never goes back to an older definition.
-		def.Refilling = filling
-		pl.def.Refilling = filling
-		if err := s.deps.Store.Put(PoolBucket, def.key(), &def); err != nil {
-			s.log.Warn("persist pool refill state", "pool", def.Name, "refilling", filling, "err", err)
-		}
-	}
+	s.setRefillingLocked(pl, filling)
+	def = pl.def
 	need = max(0, min(need, def.Capacity.PoolMax-st.Total, warmConcurrency-pl.creating))
 	pl.creating += need
 	// Counted under pl.mu, where DeletePool sets deleted before it waits:
@@ -471,6 +463,12 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 					err = errPoolGone
 				} else {
 					pl.idle = append(pl.idle, e)
+					// The refill ends when its last sandbox lands,
+					// not at the next pass: a claim in between must
+					// not restart a finished refill.
+					if pl.def.Refilling && pl.refilledLocked() {
+						s.setRefillingLocked(pl, false)
+					}
 				}
 			}
 			pl.mu.Unlock()
@@ -490,6 +488,29 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 			}
 			pl.poke()
 		}()
+	}
+}
+
+// refilledLocked tells whether a refill of pl is complete: BufferMax
+// idle sandboxes and PoolMin in all exist (creates in flight do not count:
+// one may still fail, or die with the server).
+func (pl *pool) refilledLocked() bool {
+	st := pl.statusLocked()
+	return st.Available >= pl.def.Capacity.BufferMax && st.Total-pl.creating >= pl.def.Capacity.PoolMin
+}
+
+// setRefillingLocked records whether a refill of pl is under way, in
+// memory and in the store (so a restarted server finishes it). Written
+// under pl.mu, like UpdatePool's writes, so the record never goes back to
+// an older definition.
+func (s *Service) setRefillingLocked(pl *pool, filling bool) {
+	if pl.def.Refilling == filling {
+		return
+	}
+	pl.def.Refilling = filling
+	def := pl.def
+	if err := s.deps.Store.Put(PoolBucket, def.key(), &def); err != nil {
+		s.log.Warn("persist pool refill state", "pool", def.Name, "refilling", filling, "err", err)
 	}
 }
 
