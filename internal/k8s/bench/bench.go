@@ -215,6 +215,20 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 	}); err != nil {
 		return nil, fmt.Errorf("moat controller not ready: %w", err)
 	}
+	// /readyz answers once the process serves; its workers start after
+	// their caches synced (over a second on a busy host): a Pool of none,
+	// reconciled, says they run.
+	probe := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "probe"},
+		Spec: sbv1.PoolSpec{Template: &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "busybox:bench"}}}}}}
+	if err := c.Create(ctx, probe); err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, time.Minute, func() (bool, error) {
+		err := c.Get(ctx, client.ObjectKeyFromObject(probe), probe)
+		return err == nil && probe.Status.ObservedGeneration == probe.Generation, err
+	}); err != nil {
+		return nil, fmt.Errorf("moat controller does not reconcile: %w", err)
+	}
 
 	var results []Result
 	if o.N > 0 {
