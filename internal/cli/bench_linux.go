@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -97,6 +98,7 @@ func benchTargetFlags(cmd *cobra.Command, t *bench.Target) {
 	f.StringVar(&t.APIKey, "api-key", "", "API key for --server (default $MOAT_API_KEY)")
 	f.StringVar(&t.Image, "image", "", "image reference (default: in-process busybox)")
 	f.String("log-level", "warn", "log level of the in-process server (debug shows the create phases: `oci: created`)")
+	f.String("cpuprofile", "", "write a CPU profile of this process (with the in-process server) to the file")
 }
 
 // benchRun adapts a bench runner to cobra's RunE: the API key defaults to
@@ -111,6 +113,17 @@ func benchRun(t *bench.Target, run func(cmd *cobra.Command, log *slog.Logger) er
 			if err := level.UnmarshalText([]byte(s)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
+		}
+		if path, _ := cmd.Flags().GetString("cpuprofile"); path != "" {
+			f, err := os.Create(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
 		}
 		return run(cmd, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	}
