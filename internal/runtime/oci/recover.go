@@ -121,8 +121,20 @@ func (r *Runtime) anyState(id string) bool {
 func (r *Runtime) cgroupPath(id string) string { return r.cfg.CgroupParent + "/" + id }
 
 // cgroupDirs returns the directories of cgroup path cg (v1 and v2).
+//
+// It stats cg under each entry of /sys/fs/cgroup (one per v1 controller)
+// rather than globbing "/sys/fs/cgroup/*"+cg: a glob reads the parent
+// directory of cg in full under every controller, which holds one entry
+// per sandbox, so each call cost O(sandboxes) (17% of the server's CPU in
+// a 300-sandbox batch, most of it in deletes).
 func cgroupDirs(cg string) []string {
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + cg)
+	var dirs []string
+	ents, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range ents {
+		if d := "/sys/fs/cgroup/" + e.Name() + cg; exists(d) {
+			dirs = append(dirs, d)
+		}
+	}
 	if d := "/sys/fs/cgroup" + cg; exists(d) {
 		dirs = append(dirs, d)
 	}
