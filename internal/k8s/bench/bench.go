@@ -96,7 +96,7 @@ type Result struct {
 
 func (r Result) String() string {
 	if r.Latency != nil {
-		return fmt.Sprintf("k8s %-6s n=%d  %v  controller-writes=%d", r.Mode, r.N, *r.Latency, apiwrites.Total(r.Writes))
+		return fmt.Sprintf("k8s %-6s %v  controller-writes=%d", r.Mode, *r.Latency, apiwrites.Total(r.Writes))
 	}
 	keys := slices.Sorted(maps.Keys(r.Writes))
 	var parts []string
