@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/rootfs"
 	"github.com/moat-sandbox/moat/internal/server"
@@ -36,6 +39,7 @@ type InProcess struct {
 	cancel   context.CancelFunc
 	done     chan error
 	Image    string
+	bridge   string // the oci server's bridge, removed by Close
 }
 
 // StartInProcess starts a server with its own state dir, bridge moatbench0
@@ -47,6 +51,9 @@ func StartInProcess(ctx context.Context, runtimeName string, log *slog.Logger) (
 	}
 	p := &InProcess{dir: dir, Key: "bench-key"}
 	cfg := server.Default()
+	if runtimeName == "" || runtimeName == "oci" {
+		p.bridge = "moatbench0"
+	}
 	cfg.Root = filepath.Join(dir, "root")
 	cfg.RunRoot = filepath.Join(dir, "run")
 	cfg.Bridge = "moatbench0"
@@ -94,7 +101,9 @@ func StartInProcess(ctx context.Context, runtimeName string, log *slog.Logger) (
 }
 
 // Close stops the server (deleting nothing it does not own) and removes
-// the state directory.
+// the state directory, and for the oci runtime the bridge and the nft
+// tables of the bridge (a server keeps them across restarts; this one is
+// thrown away with its state).
 func (p *InProcess) Close() {
 	if p.cancel != nil {
 		p.cancel()
@@ -105,6 +114,14 @@ func (p *InProcess) Close() {
 	}
 	if p.reg != nil {
 		p.reg.Close()
+	}
+	if p.srv != nil && p.bridge != "" {
+		ctx := context.Background()
+		nft.RemoveHost(ctx, p.bridge)
+		nft.RemoveIntercept(ctx, p.bridge)
+		if link, err := netlink.LinkByName(p.bridge); err == nil {
+			netlink.LinkDel(link)
+		}
 	}
 	os.RemoveAll(p.dir)
 }
