@@ -144,13 +144,13 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	skipNameValidation := true
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme:                  Scheme(),
-		Cache:                   copts,
+		Scheme: Scheme(),
+		Cache:  copts,
 		// The pools' token Secrets are read from the API server: through
 		// the cache, the first read started an informer over every Secret
 		// the controller may see (cluster-wide without --namespace) and
 		// kept them all in memory.
-		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  opts.HealthAddr,
 		LeaderElection:          opts.LeaderElection,
