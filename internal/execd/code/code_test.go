@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -491,4 +492,29 @@ func TestCodeContexts(t *testing.T) {
 func isKernel(c *codeContext) bool {
 	_, ok := c.backend.(*kernelClient)
 	return ok
+}
+
+// A kernel that dies between cells: the next execution is refused with
+// RUNTIME_ERROR, and the message says how the interpreter ended (its wait
+// status) so that the client can tell a crash from a kill.
+func TestKernelExitedBetweenCells(t *testing.T) {
+	e := kernelEnv(t)
+	id := e.createContext("python")
+	if evs := e.runCode(id, "import sys; print('hi', file=sys.stderr)"); evs[len(evs)-1].Type != wire.EvExecutionComplete {
+		t.Fatalf("first cell: %s", eventTypes(evs))
+	}
+	c, err := e.svc.getContext(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.backend.process()
+	p.Signal(syscall.SIGKILL)
+	<-p.Done()
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "1"})
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	exectest.WantError(t, resp.StatusCode, b, 409, wire.CodeRuntimeError)
+	if !strings.Contains(string(b), "signal: killed") || !strings.Contains(string(b), "create a new context") {
+		t.Fatalf("the error does not say how the kernel ended: %s", b)
+	}
 }

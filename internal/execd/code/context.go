@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,12 +54,31 @@ func (c *codeContext) begin(run *proc.Runner) (*execution, error) {
 	}
 	if c.backend.exited() {
 		return nil, wire.Runtime(fmt.Errorf("%w: interpreter exited", errdefs.ErrFailedPrecondition),
-			"context interpreter has exited; create a new context")
+			"context interpreter has exited"+c.exitDetail()+"; create a new context")
 	}
 	c.runs++
 	x := &execution{ctx: c, n: c.runs, run: run}
 	c.cur = x
 	return x, nil
+}
+
+// exitDetail tells how the context's interpreter ended: its wait status
+// and the tail of a kernel's log (a kernel that dies between cells is
+// otherwise a mystery to the client).
+func (c *codeContext) exitDetail() string {
+	var d string
+	if p := c.backend.process(); p != nil && p.Exited() {
+		d = " (" + proc.DescribeStatus(p.Status()) + ")"
+	}
+	if b, err := os.ReadFile(filepath.Join(c.dir, "kernel.log")); err == nil {
+		if len(b) > 1024 {
+			b = b[len(b)-1024:]
+		}
+		if t := strings.TrimSpace(string(b)); t != "" {
+			d += "; its output ends: " + t
+		}
+	}
+	return d
 }
 
 // interrupt interrupts the running execution; with none there is nothing
