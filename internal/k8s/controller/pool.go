@@ -59,7 +59,10 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	var pool sbv1.Pool
 	if err := r.c.Get(ctx, req.NamespacedName, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, r.deleteFree(ctx, req.NamespacedName)
+			if err := r.deleteFree(ctx, req.NamespacedName); err != nil {
+				return reconcile.Result{}, err
+			}
+			return reconcile.Result{}, r.dropTables(ctx, req.NamespacedName)
 		}
 		return reconcile.Result{}, err
 	}
@@ -411,6 +414,26 @@ func (r *poolReconciler) deleteFree(ctx context.Context, pool types.NamespacedNa
 		}
 	}
 	return r.deletePods(ctx, pool, free)
+}
+
+// dropTables deletes a deleted pool's allocation table and token Secret
+// once none of its pods is left (claimed pods outlive their pool, and
+// their claims live in the table until they are released; each pod's
+// deletion brings the pool back here).
+func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedName) error {
+	pods, err := r.poolPods(ctx, pool)
+	if err != nil || len(pods) > 0 {
+		return err
+	}
+	for _, obj := range []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TableName(pool.Name)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}},
+	} {
+		if err := r.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
 }
 
 // parallel runs fn(0..n-1) with at most conc at once and returns the first error.

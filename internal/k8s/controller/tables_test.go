@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -164,6 +166,46 @@ func TestServerClaimsRespected(t *testing.T) {
 		tbl := readTable(t, c, ns, "p")
 		_, still := tbl.Owners[alloc.BatchOwner("b")]
 		return !still && len(tbl.Retired) >= 6, fmt.Sprintf("%+v", tbl)
+	})
+
+	// Deleting the pool keeps its table and token Secret while pods it
+	// made are claimed; they go with its last pod.
+	if err := c.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pool gone", func() (bool, string) {
+		err := c.Get(ctx, key, &sbv1.Pool{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	tableObjects := func() (left []string) {
+		for _, obj := range []client.Object{&corev1.ConfigMap{}, &corev1.Secret{}} {
+			name := alloc.TableName("p")
+			if _, ok := obj.(*corev1.Secret); ok {
+				name = alloc.TokenSecretName("p")
+			}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj); err == nil {
+				left = append(left, name)
+			} else if !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
+		}
+		return left
+	}
+	time.Sleep(time.Second)
+	if left := tableObjects(); len(left) != 2 {
+		t.Fatalf("a deleted pool with claimed pods lost its table or tokens: only %v left", left)
+	}
+	if _, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), ReleaseAll: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range res.Pods {
+		if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p}}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 60*time.Second, "table and token Secret deleted with the pool's last pod", func() (bool, string) {
+		left := tableObjects()
+		return len(left) == 0, fmt.Sprint(left, " pods ", len(pods(t, c, ns, client.MatchingLabels{sbv1.LabelPool: "p"})))
 	})
 }
 
