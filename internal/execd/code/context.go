@@ -118,18 +118,42 @@ type execution struct {
 	pending   bool // an interrupt waits for started
 	delivered bool // an interrupt was sent to the interpreter
 	canceled  bool // the client went away
+	// settled: the interpreter has said the cell is over (its reply, its
+	// error or idle); no interrupt is sent after that: one that lands
+	// between cells kills IRkernel (R run non-interactively quits on
+	// SIGINT outside a cell).
+	settled bool
+	// readyAt is when the interpreter takes an interrupt (markStarted's
+	// delay after the start): an interrupt asked for earlier waits.
+	readyAt time.Time
 }
 
-// interrupt delivers an interrupt now if the cell is running, or holds it
-// until it is.
+// interrupt delivers an interrupt now if the cell is running (once it is
+// ready for one, see markStarted), or holds it until it is.
 func (x *execution) interrupt(ctx context.Context) error {
 	x.mu.Lock()
-	if x.ended {
+	if x.ended || x.settled {
 		x.mu.Unlock()
 		return nil
 	}
 	if !x.started {
 		x.pending = true
+		x.mu.Unlock()
+		return nil
+	}
+	wait := time.Until(x.readyAt)
+	x.mu.Unlock()
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	x.mu.Lock()
+	if x.ended || x.settled {
 		x.mu.Unlock()
 		return nil
 	}
@@ -141,12 +165,28 @@ func (x *execution) interrupt(ctx context.Context) error {
 // redeliver repeats a delivered interrupt while the cell runs (in the
 // background: exec's reader must go on).
 func (x *execution) redeliver() {
-	x.mu.Lock()
-	again := x.delivered && !x.ended
-	x.mu.Unlock()
-	if again {
-		x.run.Go(func() { x.ctx.backend.interrupt(x.run.Context()) })
+	if x.mayInterrupt(true) {
+		x.run.Go(func() {
+			if x.mayInterrupt(true) {
+				x.ctx.backend.interrupt(x.run.Context())
+			}
+		})
 	}
+}
+
+// mayInterrupt reports whether the cell still takes an interrupt (it has
+// neither ended nor settled; again: one was delivered already).
+func (x *execution) mayInterrupt(again bool) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return !x.ended && !x.settled && (!again || x.delivered)
+}
+
+// settle records that the interpreter has said the cell is over.
+func (x *execution) settle() {
+	x.mu.Lock()
+	x.settled = true
+	x.mu.Unlock()
 }
 
 // interruptRequested reports whether an interrupt was asked for.
@@ -182,7 +222,8 @@ func (x *execution) cancelled() bool {
 // delivers a held interrupt (in the background: exec's reader must go on),
 // after delay: a kernel announces the cell (execute_input) a moment before
 // it is ready for SIGINT, and IRkernel dies of one that lands in between.
-// A cell that ends within the delay is not interrupted.
+// An interrupt asked for after the start waits out the same delay. A cell
+// that ends within the delay is not interrupted.
 func (x *execution) markStarted(delay time.Duration) {
 	x.mu.Lock()
 	if x.started || x.ended {
@@ -190,6 +231,7 @@ func (x *execution) markStarted(delay time.Duration) {
 		return
 	}
 	x.started = true
+	x.readyAt = time.Now().Add(delay)
 	deliver := x.pending
 	x.pending = false
 	x.mu.Unlock()
@@ -207,7 +249,7 @@ func (x *execution) markStarted(delay time.Duration) {
 			}
 		}
 		x.mu.Lock()
-		if x.ended {
+		if x.ended || x.settled {
 			x.mu.Unlock()
 			return
 		}

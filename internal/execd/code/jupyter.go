@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -80,6 +81,11 @@ type kernelClient struct {
 	interruptMode string
 	proc          *proc.Proc
 	dead          chan struct{} // closed once the kernel has exited
+	// announces: the kernel has published execute_input for a cell, so
+	// its cells' start is never guessed from "busy" again (a guessed
+	// start sends a held interrupt before the kernel is in the cell,
+	// which kills IRkernel when its execute_input is slow under load).
+	announces atomic.Bool
 
 	ctx                   context.Context
 	cancel                context.CancelFunc
@@ -594,7 +600,8 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		for _, m := range msgs {
 			switch m.Header.MsgType {
 			case "execute_input":
-				afterBusy = nil
+				k.announces.Store(true)
+				afterBusy, redeliver = nil, nil // the start is known
 				x.markStarted(kernelHeldInterruptDelay)
 			case "stream":
 				x.markStarted(kernelHeldInterruptDelay)
@@ -627,6 +634,8 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 			case "error":
 				streamed = true
 				final = kernelError(m.Content)
+				x.settle()
+				redeliver = nil
 			case "status":
 				var st struct {
 					ExecutionState string `json:"execution_state"`
@@ -639,16 +648,22 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				case "busy":
 					if !busy {
 						busy = true
-						afterBusy = time.After(kernelStartedAfterBusy)
+						if !k.announces.Load() {
+							afterBusy = time.After(kernelStartedAfterBusy)
+						}
 					}
 				case "idle":
 					idle = true
+					x.settle()
+					afterBusy, redeliver = nil, nil
 					if !replied {
 						afterIdle = time.After(kernelReplyAfterIdle)
 					}
 				}
 			case "execute_reply":
 				replied = true
+				x.settle()
+				afterBusy, redeliver = nil, nil
 				var rep struct {
 					Status string `json:"status"`
 				}
