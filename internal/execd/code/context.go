@@ -182,6 +182,13 @@ func (x *execution) mayInterrupt(again bool) bool {
 	return !x.ended && !x.settled && (!again || x.delivered)
 }
 
+// isSettled reports whether the interpreter has said the cell is over.
+func (x *execution) isSettled() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.settled
+}
+
 // settle records that the interpreter has said the cell is over.
 func (x *execution) settle() {
 	x.mu.Lock()

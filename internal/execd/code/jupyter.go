@@ -45,6 +45,11 @@ const (
 	// kernelRedeliver is how often an interrupt is repeated for a kernel
 	// without execute_input, until the cell ends.
 	kernelRedeliver = 500 * time.Millisecond
+	// kernelRedeliverAnnounced is how often for a kernel that published
+	// execute_input: IRkernel takes the first one, and a repeat that lands
+	// after it has finished the cell (before its error arrives here)
+	// would kill it.
+	kernelRedeliverAnnounced = time.Second
 	// kernelHeldInterruptDelay is how long after execute_input a held
 	// interrupt is sent (see execution.markStarted).
 	kernelHeldInterruptDelay = 100 * time.Millisecond
@@ -601,8 +606,17 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 			switch m.Header.MsgType {
 			case "execute_input":
 				k.announces.Store(true)
-				afterBusy, redeliver = nil, nil // the start is known
+				afterBusy = nil // the start is known
 				x.markStarted(kernelHeldInterruptDelay)
+				if redeliver == nil && !x.isSettled() {
+					// A kernel may still drop the first SIGINT (tslab,
+					// compiling the cell): a delivered interrupt is
+					// repeated, less often than for a guessed start,
+					// until the kernel says the cell is over.
+					t := time.NewTicker(kernelRedeliverAnnounced)
+					defer t.Stop()
+					redeliver = t.C
+				}
 			case "stream":
 				x.markStarted(kernelHeldInterruptDelay)
 				streamed = true
