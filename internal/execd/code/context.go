@@ -118,8 +118,8 @@ type execution struct {
 	pending   bool // an interrupt waits for started
 	delivered bool // an interrupt was sent to the interpreter
 	canceled  bool // the client went away
-	// settled: the interpreter has said the cell is over (its reply, its
-	// error or idle); no interrupt is sent after that: one that lands
+	// settled: the interpreter has said the cell is over (its reply or
+	// its error); no interrupt is sent after that: one that lands
 	// between cells kills IRkernel (R run non-interactively quits on
 	// SIGINT outside a cell).
 	settled bool

@@ -667,9 +667,9 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 						}
 					}
 				case "idle":
+					// Not the end of the cell for every kernel: tslab
+					// publishes idle while its cell still runs.
 					idle = true
-					x.settle()
-					afterBusy, redeliver = nil, nil
 					if !replied {
 						afterIdle = time.After(kernelReplyAfterIdle)
 					}
