@@ -118,21 +118,16 @@ type execution struct {
 	pending   bool // an interrupt waits for started
 	delivered bool // an interrupt was sent to the interpreter
 	canceled  bool // the client went away
-	// settled: the interpreter has said the cell is over (its reply or
-	// its error); no interrupt is sent after that: one that lands
-	// between cells kills IRkernel (R run non-interactively quits on
-	// SIGINT outside a cell).
-	settled bool
 	// readyAt is when the interpreter takes an interrupt (markStarted's
 	// delay after the start): an interrupt asked for earlier waits.
 	readyAt time.Time
 }
 
-// interrupt delivers an interrupt now if the cell is running (once it is
-// ready for one, see markStarted), or holds it until it is.
+// interrupt delivers an interrupt now if the cell is running, or holds it
+// until it is.
 func (x *execution) interrupt(ctx context.Context) error {
 	x.mu.Lock()
-	if x.ended || x.settled {
+	if x.ended {
 		x.mu.Unlock()
 		return nil
 	}
@@ -153,7 +148,7 @@ func (x *execution) interrupt(ctx context.Context) error {
 		}
 	}
 	x.mu.Lock()
-	if x.ended || x.settled {
+	if x.ended {
 		x.mu.Unlock()
 		return nil
 	}
@@ -165,35 +160,12 @@ func (x *execution) interrupt(ctx context.Context) error {
 // redeliver repeats a delivered interrupt while the cell runs (in the
 // background: exec's reader must go on).
 func (x *execution) redeliver() {
-	if x.mayInterrupt(true) {
-		x.run.Go(func() {
-			if x.mayInterrupt(true) {
-				x.ctx.backend.interrupt(x.run.Context())
-			}
-		})
-	}
-}
-
-// mayInterrupt reports whether the cell still takes an interrupt (it has
-// neither ended nor settled; again: one was delivered already).
-func (x *execution) mayInterrupt(again bool) bool {
 	x.mu.Lock()
-	defer x.mu.Unlock()
-	return !x.ended && !x.settled && (!again || x.delivered)
-}
-
-// isSettled reports whether the interpreter has said the cell is over.
-func (x *execution) isSettled() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.settled
-}
-
-// settle records that the interpreter has said the cell is over.
-func (x *execution) settle() {
-	x.mu.Lock()
-	x.settled = true
+	again := x.delivered && !x.ended
 	x.mu.Unlock()
+	if again {
+		x.run.Go(func() { x.ctx.backend.interrupt(x.run.Context()) })
+	}
 }
 
 // interruptRequested reports whether an interrupt was asked for.
@@ -256,7 +228,7 @@ func (x *execution) markStarted(delay time.Duration) {
 			}
 		}
 		x.mu.Lock()
-		if x.ended || x.settled {
+		if x.ended {
 			x.mu.Unlock()
 			return
 		}

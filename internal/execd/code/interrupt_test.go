@@ -36,11 +36,11 @@ func (b *recordingBackend) sent() []time.Time {
 	return append([]time.Time(nil), b.times...)
 }
 
-// The rules that keep an interrupt inside the cell (a SIGINT outside one
-// kills IRkernel, which CI saw as "context interpreter has exited" on the
-// cell after an interrupted loop): an interrupt asked for right after the
-// start waits out the start delay like a held one, and none is sent once
-// the interpreter has said the cell is over, not even a repeated one.
+// An interrupt asked for right after the start waits out the start delay
+// like a held one: a SIGINT that lands before IRkernel is inside the cell
+// kills it (CI saw "context interpreter has exited" on the cell after an
+// interrupted loop; under stress-ng the kernel's output ended "Execution
+// halted").
 func TestInterruptStaysInsideTheCell(t *testing.T) {
 	e := newTestEnv(t)
 	const delay = 150 * time.Millisecond
@@ -76,27 +76,5 @@ func TestInterruptStaysInsideTheCell(t *testing.T) {
 	}
 	if got := b.sent(); len(got) != 1 || got[0].Sub(start) < delay {
 		t.Fatalf("held interrupt: sent at %v (start %v, delay %v)", got, start, delay)
-	}
-
-	// Settled: neither a new interrupt nor a repeat reaches the
-	// interpreter.
-	x.settle()
-	x.redeliver()
-	if err := x.interrupt(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if got := b.sent(); len(got) != 1 {
-		t.Fatalf("%d interrupts after the cell settled, want none beyond the first", len(got)-1)
-	}
-
-	// A held interrupt whose cell settles within the delay is dropped.
-	x, b = newExec()
-	x.interrupt(context.Background())
-	x.markStarted(delay)
-	x.settle()
-	time.Sleep(delay + 100*time.Millisecond)
-	if got := b.sent(); len(got) != 0 {
-		t.Fatalf("a held interrupt reached a settled cell: %v", got)
 	}
 }

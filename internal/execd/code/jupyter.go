@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,11 +44,6 @@ const (
 	// kernelRedeliver is how often an interrupt is repeated for a kernel
 	// without execute_input, until the cell ends.
 	kernelRedeliver = 500 * time.Millisecond
-	// kernelRedeliverAnnounced is how often for a kernel that published
-	// execute_input: IRkernel takes the first one, and a repeat that lands
-	// after it has finished the cell (before its error arrives here)
-	// would kill it.
-	kernelRedeliverAnnounced = time.Second
 	// kernelHeldInterruptDelay is how long after execute_input a held
 	// interrupt is sent (see execution.markStarted).
 	kernelHeldInterruptDelay = 100 * time.Millisecond
@@ -86,11 +80,6 @@ type kernelClient struct {
 	interruptMode string
 	proc          *proc.Proc
 	dead          chan struct{} // closed once the kernel has exited
-	// announces: the kernel has published execute_input for a cell, so
-	// its cells' start is never guessed from "busy" again (a guessed
-	// start sends a held interrupt before the kernel is in the cell,
-	// which kills IRkernel when its execute_input is slow under load).
-	announces atomic.Bool
 
 	ctx                   context.Context
 	cancel                context.CancelFunc
@@ -605,18 +594,8 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		for _, m := range msgs {
 			switch m.Header.MsgType {
 			case "execute_input":
-				k.announces.Store(true)
-				afterBusy = nil // the start is known
+				afterBusy = nil
 				x.markStarted(kernelHeldInterruptDelay)
-				if redeliver == nil && !x.isSettled() {
-					// A kernel may still drop the first SIGINT (tslab,
-					// compiling the cell): a delivered interrupt is
-					// repeated, less often than for a guessed start,
-					// until the kernel says the cell is over.
-					t := time.NewTicker(kernelRedeliverAnnounced)
-					defer t.Stop()
-					redeliver = t.C
-				}
 			case "stream":
 				x.markStarted(kernelHeldInterruptDelay)
 				streamed = true
@@ -648,8 +627,6 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 			case "error":
 				streamed = true
 				final = kernelError(m.Content)
-				x.settle()
-				redeliver = nil
 			case "status":
 				var st struct {
 					ExecutionState string `json:"execution_state"`
@@ -662,13 +639,9 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				case "busy":
 					if !busy {
 						busy = true
-						if !k.announces.Load() {
-							afterBusy = time.After(kernelStartedAfterBusy)
-						}
+						afterBusy = time.After(kernelStartedAfterBusy)
 					}
 				case "idle":
-					// Not the end of the cell for every kernel: tslab
-					// publishes idle while its cell still runs.
 					idle = true
 					if !replied {
 						afterIdle = time.After(kernelReplyAfterIdle)
@@ -676,8 +649,6 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				}
 			case "execute_reply":
 				replied = true
-				x.settle()
-				afterBusy, redeliver = nil, nil
 				var rep struct {
 					Status string `json:"status"`
 				}
