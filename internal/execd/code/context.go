@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -70,13 +68,8 @@ func (c *codeContext) exitDetail() string {
 	if p := c.backend.process(); p != nil && p.Exited() {
 		d = " (" + proc.DescribeStatus(p.Status()) + ")"
 	}
-	if b, err := os.ReadFile(filepath.Join(c.dir, "kernel.log")); err == nil {
-		if len(b) > 1024 {
-			b = b[len(b)-1024:]
-		}
-		if t := strings.TrimSpace(string(b)); t != "" {
-			d += "; its output ends: " + t
-		}
+	if t := kernelLogTail(c.dir, 1024); t != "" {
+		d += "; its output ends: " + t
 	}
 	return d
 }

@@ -222,7 +222,7 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	if err := os.WriteFile(connPath, data, 0o600); err != nil {
 		return nil, wire.Runtime(err, "")
 	}
-	logPath := filepath.Join(c.dir, "kernel.log")
+	logPath := filepath.Join(c.dir, kernelLogName)
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, wire.Runtime(err, "")
@@ -266,12 +266,8 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	fail := func(err error) (*kernelClient, error) {
 		kp.Signal(syscall.SIGKILL)
 		<-kp.Done()
-		tail, _ := os.ReadFile(logPath)
-		if len(tail) > 2048 {
-			tail = tail[len(tail)-2048:]
-		}
 		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
-		if t := strings.TrimSpace(string(tail)); t != "" {
+		if t := kernelLogTail(c.dir, 2048); t != "" {
 			msg += "; kernel output: " + t
 		}
 		return nil, wire.Runtime(err, msg)
@@ -319,6 +315,23 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		return fail(err)
 	}
 	return k, nil
+}
+
+// kernelLogName is the kernel's stdout and stderr, in its context's
+// directory.
+const kernelLogName = "kernel.log"
+
+// kernelLogTail is the end (at most max bytes, trimmed) of the kernel log
+// in dir; empty when there is none.
+func kernelLogTail(dir string, max int) string {
+	b, err := os.ReadFile(filepath.Join(dir, kernelLogName))
+	if err != nil {
+		return ""
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // waitReady sends kernel_info_request until one is answered on shell and
