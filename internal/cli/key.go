@@ -27,22 +27,10 @@ tenant management), operator (full control of its tenant's resources) or viewer
 of tenant "default" and is listed as id "root".`,
 	}
 	sf.register(cmd)
-	cmd.AddCommand(newKeyCreateCommand(sf), newKeyListCommand(sf), newKeyGetCommand(sf), newKeyWhoamiCommand(sf),
-		&cobra.Command{
-			Use:     "revoke ID...",
-			Aliases: []string{"rm", "delete"},
-			Short:   "Revoke keys at once and for good",
-			Args:    cobra.MinimumNArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := sf.client()
-				if err != nil {
-					return err
-				}
-				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, id string) error {
-					return c.RevokeKey(ctx, id)
-				})
-			},
-		})
+	cmd.AddCommand(newKeyCreateCommand(sf), newKeyListCommand(sf),
+		newGetCommand(sf, "get ID", nil, "Show one API key's record", (*client.Client).GetKey, keyDetail),
+		newKeyWhoamiCommand(sf),
+		newEachCommand(sf, "revoke ID...", []string{"rm", "delete"}, "Revoke keys at once and for good", (*client.Client).RevokeKey))
 	return classifyTree(cmd)
 }
 
@@ -117,30 +105,10 @@ func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 
 func newKeyListCommand(sf *serverFlags) *cobra.Command {
 	var tenant string
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List API keys (never the keys themselves)",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			keys, err := c.ListKeys(cmd.Context(), tenant)
-			if err != nil {
-				return err
-			}
-			if keys == nil {
-				keys = []client.APIKey{}
-			}
-			return render(cmd.OutOrStdout(), output, map[string]any{"items": keys},
-				func(tw *tabwriter.Writer) { keyTable(tw, keys, time.Now()) })
-		},
-	}
+	cmd := newListCommand(sf, "List API keys (never the keys themselves)",
+		func(c *client.Client, ctx context.Context) ([]client.APIKey, error) { return c.ListKeys(ctx, tenant) },
+		func(tw *tabwriter.Writer, keys []client.APIKey) { keyTable(tw, keys, time.Now()) })
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only the keys of this tenant")
-	addOutputFlag(cmd, &output)
 	return cmd
 }
 
@@ -169,42 +137,22 @@ func keyTable(tw *tabwriter.Writer, keys []client.APIKey, now time.Time) {
 	}
 }
 
-func newKeyGetCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:   "get ID",
-		Short: "Show one API key's record",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			k, err := c.GetKey(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), output, k, func(tw *tabwriter.Writer) {
-				row := func(a, b string) { fmt.Fprintf(tw, "%s:\t%s\n", a, b) }
-				row("ID", k.ID)
-				row("Name", k.Name)
-				row("Tenant", k.Tenant)
-				row("Role", k.Role)
-				row("State", keyState(*k))
-				if k.CreatedAt != nil {
-					row("Created", k.CreatedAt.Local().Format(time.DateTime)+" by "+k.CreatedBy)
-				}
-				if k.ExpiresAt != nil {
-					row("Expires", k.ExpiresAt.Local().Format(time.DateTime))
-				}
-				if k.RevokedAt != nil {
-					row("Revoked", k.RevokedAt.Local().Format(time.DateTime))
-				}
-			})
-		},
+func keyDetail(tw *tabwriter.Writer, k *client.APIKey) {
+	row := func(a, b string) { fmt.Fprintf(tw, "%s:\t%s\n", a, b) }
+	row("ID", k.ID)
+	row("Name", k.Name)
+	row("Tenant", k.Tenant)
+	row("Role", k.Role)
+	row("State", keyState(*k))
+	if k.CreatedAt != nil {
+		row("Created", k.CreatedAt.Local().Format(time.DateTime)+" by "+k.CreatedBy)
 	}
-	addOutputFlag(cmd, &output)
-	return cmd
+	if k.ExpiresAt != nil {
+		row("Expires", k.ExpiresAt.Local().Format(time.DateTime))
+	}
+	if k.RevokedAt != nil {
+		row("Revoked", k.RevokedAt.Local().Format(time.DateTime))
+	}
 }
 
 func newKeyWhoamiCommand(sf *serverFlags) *cobra.Command {
@@ -244,22 +192,13 @@ func newTenantCommand() *cobra.Command {
 		Short:   "Manage tenants and their quotas (admin key; get works for a tenant's own keys)",
 	}
 	sf.register(cmd)
-	cmd.AddCommand(newTenantListCommand(sf), newTenantGetCommand(sf), newTenantSetCommand(sf),
-		&cobra.Command{
-			Use:     "rm NAME...",
-			Aliases: []string{"delete", "remove"},
-			Short:   "Delete tenants that have no active key, sandbox, pool or snapshot",
-			Args:    cobra.MinimumNArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := sf.client()
-				if err != nil {
-					return err
-				}
-				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, name string) error {
-					return c.DeleteTenant(ctx, name)
-				})
-			},
-		})
+	cmd.AddCommand(
+		newListCommand(sf, "List tenants with usage/quota", (*client.Client).ListTenants, tenantTable),
+		newGetCommand(sf, "get NAME", nil, "Show a tenant's usage/quota", (*client.Client).GetTenant,
+			func(tw *tabwriter.Writer, t *client.Tenant) { tenantTable(tw, []client.Tenant{*t}) }),
+		newTenantSetCommand(sf),
+		newRemoveCommand(sf, "rm NAME...", "Delete tenants that have no active key, sandbox, pool or snapshot",
+			(*client.Client).DeleteTenant))
 	return classifyTree(cmd)
 }
 
@@ -280,54 +219,6 @@ func tenantTable(tw *tabwriter.Writer, ts []client.Tenant) {
 		fmt.Fprintf(tw, "%s\t%d/%s\t%s/%s\t%s/%s\n", t.Name, t.Usage.Sandboxes, n, t.Usage.CPU, quotaCell(t.Quota.CPU),
 			t.Usage.Memory, quotaCell(t.Quota.Memory))
 	}
-}
-
-func newTenantListCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List tenants with usage/quota",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			ts, err := c.ListTenants(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if ts == nil {
-				ts = []client.Tenant{}
-			}
-			return render(cmd.OutOrStdout(), output, map[string]any{"items": ts}, func(tw *tabwriter.Writer) { tenantTable(tw, ts) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
-}
-
-func newTenantGetCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:   "get NAME",
-		Short: "Show a tenant's usage/quota",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			t, err := c.GetTenant(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), output, t, func(tw *tabwriter.Writer) { tenantTable(tw, []client.Tenant{*t}) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
 }
 
 func newTenantSetCommand(sf *serverFlags) *cobra.Command {

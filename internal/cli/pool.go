@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -21,22 +20,12 @@ func newPoolCommand() *cobra.Command {
 		Short:   "Manage warm pools of pre-created sandboxes",
 	}
 	sf.register(cmd)
-	cmd.AddCommand(newPoolCreateCommand(sf), newPoolListCommand(sf), newPoolGetCommand(sf),
-		&cobra.Command{
-			Use:     "rm NAME...",
-			Aliases: []string{"delete", "remove"},
-			Short:   "Delete pools and their idle sandboxes",
-			Args:    cobra.MinimumNArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := sf.client()
-				if err != nil {
-					return err
-				}
-				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, name string) error {
-					return c.DeletePool(ctx, name)
-				})
-			},
-		})
+	cmd.AddCommand(newPoolCreateCommand(sf),
+		newListCommand(sf, "List pools", (*client.Client).ListPools,
+			func(tw *tabwriter.Writer, pools []client.Pool) { poolTable(tw, pools, time.Now()) }),
+		newGetCommand(sf, "get NAME", nil, "Show one pool", (*client.Client).GetPool,
+			func(tw *tabwriter.Writer, p *client.Pool) { poolDetail(tw, p, time.Now()) }),
+		newRemoveCommand(sf, "rm NAME...", "Delete pools and their idle sandboxes", (*client.Client).DeletePool))
 	return classifyTree(cmd)
 }
 
@@ -127,33 +116,6 @@ func newPoolCreateCommand(sf *serverFlags) *cobra.Command {
 	return cmd
 }
 
-func newPoolListCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List pools",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			pools, err := c.ListPools(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if pools == nil {
-				pools = []client.Pool{}
-			}
-			return render(cmd.OutOrStdout(), output, map[string]any{"items": pools},
-				func(tw *tabwriter.Writer) { poolTable(tw, pools, time.Now()) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
-}
-
 func poolTable(tw *tabwriter.Writer, pools []client.Pool, now time.Time) {
 	fmt.Fprintln(tw, "NAME\tTOTAL\tALLOCATED\tAVAILABLE\tBUFFER\tPOOL\tIMAGE\tAGE")
 	for _, p := range pools {
@@ -165,28 +127,6 @@ func poolTable(tw *tabwriter.Writer, pools []client.Pool, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d-%d\t%d-%d\t%s\t%s\n", p.Name, p.Status.Total, p.Status.Allocated,
 			p.Status.Available, cs.BufferMin, cs.BufferMax, cs.PoolMin, cs.PoolMax, img, age(now, p.CreatedAt))
 	}
-}
-
-func newPoolGetCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:   "get NAME",
-		Short: "Show one pool",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			p, err := c.GetPool(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), output, p, func(tw *tabwriter.Writer) { poolDetail(tw, p, time.Now()) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
 }
 
 func poolDetail(tw *tabwriter.Writer, p *client.Pool, now time.Time) {

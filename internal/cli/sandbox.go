@@ -28,13 +28,11 @@ func newSandboxCommand() *cobra.Command {
 		newSandboxCreateCommand(sf, false),
 		newSandboxCreateCommand(sf, true),
 		newSandboxListCommand(sf),
-		newSandboxGetCommand(sf),
-		newSandboxEachCommand(sf, "rm ID...", []string{"delete", "remove"}, "Delete sandboxes",
-			func(ctx context.Context, c *client.Client, id string) error { return c.DeleteSandbox(ctx, id) }),
-		newSandboxEachCommand(sf, "pause ID...", nil, "Pause (freeze) running sandboxes",
-			func(ctx context.Context, c *client.Client, id string) error { return c.Pause(ctx, id) }),
-		newSandboxEachCommand(sf, "resume ID...", nil, "Resume paused sandboxes",
-			func(ctx context.Context, c *client.Client, id string) error { return c.Resume(ctx, id) }),
+		newGetCommand(sf, "get ID", []string{"inspect", "show"}, "Show one sandbox", (*client.Client).GetSandbox,
+			func(tw *tabwriter.Writer, sb *client.Sandbox) { sandboxDetail(tw, sb, time.Now()) }),
+		newRemoveCommand(sf, "rm ID...", "Delete sandboxes", (*client.Client).DeleteSandbox),
+		newEachCommand(sf, "pause ID...", nil, "Pause (freeze) running sandboxes", (*client.Client).Pause),
+		newEachCommand(sf, "resume ID...", nil, "Resume paused sandboxes", (*client.Client).Resume),
 		newSandboxRenewCommand(sf),
 	)
 	return classifyTree(cmd)
@@ -359,29 +357,6 @@ func sandboxSource(sb client.Sandbox) string {
 	return "-"
 }
 
-func newSandboxGetCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:     "get ID",
-		Aliases: []string{"inspect", "show"},
-		Short:   "Show one sandbox",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.GetSandbox(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), output, sb, func(tw *tabwriter.Writer) { sandboxDetail(tw, sb, time.Now()) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
-}
-
 func sandboxDetail(tw *tabwriter.Writer, sb *client.Sandbox, now time.Time) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("ID", sb.ID)
@@ -398,28 +373,6 @@ func sandboxDetail(tw *tabwriter.Writer, sb *client.Sandbox, now time.Time) {
 		exp = sb.ExpiresAt.Local().Format(time.DateTime) + " (" + until(now, sb.ExpiresAt) + ")"
 	}
 	row("Expires", exp)
-}
-
-// newSandboxEachCommand is a verb applied to every ID argument in turn
-// (rm, pause, resume). It prints each ID it handled and goes on after a
-// failure; the exit code is that of the last failure.
-func newSandboxEachCommand(sf *serverFlags, use string, aliases []string, short string,
-	fn func(ctx context.Context, c *client.Client, id string) error) *cobra.Command {
-	return &cobra.Command{
-		Use:     use,
-		Aliases: aliases,
-		Short:   short,
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, id string) error {
-				return fn(ctx, c, id)
-			})
-		},
-	}
 }
 
 // forEach runs fn for each id, printing the id on success and the error on

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -27,50 +26,14 @@ They are moat-managed quota filesystems on the native runtime, Docker named
 volumes on Docker, PersistentVolumeClaims on Kubernetes.`,
 	}
 	sf.register(cmd)
-	cmd.AddCommand(newVolumeListCommand(sf), newVolumeGetCommand(sf),
-		&cobra.Command{
-			Use:     "rm NAME...",
-			Aliases: []string{"delete", "remove"},
-			Short:   "Delete named volumes and their data (refused while a sandbox mounts one)",
-			Args:    cobra.MinimumNArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := sf.client()
-				if err != nil {
-					return err
-				}
-				return forEach(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(ctx context.Context, name string) error {
-					return c.DeleteVolume(ctx, name)
-				})
-			},
-		})
+	cmd.AddCommand(
+		newListCommand(sf, "List named volumes", (*client.Client).ListVolumes,
+			func(tw *tabwriter.Writer, vols []client.NamedVolume) { volumeTable(tw, vols, time.Now()) }),
+		newGetCommand(sf, "get NAME", nil, "Show one named volume", (*client.Client).GetVolume,
+			func(tw *tabwriter.Writer, v *client.NamedVolume) { volumeDetail(tw, v, time.Now()) }),
+		newRemoveCommand(sf, "rm NAME...", "Delete named volumes and their data (refused while a sandbox mounts one)",
+			(*client.Client).DeleteVolume))
 	return classifyTree(cmd)
-}
-
-func newVolumeListCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List named volumes",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			vols, err := c.ListVolumes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if vols == nil {
-				vols = []client.NamedVolume{}
-			}
-			return render(cmd.OutOrStdout(), output, map[string]any{"items": vols},
-				func(tw *tabwriter.Writer) { volumeTable(tw, vols, time.Now()) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
 }
 
 func volumeTable(tw *tabwriter.Writer, vols []client.NamedVolume, now time.Time) {
@@ -79,28 +42,6 @@ func volumeTable(tw *tabwriter.Writer, vols []client.NamedVolume, now time.Time)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%v\t%s\n", v.Name, volumeBytes(v.CapacityBytes), volumeBytes(v.UsedBytes),
 			len(v.Sandboxes), v.Managed, age(now, v.CreatedAt))
 	}
-}
-
-func newVolumeGetCommand(sf *serverFlags) *cobra.Command {
-	var output outputFormat
-	cmd := &cobra.Command{
-		Use:   "get NAME",
-		Short: "Show one named volume",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := sf.client()
-			if err != nil {
-				return err
-			}
-			v, err := c.GetVolume(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return render(cmd.OutOrStdout(), output, v, func(tw *tabwriter.Writer) { volumeDetail(tw, v, time.Now()) })
-		},
-	}
-	addOutputFlag(cmd, &output)
-	return cmd
 }
 
 func volumeDetail(tw *tabwriter.Writer, v *client.NamedVolume, now time.Time) {
