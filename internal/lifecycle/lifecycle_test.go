@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -241,6 +242,41 @@ func TestPauseResumeStateMachine(t *testing.T) {
 	}
 	if err := h.svc.Pause(ctx, "nope"); !errdefs.IsNotFound(err) {
 		t.Fatalf("pause unknown: %v", err)
+	}
+
+	// A runtime that fails the call leaves the sandbox in its previous
+	// state (here the runtime moved on its own, behind the service's back).
+	failed := func(verb string, err error, want State) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), verb+" "+sb.ID) {
+			t.Fatalf("%s refused by the runtime: %v", verb, err)
+		}
+		if got, _ := h.svc.Get(ctx, sb.ID); got.Status.State != want {
+			t.Fatalf("after a failed %s: state %s, want %s", verb, got.Status.State, want)
+		}
+	}
+	if err := h.rt.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	failed("pause", h.svc.Pause(ctx, sb.ID), StateRunning)
+	if err := h.rt.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.rt.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	failed("resume", h.svc.Resume(ctx, sb.ID), StatePaused)
+
+	// A runtime that cannot pause says so in the API's terms.
+	h.svc.deps.Runtime = struct{ runtime.Runtime }{h.rt}
+	for verb, call := range map[string]func(context.Context, string) error{"pause": h.svc.Pause, "resume": h.svc.Resume} {
+		err := call(ctx, sb.ID)
+		if p, ok := errdefs.PublicOf(err); !ok || p.Code != "SANDBOX::API_NOT_SUPPORTED" || !strings.Contains(p.Message, "cannot "+verb) {
+			t.Fatalf("%s without a Pauser: %v", verb, err)
+		}
 	}
 }
 

@@ -839,33 +839,22 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 
 // Pause freezes a Running sandbox; it returns once it is Paused.
 func (s *Service) Pause(ctx context.Context, id string) error {
-	p, ok := s.deps.Runtime.(runtime.Pauser)
-	if !ok {
-		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot pause sandboxes")
-	}
-	e, err := s.get(ctx, id)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	prev := e.sb.Status
-	if err := s.transition(e, StatePausing, "", ""); err != nil {
-		return err
-	}
-	if err := p.Pause(context.WithoutCancel(ctx), id); err != nil {
-		s.revert(e, prev)
-		return fmt.Errorf("pause %s: %w", id, err)
-	}
-	s.mustTransition(e, StatePaused, ReasonPaused, "")
-	return s.persist(e)
+	return s.freeze(ctx, id, "pause", StatePausing, StatePaused, ReasonPaused, runtime.Pauser.Pause)
 }
 
 // Resume thaws a Paused sandbox; it returns once it is Running.
 func (s *Service) Resume(ctx context.Context, id string) error {
+	return s.freeze(ctx, id, "resume", StateResuming, StateRunning, ReasonRunning, runtime.Pauser.Resume)
+}
+
+// freeze is Pause and Resume: the transition into the passing state (which
+// the transitions table admits or refuses), the runtime's call, then the
+// resting state, or back to the previous status if the runtime failed.
+func (s *Service) freeze(ctx context.Context, id, verb string, passing, resting State, reason string,
+	call func(runtime.Pauser, context.Context, string) error) error {
 	p, ok := s.deps.Runtime.(runtime.Pauser)
 	if !ok {
-		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot resume sandboxes")
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot "+verb+" sandboxes")
 	}
 	e, err := s.get(ctx, id)
 	if err != nil {
@@ -874,14 +863,14 @@ func (s *Service) Resume(ctx context.Context, id string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	prev := e.sb.Status
-	if err := s.transition(e, StateResuming, "", ""); err != nil {
+	if err := s.transition(e, passing, "", ""); err != nil {
 		return err
 	}
-	if err := p.Resume(context.WithoutCancel(ctx), id); err != nil {
+	if err := call(p, context.WithoutCancel(ctx), id); err != nil {
 		s.revert(e, prev)
-		return fmt.Errorf("resume %s: %w", id, err)
+		return fmt.Errorf("%s %s: %w", verb, id, err)
 	}
-	s.mustTransition(e, StateRunning, ReasonRunning, "")
+	s.mustTransition(e, resting, reason, "")
 	return s.persist(e)
 }
 

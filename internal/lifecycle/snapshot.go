@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -333,7 +334,7 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pag
 		if f.SandboxID != "" && sn.SandboxID != f.SandboxID {
 			continue
 		}
-		if len(f.States) > 0 && !containsState(f.States, sn.Status.State) {
+		if len(f.States) > 0 && !slices.Contains(f.States, sn.Status.State) {
 			continue
 		}
 		out = append(out, *sn)
@@ -351,15 +352,6 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pag
 		return nil, total
 	}
 	return out[start:min(start+pageSize, total)], total
-}
-
-func containsState(sts []SnapshotState, st SnapshotState) bool {
-	for _, x := range sts {
-		if x == st {
-			return true
-		}
-	}
-	return false
 }
 
 // readySnapshot returns snapshot id if sandboxes can be created from it
