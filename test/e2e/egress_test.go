@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -64,22 +63,7 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 	}
 
 	// Host services are unreachable from sandboxes, policy or not.
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(c, "host-service\n")
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := hostService(t, "tcp", "0.0.0.0:0", "host-service\n")
 	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr(1), port)); strings.Contains(got, "host-service") {
 		t.Fatal("a sandbox reached a host service through the bridge address")
 	}

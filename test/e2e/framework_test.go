@@ -491,3 +491,53 @@ func (s *server) prepareDocker() {
 		}
 	})
 }
+
+// getServed GETs url with the headers until the answer is not a 502 (the
+// sandbox's server may still be starting; the proxy and gateway answer
+// 502 until it listens), and returns the status and the trimmed body.
+func getServed(client *http.Client, url string, hdr map[string]string) (int, string, error) {
+	var resp *http.Response
+	var err error
+	for range 50 {
+		req, _ := http.NewRequest("GET", url, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		if resp, err = client.Do(req); err == nil && resp.StatusCode != http.StatusBadGateway {
+			break
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b)), nil
+}
+
+// hostService listens on network ("tcp", "tcp6") at addr on the host and
+// answers every connection with banner: a service sandboxes must not
+// reach. It returns the port; the listener is closed at the end of t.
+func hostService(t *testing.T, network, addr, banner string) int {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, banner)
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}

@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
-	"time"
 )
 
 func TestIngressSecureAccess(t *testing.T) {
@@ -27,27 +24,11 @@ func TestIngressSecureAccess(t *testing.T) {
 		t.Fatalf("endpoint of a secureAccess sandbox has no access token: %+v", ep)
 	}
 	get := func(path string, hdr map[string]string) (int, string) {
-		req, _ := http.NewRequest("GET", "http://"+gw+path, nil)
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		var resp *http.Response
-		var err error
-		for i := 0; i < 50; i++ { // httpd may still be starting
-			if resp, err = http.DefaultClient.Do(req); err == nil && resp.StatusCode != 502 {
-				break
-			}
-			if resp != nil {
-				resp.Body.Close()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		code, body, err := getServed(http.DefaultClient, "http://"+gw+path, hdr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, strings.TrimSpace(string(b))
+		return code, body
 	}
 	route := fmt.Sprintf("%s-8080", c.ID)
 	if code, body := get("/index.html", map[string]string{"OpenSandbox-Ingress-To": route, "OpenSandbox-Secure-Access": tok}); code != 200 || body != "served-by-sandbox" {

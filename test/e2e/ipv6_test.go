@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 
@@ -86,22 +85,7 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	}
 
 	// Host services stay closed over IPv6 too (the bridge's IPv6 address).
-	ln, err := net.Listen("tcp6", "[::]:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte(nettest.Banner))
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := hostService(t, "tcp6", "[::]:0", nettest.Banner)
 	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr6(1), port)); reached(got) {
 		t.Fatal("a sandbox reached a host service through the bridge's IPv6 address")
 	}

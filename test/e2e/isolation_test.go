@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 )
@@ -49,27 +47,11 @@ func TestSandboxIsolation(t *testing.T) {
 
 	// The host reaches B directly and through the ingress gateway.
 	get := func(url string, hdr map[string]string) (int, string) {
-		req, _ := http.NewRequest("GET", url, nil)
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		var resp *http.Response
-		var err error
-		for i := 0; i < 50; i++ { // httpd may still be starting
-			if resp, err = http.DefaultClient.Do(req); err == nil && resp.StatusCode != 502 {
-				break
-			}
-			if resp != nil {
-				resp.Body.Close()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		code, body, err := getServed(http.DefaultClient, url, hdr)
 		if err != nil {
 			return 0, err.Error()
 		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, strings.TrimSpace(string(body))
+		return code, body
 	}
 	if code, body := get("http://"+ipB+":8080/index.html", nil); code != 200 || body != "from-b" {
 		t.Fatalf("host -> B: %d %q", code, body)

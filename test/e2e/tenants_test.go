@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -101,27 +100,15 @@ func TestTenants(t *testing.T) {
 		t.Errorf("proxy with beta's key: %d %q", code, body)
 	}
 	gwGet := func(key string) int {
-		req, _ := http.NewRequest("GET", "http://"+gw+"/"+id+"/8080/index.html", nil)
+		hdr := map[string]string{}
 		if key != "" {
-			req.Header.Set("OPEN-SANDBOX-API-KEY", key)
+			hdr["OPEN-SANDBOX-API-KEY"] = key
 		}
-		var resp *http.Response
-		var err error
-		for i := 0; i < 50; i++ { // httpd may still be starting
-			if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil && resp.StatusCode != 502 {
-				break
-			}
-			if resp != nil {
-				resp.Body.Close()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		code, _, err := getServed(&http.Client{Timeout: 10 * time.Second}, "http://"+gw+"/"+id+"/8080/index.html", hdr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
+		return code
 	}
 	if c := gwGet(beta); c != 404 {
 		t.Errorf("gateway with beta's key: %d, want 404", c)
