@@ -22,19 +22,7 @@ func TestDockerParity(t *testing.T) {
 	nettest.ServeTCP(t, o.ns, o.b+":7000")
 	srv.startDocker("--dns-upstream", upstream)
 
-	create := func(np any) string {
-		t.Helper()
-		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
-		if np != nil {
-			body["networkPolicy"] = np
-		}
-		var c sandboxResp
-		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
-		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
-		return c.ID
-	}
-	reached := func(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
-	probe := func(addr string) string { return "nc -w 2 " + addr + " 7000" }
+	create := func(np any) string { return srv.createIdle(ref, np) }
 
 	open := create(nil)
 	named := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed.test"}}})
@@ -42,7 +30,7 @@ func TestDockerParity(t *testing.T) {
 	// Baselines: without a policy the outside host is reachable (NAT),
 	// names resolve through the proxy, and the other resolver answers.
 	for _, a := range []string{o.a, o.b} {
-		if got, ok := shell(t, srv, open, probe(a)); !ok || !reached(got) {
+		if got, ok := shell(t, srv, open, probeOutside(a)); !ok || !reachedOutside(got) {
 			t.Fatalf("baseline: docker sandbox without policy -> %s: ok=%v %q", a, ok, got)
 		}
 	}
@@ -54,10 +42,10 @@ func TestDockerParity(t *testing.T) {
 	}
 
 	// The policy: only allowed.test, resolved through moat's proxy.
-	if got, ok := shell(t, srv, named, probe("allowed.test")); !ok || !reached(got) {
+	if got, ok := shell(t, srv, named, probeOutside("allowed.test")); !ok || !reachedOutside(got) {
 		t.Fatalf("allowed name: ok=%v %q", ok, got)
 	}
-	if got, _ := shell(t, srv, named, probe(o.b)); reached(got) {
+	if got, _ := shell(t, srv, named, probeOutside(o.b)); reachedOutside(got) {
 		t.Fatalf("a docker sandbox with a deny policy reached an unresolved address: %q", got)
 	}
 	before := queries.Load()
@@ -78,7 +66,7 @@ func TestDockerParity(t *testing.T) {
 		"OPENSANDBOX-EGRESS-AUTH", eg.Headers["OPENSANDBOX-EGRESS-AUTH"]); code != 200 {
 		t.Fatalf("egress PATCH on a docker sandbox: %d %s", code, body)
 	}
-	if got, _ := shell(t, srv, named, probe(o.a)); reached(got) {
+	if got, _ := shell(t, srv, named, probeOutside(o.a)); reachedOutside(got) {
 		t.Fatalf("the address of a name denied by a live update stays open: %q", got)
 	}
 

@@ -38,16 +38,7 @@ func TestEgressPolicyAndHostProtection(t *testing.T) {
 	out := outsideHost(t, srv.net, false).a
 	probe := "nc -w 2 " + out + " 7000"
 
-	create := func(np any) string {
-		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
-		if np != nil {
-			body["networkPolicy"] = np
-		}
-		var c sandboxResp
-		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
-		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
-		return c.ID
-	}
+	create := func(np any) string { return srv.createIdle(ref, np) }
 	allowed := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": out + "/32"}}})
 	denied := create(map[string]any{"defaultAction": "deny"})
 	open := create(nil)
@@ -127,16 +118,7 @@ func TestEgressDomainsAndBypass(t *testing.T) {
 	nettest.ServeTCP(t, outNS, other+":7000")
 	srv.start("--dns-upstream", upstream)
 
-	create := func(np any) string {
-		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
-		if np != nil {
-			body["networkPolicy"] = np
-		}
-		var c sandboxResp
-		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
-		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
-		return c.ID
-	}
+	create := func(np any) string { return srv.createIdle(ref, np) }
 	open := create(nil)
 	sb := create(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed.test"}}})
 

@@ -541,3 +541,25 @@ func hostService(t *testing.T, network, addr, banner string) int {
 	}()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// createIdle creates a sandbox of image ref that idles (tail -f
+// /dev/null), with networkPolicy np unless nil, and deletes it at the end
+// of the test. It returns the sandbox ID.
+func (s *server) createIdle(ref string, np any) string {
+	s.t.Helper()
+	body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
+	if np != nil {
+		body["networkPolicy"] = np
+	}
+	var c sandboxResp
+	s.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+	s.t.Cleanup(func() { s.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+	return c.ID
+}
+
+// probeOutside is the shell command that connects to a fake outside host's
+// nettest.ServeTCP service on port 7000; reachedOutside tells from its
+// output whether the connection got through.
+func probeOutside(addr string) string { return "nc -w 2 " + addr + " 7000" }
+
+func reachedOutside(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }

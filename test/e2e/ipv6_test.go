@@ -30,18 +30,7 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	upstream, queries := nettest.ServeDNS(t, "", "127.0.0.1:0", records)
 	srv.start(append([]string{"--dns-upstream", upstream, "--subnet6", srv.net.Subnet6.String()}, runtimeArgs...)...)
 
-	create := func(s *server, np any) string {
-		body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
-		if np != nil {
-			body["networkPolicy"] = np
-		}
-		var c sandboxResp
-		s.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
-		t.Cleanup(func() { s.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
-		return c.ID
-	}
-	probe := func(addr string) string { return "nc -w 2 " + addr + " 7000" }
-	reached := func(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
+	create := func(s *server, np any) string { return s.createIdle(ref, np) }
 
 	open := create(srv, nil)
 	cidr := create(srv, map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": out6A + "/128"}}})
@@ -52,7 +41,7 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	}
 	// Baselines: without a policy both outside addresses are reachable (NAT66).
 	for _, a := range []string{out6A, out6B} {
-		if got, ok := shell(t, srv, open, probe(a)); !ok || !reached(got) {
+		if got, ok := shell(t, srv, open, probeOutside(a)); !ok || !reachedOutside(got) {
 			t.Fatalf("baseline: no-policy sandbox -> %s: ok=%v %q", a, ok, got)
 		}
 	}
@@ -61,16 +50,16 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	}
 
 	// IPv6 CIDR rule: the allowed address works, another one does not.
-	if got, ok := shell(t, srv, cidr, probe(out6A)); !ok || !reached(got) {
+	if got, ok := shell(t, srv, cidr, probeOutside(out6A)); !ok || !reachedOutside(got) {
 		t.Fatalf("allowed IPv6 CIDR: ok=%v %q", ok, got)
 	}
-	if got, _ := shell(t, srv, cidr, probe(out6B)); reached(got) {
+	if got, _ := shell(t, srv, cidr, probeOutside(out6B)); reachedOutside(got) {
 		t.Fatalf("denied IPv6 direct connection got through: %q", got)
 	}
 
 	// Names: the AAAA of an allowed name is reachable; a denied name does
 	// not resolve (and is never forwarded); an unresolved address is closed.
-	if got, ok := shell(t, srv, named, probe("allowed6.test")); !ok || !reached(got) {
+	if got, ok := shell(t, srv, named, probeOutside("allowed6.test")); !ok || !reachedOutside(got) {
 		t.Fatalf("AAAA of an allowed name: ok=%v %q", ok, got)
 	}
 	before := queries.Load()
@@ -80,13 +69,13 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 	if queries.Load() != before {
 		t.Fatal("a denied name was forwarded upstream")
 	}
-	if got, _ := shell(t, srv, named, probe(out6B)); reached(got) {
+	if got, _ := shell(t, srv, named, probeOutside(out6B)); reachedOutside(got) {
 		t.Fatalf("direct IPv6 connection to an unresolved address got through: %q", got)
 	}
 
 	// Host services stay closed over IPv6 too (the bridge's IPv6 address).
 	port := hostService(t, "tcp6", "[::]:0", nettest.Banner)
-	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr6(1), port)); reached(got) {
+	if got, _ := shell(t, srv, open, fmt.Sprintf("nc -w 2 %s %d", srv.net.Addr6(1), port)); reachedOutside(got) {
 		t.Fatal("a sandbox reached a host service through the bridge's IPv6 address")
 	}
 
@@ -98,7 +87,7 @@ func egressIPv6(t *testing.T, runtimeArgs ...string) {
 		t.Fatalf("IPv4-only sandbox: disable_ipv6 = %q (ok=%v)", got, ok)
 	}
 	for _, a := range []string{out6A, out6B} {
-		if got, _ := shell(t, v4, only4, probe(a)); reached(got) {
+		if got, _ := shell(t, v4, only4, probeOutside(a)); reachedOutside(got) {
 			t.Fatalf("IPv4-only sandbox reached %s over IPv6: %q", a, got)
 		}
 	}
