@@ -87,3 +87,20 @@ func TestWriteRotateKeep(t *testing.T) {
 		t.Fatal("write after close succeeded")
 	}
 }
+
+func TestMemory(t *testing.T) {
+	var m Memory
+	if r := m.Last(); r != (Record{}) {
+		t.Fatalf("Last of an empty log: %+v", r)
+	}
+	m.Write(Record{Method: "POST", Status: 202})
+	m.Write(Record{Method: "DELETE", Status: 204})
+	recs := m.Records()
+	if len(recs) != 2 || recs[0].Method != "POST" || m.Last().Method != "DELETE" {
+		t.Fatalf("records %+v, last %+v", recs, m.Last())
+	}
+	recs[0].Method = "changed"
+	if m.Records()[0].Method != "POST" {
+		t.Fatal("Records shares its slice with the log")
+	}
+}

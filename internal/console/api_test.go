@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,32 +33,11 @@ func (noImages) Ensure(ctx context.Context, ref string, auth *image.Auth) (image
 	return image.Image{Name: ref}, nil
 }
 
-type auditLog struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (a *auditLog) Write(r audit.Record) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.recs = append(a.recs, r)
-	return nil
-}
-
-func (a *auditLog) last() audit.Record {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.recs) == 0 {
-		return audit.Record{}
-	}
-	return a.recs[len(a.recs)-1]
-}
-
 type stack struct {
 	t     *testing.T
 	srv   *httptest.Server
 	reg   *tenant.Registry
-	audit *auditLog
+	audit *audit.Memory
 	keys  map[string]string // "acme-operator" -> key
 	ids   map[string]string // "acme-operator" -> key id
 }
@@ -82,7 +60,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &stack{t: t, reg: reg, audit: &auditLog{}, keys: map[string]string{}, ids: map[string]string{}}
+	st := &stack{t: t, reg: reg, audit: &audit.Memory{}, keys: map[string]string{}, ids: map[string]string{}}
 	for _, tn := range []string{"acme", "beta"} {
 		for _, role := range tenant.Roles {
 			k, tok, err := reg.CreateKey(context.Background(), tenant.NewKey{Tenant: tn, Role: role})
@@ -167,7 +145,7 @@ func TestConsoleRolesAndTenants(t *testing.T) {
 		t.Fatalf("operator create: %d %v", code, sb)
 	}
 	id := sb["id"].(string)
-	if r := st.audit.last(); r.KeyID != st.ids["acme-operator"] || r.Tenant != "acme" || r.SandboxID != id {
+	if r := st.audit.Last(); r.KeyID != st.ids["acme-operator"] || r.Tenant != "acme" || r.SandboxID != id {
 		t.Errorf("audit of a console create: %+v", r)
 	}
 
@@ -256,18 +234,18 @@ func TestConsoleSignInAndOutAreAudited(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	if r := st.audit.last(); r.Method != "POST" || r.Path != "/console/session" || r.Status != 401 || r.KeyID != "" {
+	if r := st.audit.Last(); r.Method != "POST" || r.Path != "/console/session" || r.Status != 401 || r.KeyID != "" {
 		t.Errorf("refused sign-in: %+v", r)
 	}
 	b := st.signIn("beta-viewer")
-	if r := st.audit.last(); r.Status != 200 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" || r.Role != "viewer" {
+	if r := st.audit.Last(); r.Status != 200 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" || r.Role != "viewer" {
 		t.Errorf("sign-in: %+v", r)
 	}
 	// Reads are not audited; sign-out is.
-	n := len(st.audit.recs)
+	n := len(st.audit.Records())
 	b.call("GET", "/v1/sandboxes", "")
-	if len(st.audit.recs) != n {
-		t.Errorf("a read was audited: %+v", st.audit.last())
+	if len(st.audit.Records()) != n {
+		t.Errorf("a read was audited: %+v", st.audit.Last())
 	}
 	req, _ := http.NewRequest("DELETE", st.srv.URL+"/console/session", nil)
 	req.Header.Set("Cookie", console.CookieName+"="+b.cookie)
@@ -276,7 +254,7 @@ func TestConsoleSignInAndOutAreAudited(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	if r := st.audit.last(); r.Method != "DELETE" || r.Status != 204 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" {
+	if r := st.audit.Last(); r.Method != "DELETE" || r.Status != 204 || r.KeyID != st.ids["beta-viewer"] || r.Tenant != "beta" {
 		t.Errorf("sign-out: %+v", r)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,30 +30,9 @@ type tenantAPI struct {
 	api   *httpapi.Server
 	reg   *tenant.Registry
 	svc   *lifecycle.Service
-	audit *memAudit
+	audit *audit.Memory
 	keys  map[string]string // "acme-operator" -> key
 	ids   map[string]string // "acme-operator" -> key id
-}
-
-type memAudit struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (m *memAudit) Write(r audit.Record) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-	return nil
-}
-
-func (m *memAudit) last() audit.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.recs) == 0 {
-		return audit.Record{}
-	}
-	return m.recs[len(m.recs)-1]
 }
 
 // cookieSessions is a stand-in for the console's session resolver: cookie
@@ -94,7 +72,7 @@ func newTenantAPI(t *testing.T, cfg lifecycle.Config, deps lifecycle.Deps) *tena
 	if err != nil {
 		t.Fatal(err)
 	}
-	ta := &tenantAPI{reg: reg, svc: svc, audit: &memAudit{}, keys: map[string]string{"root": key}, ids: map[string]string{"root": tenant.RootKeyID}}
+	ta := &tenantAPI{reg: reg, svc: svc, audit: &audit.Memory{}, keys: map[string]string{"root": key}, ids: map[string]string{"root": tenant.RootKeyID}}
 	for _, tn := range []string{"acme", "beta"} {
 		for _, role := range tenant.Roles {
 			k, tok, err := reg.CreateKey(context.Background(), tenant.NewKey{Tenant: tn, Role: role, Name: tn + " " + string(role)})
@@ -151,13 +129,13 @@ func TestRolesOnRoutes(t *testing.T) {
 	if code != 403 || body["code"] != "PERMISSION_DENIED" || !strings.Contains(body["message"].(string), "viewer") {
 		t.Errorf("viewer create: %d %v", code, body)
 	}
-	if r := ta.audit.last(); r.Status != 403 || r.KeyID != ta.ids["acme-viewer"] || r.Tenant != "acme" || r.Role != "viewer" {
+	if r := ta.audit.Last(); r.Status != 403 || r.KeyID != ta.ids["acme-viewer"] || r.Tenant != "acme" || r.Role != "viewer" {
 		t.Errorf("audit of the refused create: %+v", r)
 	}
 	if code, body := ta.do(t, "acme-operator", "POST", "/v1/sandboxes", createBody); code != 202 {
 		t.Errorf("operator create: %d %v", code, body)
 	}
-	if r := ta.audit.last(); r.Status != 202 || r.KeyID != ta.ids["acme-operator"] || r.Tenant != "acme" || r.SandboxID == "" {
+	if r := ta.audit.Last(); r.Status != 202 || r.KeyID != ta.ids["acme-operator"] || r.Tenant != "acme" || r.SandboxID == "" {
 		t.Errorf("audit of the create: %+v", r)
 	}
 	// No credential, a wrong one: 401 and the audit record has no key.
@@ -167,7 +145,7 @@ func TestRolesOnRoutes(t *testing.T) {
 	if code, body := ta.do(t, "", "POST", "/v1/sandboxes", createBody, "OPEN-SANDBOX-API-KEY", "moat_0123456789abcdef_"+strings.Repeat("0", 64)); code != 401 || body["code"] != "INVALID_API_KEY" {
 		t.Errorf("unknown key: %d %v", code, body)
 	}
-	if r := ta.audit.last(); r.Status != 401 || r.KeyID != "" || r.Tenant != "" {
+	if r := ta.audit.Last(); r.Status != 401 || r.KeyID != "" || r.Tenant != "" {
 		t.Errorf("audit of a 401: %+v", r)
 	}
 	// Public routes need nothing; unrouted paths need a key first.
@@ -189,7 +167,7 @@ func TestSessionResolver(t *testing.T) {
 	if code != 202 {
 		t.Fatalf("create with a session: %d %v", code, body)
 	}
-	if r := ta.audit.last(); r.KeyID != ta.ids["beta-operator"] || r.Tenant != "beta" {
+	if r := ta.audit.Last(); r.KeyID != ta.ids["beta-operator"] || r.Tenant != "beta" {
 		t.Errorf("audit of a session call: %+v", r)
 	}
 	if code, body := ta.do(t, "", "GET", "/v1/sandboxes", "", "Cookie", "session=bad"); code != 401 || body["code"] != "SESSION::EXPIRED" {

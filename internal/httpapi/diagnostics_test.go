@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -116,18 +115,6 @@ func TestDiagnostics(t *testing.T) {
 	}
 }
 
-type memSink struct {
-	mu   sync.Mutex
-	recs []audit.Record
-}
-
-func (m *memSink) Write(r audit.Record) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.recs = append(m.recs, r)
-	return nil
-}
-
 func TestAuditLog(t *testing.T) {
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), time.Second)
 	if err != nil {
@@ -145,7 +132,7 @@ func TestAuditLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := &memSink{}
+	sink := &audit.Memory{}
 	tee := teeSink{sink, al}
 	srv := httptest.NewServer(httpapi.New(httpapi.Config{APIKey: key, Audit: tee}, svc, log).Handler())
 	t.Cleanup(func() { srv.Close(); svc.Close(); rt.Close(); db.Close() })
@@ -175,9 +162,7 @@ func TestAuditLog(t *testing.T) {
 		{"DELETE", "/sandboxes/" + id, 401},
 		{"DELETE", "/sandboxes/" + id, 204},
 	}
-	sink.mu.Lock()
-	recs := append([]audit.Record(nil), sink.recs...)
-	sink.mu.Unlock()
+	recs := sink.Records()
 	if len(recs) != len(want) {
 		t.Fatalf("%d records, want %d: %+v", len(recs), len(want), recs)
 	}

@@ -37,7 +37,7 @@ func TestQuotaExhaustion(t *testing.T) {
 	if code != 403 || body["code"] != "TENANT::QUOTA_EXCEEDED" || !strings.Contains(body["message"].(string), "sandboxes 2 in use + 1 requested > quota 2") {
 		t.Errorf("third create: %d %v", code, body)
 	}
-	if r := ta.audit.last(); r.Status != 403 || r.Tenant != "acme" {
+	if r := ta.audit.Last(); r.Status != 403 || r.Tenant != "acme" {
 		t.Errorf("audit of the refused create: %+v", r)
 	}
 	// Every tenant's own quota: beta is not limited by acme's.
