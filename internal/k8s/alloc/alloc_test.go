@@ -192,11 +192,7 @@ func TestConcurrentAllocators(t *testing.T) {
 	if total != pods {
 		t.Errorf("%d pods handed out, want all %d", total, pods)
 	}
-	var cm corev1.ConfigMap
-	if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: alloc.TableName("warm")}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := alloc.Parse(cm.Data)
+	tbl, err := alloc.ReadTable(context.Background(), c, pool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,25 +71,34 @@ type PodState struct {
 	Revision string
 }
 
-// poolState is one pool's ledger: its pods, its newest known table, and
-// the group commit queue. mu guards everything but queue, which qmu
-// guards.
+// poolState is one pool's ledger: its pods, the newest known copy of
+// each shard of its table, and the group commit queue. mu guards
+// everything but queue, which qmu guards.
 type poolState struct {
-	key   types.NamespacedName
-	a     *Allocator
-	mu    sync.Mutex
-	pods  map[string]PodState
-	table Table
-	// rv is the resourceVersion of table ("" while the table does not
-	// exist); exists says whether it does.
-	rv     string
-	exists bool
-	// index maps every pod the table names to its owner ("" retired).
-	index map[string]string
+	key    types.NamespacedName
+	a      *Allocator
+	mu     sync.Mutex
+	pods   map[string]PodState
+	shards [Shards]shardState
+	// cursor is the shard this process takes free pods from first: chosen
+	// at random, so that replicas claiming from one pool mostly write
+	// different shards, and moved after a conflict.
+	cursor int
 
 	qmu     sync.Mutex
 	queue   []*request
 	running bool
+}
+
+// shardState is the newest known copy of one shard.
+type shardState struct {
+	table Table
+	// rv is the resourceVersion of table ("" while the shard does not
+	// exist); exists says whether it does.
+	rv     string
+	exists bool
+	// index maps every pod the shard names to its owner ("" retired).
+	index map[string]string
 }
 
 type request struct {
@@ -166,7 +175,10 @@ func (a *Allocator) pool(key types.NamespacedName) *poolState {
 	defer a.mu.Unlock()
 	ps := a.pools[key]
 	if ps == nil {
-		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
+		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, cursor: rand.IntN(Shards)}
+		for i := range ps.shards {
+			ps.shards[i] = shardState{table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
+		}
 		a.pools[key] = ps
 	}
 	return ps
@@ -214,22 +226,27 @@ func podState(p *corev1.Pod) PodState {
 
 func (a *Allocator) tableEvent(obj any, deleted bool) {
 	cm, ok := unwrap(obj).(*corev1.ConfigMap)
-	if !ok || cm.Labels[LabelTable] != "true" || cm.Annotations[AnnoPool] == "" {
+	if !ok {
+		return
+	}
+	n, ok := shardOf(cm)
+	if !ok {
 		return
 	}
 	key := types.NamespacedName{Namespace: cm.Namespace, Name: cm.Annotations[AnnoPool]}
 	ps := a.pool(key)
 	ps.mu.Lock()
+	sh := &ps.shards[n]
 	changed := false
 	if deleted {
-		if ps.exists && !newer(ps.rv, cm.ResourceVersion) {
-			ps.setLocked(Table{}, "", false)
+		if sh.exists && !newer(sh.rv, cm.ResourceVersion) {
+			ps.setLocked(n, Table{}, "", false)
 			changed = true
 		}
-	} else if !ps.exists || newer(cm.ResourceVersion, ps.rv) {
+	} else if !sh.exists || newer(cm.ResourceVersion, sh.rv) {
 		t, err := Parse(cm.Data)
 		if err == nil {
-			ps.setLocked(t, cm.ResourceVersion, true)
+			ps.setLocked(n, t, cm.ResourceVersion, true)
 			changed = true
 		}
 	}
@@ -252,29 +269,69 @@ func newer(a, b string) bool {
 	return x > y
 }
 
-// setLocked makes t the newest known table. Preconditions: ps.mu held.
-func (ps *poolState) setLocked(t Table, rv string, exists bool) {
+// setLocked makes t the newest known copy of shard n. Preconditions:
+// ps.mu held.
+func (ps *poolState) setLocked(n int, t Table, rv string, exists bool) {
 	if t.Owners == nil {
 		t.Owners = map[string]Owned{}
 	}
 	if t.Retired == nil {
 		t.Retired = map[string]time.Time{}
 	}
-	old := ps.table.Owners
-	ps.table, ps.rv, ps.exists = t, rv, exists
-	ps.index = t.Index()
+	sh := &ps.shards[n]
+	old := sh.table.Owners
+	sh.table, sh.rv, sh.exists = t, rv, exists
+	sh.index = t.Index()
 	a := ps.a
 	a.ownMu.Lock()
 	defer a.ownMu.Unlock()
 	for o := range old {
 		k := types.NamespacedName{Namespace: ps.key.Namespace, Name: o}
-		if _, still := t.Owners[o]; !still && a.owners[k] == ps.key {
-			delete(a.owners, k)
+		if _, still := t.Owners[o]; still || a.owners[k] != ps.key || ps.holdsLocked(o) {
+			continue
 		}
+		delete(a.owners, k)
 	}
 	for o := range t.Owners {
 		a.owners[types.NamespacedName{Namespace: ps.key.Namespace, Name: o}] = ps.key
 	}
+}
+
+// holdsLocked reports whether any shard names owner. Preconditions: ps.mu
+// held.
+func (ps *poolState) holdsLocked(owner string) bool {
+	for i := range ps.shards {
+		if _, ok := ps.shards[i].table.Owners[owner]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// ownedLocked returns what owner holds over all shards (ok false when no
+// shard names it). Preconditions: ps.mu held.
+func (ps *poolState) ownedLocked(owner string) (Owned, bool) {
+	var out Owned
+	found := false
+	for i := range ps.shards {
+		own, ok := ps.shards[i].table.Owners[owner]
+		if !ok {
+			continue
+		}
+		out.Pods = append(out.Pods, own.Pods...)
+		if !found || (!own.At.IsZero() && own.At.Before(out.At)) {
+			out.At = own.At
+		}
+		found = true
+	}
+	return out, found
+}
+
+// ownerLocked returns the owner of pod ("" retired; false when its shard
+// does not name it). Preconditions: ps.mu held.
+func (ps *poolState) ownerLocked(pod string) (string, bool) {
+	o, ok := ps.shards[ShardOf(pod)].index[pod]
+	return o, ok
 }
 
 // Find returns the pool whose table gives owner pods in namespace ns, and
@@ -289,11 +346,11 @@ func (a *Allocator) Find(ns, owner string) (types.NamespacedName, Owned, bool) {
 	ps := a.pool(pool)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	own, ok := ps.table.Owners[owner]
+	own, ok := ps.ownedLocked(owner)
 	if !ok {
 		return types.NamespacedName{}, Owned{}, false
 	}
-	return pool, Owned{Pods: append([]string(nil), own.Pods...), At: own.At}, true
+	return pool, own, true
 }
 
 // Refresh reads every table of namespace ns from the API server (for a
@@ -324,8 +381,7 @@ func (a *Allocator) Owner(pool types.NamespacedName, pod string) (string, bool) 
 	ps := a.pool(pool)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	o, ok := ps.index[pod]
-	return o, ok
+	return ps.ownerLocked(pod)
 }
 
 // Held returns the pods owner holds in pool's table.
@@ -333,8 +389,8 @@ func (a *Allocator) Held(pool types.NamespacedName, owner string) ([]string, tim
 	ps := a.pool(pool)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	o := ps.table.Owners[owner]
-	return append([]string(nil), o.Pods...), o.At
+	o, _ := ps.ownedLocked(owner)
+	return o.Pods, o.At
 }
 
 // Holding is one owner's pods in one pool.
@@ -358,9 +414,15 @@ func (a *Allocator) Holdings(ns string, match func(owner string) bool) []Holding
 	var out []Holding
 	for k, ps := range pools {
 		ps.mu.Lock()
-		for o, own := range ps.table.Owners {
-			if match(o) {
-				out = append(out, Holding{Pool: k, Owner: o, Owned: Owned{Pods: append([]string(nil), own.Pods...), At: own.At}})
+		seen := map[string]bool{}
+		for i := range ps.shards {
+			for o := range ps.shards[i].table.Owners {
+				if seen[o] || !match(o) {
+					continue
+				}
+				seen[o] = true
+				own, _ := ps.ownedLocked(o)
+				out = append(out, Holding{Pool: k, Owner: o, Owned: own})
 			}
 		}
 		ps.mu.Unlock()
@@ -384,7 +446,7 @@ func (a *Allocator) Count(pool types.NamespacedName) Counts {
 	defer ps.mu.Unlock()
 	var c Counts
 	for name, st := range ps.pods {
-		o, named := ps.index[name]
+		o, named := ps.ownerLocked(name)
 		switch {
 		case named && o != "":
 			c.Owned++
@@ -403,10 +465,12 @@ func (a *Allocator) revision(pool types.NamespacedName) string {
 }
 
 // Apply applies ch to pool's table and returns what it did. Concurrent
-// calls for one pool are grouped into one write; the write carries the
-// resourceVersion of the table it was computed from, and on a conflict
-// the group is computed again from the newer table, so an allocation can
-// never hand out a pod that another writer has taken. Once the write is
+// calls for one pool are grouped into one write per shard touched (a warm
+// claim, or a batch that one shard can serve, is one write); each write
+// carries the resourceVersion of the shard it was computed from, and on a
+// conflict that shard's part is computed again from the newer shard (its
+// free pods sought from another shard), so an allocation can never hand
+// out a pod that another writer has taken. Once the write is
 // made Apply waits for it even if ctx ends (the result is the truth of
 // the table); ctx bounds only the wait for the informers' first sync.
 func (a *Allocator) Apply(ctx context.Context, pool types.NamespacedName, ch Change) (Result, error) {
@@ -476,114 +540,318 @@ func (a *Allocator) lead(pool types.NamespacedName, ps *poolState) {
 // commitTimeout bounds one group commit, retries included.
 const commitTimeout = 30 * time.Second
 
-// commit writes one group of changes: computed from the newest known
-// table, written with its resourceVersion, computed again after a
-// conflict.
+// shardWork is what one round of a group commit writes to one shard.
+type shardWork struct {
+	n     int
+	idx   []int    // the group's changes with a part in this shard, in order
+	parts []Change // their parts in this shard
+	wants bool     // some part takes free pods
+	base  Table
+	next  Table
+	rv    string
+	exist bool
+	res   []Result
+	skip  bool // nothing to write: next is base
+	newRV string
+	err   error
+}
+
+// commit writes one group of changes. Each change is split by shard: the
+// pods it adopts, releases or retires go to their own shards, and the
+// free pods it wants are taken from the shards with free pods, starting
+// at the pool's cursor (a batch from one shard when one has enough).
+// Every shard touched is written, in parallel, computed from the newest
+// known copy of the shard and guarded by its resourceVersion; a shard
+// whose write conflicts is read again and its part computed again in the
+// next round, and the free pods it was to give are sought again over all
+// shards (starting from another one: the cursor moves), so a claim never
+// gets a pod another writer took, and never waits on a full shard.
 func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) ([]Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	changes := make([]Change, len(group))
-	for i, r := range group {
-		changes[i] = r.ch
+	n := len(group)
+	out := make([]Result, n)
+	want := make([]int, n)
+	// fixed[s][i] is the part of change i in shard s that is not a want
+	// and is not yet written.
+	var fixed [Shards]map[int]Change
+	for s := range fixed {
+		fixed[s] = map[int]Change{}
 	}
-	for attempt := 0; ; attempt++ {
-		ps.mu.Lock()
-		base, rv, exists := ps.table.Clone(), ps.rv, ps.exists
-		free := a.freeLocked(pool, ps)
-		pods := ps.pods
-		next := base.Clone()
-		res := next.apply(changes, free, func(p string) bool { _, ok := pods[p]; return !ok }, time.Now().UTC())
-		ps.mu.Unlock()
-		if exists && next.equal(base) {
-			return res, nil
+	part := func(s, i int) Change {
+		ch, ok := fixed[s][i]
+		if !ok {
+			ch = Change{Owner: group[i].ch.Owner}
 		}
-		if !exists && len(next.Owners) == 0 && len(next.Retired) == 0 {
-			return res, nil
+		return ch
+	}
+	ps.mu.Lock()
+	for i, r := range group {
+		ch := r.ch
+		want[i] = ch.Want
+		for _, p := range ch.Adopt {
+			c := part(ShardOf(p), i)
+			c.Adopt = append(c.Adopt, p)
+			fixed[ShardOf(p)][i] = c
 		}
-		newRV, err := a.write(ctx, pool, next, rv, exists)
-		if err == nil {
-			ps.mu.Lock()
-			if !ps.exists || !newer(ps.rv, newRV) {
-				ps.setLocked(next, newRV, true)
+		for _, p := range ch.Release {
+			c := part(ShardOf(p), i)
+			c.Release = append(c.Release, p)
+			fixed[ShardOf(p)][i] = c
+		}
+		for _, p := range ch.Retire {
+			c := part(ShardOf(p), i)
+			c.Retire = append(c.Retire, p)
+			fixed[ShardOf(p)][i] = c
+		}
+		if ch.ReleaseAll && ch.Owner != "" {
+			for s := range ps.shards {
+				if _, ok := ps.shards[s].table.Owners[ch.Owner]; ok {
+					c := part(s, i)
+					c.ReleaseAll = true
+					fixed[s][i] = c
+				}
 			}
-			ps.mu.Unlock()
-			return res, nil
 		}
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+	}
+	ps.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		work := a.plan(pool, ps, group, fixed, want)
+		if len(work) == 0 {
+			break
 		}
-		// Someone else wrote first: read the table they wrote and try
-		// again (after a short, random pause when it keeps happening).
-		if err := a.refresh(ctx, pool, ps); err != nil {
-			return nil, err
+		var wg sync.WaitGroup
+		wrote := false
+		for _, w := range work {
+			if w.skip {
+				continue
+			}
+			wrote = true
+			wg.Go(func() { w.newRV, w.err = a.write(ctx, pool, w.n, w.next, w.rv, w.exist) })
 		}
-		if attempt > 2 {
+		wg.Wait()
+		conflict := false
+		for _, w := range work {
+			switch {
+			case w.err == nil:
+				if !w.skip {
+					ps.mu.Lock()
+					if sh := &ps.shards[w.n]; !sh.exists || !newer(sh.rv, w.newRV) {
+						ps.setLocked(w.n, w.next, w.newRV, true)
+					}
+					ps.mu.Unlock()
+				}
+				for k, i := range w.idx {
+					delete(fixed[w.n], i)
+					out[i].Pods = append(out[i].Pods, w.res[k].Pods...)
+					out[i].Retired = append(out[i].Retired, w.res[k].Retired...)
+					want[i] -= len(w.res[k].Pods)
+				}
+			case apierrors.IsConflict(w.err) || apierrors.IsAlreadyExists(w.err) || apierrors.IsNotFound(w.err):
+				// Someone else wrote the shard first: read what they
+				// wrote, and seek free pods elsewhere first.
+				conflict = true
+				if w.wants {
+					ps.mu.Lock()
+					ps.cursor = (w.n + 1 + rand.IntN(Shards-1)) % Shards
+					ps.mu.Unlock()
+				}
+				if err := a.refresh(ctx, pool, ps, w.n); err != nil {
+					return nil, err
+				}
+			default:
+				return nil, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, w.err)
+			}
+		}
+		if !wrote {
+			// Nothing changed: a next round would plan the same.
+			break
+		}
+		if conflict && attempt > 2 {
 			select {
 			case <-ctx.Done():
 				return nil, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
 			case <-time.After(time.Duration(rand.IntN(1000*min(attempt, 20))) * time.Microsecond):
 			}
 		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
+		}
 	}
+	ps.mu.Lock()
+	for i, r := range group {
+		if r.ch.Owner != "" {
+			own, _ := ps.ownedLocked(r.ch.Owner)
+			out[i].Held = own.Pods
+		}
+	}
+	ps.mu.Unlock()
+	return out, nil
 }
 
-// Ensure creates pool's table, empty, unless it exists. The pool
-// controller calls it when it first sees the pool, so that the table is
-// made with the pool's fill and the first allocation from the pool is an
-// update of it like every later one, not a create on the delivery path.
+// plan computes one round of a group commit: for every shard with
+// something to do (a fixed part not yet written, or free pods to give),
+// the shard's next copy. want[i] free pods are still to be found for
+// change i; they come from the shard at the cursor when it has them all,
+// else from the first shard after it that has them all, else from as
+// many shards as it takes. A shard whose next copy is its current one
+// needs no write (skip).
+func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*request, fixed [Shards]map[int]Change, want []int) []*shardWork {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	free := a.freeLocked(pool, ps)
+	var avail [Shards]int
+	for s := range free {
+		avail[s] = len(free[s])
+	}
+	// The whole group from one shard when one can serve it.
+	total := 0
+	for i, w := range want {
+		if w > 0 && group[i].ch.Owner != "" {
+			total += w
+		}
+	}
+	if total > 0 && avail[ps.cursor] < total {
+		for d := range Shards {
+			if s := (ps.cursor + d) % Shards; avail[s] >= total {
+				ps.cursor = s
+				break
+			}
+		}
+	}
+	var wants [Shards]map[int]int
+	for i, w := range want {
+		if w <= 0 || group[i].ch.Owner == "" {
+			continue
+		}
+		take := func(s, k int) {
+			if wants[s] == nil {
+				wants[s] = map[int]int{}
+			}
+			wants[s][i] += k
+			avail[s] -= k
+			w -= k
+		}
+		for d := range Shards {
+			if s := (ps.cursor + d) % Shards; avail[s] >= w {
+				take(s, w)
+				ps.cursor = s
+				break
+			}
+		}
+		for d := 0; d < Shards && w > 0; d++ {
+			if s := (ps.cursor + d) % Shards; avail[s] > 0 {
+				take(s, min(w, avail[s]))
+			}
+		}
+	}
+	if avail[ps.cursor] == 0 {
+		for d := range Shards {
+			if s := (ps.cursor + d) % Shards; avail[s] > 0 {
+				ps.cursor = s
+				break
+			}
+		}
+	}
+	pods := ps.pods
+	gone := func(p string) bool { _, ok := pods[p]; return !ok }
+	now := time.Now().UTC()
+	var work []*shardWork
+	for s := range Shards {
+		if len(fixed[s]) == 0 && len(wants[s]) == 0 {
+			continue
+		}
+		w := &shardWork{n: s}
+		for i := range group {
+			f, hasFixed := fixed[s][i]
+			k := wants[s][i]
+			if !hasFixed && k == 0 {
+				continue
+			}
+			if !hasFixed {
+				f = Change{Owner: group[i].ch.Owner}
+			}
+			f.Want = k
+			w.wants = w.wants || k > 0
+			w.idx = append(w.idx, i)
+			w.parts = append(w.parts, f)
+		}
+		sh := &ps.shards[s]
+		w.base, w.rv, w.exist = sh.table.Clone(), sh.rv, sh.exists
+		w.next = w.base.Clone()
+		w.res = w.next.apply(w.parts, free[s], gone, now)
+		w.skip = (w.exist && w.next.equal(w.base)) || (!w.exist && len(w.next.Owners) == 0 && len(w.next.Retired) == 0)
+		work = append(work, w)
+	}
+	return work
+}
+// Ensure creates the shards of pool's table, empty, unless they exist.
+// The pool controller calls it when it first sees the pool, so that the
+// table is made with the pool's fill and the first allocation from the
+// pool is an update like every later one, not a create on the delivery
+// path.
 func (a *Allocator) Ensure(ctx context.Context, pool types.NamespacedName) error {
 	if err := a.WaitSynced(ctx); err != nil {
 		return err
 	}
 	ps := a.pool(pool)
-	ps.mu.Lock()
-	exists := ps.exists
-	ps.mu.Unlock()
-	if exists {
-		return nil
-	}
-	rv, err := a.write(ctx, pool, Table{}, "", false)
-	switch {
-	case err == nil:
+	for n := range Shards {
 		ps.mu.Lock()
-		if !ps.exists {
-			ps.setLocked(Table{}, rv, true)
-		}
+		exists := ps.shards[n].exists
 		ps.mu.Unlock()
-		return nil
-	case apierrors.IsAlreadyExists(err):
-		// Another writer made it first (a moat server's claim, or a
-		// group commit of this process): read what it wrote.
-		return a.refresh(ctx, pool, ps)
-	default:
-		return fmt.Errorf("create allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+		if exists {
+			continue
+		}
+		rv, err := a.write(ctx, pool, n, Table{}, "", false)
+		switch {
+		case err == nil:
+			ps.mu.Lock()
+			if !ps.shards[n].exists {
+				ps.setLocked(n, Table{}, rv, true)
+			}
+			ps.mu.Unlock()
+		case apierrors.IsAlreadyExists(err):
+			// Another writer made it first (a moat server's claim, or a
+			// group commit of this process): read what it wrote.
+			if err := a.refresh(ctx, pool, ps, n); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("create allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+		}
 	}
+	return nil
 }
 
-// freeLocked lists the pool's free pods: ready, of the current revision,
-// usable, not named by the table. Preconditions: ps.mu held.
-func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) []string {
+// freeLocked lists the pool's free pods by shard: ready, of the current
+// revision, usable, not named by their shard. Preconditions: ps.mu held.
+func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [Shards][]string {
 	rev := a.revision(pool)
-	var out []string
+	var out [Shards][]string
 	for name, st := range ps.pods {
-		if _, named := ps.index[name]; named || !st.Ready || (rev != "" && st.Revision != rev) {
+		if !st.Ready || (rev != "" && st.Revision != rev) {
+			continue
+		}
+		s := ShardOf(name)
+		if _, named := ps.shards[s].index[name]; named {
 			continue
 		}
 		if a.o.Usable != nil && !a.o.Usable(pool, name) {
 			continue
 		}
-		out = append(out, name)
+		out[s] = append(out[s], name)
 	}
 	return out
 }
 
-// write stores t as pool's table: an update guarded by rv, or a create.
-func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, t Table, rv string, exists bool) (string, error) {
+// write stores t as shard n of pool's table: an update guarded by rv, or
+// a create.
+func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n int, t Table, rv string, exists bool) (string, error) {
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: pool.Namespace, Name: TableName(pool.Name), ResourceVersion: rv,
+			Namespace: pool.Namespace, Name: ShardName(pool.Name, n), ResourceVersion: rv,
 			Labels:      map[string]string{LabelTable: "true"},
-			Annotations: map[string]string{AnnoPool: pool.Name},
+			Annotations: map[string]string{AnnoPool: pool.Name, AnnoShard: strconv.Itoa(n)},
 		},
 		Data: t.Encode(),
 	}
@@ -597,15 +865,15 @@ func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, t Tabl
 	return cm.ResourceVersion, err
 }
 
-// refresh reads pool's table from the API server.
-func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState) error {
+// refresh reads shard n of pool's table from the API server.
+func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState, n int) error {
 	var cm corev1.ConfigMap
-	err := a.o.Reader.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: TableName(pool.Name)}, &cm)
+	err := a.o.Reader.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: ShardName(pool.Name, n)}, &cm)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	switch {
 	case apierrors.IsNotFound(err):
-		ps.setLocked(Table{}, "", false)
+		ps.setLocked(n, Table{}, "", false)
 		return nil
 	case err != nil:
 		return fmt.Errorf("read allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
@@ -615,8 +883,8 @@ func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *
 		return fmt.Errorf("pool %s: %w: %v", pool.Name, errdefs.ErrInternal, err)
 	}
 	// The informer may have delivered a still newer copy meanwhile.
-	if !ps.exists || newer(cm.ResourceVersion, ps.rv) {
-		ps.setLocked(t, cm.ResourceVersion, true)
+	if sh := &ps.shards[n]; !sh.exists || newer(cm.ResourceVersion, sh.rv) {
+		ps.setLocked(n, t, cm.ResourceVersion, true)
 	}
 	return nil
 }

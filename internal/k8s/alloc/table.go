@@ -8,12 +8,19 @@
 // someone else changed the table first, and the allocation is computed
 // again from the newer table).
 //
-// The table of pool P is a ConfigMap in P's namespace (TableName), with
-// data[TableKey] the JSON of Table: the owners of pods (a BatchSandbox,
-// or one sandbox of a moat server scope) and the retired pods (released
-// or being deleted: never handed out again). Free pods are the pool's
-// ready pods that the table does not name. Concurrent changes of one
-// table in one process are grouped into one write (Allocator.Apply).
+// The table of pool P is split into Shards ConfigMaps in P's namespace
+// (ShardName), each with data[TableKey] the JSON of a Table: the owners
+// of pods (a BatchSandbox, or one sandbox of a moat server scope) and the
+// retired pods (released or being deleted: never handed out again). Every
+// pod belongs to one shard, by a stable hash of its name (ShardOf), and
+// only that shard names it; an owner holding pods of several shards has
+// an entry in each. Free pods are the pool's ready pods that their shard
+// does not name. A write carries one shard, so its size is the shard's
+// (a 10,000-pod pool's table is far over a ConfigMap's 1 MiB, a shard is
+// not), and allocators writing different shards never conflict: each
+// process takes free pods from a shard of its own choosing and moves to
+// another after a conflict. Concurrent changes of one pool in one
+// process are grouped into one write per shard (Allocator.Apply).
 //
 // The pool's pods carry their own agent access token, one per pod, kept
 // in the pool's token Secret (TokenSecretName), which the controller
@@ -22,22 +29,32 @@
 package alloc
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 )
 
 // Names, labels and keys of the objects of this package.
 const (
-	// TableKey is the data key of a table ConfigMap holding Table's JSON.
+	// TableKey is the data key of a table shard ConfigMap holding Table's
+	// JSON.
 	TableKey = "table"
+	// AnnoShard is the shard number of a table shard ConfigMap.
+	AnnoShard = "moat." + sbv1.Group + "/alloc-shard"
 	// LabelTable marks table ConfigMaps ("true"); AnnoPool names the pool.
 	LabelTable = "moat." + sbv1.Group + "/alloc-table"
 	// LabelTokens marks pool token Secrets ("true"); AnnoPool names the pool.
@@ -88,8 +105,21 @@ func SandboxOf(scope, owner string) (string, bool) {
 // BatchOf returns the BatchSandbox name of an owner, if it is one.
 func BatchOf(owner string) (string, bool) { return strings.CutPrefix(owner, "batchsandbox/") }
 
-// TableName is the name of pool's table ConfigMap.
-func TableName(pool string) string { return objectName(pool, "moat-alloc") }
+// Shards is the number of shards of every pool's table. Every allocator
+// of a pool must agree on it (it decides which shard names a pod).
+const Shards = 8
+
+// ShardOf returns the shard of pod (a stable hash of its name).
+func ShardOf(pod string) int {
+	h := fnv.New32a()
+	h.Write([]byte(pod))
+	return int(h.Sum32() % Shards)
+}
+
+// ShardName is the name of the ConfigMap of shard of pool's table.
+func ShardName(pool string, shard int) string {
+	return objectName(pool, fmt.Sprintf("moat-alloc-%d", shard))
+}
 
 // TokenSecretName is the name of pool's token Secret.
 func TokenSecretName(pool string) string { return objectName(pool, "moat-tokens") }
@@ -137,6 +167,80 @@ func (t Table) Clone() Table {
 		out.Retired = map[string]time.Time{}
 	}
 	return out
+}
+
+// Merge returns the union of tables (the shards of one pool): an owner's
+// pods are joined, with the earliest At.
+func Merge(ts ...Table) Table {
+	out := Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}
+	for _, t := range ts {
+		maps.Copy(out.Retired, t.Retired)
+		for o, own := range t.Owners {
+			cur, had := out.Owners[o]
+			cur.Pods = append(cur.Pods, own.Pods...)
+			if !had || (!own.At.IsZero() && own.At.Before(cur.At)) {
+				cur.At = own.At
+			}
+			out.Owners[o] = cur
+		}
+	}
+	return out
+}
+
+// Shard is one stored shard of a pool's table.
+type Shard struct {
+	Index int
+	Table Table
+	// Bytes is the size of the shard's JSON.
+	Bytes int
+}
+
+// ReadShards reads the shards of pool's table from r (those that exist).
+func ReadShards(ctx context.Context, r client.Reader, pool types.NamespacedName) ([]Shard, error) {
+	var list corev1.ConfigMapList
+	if err := r.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{LabelTable: "true"}); err != nil {
+		return nil, err
+	}
+	var out []Shard
+	for i := range list.Items {
+		cm := &list.Items[i]
+		n, ok := shardOf(cm)
+		if !ok || cm.Annotations[AnnoPool] != pool.Name {
+			continue
+		}
+		t, err := Parse(cm.Data)
+		if err != nil {
+			return nil, fmt.Errorf("shard %d of pool %s: %w", n, pool.Name, err)
+		}
+		out = append(out, Shard{Index: n, Table: t, Bytes: len(cm.Data[TableKey])})
+	}
+	slices.SortFunc(out, func(a, b Shard) int { return a.Index - b.Index })
+	return out, nil
+}
+
+// ReadTable reads pool's whole table (its shards merged) from r.
+func ReadTable(ctx context.Context, r client.Reader, pool types.NamespacedName) (Table, error) {
+	shards, err := ReadShards(ctx, r, pool)
+	if err != nil {
+		return Table{}, err
+	}
+	ts := make([]Table, len(shards))
+	for i, s := range shards {
+		ts[i] = s.Table
+	}
+	return Merge(ts...), nil
+}
+
+// shardOf returns the shard number of a table shard ConfigMap.
+func shardOf(cm *corev1.ConfigMap) (int, bool) {
+	if cm.Labels[LabelTable] != "true" || cm.Annotations[AnnoPool] == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(cm.Annotations[AnnoShard])
+	if err != nil || n < 0 || n >= Shards {
+		return 0, false
+	}
+	return n, true
 }
 
 // Index maps every pod the table names to its owner ("" for a retired

@@ -121,16 +121,19 @@ func TestNames(t *testing.T) {
 	for len(long) < 300 {
 		long += "abcdefghij"
 	}
-	for _, n := range []string{TableName(long), TokenSecretName(long), TableName(long + "x")} {
+	for _, n := range []string{ShardName(long, 0), TokenSecretName(long), ShardName(long+"x", 7)} {
 		if len(n) > 253 {
 			t.Errorf("name %q too long (%d)", n, len(n))
 		}
 	}
-	if TableName(long) == TableName(long+"x") {
+	if ShardName(long, 0) == ShardName(long+"x", 0) {
 		t.Error("long pool names collide")
 	}
-	if got := TableName("warm"); got != "warm-moat-alloc" {
-		t.Errorf("TableName = %q", got)
+	if ShardName(long, 0) == ShardName(long, 1) {
+		t.Error("shards of a long pool name collide")
+	}
+	if got := ShardName("warm", 3); got != "warm-moat-alloc-3" {
+		t.Errorf("ShardName = %q", got)
 	}
 	if id, ok := SandboxOf("moat0", SandboxOwner("moat0", "abc")); !ok || id != "abc" {
 		t.Errorf("SandboxOf = %q %v", id, ok)

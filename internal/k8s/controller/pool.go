@@ -425,10 +425,11 @@ func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedNa
 	if err != nil || len(pods) > 0 {
 		return err
 	}
-	for _, obj := range []client.Object{
-		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TableName(pool.Name)}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}},
-	} {
+	objs := []client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}}}
+	for n := range alloc.Shards {
+		objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.ShardName(pool.Name, n)}})
+	}
+	for _, obj := range objs {
 		if err := r.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}

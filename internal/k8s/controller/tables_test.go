@@ -56,11 +56,7 @@ func serverAllocator(t *testing.T, ns string) *alloc.Allocator {
 
 func readTable(t *testing.T, c client.Client, ns, pool string) alloc.Table {
 	t.Helper()
-	var cm corev1.ConfigMap
-	if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: alloc.TableName(pool)}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := alloc.Parse(cm.Data)
+	tbl, err := alloc.ReadTable(context.Background(), c, types.NamespacedName{Namespace: ns, Name: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,10 +174,14 @@ func TestServerClaimsRespected(t *testing.T) {
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 	tableObjects := func() (left []string) {
-		for _, obj := range []client.Object{&corev1.ConfigMap{}, &corev1.Secret{}} {
-			name := alloc.TableName("p")
-			if _, ok := obj.(*corev1.Secret); ok {
-				name = alloc.TokenSecretName("p")
+		names := []string{alloc.TokenSecretName("p")}
+		for n := range alloc.Shards {
+			names = append(names, alloc.ShardName("p", n))
+		}
+		for i, name := range names {
+			var obj client.Object = &corev1.ConfigMap{}
+			if i == 0 {
+				obj = &corev1.Secret{}
 			}
 			if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj); err == nil {
 				left = append(left, name)
@@ -192,7 +192,7 @@ func TestServerClaimsRespected(t *testing.T) {
 		return left
 	}
 	time.Sleep(time.Second)
-	if left := tableObjects(); len(left) != 2 {
+	if left := tableObjects(); len(left) != 1+alloc.Shards {
 		t.Fatalf("a deleted pool with claimed pods lost its table or tokens: only %v left", left)
 	}
 	if _, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), ReleaseAll: true}); err != nil {

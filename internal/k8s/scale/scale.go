@@ -98,9 +98,10 @@ type Result struct {
 	// CRD are the CRD path's figures (CRDClaims).
 	CRDWall        time.Duration
 	CRDP50, CRDP99 time.Duration
-	// TableBytes is the size of the pool's allocation table at the end:
-	// every table write carries all of it.
-	TableBytes int
+	// TableBytes is the size of the pool's allocation table at the end
+	// (all its shards), ShardBytes the largest shard's: a write carries
+	// one shard.
+	TableBytes, ShardBytes int
 }
 
 // PerSecond is the single claims' throughput.
@@ -116,11 +117,11 @@ func (r Result) String() string {
 	if r.Chaos {
 		chaos = fmt.Sprintf(" chaos (a replica and the controller killed; %d claims unanswered: %d pods given back, %d recorded)", r.Unanswered, r.GivenBack, r.Recorded)
 	}
-	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes%s  ledger ok",
+	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes (largest shard %d)%s  ledger ok",
 		chaos, r.Nodes, r.Pool, r.Replicas, r.Workers, r.Fill.Round(time.Millisecond),
 		r.Claims, r.ClaimWall.Round(time.Millisecond), r.PerSecond(), r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(100*time.Microsecond),
 		k8stest.Total(r.ClaimWrites), fmtWrites(r.ClaimWrites),
-		r.Batch, r.BatchWall.Round(100*time.Microsecond), k8stest.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, crd)
+		r.Batch, r.BatchWall.Round(100*time.Microsecond), k8stest.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, r.ShardBytes, crd)
 }
 
 func fmtWrites(w map[string]int) string {
@@ -489,9 +490,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	if err := check(ctx, c, ns, scope, ids, clients); err != nil {
 		return res, fmt.Errorf("ledger check: %w", err)
 	}
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: alloc.TableName("warm")}, &cm); err == nil {
-		res.TableBytes = len(cm.Data[alloc.TableKey])
+	if shards, err := alloc.ReadShards(ctx, c, client.ObjectKey{Namespace: ns, Name: "warm"}); err == nil {
+		for _, s := range shards {
+			res.TableBytes += s.Bytes
+			res.ShardBytes = max(res.ShardBytes, s.Bytes)
+		}
 	}
 	fmt.Fprintln(out, res)
 	return res, nil
@@ -642,11 +645,7 @@ func crdClaims(ctx context.Context, env *k8stest.Env, ns string, o Options, res 
 
 // table reads the pool's allocation table from the API server.
 func table(ctx context.Context, c client.Client, ns string) (alloc.Table, error) {
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: alloc.TableName("warm")}, &cm); err != nil {
-		return alloc.Table{}, err
-	}
-	return alloc.Parse(cm.Data)
+	return alloc.ReadTable(ctx, c, client.ObjectKey{Namespace: ns, Name: "warm"})
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {

@@ -1,0 +1,286 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// The shard rules are tested here against the controller-runtime fake
+// client (which enforces resourceVersion guards like the API server), with
+// the pods handed to the allocators directly instead of through
+// informers, so that each allocator's view of a shard can be made stale
+// on purpose. alloc_test.go runs allocators on a real API server.
+
+// shardWorld is one fake API server with n ready pods of pool "warm".
+type shardWorld struct {
+	c      client.Client
+	writes atomic.Int32
+	pool   types.NamespacedName
+	pods   []string
+}
+
+func newShardWorld(t *testing.T, n int) *shardWorld {
+	t.Helper()
+	w := &shardWorld{pool: types.NamespacedName{Namespace: "ns", Name: "warm"}}
+	count := func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+		w.writes.Add(1)
+		return c.Update(ctx, obj, opts...)
+	}
+	create := func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		w.writes.Add(1)
+		return c.Create(ctx, obj, opts...)
+	}
+	w.c = fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{Update: count, Create: create}).Build()
+	for i := range n {
+		w.pods = append(w.pods, fmt.Sprintf("warm-%04d", i))
+	}
+	return w
+}
+
+// allocator is one process's allocator of w's pool, its pods known, its
+// shards created.
+func (w *shardWorld) allocator(t *testing.T) *Allocator {
+	t.Helper()
+	a := &Allocator{o: Options{Client: w.c, Reader: w.c}, pools: map[types.NamespacedName]*poolState{}, owners: map[types.NamespacedName]types.NamespacedName{}}
+	ps := a.pool(w.pool)
+	for _, p := range w.pods {
+		ps.pods[p] = PodState{IP: "10.0.0.1", Ready: true}
+	}
+	if err := a.Ensure(context.Background(), w.pool); err != nil {
+		t.Fatal(err)
+	}
+	w.writes.Store(0)
+	return a
+}
+
+func (a *Allocator) setCursor(pool types.NamespacedName, s int) {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	ps.cursor = s
+	ps.mu.Unlock()
+}
+
+func (a *Allocator) cursorOf(pool types.NamespacedName) int {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.cursor
+}
+
+func shardsOf(pods []string) []int {
+	var out []int
+	for _, p := range pods {
+		if s := ShardOf(p); !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestShardConflictMovesOn: two allocators start at the same shard; the
+// second one's copy of it is stale, so its write conflicts: it reads the
+// shard again and takes its pod from another shard, never the pod the
+// first one took.
+func TestShardConflictMovesOn(t *testing.T) {
+	w := newShardWorld(t, 80)
+	a, b := w.allocator(t), w.allocator(t)
+	a.setCursor(w.pool, 2)
+	b.setCursor(w.pool, 2)
+	ctx := context.Background()
+	ra, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/a", Want: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ra.Pods) != 1 || ShardOf(ra.Pods[0]) != 2 {
+		t.Fatalf("a got %v, want one pod of shard 2", ra.Pods)
+	}
+	// b has not seen a's write (no informers here).
+	w.writes.Store(0)
+	rb, err := b.Apply(ctx, w.pool, Change{Owner: "moat/s/b", Want: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rb.Pods) != 1 || rb.Pods[0] == ra.Pods[0] {
+		t.Fatalf("b got %v, a got %v", rb.Pods, ra.Pods)
+	}
+	if s := ShardOf(rb.Pods[0]); s == 2 {
+		t.Errorf("after a conflict on shard 2 b still took a pod of shard 2 (%s)", rb.Pods[0])
+	}
+	if c := b.cursorOf(w.pool); c == 2 {
+		t.Error("b's cursor stayed on the shard it conflicted on")
+	}
+	if n := w.writes.Load(); n != 2 {
+		t.Errorf("b made %d writes, want 2 (the conflict and the allocation)", n)
+	}
+	tbl, err := ReadTable(ctx, w.c, w.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tbl.Owners["moat/s/a"].Pods; !slices.Equal(got, ra.Pods) {
+		t.Errorf("table gives a %v, a was told %v", got, ra.Pods)
+	}
+	if got := tbl.Owners["moat/s/b"].Pods; !slices.Equal(got, rb.Pods) {
+		t.Errorf("table gives b %v, b was told %v", got, rb.Pods)
+	}
+}
+
+// TestShardFullMovesOn: once the cursor's shard has no free pod, claims
+// are served by the next shard that has one, in one write each.
+func TestShardFullMovesOn(t *testing.T) {
+	w := newShardWorld(t, 80)
+	a := w.allocator(t)
+	a.setCursor(w.pool, 5)
+	ctx := context.Background()
+	in5 := 0
+	for _, p := range w.pods {
+		if ShardOf(p) == 5 {
+			in5++
+		}
+	}
+	res, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/all5", Want: in5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Pods) != in5 || !slices.Equal(shardsOf(res.Pods), []int{5}) || w.writes.Load() != 1 {
+		t.Fatalf("a batch of shard 5's %d pods got %v (shards %v) in %d writes, want them all from shard 5 in one write",
+			in5, res.Pods, shardsOf(res.Pods), w.writes.Load())
+	}
+	w.writes.Store(0)
+	next := 6
+	for ; next < 6+Shards; next++ {
+		if slices.ContainsFunc(w.pods, func(p string) bool { return ShardOf(p) == next%Shards }) {
+			break
+		}
+	}
+	res, err = a.Apply(ctx, w.pool, Change{Owner: "moat/s/one", Want: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Pods) != 1 || ShardOf(res.Pods[0]) != next%Shards || w.writes.Load() != 1 {
+		t.Errorf("with shard 5 full a claim got %v (shard %v) in %d writes, want a pod of shard %d in one write",
+			res.Pods, shardsOf(res.Pods), w.writes.Load(), next%Shards)
+	}
+}
+
+// TestShardBatch: a batch larger than any shard's free pods takes them
+// from several shards, one write each; the owner holds all of them, and
+// releasing it retires every one in every shard.
+func TestShardBatch(t *testing.T) {
+	w := newShardWorld(t, 80)
+	a := w.allocator(t)
+	ctx := context.Background()
+	res, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/batch", Want: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards := shardsOf(res.Pods)
+	if len(res.Pods) != 30 || len(shards) < 2 {
+		t.Fatalf("a batch of 30 of 80 pods got %d pods from shards %v", len(res.Pods), shards)
+	}
+	if n := int(w.writes.Load()); n != len(shards) {
+		t.Errorf("a batch over shards %v made %d writes, want one per shard", shards, n)
+	}
+	held := slices.Sorted(slices.Values(res.Held))
+	got := slices.Sorted(slices.Values(res.Pods))
+	if !slices.Equal(held, got) || len(slices.Compact(slices.Clone(got))) != 30 {
+		t.Errorf("held %v, given %v", held, got)
+	}
+	tbl, err := ReadTable(ctx, w.c, w.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recorded := slices.Sorted(slices.Values(tbl.Owners["moat/s/batch"].Pods)); !slices.Equal(recorded, got) {
+		t.Errorf("the table records %v, the batch was told %v", recorded, got)
+	}
+	if pool, own, ok := a.Find("ns", "moat/s/batch"); !ok || pool != w.pool || len(own.Pods) != 30 {
+		t.Errorf("Find = %v %d pods %v", pool, len(own.Pods), ok)
+	}
+	// A batch that one shard can serve is one write.
+	w.writes.Store(0)
+	small, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/small", Want: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(small.Pods) != 2 || len(shardsOf(small.Pods)) != 1 || w.writes.Load() != 1 {
+		t.Errorf("a batch of 2 got %v (shards %v) in %d writes, want one shard, one write", small.Pods, shardsOf(small.Pods), w.writes.Load())
+	}
+	// Release the big one: every shard it touched is written.
+	w.writes.Store(0)
+	if _, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/batch", ReleaseAll: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := int(w.writes.Load()); n != len(shards) {
+		t.Errorf("releasing a batch over shards %v made %d writes", shards, n)
+	}
+	tbl, err = ReadTable(ctx, w.c, w.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, still := tbl.Owners["moat/s/batch"]; still {
+		t.Error("a released batch is still an owner")
+	}
+	for _, p := range res.Pods {
+		if _, ok := tbl.Retired[p]; !ok {
+			t.Errorf("released pod %s not retired", p)
+		}
+	}
+	if _, _, ok := a.Find("ns", "moat/s/batch"); ok {
+		t.Error("Find still finds a released batch")
+	}
+	// Retired pods are never handed out again: what is left is 80-30-2.
+	rest, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/rest", Want: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rest.Pods) != 48 {
+		t.Errorf("the rest of the pool is %d pods, want 48", len(rest.Pods))
+	}
+	for _, p := range rest.Pods {
+		if slices.Contains(res.Pods, p) || slices.Contains(small.Pods, p) {
+			t.Errorf("pod %s handed out twice", p)
+		}
+	}
+}
+
+// TestShardsHoldTenThousand: a pool of 10,000 pods, every one claimed by
+// its own sandbox, is over a ConfigMap's 1 MiB as one table, and well
+// under it in shards; the hash spreads the pods evenly.
+func TestShardsHoldTenThousand(t *testing.T) {
+	const pods = 10000
+	now := time.Date(2026, 12, 3, 20, 0, 0, 123456789, time.UTC)
+	shards := make([]Table, Shards)
+	for i := range shards {
+		shards[i] = Table{Owners: map[string]Owned{}}
+	}
+	for i := range pods {
+		// Names as the controller and the server make them: a pool
+		// name with a random suffix, a UUID sandbox id.
+		pod := fmt.Sprintf("warm-%05x", i*7919%0xfffff)
+		id := fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", i*2654435761, i%0xffff, i%0xfff, i%0xfff, i*40503)
+		shards[ShardOf(pod)].Owners[SandboxOwner("moat0", id)] = Owned{Pods: []string{pod}, At: now}
+	}
+	const limit = 1 << 20
+	if whole := len(Merge(shards...).Encode()[TableKey]); whole <= limit {
+		t.Errorf("the whole table is %d bytes: this test no longer shows the 1 MiB cap", whole)
+	}
+	mean := pods / Shards
+	for i, s := range shards {
+		size := len(s.Encode()[TableKey])
+		if size > limit/4 {
+			t.Errorf("shard %d is %d bytes, want under %d", i, size, limit/4)
+		}
+		if n := len(s.Owners); n < mean*3/4 || n > mean*5/4 {
+			t.Errorf("shard %d holds %d pods, want about %d", i, n, mean)
+		}
+	}
+}
