@@ -785,6 +785,7 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 	}
 	return work
 }
+
 // Ensure creates the shards of pool's table, empty, unless they exist.
 // The pool controller calls it when it first sees the pool, so that the
 // table is made with the pool's fill and the first allocation from the
