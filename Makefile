@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -163,6 +163,9 @@ bench: build ## Print create-latency figures (moat bench create)
 # ones from the test harness (internal/k8s/k8stest, not linked into moat).
 bench-k8s: build deps-k8s ## Kubernetes batch figures on kwok's fake nodes (moat bench k8s -n 100)
 	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkKwok -benchtime 1x ./internal/k8s/bench/
+
+bench-k8s-claims: build deps-k8s ## Claims through the Lifecycle API at scale on kwok (moat bench k8s claims; SCALE='-scale.nodes=100 -scale.pool=1000')
+	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkClaims -benchtime 1x ./internal/k8s/scale/ $(SCALE)
 
 bench-k8s-node: build deps-k8s ## Kubernetes sandbox figures on a real single-node cluster (root; moat bench k8s --image)
 	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkRealNode -benchtime 1x ./internal/k8s/bench/

@@ -6,6 +6,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/moat-sandbox/moat/internal/k8s/bench"
+	"github.com/moat-sandbox/moat/internal/k8s/scale"
 )
 
 func newBenchK8sCommand() *cobra.Command {
@@ -29,7 +30,8 @@ own (deleted at the end). It then times:
                   holding moat, as for moat controller).
 
 make bench-k8s and make bench-k8s-node bring up throw-away clusters (kwok's
-fake nodes; a real single-node cluster) and run it.`,
+fake nodes; a real single-node cluster) and run it. moat bench k8s claims
+measures claims through the Lifecycle API at cluster scale.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctrllog.SetLogger(logr.Discard())
@@ -46,5 +48,45 @@ fake nodes; a real single-node cluster) and run it.`,
 	f.IntVar(&o.Warm, "warm", 10, "size of the warm batch of real sandboxes (with --image)")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of each phase (default 5m)")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--kube-api-qps=5")
+	cmd.AddCommand(newBenchK8sClaimsCommand())
+	return cmd
+}
+
+func newBenchK8sClaimsCommand() *cobra.Command {
+	var o scale.Options
+	cmd := &cobra.Command{
+		Use:   "claims",
+		Short: "claims through the Lifecycle API at cluster scale: throughput, latency, API writes; ledger checked",
+		Long: `Runs ` + "`moat controller`" + ` and --replicas replicas of ` + "`moat serve --runtime kubernetes`" + `
+as processes at their defaults (each server behind a loopback proxy that
+counts its API writes) against the cluster of --kubeconfig, which must have
+moat's CRDs installed, in a namespace of its own (deleted at the end). It
+makes a Pool of --pool warm pods through the Lifecycle API, then --workers
+clients spread over the replicas make --claims single claims (poolRef) and
+one batch of --batch, and, with --crd, claims of one through the CRD path
+(a BatchSandbox each) for comparison. The agents of the pods are never
+called: fake nodes such as kwok's suit it (make bench-k8s-claims brings up
+a throw-away control plane with kwok's nodes and runs it).
+
+Before any figure, the ledger is checked: every claim answered, each
+claimed sandbox owns exactly one pod in the pool's allocation table, no pod
+is owned twice, every replica lists every sandbox. A failed check is an
+error and prints no figures.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctrllog.SetLogger(logr.Discard())
+			_, err := scale.Run(cmd.Context(), o, cmd.OutOrStdout())
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	f.IntVar(&o.Pool, "pool", 1000, "warm pods in the pool")
+	f.IntVar(&o.Batch, "batch", 100, "size of the one batch claim")
+	f.IntVar(&o.Claims, "claims", 0, "single claims (default: the rest of the pool)")
+	f.IntVar(&o.CRDClaims, "crd", 0, "claims of one through the CRD path, after the others")
+	f.IntVar(&o.Replicas, "replicas", 2, "server replicas")
+	f.IntVar(&o.Workers, "workers", 16, "concurrent clients")
+	f.DurationVar(&o.Timeout, "timeout", 0, "bound of the pool's fill (default 10m)")
 	return cmd
 }

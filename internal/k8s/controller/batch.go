@@ -480,8 +480,8 @@ func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]stri
 			out = append(out, p.Name)
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	// A batch from as few table shards as it can: one write each.
+	return alloc.ByShard(out), nil
 }
 
 // batchPods returns the cached pods of rec's claims and released pods, by

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 )
@@ -237,10 +238,44 @@ func TestPoolWarmsToMin(t *testing.T) {
 	})
 }
 
+// TestWarmBatchOneShard: a batch that one shard of the pool's table can
+// serve comes from one shard: one table write.
+func TestWarmBatchOneShard(t *testing.T) {
+	c, ns := setup(t)
+	w, _ := startController(t, ns)
+	ctx := context.Background()
+	const n, batch = 48, 4
+	if err := c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"},
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(0, 0, n, n)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolFree(t, c, ns, "p", n)
+	time.Sleep(200 * time.Millisecond) // let the pool's own status writes settle
+	before := w.Snapshot()
+	if err := c.Create(ctx, newBatch(ns, "b", "p", batch)); err != nil {
+		t.Fatal(err)
+	}
+	b := waitBatch(t, c, ns, "b")
+	time.Sleep(500 * time.Millisecond)
+	writes := w.Since(before)
+	names, _, warm := allocation(t, b)
+	shards := map[int]bool{}
+	for i, p := range names {
+		if !warm[i] {
+			t.Errorf("claim %d (%s) is not warm", i, p)
+		}
+		shards[alloc.ShardOf(p)] = true
+	}
+	if len(shards) != 1 || writes["PUT configmaps"] != 1 {
+		t.Errorf("a batch of %d from a pool of %d came from shards %v with table writes %v, want one shard, one write", batch, n, shards, writes)
+	}
+}
+
 // TestWarmBatchWrites: a batch of N from a warm pool is recorded with O(1)
-// writes: one write of the pool's allocation table (the fence shared with
-// moat servers), one annotation write (the record) and one status write,
-// no pod writes.
+// writes: one write of each shard of the pool's allocation table its pods
+// are in (the fence shared with moat servers; the whole pool here, so
+// every shard with a pod), one annotation write (the record) and one
+// status write, no pod writes.
 func TestWarmBatchWrites(t *testing.T) {
 	c, ns := setup(t)
 	w, _ := startController(t, ns)
@@ -267,9 +302,14 @@ func TestWarmBatchWrites(t *testing.T) {
 	if got := writes["PUT batchsandboxes/status"]; got != 1 {
 		t.Errorf("batch status writes = %d, want 1 (%v)", got, writes)
 	}
-	// The pool's fill made the table: the delivery updates it.
-	if got := writes["PUT configmaps"]; got != 1 || writes["POST configmaps"] != 0 {
-		t.Errorf("allocation table writes = %d updates, %d creates, want 1 update (%v)", got, writes["POST configmaps"], writes)
+	// The pool's fill made the table: the delivery updates it, one write
+	// per shard.
+	shards := map[int]bool{}
+	for p := range poolPods {
+		shards[alloc.ShardOf(p)] = true
+	}
+	if got := writes["PUT configmaps"]; got != len(shards) || writes["POST configmaps"] != 0 {
+		t.Errorf("allocation table writes = %d updates, %d creates, want %d updates (%v)", got, writes["POST configmaps"], len(shards), writes)
 	}
 	if got := writes["POST pods"] + writes["DELETE pods"] + writes["PATCH pods"] + writes["PUT pods"]; got != 0 {
 		t.Errorf("pod writes = %d, want 0 (%v)", got, writes)
@@ -279,8 +319,8 @@ func TestWarmBatchWrites(t *testing.T) {
 	if got := writes["PUT pools/status"]; got > 1 {
 		t.Errorf("pool status writes = %d, want <= 1 (%v)", got, writes)
 	}
-	if total := k8stest.Total(writes); total > 4 {
-		t.Errorf("total writes = %d, want <= 4 (%v)", total, writes)
+	if total := k8stest.Total(writes); total > 3+len(shards) {
+		t.Errorf("total writes = %d, want <= %d (%v)", total, 3+len(shards), writes)
 	}
 	names, ips, warm := allocation(t, b)
 	seen := map[string]bool{}

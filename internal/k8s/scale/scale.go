@@ -1,9 +1,10 @@
 // Package scale is the cluster-scale scenario of the Lifecycle API's claim
-// path on Kubernetes (issue #19): a throw-away control plane with kwok's
-// fake nodes (internal/k8s/k8stest), `moat controller` and R replicas of
-// `moat serve --runtime kubernetes` as processes at their defaults (each
-// behind a loopback proxy that counts its API writes), a Pool of P warm
-// pods made through the Lifecycle API, then C single claims by W
+// path on Kubernetes (issue #19), behind `moat bench k8s claims`: on the
+// cluster of a kubeconfig (fake nodes such as kwok's suit it: the pods'
+// agents are never called), in a namespace of its own, `moat controller`
+// and R replicas of `moat serve --runtime kubernetes` as processes at
+// their defaults (each behind a loopback proxy that counts its API
+// writes), a Pool of P warm pods made through the Lifecycle API, then C single claims by W
 // concurrent clients spread over the replicas and one batch of B. It
 // reports the pool's fill time, claim latency (p50, p99, max), the claim
 // throughput, the batch's wall time and the servers' API writes, and checks
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -33,20 +35,25 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 )
 
 // Options size the scenario.
 type Options struct {
-	// Nodes is the number of fake nodes (default 100).
-	Nodes int
+	// Kubeconfig is the cluster's kubeconfig ("": $KUBECONFIG,
+	// ~/.kube/config, or in-cluster). It must have moat's CRDs.
+	Kubeconfig string
 	// Pool is the number of warm pods (default 1000).
 	Pool int
 	// Batch is the size of the one batch claim (default 100, at most
@@ -80,6 +87,8 @@ type Options struct {
 // Result holds the figures of one run.
 type Result struct {
 	Options
+	// Nodes are the cluster's nodes.
+	Nodes int
 	// Fill is the time from the pool's creation to Pool available pods.
 	Fill time.Duration
 	// Claims single claims took ClaimWall; P50, P99 and Max are their
@@ -120,8 +129,8 @@ func (r Result) String() string {
 	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes (largest shard %d)%s  ledger ok",
 		chaos, r.Nodes, r.Pool, r.Replicas, r.Workers, r.Fill.Round(time.Millisecond),
 		r.Claims, r.ClaimWall.Round(time.Millisecond), r.PerSecond(), r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(100*time.Microsecond),
-		k8stest.Total(r.ClaimWrites), fmtWrites(r.ClaimWrites),
-		r.Batch, r.BatchWall.Round(100*time.Microsecond), k8stest.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, r.ShardBytes, crd)
+		apiwrites.Total(r.ClaimWrites), fmtWrites(r.ClaimWrites),
+		r.Batch, r.BatchWall.Round(100*time.Microsecond), apiwrites.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, r.ShardBytes, crd)
 }
 
 func fmtWrites(w map[string]int) string {
@@ -133,9 +142,6 @@ func fmtWrites(w map[string]int) string {
 }
 
 func (o *Options) defaults() error {
-	if o.Nodes <= 0 {
-		o.Nodes = 100
-	}
 	if o.Pool <= 0 {
 		o.Pool = 1000
 	}
@@ -219,21 +225,32 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		return Result{}, err
 	}
 	res.Options = o
-	env, err := k8stest.Start(ctx, k8stest.Options{Nodes: o.Nodes})
+	cfg, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return res, err
 	}
-	defer env.Stop()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	cfg = controller.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
 		return res, err
 	}
+	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return res, errors.New("moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
+		}
+		return res, err
+	}
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return res, err
+	}
+	res.Nodes = len(nodes.Items)
 	dir, err := os.MkdirTemp("", "moat-scale-")
 	if err != nil {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	const ns, scope = "moat-scale", "moatscale"
+	ns, scope := fmt.Sprintf("moat-scale-%04x", rand.Uint32()&0xffff), "moatscale"
 	grace := 10 * time.Minute // the default
 	if o.Chaos {
 		grace = 5 * time.Second
@@ -241,6 +258,15 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return res, err
 	}
+	// The namespace goes at the end (the processes stop first: deferred
+	// later, run earlier), with everything the run made.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if derr := c.Delete(dctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); derr != nil && !apierrors.IsNotFound(derr) && err == nil {
+			err = derr
+		}
+	}()
 
 	var procs []*proc
 	defer func() {
@@ -257,22 +283,25 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 			}
 		}
 	}()
-	ctlArgs := []string{"controller", "--kubeconfig", env.Kubeconfig, "--agent-image", "moat:scale", "--namespace", ns, "--log-level", "error"}
+	ctlArgs := []string{"controller", "--agent-image", "moat:scale", "--namespace", ns, "--log-level", "error"}
+	if o.Kubeconfig != "" {
+		ctlArgs = append(ctlArgs, "--kubeconfig", o.Kubeconfig)
+	}
 	ctl, err := start(ctx, o.Moat, ctlArgs...)
 	if err != nil {
 		return res, err
 	}
 	procs = append(procs, ctl)
 
-	counters := make([]*k8stest.WriteCounter, o.Replicas)
+	counters := make([]*apiwrites.Counter, o.Replicas)
 	clients := make([]*moat.Client, o.Replicas)
 	for i := range o.Replicas {
-		counters[i] = &k8stest.WriteCounter{}
+		counters[i] = &apiwrites.Counter{}
 		pdir := filepath.Join(dir, fmt.Sprintf("r%d", i))
 		if err := os.MkdirAll(pdir, 0o700); err != nil {
 			return res, err
 		}
-		proxy, err := k8stest.StartCountingProxy(env.Config, counters[i], pdir)
+		proxy, err := apiwrites.StartProxy(cfg, counters[i], pdir)
 		if err != nil {
 			return res, err
 		}
@@ -439,7 +468,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	}
 
 	if o.CRDClaims > 0 {
-		if err := crdClaims(ctx, env, ns, o, &res); err != nil {
+		if err := crdClaims(ctx, cfg, ns, o, &res); err != nil {
 			return res, err
 		}
 	}
@@ -573,8 +602,8 @@ func check(ctx context.Context, c client.Client, ns, scope string, ids []string,
 // crdClaims makes o.CRDClaims BatchSandboxes of one from the pool, by
 // o.Workers clients, each timed from its create until the batch shows its
 // pod ready, and checks that each got one pod of the table.
-func crdClaims(ctx context.Context, env *k8stest.Env, ns string, o Options, res *Result) error {
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: controller.Scheme()})
+func crdClaims(ctx context.Context, cfg *rest.Config, ns string, o Options, res *Result) error {
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,12 @@ package scale
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
+	"os"
+	"os/exec"
+	"strconv"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -23,6 +27,43 @@ var (
 	workers  = flag.Int("scale.workers", 0, "concurrent clients")
 )
 
+// cluster starts a throw-away control plane with n of kwok's fake nodes
+// and returns its kubeconfig.
+func cluster(t testing.TB, n int) string {
+	t.Helper()
+	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Stop() })
+	return env.Kubeconfig
+}
+
+// BenchmarkClaims runs `moat bench k8s claims` on a throw-away control
+// plane with -scale.nodes of kwok's fake nodes (default 100), sized by the
+// other -scale.* flags (make bench-k8s-claims). Run it with -benchtime 1x.
+func BenchmarkClaims(b *testing.B) {
+	k8stest.RequireTools(b)
+	kc := cluster(b, cmp.Or(*nodes, 100))
+	args := []string{"bench", "k8s", "claims", "--kubeconfig", kc}
+	for name, v := range map[string]int{"pool": *pool, "batch": *batch, "claims": *claims, "replicas": *replicas, "workers": *workers} {
+		if v > 0 {
+			args = append(args, "--"+name, strconv.Itoa(v))
+		}
+	}
+	if *crd >= 0 {
+		args = append(args, "--crd", strconv.Itoa(*crd))
+	}
+	moat := testutil.MoatBinary(b)
+	for b.Loop() {
+		cmd := exec.Command(moat, args...)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("moat %v: %v", args, err)
+		}
+	}
+}
+
 // TestRun: the scenario at a small size (or the size of the -scale.*
 // flags): two server processes claim a whole pool concurrently, single
 // claims and a batch, then claims of one through the CRD path
@@ -34,10 +75,7 @@ func TestRun(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard())
 	// Ten pods spare: a replica whose pod cache lags the fill a moment
 	// still finds every claim a warm pod.
-	o := Options{Nodes: 2, Pool: 60, Claims: 30, Batch: 10, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
-	if *nodes > 0 {
-		o.Nodes = *nodes
-	}
+	o := Options{Kubeconfig: cluster(t, max(*nodes, 2)), Pool: 60, Claims: 30, Batch: 10, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
 	if *pool > 0 {
 		o.Pool, o.Claims = *pool, 0 // the rest of the pool, unless -scale.claims
 	}
@@ -81,7 +119,7 @@ func TestChaos(t *testing.T) {
 	k8stest.RequireTools(t)
 	ctrllog.SetLogger(logr.Discard())
 	var out bytes.Buffer
-	res, err := Run(context.Background(), Options{Nodes: 2, Pool: 60, Batch: 10, Replicas: 2, Workers: 8, Chaos: true, Moat: testutil.MoatBinary(t)}, &out)
+	res, err := Run(context.Background(), Options{Kubeconfig: cluster(t, 2), Pool: 60, Batch: 10, Replicas: 2, Workers: 8, Chaos: true, Moat: testutil.MoatBinary(t)}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
