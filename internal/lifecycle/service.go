@@ -529,8 +529,18 @@ func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) err
 	return err
 }
 
-func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth) error {
+func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth) (err error) {
 	sb := &e.sb
+	// The phases of a create, at debug level (moat bench --log-level
+	// debug): each is the time since the start of provisioning.
+	t0 := time.Now()
+	var phases []any
+	phase := func(name string) { phases = append(phases, name, time.Since(t0)) }
+	defer func() {
+		if err == nil {
+			s.log.Debug("lifecycle: created", append([]any{"id", sb.ID}, phases...)...)
+		}
+	}()
 	s.record(sb.ID, EventCreated, ScopeLifecycle, ReasonCreating, "image "+imageRef(sb))
 	if len(sb.Claims) > 0 {
 		s.volMu.Lock()
@@ -547,6 +557,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 	}
 	ref := imageRef(sb)
 	img, err := s.deps.Images.Ensure(ctx, ref, auth)
+	phase("image")
 	if err != nil {
 		s.fail(e, ReasonImagePullFailed, "image pull failed")
 		if sb.SnapshotID != "" {
@@ -595,6 +606,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		s.snapMu.Unlock()
 	}
 	st, err := s.deps.Runtime.Create(ctx, spec)
+	phase("runtime")
 	if err != nil {
 		s.cleanupFailed(ctx, sb.ID)
 		s.fail(e, ReasonProvisionFailed, "sandbox start failed")
@@ -630,6 +642,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		s.fail(e, ReasonAgentTimeout, "the sandbox agent did not become ready")
 		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the sandbox agent did not become ready")
 	}
+	phase("agent")
 	if memory {
 		err := s.rotateToken(ctx, sb.ID, readyToken, sb.AgentToken)
 		if err == nil && len(sb.Env) > 0 {
@@ -647,6 +660,7 @@ func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth
 		s.fail(e, ReasonProvisionFailed, "could not record the sandbox")
 		return err
 	}
+	phase("persist")
 	return nil
 }
 
