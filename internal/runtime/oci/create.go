@@ -22,8 +22,9 @@ import (
 )
 
 // Create: validate the spec, then the steps in order (state dir and
-// record, network in parallel with the overlay root, sandbox files, OCI
-// bundle, `run --detach`), rolled back by cleanup on any failure.
+// record, network in parallel with the overlay root, the sandbox files and
+// the OCI bundle, then the hosts file with the sandbox's address, `run
+// --detach`), rolled back by cleanup on any failure.
 
 // validate checks spec: the common rules (runtime.Spec.Validate), then
 // this backend's extras: an installed class (filled in with the default),
@@ -138,14 +139,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		return runtime.Status{}, err
 	}
 	phase("mount")
-	<-netDone
-	if netErr != nil {
-		return runtime.Status{}, netErr
-	}
-	phase("network")
-	rec.IP = att.IP.String()
 	rec.Layers = img.Layers
 
+	// Everything but the hosts file (the sandbox's address) is written
+	// while the network is still being set up.
 	files := filepath.Join(dir, "files")
 	hostname := id
 	if len(hostname) > 12 {
@@ -158,7 +155,6 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	for name, content := range map[string][]byte{
 		"agent.json":  agentConf,
 		"hostname":    []byte(hostname + "\n"),
-		"hosts":       fmt.Appendf(nil, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", att.IP, hostname),
 		"resolv.conf": r.resolvConf(),
 	} {
 		perm := os.FileMode(0o644)
@@ -187,6 +183,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if cwd == "" {
 		cwd = "/"
 	}
+	netnsPath := r.net.NetnsPath(id)
 	ociSpec := buildSpec(bundleInput{
 		ID:           id,
 		Hostname:     hostname,
@@ -199,7 +196,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		HostsFile:    filepath.Join(files, "hosts"),
 		HostnameFile: filepath.Join(files, "hostname"),
 		ResolvConf:   filepath.Join(files, "resolv.conf"),
-		NetnsPath:    att.NetnsPath,
+		NetnsPath:    netnsPath,
 		CgroupsPath:  r.cgroupPath(id),
 		Resources:    res,
 		Volumes:      volumes,
@@ -217,6 +214,21 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
+	phase("bundle")
+
+	<-netDone
+	if netErr != nil {
+		return runtime.Status{}, netErr
+	}
+	if att.NetnsPath != netnsPath {
+		return runtime.Status{}, fmt.Errorf("oci: network namespace of %s at %s, not %s: %w", id, att.NetnsPath, netnsPath, errdefs.ErrInternal)
+	}
+	phase("network")
+	rec.IP = att.IP.String()
+	hosts := fmt.Appendf(nil, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", att.IP, hostname)
+	if err := os.WriteFile(filepath.Join(files, "hosts"), hosts, 0o644); err != nil {
+		return runtime.Status{}, fmt.Errorf("oci: %w", err)
+	}
 
 	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -225,7 +237,6 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	defer logf.Close()
 	pidFile := filepath.Join(dir, "pid")
 	rc := r.runc(spec.Class)
-	phase("bundle")
 	// One `run --detach` is a single exec of the runtime, measurably faster
 	// than `create` followed by `start`.
 	run := func() error {

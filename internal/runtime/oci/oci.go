@@ -180,6 +180,9 @@ type Images interface {
 // Network gives sandboxes their network; *network.Manager implements it.
 type Network interface {
 	Setup(ctx context.Context, id string) (network.Attachment, error)
+	// NetnsPath is the path of the network namespace Setup makes for id
+	// (known before Setup ends, so the bundle is written meanwhile).
+	NetnsPath(id string) string
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]network.Attachment, error)
 }
