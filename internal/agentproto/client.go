@@ -56,7 +56,9 @@ func (c *Client) Ping(ctx context.Context, endpoint, token string) (Info, error)
 // ErrDeadlineExceeded with the last failure). The first polls are a few
 // hundred microseconds apart: a fresh agent is up within milliseconds.
 func (c *Client) WaitReady(ctx context.Context, endpoint, token string) (Info, error) {
+	const fastAttempts = 16
 	delay := 250 * time.Microsecond
+	attempt := 0
 	var last error
 	for {
 		info, err := c.Ping(ctx, endpoint, token)
@@ -73,7 +75,9 @@ func (c *Client) WaitReady(ctx context.Context, endpoint, token string) (Info, e
 			return Info{}, fmt.Errorf("not ready: %v: %w", last, errdefs.ErrDeadlineExceeded)
 		case <-t.C:
 		}
-		if delay < 2*time.Millisecond {
+		// Every 250 µs for the first few milliseconds (an agent usually
+		// listens within them), then backing off to every 2 ms.
+		if attempt++; attempt > fastAttempts && delay < 2*time.Millisecond {
 			delay *= 2
 		}
 	}

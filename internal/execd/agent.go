@@ -31,6 +31,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// Listen first: a client that connects while the rest starts up
+	// waits for its answer instead of being refused and retrying later.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("execd listen %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -55,11 +62,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	})
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		srv.Close(ctx)
-		return fmt.Errorf("execd listen %s: %w", cfg.Listen, err)
 	}
 	hs := web.NewServer(cfg.Listen, srv, log)
 	serveErr := make(chan error, 1)
