@@ -64,6 +64,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := r.validate(&spec); err != nil {
 		return runtime.Status{}, err
 	}
+	r.warmCgroupAttach()
 	id := spec.ID
 	dir := r.sandboxDir(id)
 	t0 := time.Now()

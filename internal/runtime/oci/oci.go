@@ -41,6 +41,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -233,6 +234,9 @@ type Runtime struct {
 
 	// vols holds the named volumes (runtime.Volumes, volumes.go).
 	vols *volume.Store
+
+	// warming is set while warmCgroupAttach's write is in flight.
+	warming atomic.Bool
 }
 
 var (
