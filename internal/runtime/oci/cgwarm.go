@@ -28,7 +28,9 @@ func (r *Runtime) warmCgroupAttach() {
 	if !r.warming.CompareAndSwap(false, true) {
 		return
 	}
+	r.warmed.Add(1)
 	go func() {
+		defer r.warmed.Done()
 		defer r.warming.Store(false)
 		procs := selfCgroupProcs()
 		if procs == "" {

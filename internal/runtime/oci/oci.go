@@ -235,8 +235,10 @@ type Runtime struct {
 	// vols holds the named volumes (runtime.Volumes, volumes.go).
 	vols *volume.Store
 
-	// warming is set while warmCgroupAttach's write is in flight.
+	// warming is set while warmCgroupAttach's write is in flight;
+	// warmed ends with it (Close waits for it).
 	warming atomic.Bool
+	warmed  sync.WaitGroup
 }
 
 var (
@@ -345,6 +347,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 // Close stops background work and unmounts the read-only runtime binary
 // binds (a later New re-creates them). Sandboxes keep running.
 func (r *Runtime) Close() error {
+	r.warmed.Wait()
 	if r.stop != nil {
 		close(r.stop)
 		<-r.done
