@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
@@ -99,25 +98,40 @@ func (c *codeContext) close() {
 // interrupt sent right after the init event count: until the interpreter
 // has begun the cell (markStarted), a requested interrupt is only
 // recorded; markStarted delivers it. Interpreters ignore SIGINT between
-// cells, so one sent earlier would be lost.
+// cells (or, like IRkernel, die of it), so one sent earlier would be lost.
 type execution struct {
 	ctx *codeContext
 	n   int // the context's execution number, from 1
 	run *proc.Runner
 
+	// sending serializes deliveries: a held interrupt, the client's
+	// interrupts and repeats each wait for the gate in turn.
+	sending sync.Mutex
+
 	mu        sync.Mutex
-	started   bool // the interpreter is running the cell
-	ended     bool // the cell has finished
-	pending   bool // an interrupt waits for started
-	delivered bool // an interrupt was sent to the interpreter
-	canceled  bool // the client went away
-	// readyAt is when the interpreter takes an interrupt (markStarted's
-	// delay after the start): an interrupt asked for earlier waits.
-	readyAt time.Time
+	started   bool          // the interpreter is running the cell
+	ended     bool          // the cell has finished
+	pending   bool          // an interrupt waits for started
+	delivered bool          // an interrupt was sent to the interpreter
+	canceled  bool          // the client went away
+	gate      interruptGate // set by markStarted; nil: interrupt at once
 }
 
-// interrupt delivers an interrupt now if the cell is running, or holds it
-// until it is.
+// interruptGate tells when an interpreter running a cell may be sent an
+// interrupt (see kernelGate).
+type interruptGate interface {
+	// wait blocks until the interpreter may be interrupted and reports
+	// true, or false once it may not any more (the cell is over) or ctx
+	// is done. again: an interrupt was sent already; another needs
+	// stronger evidence that the cell still runs.
+	wait(ctx context.Context, again bool) bool
+	// sent records that an interrupt was sent: the next wait measures
+	// from now.
+	sent()
+}
+
+// interrupt delivers an interrupt once the cell is running (and its gate
+// allows it), or holds it until it is.
 func (x *execution) interrupt(ctx context.Context) error {
 	x.mu.Lock()
 	if x.ended {
@@ -129,16 +143,31 @@ func (x *execution) interrupt(ctx context.Context) error {
 		x.mu.Unlock()
 		return nil
 	}
-	wait := time.Until(x.readyAt)
+	again := x.delivered
 	x.mu.Unlock()
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
+	if again {
+		// One more, once the cell shows it still runs (which it may
+		// never do): in the background.
+		x.run.Go(func() {
+			x.sending.Lock()
+			defer x.sending.Unlock()
+			x.deliverLocked(x.run.Context())
+		})
+		return nil
+	}
+	x.sending.Lock()
+	defer x.sending.Unlock()
+	return x.deliverLocked(ctx)
+}
+
+// deliverLocked sends one interrupt when the gate opens, unless the cell
+// is over by then. Preconditions: x.sending is held, x.started.
+func (x *execution) deliverLocked(ctx context.Context) error {
+	x.mu.Lock()
+	g, again := x.gate, x.delivered
+	x.mu.Unlock()
+	if g != nil && !g.wait(ctx, again) {
+		return ctx.Err()
 	}
 	x.mu.Lock()
 	if x.ended {
@@ -147,18 +176,27 @@ func (x *execution) interrupt(ctx context.Context) error {
 	}
 	x.delivered = true
 	x.mu.Unlock()
-	return x.ctx.backend.interrupt(ctx)
+	err := x.ctx.backend.interrupt(ctx)
+	if g != nil {
+		g.sent()
+	}
+	return err
 }
 
 // redeliver repeats a delivered interrupt while the cell runs (in the
-// background: exec's reader must go on).
+// background: exec's reader must go on); a delivery already under way
+// (waiting for its gate) is not doubled.
 func (x *execution) redeliver() {
 	x.mu.Lock()
 	again := x.delivered && !x.ended
 	x.mu.Unlock()
-	if again {
-		x.run.Go(func() { x.ctx.backend.interrupt(x.run.Context()) })
+	if !again || !x.sending.TryLock() {
+		return
 	}
+	x.run.Go(func() {
+		defer x.sending.Unlock()
+		x.deliverLocked(x.run.Context())
+	})
 }
 
 // interruptRequested reports whether an interrupt was asked for.
@@ -191,19 +229,17 @@ func (x *execution) cancelled() bool {
 }
 
 // markStarted records that the interpreter is running the cell and
-// delivers a held interrupt (in the background: exec's reader must go on),
-// after delay: a kernel announces the cell (execute_input) a moment before
-// it is ready for SIGINT, and IRkernel dies of one that lands in between.
-// An interrupt asked for after the start waits out the same delay. A cell
-// that ends within the delay is not interrupted.
-func (x *execution) markStarted(delay time.Duration) {
+// delivers a held interrupt (in the background: exec's reader must go on)
+// once gate allows (nil: at once). Every later interrupt of the cell waits
+// for the same gate. Only the first call counts.
+func (x *execution) markStarted(gate interruptGate) {
 	x.mu.Lock()
 	if x.started || x.ended {
 		x.mu.Unlock()
 		return
 	}
 	x.started = true
-	x.readyAt = time.Now().Add(delay)
+	x.gate = gate
 	deliver := x.pending
 	x.pending = false
 	x.mu.Unlock()
@@ -211,23 +247,9 @@ func (x *execution) markStarted(delay time.Duration) {
 		return
 	}
 	x.run.Go(func() {
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-x.run.Context().Done():
-				return
-			}
-		}
-		x.mu.Lock()
-		if x.ended {
-			x.mu.Unlock()
-			return
-		}
-		x.delivered = true
-		x.mu.Unlock()
-		x.ctx.backend.interrupt(x.run.Context())
+		x.sending.Lock()
+		defer x.sending.Unlock()
+		x.deliverLocked(x.run.Context())
 	})
 }
 

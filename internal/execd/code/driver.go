@@ -214,7 +214,7 @@ func (dp *driverProc) exec(ctx context.Context, x *execution, code string, strea
 		}
 		switch m.Type {
 		case "start":
-			x.markStarted(0)
+			x.markStarted(nil)
 		case "stdout":
 			stream.Send(wire.Event{Type: wire.EvStdout, Text: m.Text})
 		case "stderr":

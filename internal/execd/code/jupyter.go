@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,16 +38,22 @@ const (
 	kernelStartTimeout   = 60 * time.Second
 	kernelReplyAfterIdle = 2 * time.Second // wait for execute_reply once iopub is idle
 	// kernelStartedAfterBusy is when a cell counts as started for a kernel
-	// that publishes "busy" but no execute_input. ipykernel publishes busy
-	// before it enables SIGINT for the cell, so execute_input is the
-	// signal to wait for where there is one.
+	// that publishes "busy" but no execute_input (tslab). ipykernel
+	// publishes busy before it enables SIGINT for the cell, so
+	// execute_input is the signal to wait for where there is one.
 	kernelStartedAfterBusy = 250 * time.Millisecond
-	// kernelRedeliver is how often an interrupt is repeated for a kernel
-	// without execute_input, until the cell ends.
+	// kernelRedeliver is how often an interrupt is repeated, until the
+	// kernel answers the cell, for a kernel without execute_input: tslab
+	// drops a SIGINT that comes while it compiles the cell.
 	kernelRedeliver = 500 * time.Millisecond
-	// kernelHeldInterruptDelay is how long after execute_input a held
-	// interrupt is sent (see execution.markStarted).
-	kernelHeldInterruptDelay = 100 * time.Millisecond
+	// A started cell takes a SIGINT (see kernelGate) once the kernel has
+	// used kernelInCellCPU of CPU since the start (or since the last
+	// SIGINT), no sooner than kernelInCellMin, or once it has not been
+	// runnable for kernelAsleepInCell (a cell blocked in sleep or I/O).
+	kernelInCellCPU    = 100 * time.Millisecond
+	kernelInCellMin    = 100 * time.Millisecond
+	kernelAsleepInCell = 300 * time.Millisecond
+	kernelGatePoll     = 20 * time.Millisecond
 	// An aborted request is sent again up to kernelAbortRetries times in
 	// all, kernelAbortBackoff apart.
 	kernelAbortRetries = 4
@@ -84,6 +91,11 @@ type kernelClient struct {
 	ctx                   context.Context
 	cancel                context.CancelFunc
 	shell, control, iopub zmq4.Socket
+
+	// announces: the kernel has published execute_input for a cell; its
+	// cells' starts are then never guessed and its interrupts never
+	// repeated (IRkernel dies of a SIGINT outside a cell).
+	announces atomic.Bool
 
 	mu      sync.Mutex
 	waiters map[string]*jwaiter // by request msg_id
@@ -578,15 +590,24 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		redeliver <-chan time.Time // only when the start was guessed
 		busy      bool
 	)
+	// gate places this attempt's interrupts inside the cell; it closes
+	// (no more SIGINT) once the kernel has answered the cell or the
+	// attempt is over.
+	gate := k.newGate()
+	defer gate.settle()
+	started := func() {
+		gate.start()
+		x.markStarted(gate)
+	}
 	for !(replied && idle) {
 		select {
 		case <-wt.ready:
 		case <-afterBusy:
 			afterBusy = nil
-			x.markStarted(0)
+			started()
 			// Without execute_input the start is a guess: a kernel may
 			// still be compiling the cell (tslab drops a SIGINT then), so
-			// a delivered interrupt is repeated until the cell ends.
+			// a delivered interrupt is repeated until the kernel answers.
 			t := time.NewTicker(kernelRedeliver)
 			defer t.Stop()
 			redeliver = t.C
@@ -607,10 +628,14 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		for _, m := range msgs {
 			switch m.Header.MsgType {
 			case "execute_input":
-				afterBusy = nil
-				x.markStarted(kernelHeldInterruptDelay)
+				// The start is known: no guess, no repeat (a repeat that
+				// lands after the kernel has finished the cell kills
+				// IRkernel).
+				k.announces.Store(true)
+				afterBusy, redeliver = nil, nil
+				started()
 			case "stream":
-				x.markStarted(kernelHeldInterruptDelay)
+				started()
 				streamed = true
 				var st struct{ Name, Text string }
 				json.Unmarshal(m.Content, &st)
@@ -639,6 +664,7 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: res.ExecutionCount, Results: results})
 			case "error":
 				streamed = true
+				gate.settle()
 				final = kernelError(m.Content)
 			case "status":
 				var st struct {
@@ -650,7 +676,7 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				}
 				switch st.ExecutionState {
 				case "busy":
-					if !busy {
+					if !busy && !k.announces.Load() {
 						busy = true
 						afterBusy = time.After(kernelStartedAfterBusy)
 					}
@@ -662,6 +688,8 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 				}
 			case "execute_reply":
 				replied = true
+				redeliver = nil
+				gate.settle()
 				var rep struct {
 					Status string `json:"status"`
 				}
@@ -681,6 +709,107 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		}
 	}
 	return final, aborted
+}
+
+// kernelGate places the SIGINTs of one cell inside the kernel's
+// evaluation of it. A kernel runs its own code between publishing
+// execute_input and evaluating the cell (IRkernel: tens of milliseconds
+// of CPU, which a loaded machine stretches past any fixed wait), and a
+// SIGINT that lands there, or after the kernel has finished the cell,
+// kills IRkernel (R run non-interactively quits on SIGINT outside its
+// interrupt handler). So the gate opens on evidence from /proc that the
+// kernel is in the cell: it has used kernelInCellCPU of CPU since the
+// start or the last SIGINT, more than its own code between cells takes,
+// or, before the first SIGINT only, it has not been runnable for
+// kernelAsleepInCell (the cell sleeps or waits). It never opens once the
+// kernel has answered the cell.
+type kernelGate struct {
+	pgid int
+	dead <-chan struct{} // the kernel has exited
+	over chan struct{}   // closed by settle
+
+	mu    sync.Mutex
+	since time.Time     // the start, or the last SIGINT
+	cpu0  time.Duration // the group's CPU time at since
+	armed bool          // since is set
+}
+
+func (k *kernelClient) newGate() *kernelGate {
+	return &kernelGate{pgid: k.proc.Pid, dead: k.dead, over: make(chan struct{})}
+}
+
+// settle closes the gate for good: the kernel has answered the cell.
+func (g *kernelGate) settle() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.over:
+	default:
+		close(g.over)
+	}
+}
+
+// start records the start of the cell (only the first call counts).
+func (g *kernelGate) start() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.armed {
+		g.arm()
+	}
+}
+
+// arm starts a measurement from now. Preconditions: g.mu is held.
+func (g *kernelGate) arm() {
+	g.since, g.cpu0, g.armed = time.Now(), readGroupUsage(g.pgid).cpu, true
+}
+
+func (g *kernelGate) sent() {
+	g.mu.Lock()
+	g.arm()
+	g.mu.Unlock()
+}
+
+func (g *kernelGate) wait(ctx context.Context, again bool) bool {
+	g.mu.Lock()
+	if !g.armed {
+		g.arm()
+	}
+	since, cpu0 := g.since, g.cpu0
+	g.mu.Unlock()
+	lastRunnable := since
+	t := time.NewTicker(kernelGatePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.over:
+			return false
+		case <-g.dead:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		now := time.Now()
+		u := readGroupUsage(g.pgid)
+		if u.nmembers == 0 {
+			// No /proc to read: the start delay alone.
+			if now.Sub(since) >= kernelInCellMin {
+				return true
+			}
+			continue
+		}
+		if u.running {
+			lastRunnable = now
+		}
+		if now.Sub(since) >= kernelInCellMin && u.cpu-cpu0 >= kernelInCellCPU {
+			return true
+		}
+		// After a SIGINT only CPU tells that the cell still runs: a
+		// kernel that took it may sleep while it wraps up the cell.
+		if !again && now.Sub(lastRunnable) >= kernelAsleepInCell {
+			return true
+		}
+	}
 }
 
 func kernelError(content json.RawMessage) *wire.EventError {

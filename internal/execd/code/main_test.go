@@ -15,7 +15,12 @@ import (
 	"github.com/moat-sandbox/moat/internal/execd/proc"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(fakeKernelEnv); mode != "" && len(os.Args) == 2 {
+		os.Exit(runFakeKernel(mode, os.Args[1])) // see fakekernel_test.go
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // testEnv serves a code Service (and the commands service that runs code
 // without a language) on an httptest server.
