@@ -64,7 +64,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := r.validate(&spec); err != nil {
 		return runtime.Status{}, err
 	}
-	r.warmCgroupAttach()
+	if r.creating.Add(1) == 1 {
+		r.warmCgroupAttach()
+	}
+	defer r.creating.Add(-1)
 	id := spec.ID
 	dir := r.sandboxDir(id)
 	t0 := time.Now()

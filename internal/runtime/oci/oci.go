@@ -235,10 +235,14 @@ type Runtime struct {
 	// vols holds the named volumes (runtime.Volumes, volumes.go).
 	vols *volume.Store
 
-	// warming is set while warmCgroupAttach's write is in flight;
-	// warmed ends with it (Close waits for it).
-	warming atomic.Bool
-	warmed  sync.WaitGroup
+	// tasksFile is the cgroup v1 "tasks" file of moat's own pids cgroup
+	// ("" without one); warming is set while warmCgroupAttach's write is
+	// in flight, warmed ends with it (Close waits for it), creating
+	// counts the creates in flight (cgwarm.go).
+	tasksFile string
+	warming   atomic.Bool
+	warmed    sync.WaitGroup
+	creating  atomic.Int32
 }
 
 var (
@@ -261,6 +265,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		return nil, fmt.Errorf("oci: agent binary: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	r := &Runtime{
+		tasksFile:      selfTasksFile(),
 		cfg:            cfg,
 		images:         deps.Images,
 		net:            deps.Network,
