@@ -31,7 +31,8 @@ import (
 // create into the cgroup with clone3 and take no such lock) or on any
 // error, the runtime waits as it did before. At most one is in flight.
 func (r *Runtime) warmCgroupAttach() {
-	if r.tasksFile == "" || !r.warming.CompareAndSwap(false, true) {
+	tasks := r.tasksFile
+	if tasks == "" || !r.warming.CompareAndSwap(false, true) {
 		return
 	}
 	r.warmed.Add(1)
@@ -40,7 +41,7 @@ func (r *Runtime) warmCgroupAttach() {
 		defer r.warming.Store(false)
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
-		f, err := os.OpenFile(r.tasksFile, os.O_WRONLY, 0)
+		f, err := os.OpenFile(tasks, os.O_WRONLY, 0)
 		if err != nil {
 			return
 		}
