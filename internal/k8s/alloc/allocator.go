@@ -566,6 +566,14 @@ type shardWork struct {
 // next round, and the free pods it was to give are sought again over all
 // shards (starting from another one: the cursor moves), so a claim never
 // gets a pod another writer took, and never waits on a full shard.
+//
+// The writes of one group are not one transaction: when a later round
+// fails (the API server down, the commit timeout), the shards written
+// before keep their part, and the caller gets the error. An owner then
+// holds pods it was not told of, as when a process dies after its write:
+// the servers' orphan sweep gives back the pods of sandbox owners that
+// were never recorded, and the controller's next pass over a batch
+// releases the pods the table gives it beyond its record.
 func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) ([]Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
