@@ -4,13 +4,16 @@ package testutil
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/rootfs"
@@ -103,7 +106,8 @@ func Build(t testing.TB, pkg string, flags ...string) string {
 	}
 	builds.mu.Unlock()
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "moat-build-")
+		sweepBuilds()
+		dir, err := os.MkdirTemp("", buildPrefix+strconv.Itoa(os.Getpid())+"-")
 		if err != nil {
 			b.err = err
 			return
@@ -120,7 +124,38 @@ func Build(t testing.TB, pkg string, flags ...string) string {
 	return b.path
 }
 
-// RemoveBuilt deletes the binaries Build made (call it from TestMain).
+// buildPrefix names Build's directories: moat-build-<pid>-<random>, so
+// that the directories of a test process that died without RemoveBuilt (a
+// package without TestMain, a go test timeout) can be told from those of
+// one still running.
+const buildPrefix = "moat-build-"
+
+// sweepBuilds removes the Build directories of test processes that no
+// longer exist.
+func sweepBuilds() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), buildPrefix+"*-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), buildPrefix), "-", 2)[0])
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			os.RemoveAll(d)
+		}
+	}
+}
+
+// Main runs the tests of a package that builds binaries (Build,
+// AgentBinary, MoatBinary) and removes them afterwards: call it from
+// TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	RemoveBuilt()
+	os.Exit(code)
+}
+
+// RemoveBuilt deletes the binaries Build made (call it from TestMain, or
+// use Main).
 func RemoveBuilt() {
 	builds.mu.Lock()
 	defer builds.mu.Unlock()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestMain skips the whole suite with -short (make test-short: unit tests
@@ -16,5 +18,5 @@ func TestMain(m *testing.M) {
 		fmt.Println("test/e2e: end-to-end tests skipped with -short")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	testutil.Main(m)
 }

@@ -38,7 +38,7 @@ func Main(m *testing.M, env **Env, o Options) {
 			os.Exit(1)
 		}
 		fmt.Fprintln(os.Stderr, "SKIP:", msg)
-		os.Exit(m.Run())
+		testutil.Main(m)
 	}
 	e, err := Start(context.Background(), o)
 	if err != nil {
@@ -50,6 +50,7 @@ func Main(m *testing.M, env **Env, o Options) {
 	if err := e.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "k8stest: stop:", err)
 	}
+	testutil.RemoveBuilt()
 	os.Exit(code)
 }
 

@@ -1,0 +1,10 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+// TestMain removes the binaries the tests built.
+func TestMain(m *testing.M) { testutil.Main(m) }
