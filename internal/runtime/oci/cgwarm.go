@@ -39,8 +39,10 @@ func (r *Runtime) warmCgroupAttach() {
 	go func() {
 		defer r.warmed.Done()
 		defer r.warming.Store(false)
+		// The thread stays locked: it exits with the goroutine, so a thread
+		// written to a cgroup the process has since left never runs moat's
+		// code again.
 		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
 		f, err := os.OpenFile(tasks, os.O_WRONLY, 0)
 		if err != nil {
 			return
