@@ -92,6 +92,10 @@ type Result struct {
 	Writes map[string]int
 	// ClientWrites are the writes of the requester (creating the batch).
 	ClientWrites int
+	// TableShards is, for a warm batch, how many of the pool's allocation
+	// table shards its pods are in: the table writes its delivery needs
+	// (one per shard; alloc.ShardOf).
+	TableShards int
 }
 
 func (r Result) String() string {
@@ -103,8 +107,12 @@ func (r Result) String() string {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Writes[k]))
 	}
-	return fmt.Sprintf("k8s %-6s n=%d  wall=%-9v  controller-writes=%d (%s)  client-writes=%d",
-		r.Mode, r.N, r.Wall.Round(time.Millisecond), apiwrites.Total(r.Writes), strings.Join(parts, " "), r.ClientWrites)
+	shards := ""
+	if r.TableShards > 0 {
+		shards = fmt.Sprintf("  table-shards=%d", r.TableShards)
+	}
+	return fmt.Sprintf("k8s %-6s n=%d  wall=%-9v  controller-writes=%d (%s)  client-writes=%d%s",
+		r.Mode, r.N, r.Wall.Round(time.Millisecond), apiwrites.Total(r.Writes), strings.Join(parts, " "), r.ClientWrites, shards)
 }
 
 // run is one benchmark run: the cluster, its namespace and the measured
@@ -341,6 +349,13 @@ func (r *run) batches(ctx context.Context) ([]Result, error) {
 		wall := time.Since(start)
 		time.Sleep(500 * time.Millisecond) // count writes that trail the allocation too
 		res := Result{Mode: mode, N: r.o.N, Wall: wall, Writes: r.writes.Since(before), ClientWrites: 1}
+		if mode == "warm" {
+			shards := map[int]bool{}
+			for _, pod := range b.AllocatedPods() {
+				shards[alloc.ShardOf(pod)] = true
+			}
+			res.TableShards = len(shards)
+		}
 		results = append(results, res)
 		fmt.Fprintln(r.out, res)
 	}

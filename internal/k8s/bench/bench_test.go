@@ -11,15 +11,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestRun: against a throw-away control plane with kwok's fake nodes,
 // `moat controller` as its own process fills the pool and delivers both
-// batches with the counts the design promises (one table, one record and
-// one status write warm; one create per pod cold), and the run leaves no
-// batch or pool behind.
+// batches with the counts the design promises (warm: one write per table
+// shard the batch's pods are in, one record and one status write; cold:
+// one create per pod), and the run leaves no batch or pool behind.
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
 	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: 2})
@@ -40,16 +41,22 @@ func TestRun(t *testing.T) {
 	if fill["POST pods"] != 10 {
 		t.Errorf("fill writes %v", fill)
 	}
-	// The delivery: one table update, one record, one status write;
-	// nothing created (the fill made the table); the pool's status write
-	// that shows the pods allocated follows.
+	// The delivery: one update of each allocation table shard the batch's
+	// pods are in (the batch takes the whole pool here, so its pods are
+	// spread over the shards), one record, one status write; nothing
+	// created (the fill made the table); the pool's status write that
+	// shows the pods allocated follows.
+	shards := res[1].TableShards
+	if shards < 1 || shards > alloc.Shards {
+		t.Fatalf("warm batch's pods are in %d table shards", shards)
+	}
 	delivery := maps.Clone(warm)
 	delete(delivery, "PUT pools/status")
-	if want := map[string]int{"PUT configmaps": 1, "PUT batchsandboxes": 1, "PUT batchsandboxes/status": 1}; !maps.Equal(delivery, want) || warm["PUT pools/status"] > 1 {
+	if want := map[string]int{"PUT configmaps": shards, "PUT batchsandboxes": 1, "PUT batchsandboxes/status": 1}; !maps.Equal(delivery, want) || warm["PUT pools/status"] > 1 {
 		t.Errorf("warm writes %v, want %v and at most one PUT pools/status", warm, want)
 	}
-	if fill["POST configmaps"] != 1 {
-		t.Errorf("fill writes %v: the pool's allocation table is made with the pool", fill)
+	if fill["POST configmaps"] != alloc.Shards {
+		t.Errorf("fill writes %v: the pool's allocation table (%d shards) is made with the pool", fill, alloc.Shards)
 	}
 	if cold["POST pods"] != 10 {
 		t.Errorf("cold writes %v", cold)
