@@ -77,7 +77,15 @@ func interruptAfterInit(t *testing.T, e *testEnv, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": driverCells[c.key].loop})
+	interruptCodeAfterInit(t, e, id, driverCells[c.key].loop)
+}
+
+// interruptCodeAfterInit runs code (which must not end by itself) in
+// context id and sends DELETE /code as soon as the init event has arrived:
+// the cell must end with an error.
+func interruptCodeAfterInit(t *testing.T, e *testEnv, id, code string) {
+	t.Helper()
+	resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": code})
 	defer resp.Body.Close()
 	sr := exectest.NewStreamReader(t, resp.Body)
 	if ev := sr.Next(); ev.Type != wire.EvInit {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/execd/exectest"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
 	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
@@ -144,18 +143,7 @@ func TestKernelInterruptTiming(t *testing.T) {
 				t.Fatalf("first cell: %+v", evs)
 			}
 			for range 2 {
-				resp := e.Do("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "loop"})
-				sr := exectest.NewStreamReader(t, resp.Body)
-				if ev := sr.Next(); ev.Type != wire.EvInit {
-					t.Fatalf("first event %+v", ev)
-				}
-				if st, b := e.Call("DELETE", "/code?id="+id, nil); st != 200 {
-					t.Fatalf("interrupt: %d %s", st, b)
-				}
-				if ev := sr.Final(30 * time.Second); ev.Type != wire.EvError {
-					t.Fatalf("the interrupted loop ended with %+v", ev)
-				}
-				resp.Body.Close()
+				interruptCodeAfterInit(t, e, id, "loop")
 				st, b := e.Call("POST", "/code", map[string]any{"context": map[string]any{"id": id}, "code": "next"})
 				if st != 200 || !strings.Contains(string(b), wire.EvExecutionComplete) {
 					t.Fatalf("the cell after the interrupt: %d %s", st, b)
