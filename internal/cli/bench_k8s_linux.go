@@ -34,13 +34,11 @@ fake nodes; a real single-node cluster) and run it. moat bench k8s claims
 measures claims through the Lifecycle API at cluster scale.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctrllog.SetLogger(logr.Discard())
-			_, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout())
-			return err
+			return runK8sBench(func() error { _, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	kubeconfigFlag(cmd, &o.Kubeconfig)
 	f.IntVarP(&o.N, "count", "n", 100, "pool and batch size of the batch figures (0 = skip them)")
 	f.StringVar(&o.Image, "image", "", "an image the nodes can run (sh, echo, tail): measure real sandboxes with it")
 	f.StringVar(&o.AgentImage, "agent-image", "", "the controller's --agent-image (default moat:bench, for fake nodes)")
@@ -74,13 +72,11 @@ is owned twice, every replica lists every sandbox. A failed check is an
 error and prints no figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctrllog.SetLogger(logr.Discard())
-			_, err := scale.Run(cmd.Context(), o, cmd.OutOrStdout())
-			return err
+			return runK8sBench(func() error { _, err := scale.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	kubeconfigFlag(cmd, &o.Kubeconfig)
 	f.IntVar(&o.Pool, "pool", 1000, "warm pods in the pool")
 	f.IntVar(&o.Batch, "batch", 100, "size of the one batch claim")
 	f.IntVar(&o.Claims, "claims", 0, "single claims (default: the rest of the pool)")
@@ -89,4 +85,17 @@ error and prints no figures.`,
 	f.IntVar(&o.Workers, "workers", 16, "concurrent clients")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of the pool's fill (default 10m)")
 	return cmd
+}
+
+// runK8sBench runs a Kubernetes benchmark with controller-runtime's logger
+// set to discard (unset, controller-runtime prints a warning with a stack
+// trace into the figures' output).
+func runK8sBench(run func() error) error {
+	ctrllog.SetLogger(logr.Discard())
+	return run()
+}
+
+// kubeconfigFlag is the --kubeconfig of the Kubernetes benchmarks.
+func kubeconfigFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
 }
