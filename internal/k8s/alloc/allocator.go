@@ -43,6 +43,9 @@ type Options struct {
 	// the pool, from this process's writes and from other writers'.
 	// Optional.
 	Changed func(pool types.NamespacedName)
+	// Size returns a pool's PoolMax, which sizes its table when this
+	// allocator is the one to make it (ShardsFor). Optional (MinShards).
+	Size func(pool types.NamespacedName) int
 }
 
 // Allocator serves the tables of the pools it sees: it keeps every pool's
@@ -75,11 +78,14 @@ type PodState struct {
 // each shard of its table, and the group commit queue. mu guards
 // everything but queue, which qmu guards.
 type poolState struct {
-	key    types.NamespacedName
-	a      *Allocator
-	mu     sync.Mutex
-	pods   map[string]PodState
-	shards [Shards]shardState
+	key  types.NamespacedName
+	a    *Allocator
+	mu   sync.Mutex
+	pods map[string]PodState
+	// n is the number of shards of the table (0 until known), shards
+	// their copies.
+	n      int
+	shards []shardState
 	// cursor is the shard this process takes free pods from first: chosen
 	// at random, so that replicas claiming from one pool mostly write
 	// different shards, and moved after a conflict.
@@ -175,13 +181,55 @@ func (a *Allocator) pool(key types.NamespacedName) *poolState {
 	defer a.mu.Unlock()
 	ps := a.pools[key]
 	if ps == nil {
-		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, cursor: rand.IntN(Shards)}
-		for i := range ps.shards {
-			ps.shards[i] = shardState{table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
-		}
+		ps = &poolState{key: key, a: a, pods: map[string]PodState{}}
 		a.pools[key] = ps
 	}
 	return ps
+}
+
+// adoptLocked makes count the pool's number of shards if it knows none
+// or no shard of its table exists (the table was deleted), and reports
+// whether count is the pool's number of shards. Preconditions: ps.mu
+// held.
+func (ps *poolState) adoptLocked(count int) bool {
+	if ps.n == count {
+		return true
+	}
+	for i := range ps.shards {
+		if ps.shards[i].exists {
+			return false // a shard of another layout: not this table's
+		}
+	}
+	for i := range ps.shards {
+		ps.setLocked(i, Table{}, "", false) // forget their owners
+	}
+	ps.n = count
+	ps.shards = make([]shardState, count)
+	for i := range ps.shards {
+		ps.shards[i] = shardState{table: Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}, index: map[string]string{}}
+	}
+	ps.cursor = rand.IntN(count)
+	return true
+}
+
+// knownLocked reports whether the pool's table is known to exist (some
+// shard does). Preconditions: ps.mu held.
+func (ps *poolState) knownLocked() bool {
+	for i := range ps.shards {
+		if ps.shards[i].exists {
+			return true
+		}
+	}
+	return false
+}
+
+// ShardCount returns the number of shards of pool's table (0 while no
+// table is known).
+func (a *Allocator) ShardCount(pool types.NamespacedName) int {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.n
 }
 
 func unwrap(obj any) any {
@@ -229,13 +277,17 @@ func (a *Allocator) tableEvent(obj any, deleted bool) {
 	if !ok {
 		return
 	}
-	n, ok := shardOf(cm)
+	n, count, ok := shardOf(cm)
 	if !ok {
 		return
 	}
 	key := types.NamespacedName{Namespace: cm.Namespace, Name: cm.Annotations[AnnoPool]}
 	ps := a.pool(key)
 	ps.mu.Lock()
+	if deleted && ps.n != count || !deleted && !ps.adoptLocked(count) {
+		ps.mu.Unlock()
+		return
+	}
 	sh := &ps.shards[n]
 	changed := false
 	if deleted {
@@ -330,7 +382,10 @@ func (ps *poolState) ownedLocked(owner string) (Owned, bool) {
 // ownerLocked returns the owner of pod ("" retired; false when its shard
 // does not name it). Preconditions: ps.mu held.
 func (ps *poolState) ownerLocked(pod string) (string, bool) {
-	o, ok := ps.shards[ShardOf(pod)].index[pod]
+	if ps.n == 0 {
+		return "", false
+	}
+	o, ok := ps.shards[ShardOf(pod, ps.n)].index[pod]
 	return o, ok
 }
 
@@ -580,9 +635,14 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 	n := len(group)
 	out := make([]Result, n)
 	want := make([]int, n)
+	if err := a.table(ctx, pool, ps); err != nil {
+		return nil, err
+	}
+	ps.mu.Lock()
+	count := ps.n
 	// fixed[s][i] is the part of change i in shard s that is not a want
 	// and is not yet written.
-	var fixed [Shards]map[int]Change
+	fixed := make([]map[int]Change, count)
 	for s := range fixed {
 		fixed[s] = map[int]Change{}
 	}
@@ -593,24 +653,26 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 		}
 		return ch
 	}
-	ps.mu.Lock()
 	for i, r := range group {
 		ch := r.ch
 		want[i] = ch.Want
 		for _, p := range ch.Adopt {
-			c := part(ShardOf(p), i)
+			s := ShardOf(p, count)
+			c := part(s, i)
 			c.Adopt = append(c.Adopt, p)
-			fixed[ShardOf(p)][i] = c
+			fixed[s][i] = c
 		}
 		for _, p := range ch.Release {
-			c := part(ShardOf(p), i)
+			s := ShardOf(p, count)
+			c := part(s, i)
 			c.Release = append(c.Release, p)
-			fixed[ShardOf(p)][i] = c
+			fixed[s][i] = c
 		}
 		for _, p := range ch.Retire {
-			c := part(ShardOf(p), i)
+			s := ShardOf(p, count)
+			c := part(s, i)
 			c.Retire = append(c.Retire, p)
-			fixed[ShardOf(p)][i] = c
+			fixed[s][i] = c
 		}
 		if ch.ReleaseAll && ch.Owner != "" {
 			for s := range ps.shards {
@@ -624,7 +686,10 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 	}
 	ps.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		work := a.plan(pool, ps, group, fixed, want)
+		work, err := a.plan(pool, ps, group, fixed, want)
+		if err != nil {
+			return nil, err
+		}
 		if len(work) == 0 {
 			break
 		}
@@ -635,7 +700,7 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 				continue
 			}
 			wrote = true
-			wg.Go(func() { w.newRV, w.err = a.write(ctx, pool, w.n, w.next, w.rv, w.exist) })
+			wg.Go(func() { w.newRV, w.err = a.write(ctx, pool, w.n, count, w.next, w.rv, w.exist) })
 		}
 		wg.Wait()
 		conflict := false
@@ -659,9 +724,9 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 				// Someone else wrote the shard first: read what they
 				// wrote, and seek free pods elsewhere first.
 				conflict = true
-				if w.wants {
+				if w.wants && count > 1 {
 					ps.mu.Lock()
-					ps.cursor = (w.n + 1 + rand.IntN(Shards-1)) % Shards
+					ps.cursor = (w.n + 1 + rand.IntN(count-1)) % count
 					ps.mu.Unlock()
 				}
 				if err := a.refresh(ctx, pool, ps, w.n); err != nil {
@@ -704,11 +769,15 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 // else from the first shard after it that has them all, else from as
 // many shards as it takes. A shard whose next copy is its current one
 // needs no write (skip).
-func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*request, fixed [Shards]map[int]Change, want []int) []*shardWork {
+func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*request, fixed []map[int]Change, want []int) ([]*shardWork, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	count := len(fixed)
+	if ps.n != count {
+		return nil, fmt.Errorf("allocation table of pool %s: %w: it was made again with %d shards meanwhile", pool.Name, errdefs.ErrUnavailable, ps.n)
+	}
 	free := a.freeLocked(pool, ps)
-	var avail [Shards]int
+	avail := make([]int, count)
 	for s := range free {
 		avail[s] = len(free[s])
 	}
@@ -720,14 +789,14 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 		}
 	}
 	if total > 0 && avail[ps.cursor] < total {
-		for d := range Shards {
-			if s := (ps.cursor + d) % Shards; avail[s] >= total {
+		for d := range count {
+			if s := (ps.cursor + d) % count; avail[s] >= total {
 				ps.cursor = s
 				break
 			}
 		}
 	}
-	var wants [Shards]map[int]int
+	wants := make([]map[int]int, count)
 	for i, w := range want {
 		if w <= 0 || group[i].ch.Owner == "" {
 			continue
@@ -740,22 +809,22 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 			avail[s] -= k
 			w -= k
 		}
-		for d := range Shards {
-			if s := (ps.cursor + d) % Shards; avail[s] >= w {
+		for d := range count {
+			if s := (ps.cursor + d) % count; avail[s] >= w {
 				take(s, w)
 				ps.cursor = s
 				break
 			}
 		}
-		for d := 0; d < Shards && w > 0; d++ {
-			if s := (ps.cursor + d) % Shards; avail[s] > 0 {
+		for d := 0; d < count && w > 0; d++ {
+			if s := (ps.cursor + d) % count; avail[s] > 0 {
 				take(s, min(w, avail[s]))
 			}
 		}
 	}
 	if avail[ps.cursor] == 0 {
-		for d := range Shards {
-			if s := (ps.cursor + d) % Shards; avail[s] > 0 {
+		for d := range count {
+			if s := (ps.cursor + d) % count; avail[s] > 0 {
 				ps.cursor = s
 				break
 			}
@@ -765,7 +834,7 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 	gone := func(p string) bool { _, ok := pods[p]; return !ok }
 	now := time.Now().UTC()
 	var work []*shardWork
-	for s := range Shards {
+	for s := range count {
 		if len(fixed[s]) == 0 && len(wants[s]) == 0 {
 			continue
 		}
@@ -791,31 +860,38 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 		w.skip = (w.exist && w.next.equal(w.base)) || (!w.exist && len(w.next.Owners) == 0 && len(w.next.Retired) == 0)
 		work = append(work, w)
 	}
-	return work
+	return work, nil
 }
 
 // Ensure creates the shards of pool's table, empty, unless they exist.
 // The pool controller calls it when it first sees the pool, so that the
 // table is made with the pool's fill and the first allocation from the
 // pool is an update like every later one, not a create on the delivery
-// path.
+// path. A new table gets ShardsFor(Options.Size) shards; an existing one
+// keeps its count.
 func (a *Allocator) Ensure(ctx context.Context, pool types.NamespacedName) error {
 	if err := a.WaitSynced(ctx); err != nil {
 		return err
 	}
 	ps := a.pool(pool)
-	for n := range Shards {
+	if err := a.table(ctx, pool, ps); err != nil {
+		return err
+	}
+	ps.mu.Lock()
+	count := ps.n
+	ps.mu.Unlock()
+	for n := range count {
 		ps.mu.Lock()
-		exists := ps.shards[n].exists
+		exists := ps.n == count && ps.shards[n].exists
 		ps.mu.Unlock()
 		if exists {
 			continue
 		}
-		rv, err := a.write(ctx, pool, n, Table{}, "", false)
+		rv, err := a.write(ctx, pool, n, count, Table{}, "", false)
 		switch {
 		case err == nil:
 			ps.mu.Lock()
-			if !ps.shards[n].exists {
+			if ps.n == count && !ps.shards[n].exists {
 				ps.setLocked(n, Table{}, rv, true)
 			}
 			ps.mu.Unlock()
@@ -832,16 +908,62 @@ func (a *Allocator) Ensure(ctx context.Context, pool types.NamespacedName) error
 	return nil
 }
 
+// table makes sure the allocator knows pool's table and its number of
+// shards: known from the informer, else read from shard 0, else made by
+// creating shard 0 with ShardsFor(Options.Size) (every allocator that
+// finds shard 0 made adopts its count).
+func (a *Allocator) table(ctx context.Context, pool types.NamespacedName, ps *poolState) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		ps.mu.Lock()
+		known := ps.n > 0 && ps.knownLocked()
+		ps.mu.Unlock()
+		if known {
+			return nil
+		}
+		if err := a.refresh(ctx, pool, ps, 0); err != nil {
+			return err
+		}
+		ps.mu.Lock()
+		known = ps.n > 0 && ps.shards[0].exists
+		ps.mu.Unlock()
+		if known {
+			return nil
+		}
+		size := 0
+		if a.o.Size != nil {
+			size = a.o.Size(pool)
+		}
+		count := ShardsFor(size)
+		rv, err := a.write(ctx, pool, 0, count, Table{}, "", false)
+		switch {
+		case err == nil:
+			ps.mu.Lock()
+			if ps.adoptLocked(count) && !ps.shards[0].exists {
+				ps.setLocked(0, Table{}, rv, true)
+			}
+			ps.mu.Unlock()
+		case apierrors.IsAlreadyExists(err):
+			// Made by another allocator a moment ago: read it.
+		default:
+			return fmt.Errorf("create allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+		}
+	}
+	return fmt.Errorf("allocation table of pool %s: %w: its shard 0 keeps changing", pool.Name, errdefs.ErrUnavailable)
+}
+
 // freeLocked lists the pool's free pods by shard: ready, of the current
 // revision, usable, not named by their shard. Preconditions: ps.mu held.
-func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [Shards][]string {
+func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [][]string {
 	rev := a.revision(pool)
-	var out [Shards][]string
+	out := make([][]string, ps.n)
+	if ps.n == 0 {
+		return out
+	}
 	for name, st := range ps.pods {
 		if !st.Ready || (rev != "" && st.Revision != rev) {
 			continue
 		}
-		s := ShardOf(name)
+		s := ShardOf(name, ps.n)
 		if _, named := ps.shards[s].index[name]; named {
 			continue
 		}
@@ -853,14 +975,14 @@ func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [Shards
 	return out
 }
 
-// write stores t as shard n of pool's table: an update guarded by rv, or
-// a create.
-func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n int, t Table, rv string, exists bool) (string, error) {
+// write stores t as shard n of pool's table of count shards: an update
+// guarded by rv, or a create.
+func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n, count int, t Table, rv string, exists bool) (string, error) {
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: pool.Namespace, Name: ShardName(pool.Name, n), ResourceVersion: rv,
 			Labels:      map[string]string{LabelTable: "true"},
-			Annotations: map[string]string{AnnoPool: pool.Name, AnnoShard: strconv.Itoa(n)},
+			Annotations: map[string]string{AnnoPool: pool.Name, AnnoShard: strconv.Itoa(n), AnnoShards: strconv.Itoa(count)},
 		},
 		Data: t.Encode(),
 	}
@@ -882,14 +1004,20 @@ func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *
 	defer ps.mu.Unlock()
 	switch {
 	case apierrors.IsNotFound(err):
-		ps.setLocked(n, Table{}, "", false)
+		if n < ps.n {
+			ps.setLocked(n, Table{}, "", false)
+		}
 		return nil
 	case err != nil:
 		return fmt.Errorf("read allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
 	}
+	_, count, ok := shardOf(&cm)
 	t, err := Parse(cm.Data)
-	if err != nil {
-		return fmt.Errorf("pool %s: %w: %v", pool.Name, errdefs.ErrInternal, err)
+	if err != nil || !ok {
+		return fmt.Errorf("pool %s: %w: allocation table shard %s is malformed: %v", pool.Name, errdefs.ErrInternal, cm.Name, err)
+	}
+	if !ps.adoptLocked(count) {
+		return fmt.Errorf("allocation table of pool %s: %w: shard %d has %d shards, the table %d", pool.Name, errdefs.ErrUnavailable, n, count, ps.n)
 	}
 	// The informer may have delivered a still newer copy meanwhile.
 	if sh := &ps.shards[n]; !sh.exists || newer(cm.ResourceVersion, sh.rv) {

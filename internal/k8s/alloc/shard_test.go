@@ -6,8 +6,9 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -50,7 +51,15 @@ func newShardWorld(t *testing.T, n int) *shardWorld {
 // shards created.
 func (w *shardWorld) allocator(t *testing.T) *Allocator {
 	t.Helper()
-	a := &Allocator{o: Options{Client: w.c, Reader: w.c}, pools: map[types.NamespacedName]*poolState{}, owners: map[types.NamespacedName]types.NamespacedName{}}
+	return w.sized(t, 0)
+}
+
+// sized is allocator for an allocator that makes tables for pools of
+// poolMax pods.
+func (w *shardWorld) sized(t *testing.T, poolMax int) *Allocator {
+	t.Helper()
+	size := func(types.NamespacedName) int { return poolMax }
+	a := &Allocator{o: Options{Client: w.c, Reader: w.c, Size: size}, pools: map[types.NamespacedName]*poolState{}, owners: map[types.NamespacedName]types.NamespacedName{}}
 	ps := a.pool(w.pool)
 	for _, p := range w.pods {
 		ps.pods[p] = PodState{IP: "10.0.0.1", Ready: true}
@@ -79,7 +88,7 @@ func (a *Allocator) cursorOf(pool types.NamespacedName) int {
 func shardsOf(pods []string) []int {
 	var out []int
 	for _, p := range pods {
-		if s := ShardOf(p); !slices.Contains(out, s) {
+		if s := ShardOf(p, MinShards); !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 	}
@@ -101,7 +110,7 @@ func TestShardConflictMovesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ra.Pods) != 1 || ShardOf(ra.Pods[0]) != 2 {
+	if len(ra.Pods) != 1 || ShardOf(ra.Pods[0], MinShards) != 2 {
 		t.Fatalf("a got %v, want one pod of shard 2", ra.Pods)
 	}
 	// b has not seen a's write (no informers here).
@@ -113,7 +122,7 @@ func TestShardConflictMovesOn(t *testing.T) {
 	if len(rb.Pods) != 1 || rb.Pods[0] == ra.Pods[0] {
 		t.Fatalf("b got %v, a got %v", rb.Pods, ra.Pods)
 	}
-	if s := ShardOf(rb.Pods[0]); s == 2 {
+	if s := ShardOf(rb.Pods[0], MinShards); s == 2 {
 		t.Errorf("after a conflict on shard 2 b still took a pod of shard 2 (%s)", rb.Pods[0])
 	}
 	if c := b.cursorOf(w.pool); c == 2 {
@@ -143,7 +152,7 @@ func TestShardFullMovesOn(t *testing.T) {
 	ctx := context.Background()
 	in5 := 0
 	for _, p := range w.pods {
-		if ShardOf(p) == 5 {
+		if ShardOf(p, MinShards) == 5 {
 			in5++
 		}
 	}
@@ -157,8 +166,8 @@ func TestShardFullMovesOn(t *testing.T) {
 	}
 	w.writes.Store(0)
 	next := 6
-	for ; next < 6+Shards; next++ {
-		if slices.ContainsFunc(w.pods, func(p string) bool { return ShardOf(p) == next%Shards }) {
+	for ; next < 6+MinShards; next++ {
+		if slices.ContainsFunc(w.pods, func(p string) bool { return ShardOf(p, MinShards) == next%MinShards }) {
 			break
 		}
 	}
@@ -166,9 +175,9 @@ func TestShardFullMovesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Pods) != 1 || ShardOf(res.Pods[0]) != next%Shards || w.writes.Load() != 1 {
+	if len(res.Pods) != 1 || ShardOf(res.Pods[0], MinShards) != next%MinShards || w.writes.Load() != 1 {
 		t.Errorf("with shard 5 full a claim got %v (shard %v) in %d writes, want a pod of shard %d in one write",
-			res.Pods, shardsOf(res.Pods), w.writes.Load(), next%Shards)
+			res.Pods, shardsOf(res.Pods), w.writes.Load(), next%MinShards)
 	}
 }
 
@@ -252,35 +261,108 @@ func TestShardBatch(t *testing.T) {
 	}
 }
 
-// TestShardsHoldTenThousand: a pool of 10,000 pods, every one claimed by
-// its own sandbox, is over a ConfigMap's 1 MiB as one table, and well
-// under it in shards; the hash spreads the pods evenly.
-func TestShardsHoldTenThousand(t *testing.T) {
+// TestShardCountBySize: a pool of 10,000 pods gets a table of
+// ShardsFor(10,000) = 79 shards, so that with every pod claimed by a
+// sandbox of its own each shard holds about PodsPerShard pods (a few KB,
+// as a table of a small pool: a claim's write does not grow with the
+// pool); an allocator of another size that comes later adopts the count
+// of the table it finds, and a table that records no count (made before
+// counts existed) has MinShards.
+func TestShardCountBySize(t *testing.T) {
 	const pods = 10000
-	now := time.Date(2026, 12, 3, 20, 0, 0, 123456789, time.UTC)
-	shards := make([]Table, Shards)
-	for i := range shards {
-		shards[i] = Table{Owners: map[string]Owned{}}
+	w := newShardWorld(t, pods)
+	var biggest atomic.Int64
+	count := func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			if n := int64(len(cm.Data[TableKey])); n > biggest.Load() {
+				biggest.Store(n)
+			}
+		}
+		return c.Update(ctx, obj, opts...)
 	}
-	for i := range pods {
-		// Names as the controller and the server make them: a pool
-		// name with a random suffix, a UUID sandbox id.
-		pod := fmt.Sprintf("warm-%05x", i*7919%0xfffff)
-		id := fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", i*2654435761, i%0xffff, i%0xfff, i%0xfff, i*40503)
-		shards[ShardOf(pod)].Owners[SandboxOwner("moat0", id)] = Owned{Pods: []string{pod}, At: now}
+	w.c = fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{Update: count}).Build()
+	a := w.sized(t, pods)
+	want := ShardsFor(pods)
+	if want != 79 || a.ShardCount(w.pool) != want {
+		t.Fatalf("ShardsFor(%d) = %d, the allocator made %d shards; want 79", pods, want, a.ShardCount(w.pool))
 	}
-	const limit = 1 << 20
-	if whole := len(Merge(shards...).Encode()[TableKey]); whole <= limit {
+	ctx := context.Background()
+	for i := 0; i < pods; i += 100 {
+		chs := make([]Change, 100)
+		for k := range chs {
+			id := fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", (i+k)*2654435761, (i+k)%0xffff, (i+k)%0xfff, (i+k)%0xfff, (i+k)*40503)
+			chs[k] = Change{Owner: SandboxOwner("moat0", id), Want: 1}
+		}
+		res, err := a.ApplyAll(ctx, w.pool, chs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range res {
+			if len(r.Pods) != 1 {
+				t.Fatalf("claim %d got %v", i+k, r.Pods)
+			}
+		}
+	}
+	shards, err := ReadShards(ctx, w.c, w.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shards) != want {
+		t.Fatalf("%d shards stored, want %d", len(shards), want)
+	}
+	tbl := Merge(func() []Table {
+		var ts []Table
+		for _, s := range shards {
+			ts = append(ts, s.Table)
+		}
+		return ts
+	}()...)
+	if len(tbl.Index()) != pods {
+		t.Errorf("the table names %d pods, want %d", len(tbl.Index()), pods)
+	}
+	if whole := len(tbl.Encode()[TableKey]); whole <= 1<<20 {
 		t.Errorf("the whole table is %d bytes: this test no longer shows the 1 MiB cap", whole)
 	}
-	mean := pods / Shards
-	for i, s := range shards {
-		size := len(s.Encode()[TableKey])
-		if size > limit/4 {
-			t.Errorf("shard %d is %d bytes, want under %d", i, size, limit/4)
+	const limit = 32 << 10 // a shard of PodsPerShard claims is ~18 KB
+	for _, s := range shards {
+		if s.Count != want {
+			t.Errorf("shard %d records %d shards, want %d", s.Index, s.Count, want)
 		}
-		if n := len(s.Owners); n < mean*3/4 || n > mean*5/4 {
-			t.Errorf("shard %d holds %d pods, want about %d", i, n, mean)
+		if s.Bytes > limit {
+			t.Errorf("shard %d is %d bytes, want under %d", s.Index, s.Bytes, limit)
 		}
+		if n := len(s.Table.Owners); n < PodsPerShard*2/3 || n > PodsPerShard*3/2 {
+			t.Errorf("shard %d holds %d pods, want about %d", s.Index, n, PodsPerShard)
+		}
+	}
+	if b := biggest.Load(); b > limit {
+		t.Errorf("the largest write carried %d bytes of table, want under %d", b, limit)
+	}
+
+	// Another allocator, sized for a small pool, adopts the table's count.
+	small := w.sized(t, 10)
+	if n := small.ShardCount(w.pool); n != want {
+		t.Errorf("an allocator finding a table of %d shards uses %d", want, n)
+	}
+	if o, ok := small.Owner(w.pool, w.pods[1234]); !ok || o == "" {
+		t.Errorf("the adopting allocator does not see pod %s's owner", w.pods[1234])
+	}
+
+	// A table of an older layout, without a count: MinShards.
+	legacy := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: ShardName("old", 0),
+		Labels: map[string]string{LabelTable: "true"}, Annotations: map[string]string{AnnoPool: "old", AnnoShard: "0"}}}
+	if err := w.c.Create(ctx, legacy); err != nil {
+		t.Fatal(err)
+	}
+	old := types.NamespacedName{Namespace: "ns", Name: "old"}
+	la := w.sized(t, pods)
+	if err := la.Ensure(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if n := la.ShardCount(old); n != MinShards {
+		t.Errorf("a table without a recorded count has %d shards, want %d", n, MinShards)
+	}
+	if olds, err := ReadShards(ctx, w.c, old); err != nil || len(olds) != MinShards {
+		t.Errorf("Ensure of an old table: %d shards (%v), want %d", len(olds), err, MinShards)
 	}
 }

@@ -8,19 +8,26 @@
 // someone else changed the table first, and the allocation is computed
 // again from the newer table).
 //
-// The table of pool P is split into Shards ConfigMaps in P's namespace
+// The table of pool P is split into shards: ConfigMaps in P's namespace
 // (ShardName), each with data[TableKey] the JSON of a Table: the owners
 // of pods (a BatchSandbox, or one sandbox of a moat server scope) and the
 // retired pods (released or being deleted: never handed out again). Every
 // pod belongs to one shard, by a stable hash of its name (ShardOf), and
 // only that shard names it; an owner holding pods of several shards has
 // an entry in each. Free pods are the pool's ready pods that their shard
-// does not name. A write carries one shard, so its size is the shard's
-// (a 10,000-pod pool's table is far over a ConfigMap's 1 MiB, a shard is
-// not), and allocators writing different shards never conflict: each
-// process takes free pods from a shard of its own choosing and moves to
-// another after a conflict. Concurrent changes of one pool in one
-// process are grouped into one write per shard (Allocator.Apply).
+// does not name. A write carries one shard, so its size is the shard's,
+// and allocators writing different shards never conflict: each process
+// takes free pods from a shard of its own choosing and moves to another
+// after a conflict. Concurrent changes of one pool in one process are
+// grouped into one write per shard (Allocator.Apply).
+//
+// The number of shards is fixed when the table is made (ShardsFor the
+// pool's PoolMax: one shard per PodsPerShard pods, at least MinShards),
+// so that a shard holds about PodsPerShard pods however large the pool
+// is, and a claim's write does not grow with the pool. Every shard
+// records the count (AnnoShards); shard 0 is made first, and whoever
+// finds it made adopts its count, so every allocator of a pool agrees on
+// which shard names a pod.
 //
 // The pool's pods carry their own agent access token, one per pod, kept
 // in the pool's token Secret (TokenSecretName), which the controller
@@ -55,6 +62,9 @@ const (
 	TableKey = "table"
 	// AnnoShard is the shard number of a table shard ConfigMap.
 	AnnoShard = "moat." + sbv1.Group + "/alloc-shard"
+	// AnnoShards is the number of shards of the table a shard belongs to
+	// (absent on tables made before it existed: MinShards).
+	AnnoShards = "moat." + sbv1.Group + "/alloc-shards"
 	// LabelTable marks table ConfigMaps ("true"); AnnoPool names the pool.
 	LabelTable = "moat." + sbv1.Group + "/alloc-table"
 	// LabelTokens marks pool token Secrets ("true"); AnnoPool names the pool.
@@ -105,28 +115,47 @@ func SandboxOf(scope, owner string) (string, bool) {
 // BatchOf returns the BatchSandbox name of an owner, if it is one.
 func BatchOf(owner string) (string, bool) { return strings.CutPrefix(owner, "batchsandbox/") }
 
-// Shards is the number of shards of every pool's table. Every allocator
-// of a pool must agree on it (it decides which shard names a pod).
-const Shards = 8
+// Shard counts: a pool's table has ShardsFor(PoolMax) shards.
+const (
+	// MinShards is the fewest shards of a table (and the count of tables
+	// that do not record theirs).
+	MinShards = 8
+	// PodsPerShard is the pods a shard is sized for.
+	PodsPerShard = 128
+	// MaxShards bounds the count (a pool past MaxShards*PodsPerShard pods
+	// has larger shards).
+	MaxShards = 4096
+)
 
-// ShardOf returns the shard of pod (a stable hash of its name).
-func ShardOf(pod string) int {
+// ShardsFor returns the number of shards of the table of a pool of at
+// most poolMax pods.
+func ShardsFor(poolMax int) int {
+	return min(max(MinShards, (poolMax+PodsPerShard-1)/PodsPerShard), MaxShards)
+}
+
+// ShardOf returns the shard of pod in a table of n shards (a stable hash
+// of its name).
+func ShardOf(pod string, n int) int {
 	h := fnv.New32a()
 	h.Write([]byte(pod))
-	return int(h.Sum32() % Shards)
+	return int(h.Sum32() % uint32(n))
 }
 
 // ByShard orders free pods for an allocator that hands them out in order
-// (the controller's batches): the pods of the shard with the most free
-// pods first, then the next fullest shard's, so that a batch touches as
-// few shards (writes) as it can; by name within a shard.
-func ByShard(free []string) []string {
-	var by [Shards][]string
+// (the controller's batches) from a table of n shards: the pods of the
+// shard with the most free pods first, then the next fullest shard's, so
+// that a batch touches as few shards (writes) as it can; by name within a
+// shard. n 0 (no table yet): by name.
+func ByShard(free []string, n int) []string {
+	if n <= 0 {
+		return slices.Sorted(slices.Values(free))
+	}
+	by := make([][]string, n)
 	for _, p := range free {
-		s := ShardOf(p)
+		s := ShardOf(p, n)
 		by[s] = append(by[s], p)
 	}
-	order := make([]int, Shards)
+	order := make([]int, n)
 	for i := range order {
 		order[i] = i
 	}
@@ -213,6 +242,8 @@ func Merge(ts ...Table) Table {
 // Shard is one stored shard of a pool's table.
 type Shard struct {
 	Index int
+	// Count is the number of shards of the table.
+	Count int
 	Table Table
 	// Bytes is the size of the shard's JSON.
 	Bytes int
@@ -227,7 +258,7 @@ func ReadShards(ctx context.Context, r client.Reader, pool types.NamespacedName)
 	var out []Shard
 	for i := range list.Items {
 		cm := &list.Items[i]
-		n, ok := shardOf(cm)
+		n, count, ok := shardOf(cm)
 		if !ok || cm.Annotations[AnnoPool] != pool.Name {
 			continue
 		}
@@ -235,7 +266,7 @@ func ReadShards(ctx context.Context, r client.Reader, pool types.NamespacedName)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d of pool %s: %w", n, pool.Name, err)
 		}
-		out = append(out, Shard{Index: n, Table: t, Bytes: len(cm.Data[TableKey])})
+		out = append(out, Shard{Index: n, Count: count, Table: t, Bytes: len(cm.Data[TableKey])})
 	}
 	slices.SortFunc(out, func(a, b Shard) int { return a.Index - b.Index })
 	return out, nil
@@ -254,16 +285,24 @@ func ReadTable(ctx context.Context, r client.Reader, pool types.NamespacedName) 
 	return Merge(ts...), nil
 }
 
-// shardOf returns the shard number of a table shard ConfigMap.
-func shardOf(cm *corev1.ConfigMap) (int, bool) {
+// shardOf returns the shard number of a table shard ConfigMap and the
+// number of shards of its table.
+func shardOf(cm *corev1.ConfigMap) (int, int, bool) {
 	if cm.Labels[LabelTable] != "true" || cm.Annotations[AnnoPool] == "" {
-		return 0, false
+		return 0, 0, false
+	}
+	count := MinShards
+	if c, ok := cm.Annotations[AnnoShards]; ok {
+		var err error
+		if count, err = strconv.Atoi(c); err != nil || count < 1 || count > MaxShards {
+			return 0, 0, false
+		}
 	}
 	n, err := strconv.Atoi(cm.Annotations[AnnoShard])
-	if err != nil || n < 0 || n >= Shards {
-		return 0, false
+	if err != nil || n < 0 || n >= count {
+		return 0, 0, false
 	}
-	return n, true
+	return n, count, true
 }
 
 // Index maps every pod the table names to its owner ("" for a retired

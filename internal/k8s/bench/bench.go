@@ -350,9 +350,13 @@ func (r *run) batches(ctx context.Context) ([]Result, error) {
 		time.Sleep(500 * time.Millisecond) // count writes that trail the allocation too
 		res := Result{Mode: mode, N: r.o.N, Wall: wall, Writes: r.writes.Since(before), ClientWrites: 1}
 		if mode == "warm" {
+			stored, err := alloc.ReadShards(ctx, r.c, client.ObjectKey{Namespace: r.ns, Name: "warm"})
+			if err != nil || len(stored) == 0 {
+				return results, fmt.Errorf("read the pool's allocation table: %d shards, %v", len(stored), err)
+			}
 			shards := map[int]bool{}
 			for _, pod := range b.AllocatedPods() {
-				shards[alloc.ShardOf(pod)] = true
+				shards[alloc.ShardOf(pod, stored[0].Count)] = true
 			}
 			res.TableShards = len(shards)
 		}

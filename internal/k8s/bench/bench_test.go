@@ -47,7 +47,7 @@ func TestRun(t *testing.T) {
 	// created (the fill made the table); the pool's status write that
 	// shows the pods allocated follows.
 	shards := res[1].TableShards
-	if shards < 1 || shards > alloc.Shards {
+	if shards < 1 || shards > alloc.MinShards {
 		t.Fatalf("warm batch's pods are in %d table shards", shards)
 	}
 	delivery := maps.Clone(warm)
@@ -55,8 +55,8 @@ func TestRun(t *testing.T) {
 	if want := map[string]int{"PUT configmaps": shards, "PUT batchsandboxes": 1, "PUT batchsandboxes/status": 1}; !maps.Equal(delivery, want) || warm["PUT pools/status"] > 1 {
 		t.Errorf("warm writes %v, want %v and at most one PUT pools/status", warm, want)
 	}
-	if fill["POST configmaps"] != alloc.Shards {
-		t.Errorf("fill writes %v: the pool's allocation table (%d shards) is made with the pool", fill, alloc.Shards)
+	if fill["POST configmaps"] != alloc.MinShards {
+		t.Errorf("fill writes %v: the pool's allocation table (%d shards) is made with the pool", fill, alloc.MinShards)
 	}
 	if cold["POST pods"] != 10 {
 		t.Errorf("cold writes %v", cold)

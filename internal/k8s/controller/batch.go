@@ -481,7 +481,7 @@ func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]stri
 		}
 	}
 	// A batch from as few table shards as it can: one write each.
-	return alloc.ByShard(out), nil
+	return alloc.ByShard(out, r.tables.ShardCount(client.ObjectKeyFromObject(pool))), nil
 }
 
 // batchPods returns the cached pods of rec's claims and released pods, by

@@ -172,6 +172,14 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	tab, err := alloc.New(context.Background(), alloc.Options{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Informers: mgr.GetCache(),
 		Changed: func(pool types.NamespacedName) { pokePool(poke, pool.Namespace, pool.Name) },
+		// A pool's table is sized for its PoolMax when it is made.
+		Size: func(pool types.NamespacedName) int {
+			var p sbv1.Pool
+			if err := mgr.GetClient().Get(context.Background(), pool, &p); err != nil {
+				return 0
+			}
+			return int(p.Spec.CapacitySpec.PoolMax)
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)

@@ -264,7 +264,7 @@ func TestWarmBatchOneShard(t *testing.T) {
 		if !warm[i] {
 			t.Errorf("claim %d (%s) is not warm", i, p)
 		}
-		shards[alloc.ShardOf(p)] = true
+		shards[alloc.ShardOf(p, alloc.MinShards)] = true
 	}
 	if len(shards) != 1 || writes["PUT configmaps"] != 1 {
 		t.Errorf("a batch of %d from a pool of %d came from shards %v with table writes %v, want one shard, one write", batch, n, shards, writes)
@@ -306,7 +306,7 @@ func TestWarmBatchWrites(t *testing.T) {
 	// per shard.
 	shards := map[int]bool{}
 	for p := range poolPods {
-		shards[alloc.ShardOf(p)] = true
+		shards[alloc.ShardOf(p, alloc.MinShards)] = true
 	}
 	if got := writes["PUT configmaps"]; got != len(shards) || writes["POST configmaps"] != 0 {
 		t.Errorf("allocation table writes = %d updates, %d creates, want %d updates (%v)", got, writes["POST configmaps"], len(shards), writes)

@@ -426,8 +426,23 @@ func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedNa
 		return err
 	}
 	objs := []client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}}}
-	for n := range alloc.Shards {
-		objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.ShardName(pool.Name, n)}})
+	// The table's shards: those the cache holds, and every one of the
+	// count the allocator knows (one the cache has not seen yet).
+	shards := map[string]bool{}
+	var tables corev1.ConfigMapList
+	if err := r.c.List(ctx, &tables, client.InNamespace(pool.Namespace), client.MatchingLabels{alloc.LabelTable: "true"}); err != nil {
+		return err
+	}
+	for i := range tables.Items {
+		if cm := &tables.Items[i]; cm.Annotations[alloc.AnnoPool] == pool.Name {
+			shards[cm.Name] = true
+		}
+	}
+	for n := range max(r.tables.ShardCount(pool), alloc.MinShards) {
+		shards[alloc.ShardName(pool.Name, n)] = true
+	}
+	for name := range shards {
+		objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: name}})
 	}
 	for _, obj := range objs {
 		if err := r.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {

@@ -175,7 +175,7 @@ func TestServerClaimsRespected(t *testing.T) {
 	})
 	tableObjects := func() (left []string) {
 		names := []string{alloc.TokenSecretName("p")}
-		for n := range alloc.Shards {
+		for n := range alloc.MinShards {
 			names = append(names, alloc.ShardName("p", n))
 		}
 		for i, name := range names {
@@ -192,7 +192,7 @@ func TestServerClaimsRespected(t *testing.T) {
 		return left
 	}
 	time.Sleep(time.Second)
-	if left := tableObjects(); len(left) != 1+alloc.Shards {
+	if left := tableObjects(); len(left) != 1+alloc.MinShards {
 		t.Fatalf("a deleted pool with claimed pods lost its table or tokens: only %v left", left)
 	}
 	if _, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), ReleaseAll: true}); err != nil {
@@ -296,3 +296,62 @@ func TestBatchesRaceServerClaims(t *testing.T) {
 }
 
 func indexOf(t alloc.Table) map[string]string { return t.Index() }
+
+// TestTableSizedByPool: the controller makes a pool's table with one
+// shard per alloc.PodsPerShard pods of its PoolMax (16 for 2,000), every
+// shard recording the count; a moat server's allocator adopts it; the
+// shards go with the deleted pool.
+func TestTableSizedByPool(t *testing.T) {
+	c, ns := setup(t)
+	startController(t, ns)
+	ctx := context.Background()
+	pool := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+		Spec: sbv1.PoolSpec{Template: template(), CapacitySpec: capacity(2, 2, 0, 2000)}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	key := types.NamespacedName{Namespace: ns, Name: "big"}
+	const want = 16
+	if alloc.ShardsFor(2000) != want {
+		t.Fatalf("ShardsFor(2000) = %d", alloc.ShardsFor(2000))
+	}
+	eventually(t, 30*time.Second, "16 table shards", func() (bool, string) {
+		shards, err := alloc.ReadShards(ctx, c, key)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range shards {
+			if s.Count != want {
+				return false, fmt.Sprintf("shard %d records %d shards", s.Index, s.Count)
+			}
+		}
+		return len(shards) == want, fmt.Sprintf("%d shards", len(shards))
+	})
+	waitPoolFree(t, c, ns, "big", 2)
+	srv := serverAllocator(t, ns)
+	res, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), Want: 1})
+	if err != nil || len(res.Pods) != 1 {
+		t.Fatalf("claim from a pool of 16 shards: %v %v", res.Pods, err)
+	}
+	if n := srv.ShardCount(key); n != want {
+		t.Errorf("the server's allocator uses %d shards, want %d", n, want)
+	}
+	tbl := readTable(t, c, ns, "big")
+	if got := tbl.Owners[alloc.SandboxOwner("s", "one")].Pods; len(got) != 1 || got[0] != res.Pods[0] {
+		t.Errorf("the table gives the claim %v, it was told %v", got, res.Pods)
+	}
+	// Given up as a server does: retired, then deleted.
+	if _, err := srv.Apply(ctx, key, alloc.Change{Owner: alloc.SandboxOwner("s", "one"), ReleaseAll: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: res.Pods[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "table gone with the pool", func() (bool, string) {
+		shards, err := alloc.ReadShards(ctx, c, key)
+		return err == nil && len(shards) == 0, fmt.Sprintf("%d shards left, %v", len(shards), err)
+	})
+}

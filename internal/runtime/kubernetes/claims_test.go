@@ -201,7 +201,7 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	shards := map[int]bool{}
 	for _, b := range batch {
 		for _, p := range tbl.Owners[alloc.SandboxOwner("claims", b.ID)].Pods {
-			shards[alloc.ShardOf(p)] = true
+			shards[alloc.ShardOf(p, alloc.MinShards)] = true
 		}
 	}
 	if writes := srv.writes.Since(before); k8stest.Total(writes) != 1+len(shards) || writes["POST secrets"] != 1 {

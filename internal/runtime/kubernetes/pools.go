@@ -72,6 +72,7 @@ func (r *Runtime) startClaims(rc *rest.Config) error {
 		Informers: inf,
 		Revision:  r.poolRevision,
 		Usable:    r.hasToken,
+		Size:      r.poolMax,
 	})
 	if err != nil {
 		cancel()
@@ -107,6 +108,16 @@ func (r *Runtime) poolRevision(pool types.NamespacedName) string {
 		return ""
 	}
 	return p.Status.Revision
+}
+
+// poolMax is the most pods a pool may have (sizes its allocation table
+// if this server is the first to make it).
+func (r *Runtime) poolMax(pool types.NamespacedName) int {
+	var p sbv1.Pool
+	if err := r.cache.Get(context.Background(), pool, &p); err != nil {
+		return 0
+	}
+	return int(p.Spec.CapacitySpec.PoolMax)
 }
 
 // hasToken reports whether a pool pod's own agent token is known.
