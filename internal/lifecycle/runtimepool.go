@@ -211,7 +211,32 @@ func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req Cr
 	// Past this point the claim finishes even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	key := poolKey(owner, name)
-	claimed, err := rp.Claim(ctx, runtimePoolName(key), ids)
+	now := s.now()
+	// claimedSandbox is the record of a claimed sandbox: a pure function
+	// of the claim, so that the runtime can store it with the claim (one
+	// write) and this process holds the same record.
+	claimedSandbox := func(c runtime.Claimed) Sandbox {
+		sb := proto.clone()
+		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, def.Revision
+		if sb.Class == "" {
+			sb.Class = c.Status.Class
+		}
+		sb.CreatedAt = now
+		sb.ExpiresAt = nil
+		if proto.ExpiresAt != nil {
+			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
+			sb.ExpiresAt = &exp
+		}
+		own(&sb, owner)
+		claimRunning(&sb, now)
+		return sb
+	}
+	record := func(c runtime.Claimed) []byte {
+		sb := claimedSandbox(c)
+		raw, _ := json.Marshal(&sb) // as the store encodes it
+		return raw
+	}
+	claimed, err := rp.Claim(ctx, runtimePoolName(key), ids, record)
 	if err != nil {
 		if errdefs.IsFailedPrecondition(err) {
 			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", publicCause(err))
@@ -225,26 +250,16 @@ func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req Cr
 			}
 		}
 	}
-	now := s.now()
 	entries := make([]*entry, len(claimed))
 	kv := make(map[string]any, len(claimed))
 	claimedIDs := make([]string, len(claimed))
 	for i, c := range claimed {
-		sb := proto.clone()
-		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, def.Revision
-		if sb.Class == "" {
-			sb.Class = c.Status.Class
+		e := newEntry(claimedSandbox(c))
+		s.recordTransition(e, proto.Status.State) // pending -> running
+		entries[i], claimedIDs[i] = e, e.sb.ID
+		if !c.Recorded {
+			kv[e.sb.ID] = &e.sb // stored below
 		}
-		sb.CreatedAt = now
-		sb.ExpiresAt = nil
-		if proto.ExpiresAt != nil {
-			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
-			sb.ExpiresAt = &exp
-		}
-		own(&sb, owner)
-		e := newEntry(sb)
-		s.mustTransition(e, StateRunning, ReasonRunning, "")
-		entries[i], kv[sb.ID], claimedIDs[i] = e, &e.sb, sb.ID
 	}
 	if err := s.quota.admit(s.deps.Quotas, owner, claimedIDs, cpu, mem); err != nil {
 		release(entries)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
@@ -105,6 +106,17 @@ func (s *Service) transition(e *entry, to State, reason, msg string) error {
 	}
 	s.applyState(e, Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.now()}, true)
 	return nil
+}
+
+// claimRunning makes sb, the record of a sandbox about to be claimed from
+// a runtime's pool (still pending), running as of at. It is the
+// transition without its event: the record is made before the claim is
+// written (the runtime stores it with the claim, so it must be final),
+// and the event follows once the claim holds (recordTransition).
+func claimRunning(sb *Sandbox, at time.Time) {
+	if canTransition(sb.Status.State, StateRunning) {
+		sb.Status = Status{State: StateRunning, Reason: ReasonRunning, LastTransitionAt: at}
+	}
 }
 
 // mustTransition is transition for the server's own moves (reaper,

@@ -270,7 +270,13 @@ type Pools interface {
 	// result says which). From then on each is an ordinary sandbox of the
 	// backend (Status, Endpoint, Delete), running, with its own agent
 	// token. ErrNotFound if there is no such pool.
-	Claim(ctx context.Context, pool string, ids []string) ([]Claimed, error)
+	//
+	// record, if set, makes the caller's record of a claimed sandbox: a
+	// backend that can store it in the same durable step (where the
+	// caller's store reads it) does so and sets Claimed.Recorded. It may
+	// be called more than once per sandbox and with the backend's locks
+	// held: it must be a pure function of its argument.
+	Claim(ctx context.Context, pool string, ids []string, record func(Claimed) []byte) ([]Claimed, error)
 }
 
 // PoolSpec defines a pool kept by a Pools backend.
@@ -299,6 +305,9 @@ type Claimed struct {
 	Status Status
 	// AgentToken is the sandbox's agent access token.
 	AgentToken string
+	// Recorded says the claim stored the caller's record (Claim's record)
+	// with it.
+	Recorded bool
 }
 
 // Deletable is the rule every backend applies before deleting volume v:

@@ -11,6 +11,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 	"github.com/moat-sandbox/moat/internal/k8s/lease"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/store"
 )
@@ -39,6 +40,10 @@ type KubernetesConfig struct {
 	// OrphanGrace is how old a sandbox without a record must be before
 	// the leading replica deletes it (default 10m, longer than a create may take; see lifecycle).
 	OrphanGrace time.Duration
+	// InlineMoveAfter is how long the record a warm claim writes into its
+	// pool's allocation table stays there before the store moves it to a
+	// Secret of its own (default 200ms; see kstore).
+	InlineMoveAfter time.Duration
 }
 
 // newKubernetes builds the kubernetes backend. Sandboxes get no egress
@@ -70,11 +75,16 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 	// Stateless: the records live in the API server (shared by every
 	// replica of this server), the background duties run on the elected
 	// leader, events stay in each replica's memory.
-	st, err := kstore.New(rc, kstore.Options{Namespace: rt.Namespace(), Scope: cfg.Bridge})
+	// A warm claim's sandbox record goes in the claim's write of the
+	// pool's allocation table; the store reads it there and moves it to
+	// a Secret of its own.
+	st, err := kstore.New(rc, kstore.Options{Namespace: rt.Namespace(), Scope: cfg.Bridge, Inline: rt.InlineRecords(), InlineBucket: lifecycle.Bucket,
+		MoveAfter: cfg.Kubernetes.InlineMoveAfter})
 	if err != nil {
 		rt.Close()
 		return backend{}, err
 	}
+	rt.EnableInlineRecords(st.InlineChanged)
 	el, err := lease.Run(run, rc, rt.Namespace(), "moat-serve-"+cfg.Bridge)
 	if err != nil {
 		st.Close()

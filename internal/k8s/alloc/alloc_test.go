@@ -66,8 +66,8 @@ func newCache(t *testing.T, cfg *rest.Config, ns string) cache.Cache {
 		Scheme:            controller.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:       {Label: hasPool},
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
+			&corev1.Pod{}:    {Label: hasPool},
+			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
 		},
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -29,7 +30,7 @@ type Options struct {
 	// (default Client, which must then not be a cached client).
 	Reader client.Reader
 	// Informers delivers the pods (those labelled sbv1.LabelPool) and the
-	// table ConfigMaps (LabelTable) of the namespaces served; the
+	// table shard Secrets (LabelTable) of the namespaces served; the
 	// allocator adds its handlers to them. The caller starts them.
 	Informers cache.Informers
 	// Revision returns the current template revision of a pool (its pods'
@@ -86,6 +87,9 @@ type poolState struct {
 	// their copies.
 	n      int
 	shards []shardState
+	// wrote are the inline records this process wrote, by owner (see
+	// InlineRecords).
+	wrote map[string]string
 	// cursor is the shard this process takes free pods from first: chosen
 	// at random, so that replicas claiming from one pool mostly write
 	// different shards, and moved after a conflict.
@@ -137,7 +141,7 @@ func New(ctx context.Context, o Options) (*Allocator, error) {
 		return nil, err
 	}
 	a.regs = append(a.regs, reg)
-	ti, err := o.Informers.GetInformer(ctx, &corev1.ConfigMap{})
+	ti, err := o.Informers.GetInformer(ctx, &corev1.Secret{})
 	if err != nil {
 		return nil, fmt.Errorf("alloc: table informer: %w", err)
 	}
@@ -181,7 +185,7 @@ func (a *Allocator) pool(key types.NamespacedName) *poolState {
 	defer a.mu.Unlock()
 	ps := a.pools[key]
 	if ps == nil {
-		ps = &poolState{key: key, a: a, pods: map[string]PodState{}}
+		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, wrote: map[string]string{}}
 		a.pools[key] = ps
 	}
 	return ps
@@ -273,7 +277,7 @@ func podState(p *corev1.Pod) PodState {
 }
 
 func (a *Allocator) tableEvent(obj any, deleted bool) {
-	cm, ok := unwrap(obj).(*corev1.ConfigMap)
+	cm, ok := unwrap(obj).(*corev1.Secret)
 	if !ok {
 		return
 	}
@@ -329,6 +333,9 @@ func (ps *poolState) setLocked(n int, t Table, rv string, exists bool) {
 	}
 	if t.Retired == nil {
 		t.Retired = map[string]time.Time{}
+	}
+	if t.Records == nil {
+		t.Records = map[string]json.RawMessage{}
 	}
 	sh := &ps.shards[n]
 	old := sh.table.Owners
@@ -411,7 +418,7 @@ func (a *Allocator) Find(ns, owner string) (types.NamespacedName, Owned, bool) {
 // Refresh reads every table of namespace ns from the API server (for a
 // caller that must not miss an owner another process has just recorded).
 func (a *Allocator) Refresh(ctx context.Context, ns string) error {
-	var list corev1.ConfigMapList
+	var list corev1.SecretList
 	if err := a.o.Reader.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{LabelTable: "true"}); err != nil {
 		return fmt.Errorf("read allocation tables: %w: %v", errdefs.ErrUnavailable, err)
 	}
@@ -419,6 +426,73 @@ func (a *Allocator) Refresh(ctx context.Context, ns string) error {
 		a.tableEvent(&list.Items[i], false)
 	}
 	return nil
+}
+
+// InlineRecord is a record written inline with its owner's claim
+// (Table.Records).
+type InlineRecord struct {
+	Pool  types.NamespacedName
+	Shard int
+	Owner string
+	Raw   []byte
+	// Mine says this process wrote it (a claim of its own).
+	Mine bool
+}
+
+// InlineRecords returns the inline records of the owners of namespace ns
+// that match accepts, in every pool's table.
+func (a *Allocator) InlineRecords(ns string, match func(owner string) bool) []InlineRecord {
+	a.mu.Lock()
+	pools := make([]*poolState, 0, len(a.pools))
+	for k, ps := range a.pools {
+		if k.Namespace == ns {
+			pools = append(pools, ps)
+		}
+	}
+	a.mu.Unlock()
+	var out []InlineRecord
+	for _, ps := range pools {
+		ps.mu.Lock()
+		live := map[string]bool{}
+		for i := range ps.shards {
+			for o, raw := range ps.shards[i].table.Records {
+				if !match(o) {
+					continue
+				}
+				live[o] = true
+				out = append(out, InlineRecord{Pool: ps.key, Shard: i, Owner: o, Raw: raw, Mine: ps.wrote[o] == string(raw)})
+			}
+		}
+		for o := range ps.wrote {
+			if !live[o] && match(o) {
+				delete(ps.wrote, o)
+			}
+		}
+		ps.mu.Unlock()
+	}
+	return out
+}
+
+// Holds reports whether owner holds pods in shard of pool's table, read
+// from the API server (for a caller that must not act on a stale copy).
+func (a *Allocator) Holds(ctx context.Context, pool types.NamespacedName, shard int, owner string) (bool, error) {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	n := ps.n
+	ps.mu.Unlock()
+	if shard < 0 || shard >= n {
+		return false, fmt.Errorf("allocation table of pool %s has no shard %d: %w", pool.Name, shard, errdefs.ErrInvalidArgument)
+	}
+	if err := a.refresh(ctx, pool, ps, shard); err != nil {
+		return false, err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.n != n {
+		return false, nil
+	}
+	_, ok := ps.shards[shard].table.Owners[owner]
+	return ok, nil
 }
 
 // Pod returns the allocator's view of a pool pod.
@@ -579,15 +653,16 @@ func (a *Allocator) lead(pool types.NamespacedName, ps *poolState) {
 		}
 		ps.qmu.Unlock()
 		res, err := a.commit(pool, ps, group)
+		if err == nil && a.o.Changed != nil {
+			// Before the callers hear of it: what they do next sees it.
+			a.o.Changed(pool)
+		}
 		for i, r := range group {
 			if err == nil {
 				r.res = res[i]
 			}
 			r.err = err
 			close(r.done)
-		}
-		if err == nil && a.o.Changed != nil {
-			a.o.Changed(pool)
 		}
 	}
 }
@@ -683,6 +758,15 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 				}
 			}
 		}
+		if ch.DropRecord != nil && ch.Owner != "" {
+			for s := range ps.shards {
+				if _, ok := ps.shards[s].table.Records[ch.Owner]; ok {
+					c := part(s, i)
+					c.DropRecord = ch.DropRecord
+					fixed[s][i] = c
+				}
+			}
+		}
 	}
 	ps.mu.Unlock()
 	for attempt := 0; ; attempt++ {
@@ -709,6 +793,11 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 			case w.err == nil:
 				if !w.skip {
 					ps.mu.Lock()
+					for o, raw := range w.next.Records {
+						if _, had := w.base.Records[o]; !had {
+							ps.wrote[o] = string(raw)
+						}
+					}
 					if sh := &ps.shards[w.n]; !sh.exists || !newer(sh.rv, w.newRV) {
 						ps.setLocked(w.n, w.next, w.newRV, true)
 					}
@@ -832,6 +921,7 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 	}
 	pods := ps.pods
 	gone := func(p string) bool { _, ok := pods[p]; return !ok }
+	state := func(p string) PodState { return pods[p] }
 	now := time.Now().UTC()
 	var work []*shardWork
 	for s := range count {
@@ -849,6 +939,9 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 				f = Change{Owner: group[i].ch.Owner}
 			}
 			f.Want = k
+			if k > 0 {
+				f.Record = group[i].ch.Record
+			}
 			w.wants = w.wants || k > 0
 			w.idx = append(w.idx, i)
 			w.parts = append(w.parts, f)
@@ -856,7 +949,7 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 		sh := &ps.shards[s]
 		w.base, w.rv, w.exist = sh.table.Clone(), sh.rv, sh.exists
 		w.next = w.base.Clone()
-		w.res = w.next.apply(w.parts, free[s], gone, now)
+		w.res = w.next.apply(w.parts, free[s], gone, state, now)
 		w.skip = (w.exist && w.next.equal(w.base)) || (!w.exist && len(w.next.Owners) == 0 && len(w.next.Retired) == 0)
 		work = append(work, w)
 	}
@@ -978,10 +1071,10 @@ func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [][]str
 // write stores t as shard n of pool's table of count shards: an update
 // guarded by rv, or a create.
 func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n, count int, t Table, rv string, exists bool) (string, error) {
-	cm := &corev1.ConfigMap{
+	cm := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: pool.Namespace, Name: ShardName(pool.Name, n), ResourceVersion: rv,
-			Labels:      map[string]string{LabelTable: "true"},
+			Labels:      map[string]string{LabelTable: "true", LabelPoolData: "table"},
 			Annotations: map[string]string{AnnoPool: pool.Name, AnnoShard: strconv.Itoa(n), AnnoShards: strconv.Itoa(count)},
 		},
 		Data: t.Encode(),
@@ -998,7 +1091,7 @@ func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n, cou
 
 // refresh reads shard n of pool's table from the API server.
 func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState, n int) error {
-	var cm corev1.ConfigMap
+	var cm corev1.Secret
 	err := a.o.Reader.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: ShardName(pool.Name, n)}, &cm)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()

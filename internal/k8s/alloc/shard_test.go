@@ -273,7 +273,7 @@ func TestShardCountBySize(t *testing.T) {
 	w := newShardWorld(t, pods)
 	var biggest atomic.Int64
 	count := func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-		if cm, ok := obj.(*corev1.ConfigMap); ok {
+		if cm, ok := obj.(*corev1.Secret); ok {
 			if n := int64(len(cm.Data[TableKey])); n > biggest.Load() {
 				biggest.Store(n)
 			}
@@ -349,7 +349,7 @@ func TestShardCountBySize(t *testing.T) {
 	}
 
 	// A table of an older layout, without a count: MinShards.
-	legacy := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: ShardName("old", 0),
+	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: ShardName("old", 0),
 		Labels: map[string]string{LabelTable: "true"}, Annotations: map[string]string{AnnoPool: "old", AnnoShard: "0"}}}
 	if err := w.c.Create(ctx, legacy); err != nil {
 		t.Fatal(err)

@@ -8,10 +8,12 @@
 // someone else changed the table first, and the allocation is computed
 // again from the newer table).
 //
-// The table of pool P is split into shards: ConfigMaps in P's namespace
+// The table of pool P is split into shards: Secrets in P's namespace
 // (ShardName), each with data[TableKey] the JSON of a Table: the owners
-// of pods (a BatchSandbox, or one sandbox of a moat server scope) and the
-// retired pods (released or being deleted: never handed out again). Every
+// of pods (a BatchSandbox, or one sandbox of a moat server scope), the
+// retired pods (released or being deleted: never handed out again), and
+// the records of sandboxes written with their claim (Table.Records; a
+// record can carry secrets, hence Secrets). Every
 // pod belongs to one shard, by a stable hash of its name (ShardOf), and
 // only that shard names it; an owner holding pods of several shards has
 // an entry in each. Free pods are the pool's ready pods that their shard
@@ -57,16 +59,20 @@ import (
 
 // Names, labels and keys of the objects of this package.
 const (
-	// TableKey is the data key of a table shard ConfigMap holding Table's
+	// TableKey is the data key of a table shard Secret holding Table's
 	// JSON.
 	TableKey = "table"
-	// AnnoShard is the shard number of a table shard ConfigMap.
+	// AnnoShard is the shard number of a table shard Secret.
 	AnnoShard = "moat." + sbv1.Group + "/alloc-shard"
 	// AnnoShards is the number of shards of the table a shard belongs to
 	// (absent on tables made before it existed: MinShards).
 	AnnoShards = "moat." + sbv1.Group + "/alloc-shards"
-	// LabelTable marks table ConfigMaps ("true"); AnnoPool names the pool.
+	// LabelTable marks table shard Secrets ("true"); AnnoPool names the
+	// pool.
 	LabelTable = "moat." + sbv1.Group + "/alloc-table"
+	// LabelPoolData marks the Secrets of pools ("table" or "tokens"), so
+	// that one cache can select both.
+	LabelPoolData = "moat." + sbv1.Group + "/pool-data"
 	// LabelTokens marks pool token Secrets ("true"); AnnoPool names the pool.
 	LabelTokens = "moat." + sbv1.Group + "/pool-tokens"
 	// AnnoPool names the pool of a table or token Secret.
@@ -89,6 +95,11 @@ type Table struct {
 	// free pods the pool controller deletes. They are never handed out
 	// again, and are forgotten RetiredTTL after they are gone.
 	Retired map[string]time.Time `json:"retired,omitempty"`
+	// Records are records written in the same write as their owner's
+	// claim (Change.Record), by owner: the claim and its record are one
+	// durable step. They go with the owner's release, or when their
+	// store has written them elsewhere (Change.DropRecord).
+	Records map[string]json.RawMessage `json:"records,omitempty"`
 }
 
 // Owned is what one owner holds.
@@ -168,7 +179,7 @@ func ByShard(free []string, n int) []string {
 	return out
 }
 
-// ShardName is the name of the ConfigMap of shard of pool's table.
+// ShardName is the name of the Secret of shard of pool's table.
 func ShardName(pool string, shard int) string {
 	return objectName(pool, fmt.Sprintf("moat-alloc-%d", shard))
 }
@@ -186,11 +197,12 @@ func objectName(pool, suffix string) string {
 	return pool + "-" + suffix
 }
 
-// Parse reads a table from a ConfigMap's data (nil data: an empty table).
-func Parse(data map[string]string) (Table, error) {
+// Parse reads a table from a shard Secret's data (nil data: an empty
+// table).
+func Parse(data map[string][]byte) (Table, error) {
 	var t Table
-	if raw := data[TableKey]; raw != "" {
-		if err := json.Unmarshal([]byte(raw), &t); err != nil {
+	if raw := data[TableKey]; len(raw) > 0 {
+		if err := json.Unmarshal(raw, &t); err != nil {
 			return Table{}, fmt.Errorf("allocation table: %w", err)
 		}
 	}
@@ -200,23 +212,29 @@ func Parse(data map[string]string) (Table, error) {
 	if t.Retired == nil {
 		t.Retired = map[string]time.Time{}
 	}
+	if t.Records == nil {
+		t.Records = map[string]json.RawMessage{}
+	}
 	return t, nil
 }
 
-// Encode returns the table as ConfigMap data.
-func (t Table) Encode() map[string]string {
-	b, _ := json.Marshal(t) // maps of strings and times: cannot fail
-	return map[string]string{TableKey: string(b)}
+// Encode returns the table as shard Secret data.
+func (t Table) Encode() map[string][]byte {
+	b, _ := json.Marshal(t) // maps of strings, times and valid JSON: cannot fail
+	return map[string][]byte{TableKey: b}
 }
 
 // Clone deep-copies t.
 func (t Table) Clone() Table {
-	out := Table{Owners: make(map[string]Owned, len(t.Owners)), Retired: maps.Clone(t.Retired)}
+	out := Table{Owners: make(map[string]Owned, len(t.Owners)), Retired: maps.Clone(t.Retired), Records: maps.Clone(t.Records)}
 	for k, o := range t.Owners {
 		out.Owners[k] = Owned{Pods: slices.Clone(o.Pods), At: o.At}
 	}
 	if out.Retired == nil {
 		out.Retired = map[string]time.Time{}
+	}
+	if out.Records == nil {
+		out.Records = map[string]json.RawMessage{}
 	}
 	return out
 }
@@ -224,9 +242,10 @@ func (t Table) Clone() Table {
 // Merge returns the union of tables (the shards of one pool): an owner's
 // pods are joined, with the earliest At.
 func Merge(ts ...Table) Table {
-	out := Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}}
+	out := Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}, Records: map[string]json.RawMessage{}}
 	for _, t := range ts {
 		maps.Copy(out.Retired, t.Retired)
+		maps.Copy(out.Records, t.Records)
 		for o, own := range t.Owners {
 			cur, had := out.Owners[o]
 			cur.Pods = append(cur.Pods, own.Pods...)
@@ -251,22 +270,22 @@ type Shard struct {
 
 // ReadShards reads the shards of pool's table from r (those that exist).
 func ReadShards(ctx context.Context, r client.Reader, pool types.NamespacedName) ([]Shard, error) {
-	var list corev1.ConfigMapList
+	var list corev1.SecretList
 	if err := r.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{LabelTable: "true"}); err != nil {
 		return nil, err
 	}
 	var out []Shard
 	for i := range list.Items {
-		cm := &list.Items[i]
-		n, count, ok := shardOf(cm)
-		if !ok || cm.Annotations[AnnoPool] != pool.Name {
+		sec := &list.Items[i]
+		n, count, ok := shardOf(sec)
+		if !ok || sec.Annotations[AnnoPool] != pool.Name {
 			continue
 		}
-		t, err := Parse(cm.Data)
+		t, err := Parse(sec.Data)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d of pool %s: %w", n, pool.Name, err)
 		}
-		out = append(out, Shard{Index: n, Count: count, Table: t, Bytes: len(cm.Data[TableKey])})
+		out = append(out, Shard{Index: n, Count: count, Table: t, Bytes: len(sec.Data[TableKey])})
 	}
 	slices.SortFunc(out, func(a, b Shard) int { return a.Index - b.Index })
 	return out, nil
@@ -285,9 +304,9 @@ func ReadTable(ctx context.Context, r client.Reader, pool types.NamespacedName) 
 	return Merge(ts...), nil
 }
 
-// shardOf returns the shard number of a table shard ConfigMap and the
+// shardOf returns the shard number of a table shard Secret and the
 // number of shards of its table.
-func shardOf(cm *corev1.ConfigMap) (int, int, bool) {
+func shardOf(cm *corev1.Secret) (int, int, bool) {
 	if cm.Labels[LabelTable] != "true" || cm.Annotations[AnnoPool] == "" {
 		return 0, 0, false
 	}
@@ -341,6 +360,14 @@ type Change struct {
 	// them); a pod the table names already is skipped (Result.Retired
 	// says which were retired).
 	Retire []string
+	// Record, when set, makes Owner's record, written inline in the same
+	// write as the pods Owner gets (Table.Records), from the first of
+	// them and what the allocator knows of it. It is called with the
+	// allocator's locks held: it must not call the allocator.
+	Record func(pod string, st PodState) []byte
+	// DropRecord removes Owner's inline record if it is still this one
+	// (its store has written it elsewhere).
+	DropRecord []byte
 }
 
 // Result is what a Change did.
@@ -358,8 +385,9 @@ type Result struct {
 // results. free lists candidate free pods (ready, of the current
 // revision), in the order they should be handed out; a pod the table
 // names is skipped. gone reports whether a pod is gone from the pool (for
-// the clean-up of retired entries).
-func (t *Table) apply(changes []Change, free []string, gone func(string) bool, now time.Time) []Result {
+// the clean-up of retired entries); state is what is known of a pod (for
+// Change.Record).
+func (t *Table) apply(changes []Change, free []string, gone func(string) bool, state func(string) PodState, now time.Time) []Result {
 	taken := t.Index()
 	out := make([]Result, len(changes))
 	fi := 0
@@ -404,8 +432,20 @@ func (t *Table) apply(changes []Change, free []string, gone func(string) bool, n
 		if ch.Owner == "" {
 			continue
 		}
+		if ch.Record != nil && len(out[i].Pods) > 0 {
+			p := out[i].Pods[0]
+			var st PodState
+			if state != nil {
+				st = state(p)
+			}
+			t.Records[ch.Owner] = ch.Record(p, st)
+		}
+		if cur, ok := t.Records[ch.Owner]; ok && ch.DropRecord != nil && string(cur) == string(ch.DropRecord) {
+			delete(t.Records, ch.Owner)
+		}
 		if len(own.Pods) == 0 {
 			delete(t.Owners, ch.Owner)
+			delete(t.Records, ch.Owner)
 			continue
 		}
 		if !had || own.At.IsZero() {

@@ -81,7 +81,7 @@ func TestApply(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, _ := Parse(Table{Owners: tc.table.Owners, Retired: tc.table.Retired}.Encode())
-			got := tbl.apply(tc.changes, tc.free, tc.gone, now)
+			got := tbl.apply(tc.changes, tc.free, tc.gone, nil, now)
 			for j := range tc.want {
 				w, g := tc.want[j], got[j]
 				if !slices.Equal(w.Pods, g.Pods) || !slices.Equal(w.Retired, g.Retired) || !slices.Equal(w.Held, g.Held) {

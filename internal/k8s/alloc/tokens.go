@@ -72,7 +72,7 @@ func updateTokens(ctx context.Context, c client.Client, pool types.NamespacedNam
 		switch {
 		case apierrors.IsNotFound(err):
 			s = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
-				Labels: map[string]string{LabelTokens: "true"}, Annotations: map[string]string{AnnoPool: pool.Name}}}
+				Labels: map[string]string{LabelTokens: "true", LabelPoolData: "tokens"}, Annotations: map[string]string{AnnoPool: pool.Name}}}
 			s.Data = map[string][]byte{}
 			if !edit(s.Data) {
 				return nil
@@ -87,6 +87,14 @@ func updateTokens(ctx context.Context, c client.Client, pool types.NamespacedNam
 			}
 			if !edit(s.Data) {
 				return nil
+			}
+			if s.Labels[LabelPoolData] != "tokens" {
+				// Made before the label: the servers' caches select it.
+				s.Labels = maps.Clone(s.Labels)
+				if s.Labels == nil {
+					s.Labels = map[string]string{}
+				}
+				s.Labels[LabelPoolData] = "tokens"
 			}
 			err = c.Update(ctx, &s)
 		}

@@ -52,11 +52,11 @@ func TestRun(t *testing.T) {
 	}
 	delivery := maps.Clone(warm)
 	delete(delivery, "PUT pools/status")
-	if want := map[string]int{"PUT configmaps": shards, "PUT batchsandboxes": 1, "PUT batchsandboxes/status": 1}; !maps.Equal(delivery, want) || warm["PUT pools/status"] > 1 {
+	if want := map[string]int{"PUT secrets": shards, "PUT batchsandboxes": 1, "PUT batchsandboxes/status": 1}; !maps.Equal(delivery, want) || warm["PUT pools/status"] > 1 {
 		t.Errorf("warm writes %v, want %v and at most one PUT pools/status", warm, want)
 	}
-	if fill["POST configmaps"] != alloc.MinShards {
-		t.Errorf("fill writes %v: the pool's allocation table (%d shards) is made with the pool", fill, alloc.MinShards)
+	if fill["POST secrets"] != alloc.MinShards+1 {
+		t.Errorf("fill writes %v: the pool's allocation table (%d shards) and token Secret are made with the pool", fill, alloc.MinShards)
 	}
 	if cold["POST pods"] != 10 {
 		t.Errorf("cold writes %v", cold)

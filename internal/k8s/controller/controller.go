@@ -127,7 +127,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	cfg = RateLimited(cfg, opts.QPS, opts.Burst)
 	managed := labels.SelectorFromSet(labels.Set{sbv1.LabelManaged: sbv1.ManagedBy})
 	tables := labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})
-	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}, &corev1.ConfigMap{}: {Label: tables}}}
+	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}, &corev1.Secret{}: {Label: tables}}}
 	if opts.Namespace != "" {
 		copts.DefaultNamespaces = map[string]cache.Config{opts.Namespace: {}}
 	}

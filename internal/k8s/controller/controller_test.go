@@ -266,7 +266,7 @@ func TestWarmBatchOneShard(t *testing.T) {
 		}
 		shards[alloc.ShardOf(p, alloc.MinShards)] = true
 	}
-	if len(shards) != 1 || writes["PUT configmaps"] != 1 {
+	if len(shards) != 1 || writes["PUT secrets"] != 1 {
 		t.Errorf("a batch of %d from a pool of %d came from shards %v with table writes %v, want one shard, one write", batch, n, shards, writes)
 	}
 }
@@ -308,8 +308,8 @@ func TestWarmBatchWrites(t *testing.T) {
 	for p := range poolPods {
 		shards[alloc.ShardOf(p, alloc.MinShards)] = true
 	}
-	if got := writes["PUT configmaps"]; got != len(shards) || writes["POST configmaps"] != 0 {
-		t.Errorf("allocation table writes = %d updates, %d creates, want %d updates (%v)", got, writes["POST configmaps"], len(shards), writes)
+	if got := writes["PUT secrets"]; got != len(shards) || writes["POST secrets"] != 0 {
+		t.Errorf("allocation table writes = %d updates, %d creates, want %d updates (%v)", got, writes["POST secrets"], len(shards), writes)
 	}
 	if got := writes["POST pods"] + writes["DELETE pods"] + writes["PATCH pods"] + writes["PUT pods"]; got != 0 {
 		t.Errorf("pod writes = %d, want 0 (%v)", got, writes)

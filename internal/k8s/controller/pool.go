@@ -429,7 +429,7 @@ func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedNa
 	// The table's shards: those the cache holds, and every one of the
 	// count the allocator knows (one the cache has not seen yet).
 	shards := map[string]bool{}
-	var tables corev1.ConfigMapList
+	var tables corev1.SecretList
 	if err := r.c.List(ctx, &tables, client.InNamespace(pool.Namespace), client.MatchingLabels{alloc.LabelTable: "true"}); err != nil {
 		return err
 	}
@@ -442,7 +442,7 @@ func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedNa
 		shards[alloc.ShardName(pool.Name, n)] = true
 	}
 	for name := range shards {
-		objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: name}})
+		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: name}})
 	}
 	for _, obj := range objs {
 		if err := r.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {

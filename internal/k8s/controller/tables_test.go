@@ -33,8 +33,8 @@ func serverAllocator(t *testing.T, ns string) *alloc.Allocator {
 		Scheme:            controller.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:       {Label: hasPool},
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
+			&corev1.Pod{}:    {Label: hasPool},
+			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
 		},
 	})
 	if err != nil {
@@ -178,12 +178,8 @@ func TestServerClaimsRespected(t *testing.T) {
 		for n := range alloc.MinShards {
 			names = append(names, alloc.ShardName("p", n))
 		}
-		for i, name := range names {
-			var obj client.Object = &corev1.ConfigMap{}
-			if i == 0 {
-				obj = &corev1.Secret{}
-			}
-			if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj); err == nil {
+		for _, name := range names {
+			if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{}); err == nil {
 				left = append(left, name)
 			} else if !apierrors.IsNotFound(err) {
 				t.Fatal(err)

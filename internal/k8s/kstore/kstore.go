@@ -15,6 +15,17 @@
 // record another replica deleted meanwhile stays deleted (the write
 // answers ErrNotFound). Changes made by other processes are reported to
 // Watch.
+//
+// Records of one bucket can also live inline elsewhere (Options.Inline):
+// a claim writes its sandbox's record into the same write of its pool's
+// allocation table shard as the claim itself, so that the claim and its
+// record are one write. The store reads them as its own (a record of its
+// own Secret wins), and moves each into a Secret of its own (recordName)
+// off the caller's path: it creates that Secret, then drops the inline
+// copy; a write of an inline record is such a move with the new value.
+// A record whose owner was released meanwhile (the sandbox was deleted)
+// is not moved: its own copy, if made, is deleted again, so a move never
+// brings a deleted record back.
 package kstore
 
 import (
@@ -72,7 +83,38 @@ type Options struct {
 	// SyncTimeout bounds the wait for the informer's first list (default
 	// 60s).
 	SyncTimeout time.Duration
+	// Inline is where records of InlineBucket may live before they have
+	// a Secret of their own. Optional.
+	Inline       Inline
+	InlineBucket string
+	// MoveAfter is how long an inline record stays inline before the
+	// store moves it (moves made together share their table writes).
+	// Default 200ms.
+	MoveAfter time.Duration
 }
+
+// Inline is a second home of the records of one bucket.
+type Inline interface {
+	// Records lists the inline records, by key.
+	Records() map[string]InlineRecord
+	// Drop removes key's inline copy if it is still rec, and reports
+	// whether its record is still live (its owner still holds its claim),
+	// as the API server has it.
+	Drop(ctx context.Context, key string, rec InlineRecord) (live bool, err error)
+}
+
+// InlineRecord is one inline record.
+type InlineRecord struct {
+	Raw []byte
+	// From is where it is, for Drop.
+	From any
+	// Mine says this process wrote it (it is not reported to Watch).
+	Mine bool
+}
+
+// inlineSettle is how long an inline record that vanished with no own
+// copy seen is still shown: its move's own copy may be on its way.
+const inlineSettle = 2 * time.Second
 
 // Store is a store.Store and store.Watcher in the API server. It is safe
 // for concurrent use.
@@ -95,6 +137,12 @@ type Store struct {
 	// an informer event that shows it is this process's own change, even
 	// when it arrives before the write returns, and is not reported.
 	mine map[string]string
+	// inline are the inline records of Options.InlineBucket as last
+	// listed; moving are those being moved.
+	inline map[string]InlineRecord
+	moving map[string]bool
+	seen   map[string]time.Time
+	kick   chan struct{}
 }
 
 const deletedMark = "\x00deleted"
@@ -139,6 +187,9 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 	if o.SyncTimeout == 0 {
 		o.SyncTimeout = 60 * time.Second
 	}
+	if o.MoveAfter == 0 {
+		o.MoveAfter = 200 * time.Millisecond
+	}
 	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("kstore: %w: %v", errdefs.ErrUnavailable, err)
@@ -153,7 +204,8 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kstore: %w: %v", errdefs.ErrUnavailable, err)
 	}
-	s := &Store{c: c, o: o, objects: map[string]*object{}, index: map[string]map[string]string{}, watchers: map[string]map[int]func(string, []byte){}, mine: map[string]string{}}
+	s := &Store{c: c, o: o, objects: map[string]*object{}, index: map[string]map[string]string{}, watchers: map[string]map[int]func(string, []byte){}, mine: map[string]string{},
+		inline: map[string]InlineRecord{}, moving: map[string]bool{}, seen: map[string]time.Time{}, kick: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop, s.done = cancel, make(chan struct{})
 	inf2, err := inf.GetInformer(ctx, &corev1.Secret{})
@@ -172,6 +224,9 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 	}
 	go func() {
 		defer close(s.done)
+		if o.Inline != nil {
+			go s.mover(ctx)
+		}
 		inf.Start(ctx)
 	}()
 	deadline := time.Now().Add(o.SyncTimeout)
@@ -182,6 +237,7 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	s.InlineChanged() // the inline records there are already
 	return s, nil
 }
 
@@ -264,17 +320,14 @@ func (s *Store) setLocked(name string, o *object) []func() {
 	old := s.objects[name]
 	var calls []func()
 	report := func(bucket, key string, raw []byte) {
-		mk := mineKey(bucket, key)
-		if m, ok := s.mine[mk]; ok && ((raw == nil && m == deletedMark) || (raw != nil && m == string(raw))) {
+		if in, ok := s.inlineLocked(bucket, key); ok {
 			if raw == nil {
-				delete(s.mine, mk)
+				raw = in.Raw // the inline copy shows again
+			} else if string(raw) == string(in.Raw) {
+				return // the inline copy moved: nothing changed
 			}
-			return // this process's own write
 		}
-		delete(s.mine, mk) // someone else's change: ours is history
-		for _, w := range s.watchers[bucket] {
-			calls = append(calls, func() { w(key, raw) })
-		}
+		calls = append(calls, s.reportLocked(bucket, key, raw)...)
 	}
 	if old != nil {
 		for k, raw := range old.records {
@@ -367,8 +420,12 @@ func (s *Store) Put(bucket, key string, v any) error {
 	ctx := context.Background()
 	s.mu.Lock()
 	name, known := s.index[bucket][key]
+	in, inline := s.inlineLocked(bucket, key)
 	s.mu.Unlock()
 	s.claim(bucket, key, raw)
+	if !known && inline {
+		return s.move(ctx, key, raw, in, true)
+	}
 	if !known {
 		o := &object{name: recordName(s.o.Scope, bucket, key), bucket: bucket, records: map[string][]byte{key: raw}}
 		sec, err := s.secretOf(o)
@@ -405,7 +462,12 @@ func (s *Store) Update(bucket, key string, v any) error {
 	}
 	s.mu.Lock()
 	name, known := s.index[bucket][key]
+	in, inline := s.inlineLocked(bucket, key)
 	s.mu.Unlock()
+	if !known && inline {
+		s.claim(bucket, key, raw)
+		return s.move(context.Background(), key, raw, in, true)
+	}
 	if !known {
 		return fmt.Errorf("%s/%s: %w", bucket, key, errdefs.ErrNotFound)
 	}
@@ -550,6 +612,8 @@ func (s *Store) Get(bucket, key string, v any) error {
 	var raw []byte
 	if name, ok := s.index[bucket][key]; ok {
 		raw = s.objects[name].records[key]
+	} else if in, ok := s.inlineLocked(bucket, key); ok {
+		raw = in.Raw
 	}
 	s.mu.Unlock()
 	if raw == nil {
@@ -563,6 +627,16 @@ func (s *Store) Delete(bucket, key string) error {
 	s.mu.Lock()
 	name, ok := s.index[bucket][key]
 	s.mu.Unlock()
+	if !ok && bucket == s.o.InlineBucket && s.o.Inline != nil {
+		// Its own copy may exist unseen yet (a move a moment ago): the
+		// name is known. The inline copy goes with the owner's release.
+		s.claim(bucket, key, nil)
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: s.o.Namespace, Name: recordName(s.o.Scope, bucket, key)}}
+		if err := s.c.Delete(context.Background(), sec); err != nil && !apierrors.IsNotFound(err) {
+			return unavailable("delete "+bucket+"/"+key, err)
+		}
+		return nil
+	}
 	if !ok {
 		return nil
 	}
@@ -580,10 +654,25 @@ func (s *Store) Delete(bucket, key string) error {
 // ForEach implements store.Store (from the cache, in key order).
 func (s *Store) ForEach(bucket string, fn func(key string, raw []byte) error) error {
 	s.mu.Lock()
-	keys := slices.Sorted(maps.Keys(s.index[bucket]))
+	all := maps.Clone(s.index[bucket])
+	if all == nil {
+		all = map[string]string{}
+	}
+	if bucket == s.o.InlineBucket {
+		for k := range s.inline {
+			if _, ok := all[k]; !ok {
+				all[k] = ""
+			}
+		}
+	}
+	keys := slices.Sorted(maps.Keys(all))
 	raws := make([][]byte, len(keys))
 	for i, k := range keys {
-		raws[i] = s.objects[s.index[bucket][k]].records[k]
+		if name := all[k]; name != "" {
+			raws[i] = s.objects[name].records[k]
+		} else {
+			raws[i] = s.inline[k].Raw
+		}
 	}
 	s.mu.Unlock()
 	for i, k := range keys {
@@ -592,6 +681,206 @@ func (s *Store) ForEach(bucket string, fn func(key string, raw []byte) error) er
 		}
 	}
 	return nil
+}
+
+// inlineLocked returns the inline copy of key of bucket. Preconditions:
+// s.mu held.
+func (s *Store) inlineLocked(bucket, key string) (InlineRecord, bool) {
+	if bucket != s.o.InlineBucket || s.o.Inline == nil {
+		return InlineRecord{}, false
+	}
+	in, ok := s.inline[key]
+	return in, ok
+}
+
+// InlineChanged tells the store that the inline records may have
+// changed (the Inline source calls it): it lists them again, reports what
+// changed to the watchers, and moves the new ones.
+func (s *Store) InlineChanged() {
+	if s.o.Inline == nil {
+		return
+	}
+	recs := s.o.Inline.Records()
+	b := s.o.InlineBucket
+	var calls []func()
+	var gone []string
+	now := time.Now()
+	s.mu.Lock()
+	old := s.inline
+	s.inline = recs
+	for k := range recs {
+		if _, ok := s.seen[k]; !ok {
+			s.seen[k] = now
+		}
+	}
+	for k := range s.seen {
+		if _, ok := recs[k]; !ok {
+			delete(s.seen, k)
+		}
+	}
+	for k, r := range recs {
+		if _, own := s.index[b][k]; own {
+			continue
+		}
+		if o, had := old[k]; had && string(o.Raw) == string(r.Raw) {
+			continue
+		}
+		if r.Mine {
+			s.claimLocked(b, k, r.Raw)
+		}
+		calls = append(calls, s.reportLocked(b, k, r.Raw)...)
+	}
+	for k := range old {
+		if _, still := recs[k]; still {
+			continue
+		}
+		if _, own := s.index[b][k]; !own {
+			gone = append(gone, k)
+		}
+	}
+	s.mu.Unlock()
+	for _, f := range calls {
+		f()
+	}
+	for _, k := range gone {
+		time.AfterFunc(inlineSettle, func() { s.settle(k) })
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// settle reports the deletion of key, an inline record that vanished,
+// unless it shows again, inline or in its own Secret.
+func (s *Store) settle(key string) {
+	b := s.o.InlineBucket
+	s.mu.Lock()
+	_, own := s.index[b][key]
+	_, in := s.inline[key]
+	var calls []func()
+	if !own && !in {
+		calls = s.reportLocked(b, key, nil)
+	}
+	s.mu.Unlock()
+	for _, f := range calls {
+		f()
+	}
+}
+
+// reportLocked returns the watcher calls for a change of key that this
+// process did not make (none if it did). Preconditions: s.mu held.
+func (s *Store) reportLocked(bucket, key string, raw []byte) []func() {
+	mk := mineKey(bucket, key)
+	if m, ok := s.mine[mk]; ok && ((raw == nil && m == deletedMark) || (raw != nil && m == string(raw))) {
+		if raw == nil {
+			delete(s.mine, mk)
+		}
+		return nil // this process's own write
+	}
+	delete(s.mine, mk) // someone else's change: ours is history
+	var calls []func()
+	for _, w := range s.watchers[bucket] {
+		calls = append(calls, func() { w(key, raw) })
+	}
+	return calls
+}
+
+// mover moves inline records into their own Secrets until ctx ends.
+func (s *Store) mover(ctx context.Context) {
+	wait := 5 * time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		case <-time.After(wait):
+		}
+		b := s.o.InlineBucket
+		type job struct {
+			key string
+			in  InlineRecord
+		}
+		var jobs []job
+		now := time.Now()
+		wait = 5 * time.Second
+		s.mu.Lock()
+		for k, in := range s.inline {
+			if _, own := s.index[b][k]; own || s.moving[k] {
+				continue
+			}
+			if due := s.seen[k].Add(s.o.MoveAfter); due.After(now) {
+				wait = min(wait, due.Sub(now)+time.Millisecond)
+				continue
+			}
+			s.moving[k] = true
+			jobs = append(jobs, job{k, in})
+		}
+		s.mu.Unlock()
+		// Concurrent moves: their drops share the table writes.
+		var wg sync.WaitGroup
+		for _, j := range jobs {
+			wg.Go(func() {
+				s.move(ctx, j.key, j.in.Raw, j.in, false)
+				s.mu.Lock()
+				delete(s.moving, j.key)
+				s.mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// move gives inline record key a Secret of its own holding raw (the
+// inline value, or a new one when write is set), then drops the inline
+// copy in. A record whose owner no longer holds its claim is gone: the
+// Secret this move made is deleted again, and a write answers
+// ErrNotFound.
+func (s *Store) move(ctx context.Context, key string, raw []byte, in InlineRecord, write bool) error {
+	b := s.o.InlineBucket
+	o := &object{name: recordName(s.o.Scope, b, key), bucket: b, records: map[string][]byte{key: raw}}
+	sec, err := s.secretOf(o)
+	if err != nil {
+		return err
+	}
+	err = s.c.Create(ctx, sec)
+	created := err == nil
+	switch {
+	case created:
+		o.rv = sec.ResourceVersion
+		s.mu.Lock()
+		s.noteLocked(o.name, o)
+		s.mu.Unlock()
+	case apierrors.IsAlreadyExists(err):
+		// Moved by another process a moment ago.
+		if write {
+			if err := s.refresh(ctx, o.name); err != nil {
+				return err
+			}
+			if err := s.rewrite(ctx, o.name, b, key, raw); err != nil {
+				return err
+			}
+		}
+	default:
+		return unavailable("move "+b+"/"+key, err)
+	}
+	live, err := s.o.Inline.Drop(ctx, key, in)
+	if err != nil {
+		return unavailable("drop the inline copy of "+b+"/"+key, err)
+	}
+	if live {
+		return nil
+	}
+	if created {
+		del := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: s.o.Namespace, Name: o.name}}
+		if err := s.c.Delete(ctx, del, client.Preconditions{ResourceVersion: &o.rv}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return unavailable("delete "+b+"/"+key, err)
+		}
+		s.mu.Lock()
+		s.noteLocked(o.name, nil)
+		s.mu.Unlock()
+	}
+	return fmt.Errorf("%s/%s: %w (deleted meanwhile)", b, key, errdefs.ErrNotFound)
 }
 
 // Watch implements store.Watcher: fn hears of the records of bucket that

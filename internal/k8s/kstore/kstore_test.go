@@ -179,3 +179,130 @@ func TestShared(t *testing.T) {
 		}
 	}
 }
+
+// fakeInline is an Inline source whose records the test sets: Drop
+// removes one and answers whether it is live.
+type fakeInline struct {
+	mu      sync.Mutex
+	recs    map[string]kstore.InlineRecord
+	live    map[string]bool
+	dropped map[string]int
+	changed func()
+}
+
+func (f *fakeInline) Records() map[string]kstore.InlineRecord {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]kstore.InlineRecord{}
+	for k, r := range f.recs {
+		out[k] = r
+	}
+	return out
+}
+
+func (f *fakeInline) Drop(_ context.Context, key string, rec kstore.InlineRecord) (bool, error) {
+	f.mu.Lock()
+	if cur, ok := f.recs[key]; ok && string(cur.Raw) == string(rec.Raw) {
+		delete(f.recs, key)
+	}
+	f.dropped[key]++
+	live := f.live[key]
+	changed := f.changed
+	f.mu.Unlock()
+	changed()
+	return live, nil
+}
+
+func (f *fakeInline) dropCount(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dropped[key]
+}
+
+// TestInlineRecords: records of the inline source are read as the
+// store's own at once, then moved into Secrets of their own (the inline
+// copy dropped); a write of an inline record moves it with the new
+// value; a record whose owner is gone (Drop: not live) is not moved: the
+// Secret the move made goes again, and a write answers ErrNotFound.
+func TestInlineRecords(t *testing.T) {
+	k8stest.Require(t, env)
+	ns := namespace(t)
+	raw := func(id string, v int) []byte { return []byte(fmt.Sprintf(`{"id":%q,"value":%d}`, id, v)) }
+	f := &fakeInline{recs: map[string]kstore.InlineRecord{}, live: map[string]bool{"moved": true, "written": true}, dropped: map[string]int{}}
+	open := func(after time.Duration) *kstore.Store {
+		s, err := kstore.New(env.Config, kstore.Options{Namespace: ns, Scope: "inl", Inline: f, InlineBucket: "sb", MoveAfter: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := func() map[string]string {
+		var list corev1.SecretList
+		if err := c.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: "inl"}); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, s := range list.Items {
+			out[string(s.Data["key"])] = string(s.Data["record"])
+		}
+		return out
+	}
+
+	// A store that keeps them inline: reads, and writes that move.
+	slow := open(time.Hour)
+	f.mu.Lock()
+	f.changed = slow.InlineChanged
+	f.recs["written"] = kstore.InlineRecord{Raw: raw("written", 1)}
+	f.recs["stale"] = kstore.InlineRecord{Raw: raw("stale", 1)}
+	f.mu.Unlock()
+	slow.InlineChanged()
+	var r rec
+	if err := slow.Get("sb", "written", &r); err != nil || r.Value != 1 {
+		t.Fatalf("inline record: %+v %v", r, err)
+	}
+	var keys []string
+	slow.ForEach("sb", func(k string, _ []byte) error { keys = append(keys, k); return nil })
+	if fmt.Sprint(keys) != "[stale written]" {
+		t.Errorf("ForEach sees %v", keys)
+	}
+	if err := slow.Update("sb", "written", rec{ID: "written", Value: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := own()["written"]; got != `{"id":"written","value":2}` || f.dropCount("written") != 1 {
+		t.Errorf("a write of an inline record: own copy %q, %d drops", got, f.dropCount("written"))
+	}
+	if err := slow.Get("sb", "written", &r); err != nil || r.Value != 2 {
+		t.Errorf("after the write: %+v %v", r, err)
+	}
+	err = slow.Update("sb", "stale", rec{ID: "stale", Value: 2})
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("a write of an inline record whose owner is gone: %v, want ErrNotFound", err)
+	}
+	if _, ok := own()["stale"]; ok {
+		t.Error("a write of a gone inline record left a Secret of its own")
+	}
+
+	// A store that moves them: a live one moves, a gone one does not.
+	f.mu.Lock()
+	f.recs["moved"] = kstore.InlineRecord{Raw: raw("moved", 7)}
+	f.recs["deleted"] = kstore.InlineRecord{Raw: raw("deleted", 7)}
+	f.mu.Unlock()
+	fast := open(20 * time.Millisecond)
+	f.mu.Lock()
+	f.changed = func() { slow.InlineChanged(); fast.InlineChanged() }
+	f.mu.Unlock()
+	eventually(t, "moved", func() bool { return f.dropCount("moved") > 0 && f.dropCount("deleted") > 0 })
+	eventually(t, "the moved record has its own Secret", func() bool { return own()["moved"] == string(raw("moved", 7)) })
+	if _, ok := own()["deleted"]; ok {
+		t.Error("a record whose owner is gone was moved")
+	}
+	if err := fast.Get("sb", "moved", &r); err != nil || r.Value != 7 {
+		t.Errorf("moved record: %+v %v", r, err)
+	}
+	eventually(t, "the gone record gone", func() bool { return fast.Get("sb", "deleted", &r) != nil })
+}

@@ -100,13 +100,14 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(out.String())
-	// Every claim is warm: one record each (the table writes are grouped,
-	// and conflicts between the replicas add some), no pod or batch made.
-	if w := res.ClaimWrites; w["POST secrets"] != res.Claims || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
-		t.Errorf("claim writes %v for %d claims: want one record each, no pod or batch", w, res.Claims)
+	// Every claim is warm: its record goes in its table shard write, and
+	// no pod or batch is made. The records then move into Secrets of their
+	// own (at most one each), off the claims' path.
+	if w := res.ClaimWrites; w["POST secrets"] > res.Claims || w["PUT secrets"] < 1 || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
+		t.Errorf("claim writes %v for %d claims: want table shard writes, at most one record move each, no pod or batch", w, res.Claims)
 	}
-	if w := res.BatchWrites; w["POST secrets"] != 1 || w["PUT configmaps"] < 1 || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
-		t.Errorf("batch writes %v, want the table and one record write", w)
+	if w := res.BatchWrites; w["PUT secrets"] < 1 || w["POST secrets"] > o.Batch || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
+		t.Errorf("batch writes %v, want the table (the records in it)", w)
 	}
 }
 

@@ -2,10 +2,12 @@ package kubernetes_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +31,8 @@ type testServer struct {
 	writes *k8stest.WriteCounter
 	scope  string
 	root   string
+	// stop stops the server (at once; again at the test's end is a no-op).
+	stop func()
 }
 
 // stateFile reports whether the server wrote a state file of its own.
@@ -78,13 +82,18 @@ func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) 
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done; s.Close() })
+	stop := sync.OnceFunc(func() { cancel(); <-done; s.Close() })
+	t.Cleanup(stop)
 	cl, err := moat.New("http://" + ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root}
+	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root, stop: stop}
 }
+
+// keepInline makes a server leave the records its claims write inline
+// (in the pool's table) for an hour instead of moving them at once.
+func keepInline(cfg *server.Config) { cfg.Kubernetes.InlineMoveAfter = time.Hour }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -122,7 +131,9 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	k8stest.Require(t, env)
 	startController(t)
 	ns := namespace(t)
-	srv := startServer(t, ns, "claims")
+	// The records stay inline (in the table) for the whole test: the
+	// writes counted are the claims' alone, not the later moves'.
+	srv := startServerWith(t, ns, "claims", keepInline)
 	ctx := context.Background()
 	c := adminClient(t)
 
@@ -152,8 +163,8 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	}
 	writes := srv.writes.Since(before)
 	t.Logf("API writes of a warm claim: %v", writes)
-	if k8stest.Total(writes) != 2 || writes["PUT configmaps"]+writes["POST configmaps"] != 1 || writes["POST secrets"] != 1 {
-		t.Errorf("a warm claim made API writes %v, want one table write and one record write", writes)
+	if k8stest.Total(writes) != 1 || writes["PUT secrets"] != 1 {
+		t.Errorf("a warm claim made API writes %v, want one: the table shard with the record in it", writes)
 	}
 	if sb.Status.State != moat.StateRunning || sb.Metadata["team"] != "k8s" || sb.ExpiresAt == nil {
 		t.Errorf("claimed sandbox %+v", sb)
@@ -168,6 +179,13 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 		t.Fatalf("table %+v has no entry for %s", tbl, sb.ID)
 	}
 	pod := own.Pods[0]
+	var rec struct {
+		ID       string            `json:"id"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := json.Unmarshal(tbl.Records[alloc.SandboxOwner("claims", sb.ID)], &rec); err != nil || rec.ID != sb.ID || rec.Metadata["team"] != "k8s" {
+		t.Errorf("the claim's table shard holds record %+v (%v), want sandbox %s's", rec, err, sb.ID)
+	}
 	var p corev1.Pod
 	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: pod}, &p); err != nil {
 		t.Fatal(err)
@@ -188,10 +206,10 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 		t.Errorf("the claim's env did not reach the agent of %s", pod)
 	}
 
-	// A batch from the same pool: its own pods and tokens, in one record
-	// write and one write per table shard its pods come from (the pool's
-	// three other pods are spread over the shards by their names' hash;
-	// a shard with free pods for the whole batch serves it alone).
+	// A batch from the same pool: its own pods, tokens and records, in one
+	// write per table shard its pods come from (the pool's three other
+	// pods are spread over the shards by their names' hash; a shard with
+	// free pods for the whole batch serves it alone).
 	before = srv.writes.Snapshot()
 	batch, err := srv.cl.CreateBatch(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}}, 3)
 	if err != nil {
@@ -204,8 +222,13 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 			shards[alloc.ShardOf(p, alloc.MinShards)] = true
 		}
 	}
-	if writes := srv.writes.Since(before); k8stest.Total(writes) != 1+len(shards) || writes["POST secrets"] != 1 {
-		t.Errorf("a warm batch of 3 from %d shards made API writes %v, want one per shard and one record", len(shards), writes)
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != len(shards) || writes["PUT secrets"] != len(shards) {
+		t.Errorf("a warm batch of 3 from %d shards made API writes %v, want one per shard, the records in them", len(shards), writes)
+	}
+	for _, b := range batch {
+		if len(tbl.Records[alloc.SandboxOwner("claims", b.ID)]) == 0 {
+			t.Errorf("batch sandbox %s has no record in the table", b.ID)
+		}
 	}
 	seen := map[string]bool{pod: true}
 	tokens := map[string]bool{ep.Headers[agentproto.TokenHeader]: true}
@@ -239,6 +262,9 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	tbl = table(t, c, ns, "warm")
 	if _, still := tbl.Owners[alloc.SandboxOwner("claims", sb.ID)]; still {
 		t.Errorf("deleted sandbox still in the table")
+	}
+	if _, still := tbl.Records[alloc.SandboxOwner("claims", sb.ID)]; still {
+		t.Errorf("deleted sandbox's record still in the table")
 	}
 	if _, retired := tbl.Retired[pod]; !retired {
 		t.Errorf("pod %s of a deleted sandbox not retired: %+v", pod, tbl)

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -92,6 +93,9 @@ type Runtime struct {
 	alloc *alloc.Allocator
 	stop  context.CancelFunc
 	done  chan struct{}
+	// inline is called when the inline records may have changed; nil:
+	// claims write no record inline (pools.go).
+	inline atomic.Pointer[func()]
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -30,7 +31,8 @@ import (
 // pod is ever handed out twice and no round trip through a BatchSandbox
 // and the controller is needed. A claimed sandbox is its table entry
 // (owner alloc.SandboxOwner(scope, id)) and its pod; its agent token is
-// the pod's own (the pool's token Secret).
+// the pod's own (the pool's token Secret). Its record goes in the same
+// write (inline records, below).
 
 // annoDefinition holds the lifecycle's record of a pool on its Pool.
 const annoDefinition = "moat." + sbv1.Group + "/pool-definition"
@@ -45,13 +47,17 @@ func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Table shards and token Secrets: every Secret of a pool.
+	poolData, err := labels.Parse(alloc.LabelPoolData)
+	if err != nil {
+		return nil, err
+	}
 	return cache.New(rc, cache.Options{
 		Scheme:            controller.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:        {Label: hasPool},
-			&corev1.ConfigMap{}:  {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})},
-			&corev1.Secret{}:     {Label: labels.SelectorFromSet(labels.Set{alloc.LabelTokens: "true"})},
+			&corev1.Secret{}:     {Label: poolData},
 			&sbv1.BatchSandbox{}: {Label: labels.SelectorFromSet(labels.Set{labelScope: scope})},
 		},
 	})
@@ -73,6 +79,7 @@ func (r *Runtime) startClaims(rc *rest.Config) error {
 		Revision:  r.poolRevision,
 		Usable:    r.hasToken,
 		Size:      r.poolMax,
+		Changed:   r.inlineChanged,
 	})
 	if err != nil {
 		cancel()
@@ -281,8 +288,9 @@ func (r *Runtime) DeletePool(ctx context.Context, name string) error {
 }
 
 // Claim implements runtime.Pools: one write of the pool's table gives
-// every id a free pod (as many as the pool has).
-func (r *Runtime) Claim(ctx context.Context, pool string, ids []string) ([]runtime.Claimed, error) {
+// every id a free pod (as many as the pool has). With inline records on
+// (EnableInlineRecords) the sandboxes' records go in the same write.
+func (r *Runtime) Claim(ctx context.Context, pool string, ids []string, record func(runtime.Claimed) []byte) ([]runtime.Claimed, error) {
 	p, err := r.getPool(ctx, pool)
 	if err != nil {
 		return nil, err
@@ -300,19 +308,29 @@ func (r *Runtime) Claim(ctx context.Context, pool string, ids []string) ([]runti
 		}
 	}
 	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: pool}
-	chs := make([]alloc.Change, len(ids))
-	for i, id := range ids {
-		chs[i] = alloc.Change{Owner: alloc.SandboxOwner(r.cfg.Scope, id), Want: 1}
-	}
-	res, err := r.alloc.ApplyAll(ctx, key, chs)
-	if err != nil {
-		return nil, err
-	}
 	class := ""
 	if p.Spec.Template != nil && p.Spec.Template.Spec.RuntimeClassName != nil {
 		class = *p.Spec.Template.Spec.RuntimeClassName
 	}
 	now := time.Now().UTC()
+	inline := record != nil && r.inline.Load() != nil
+	chs := make([]alloc.Change, len(ids))
+	for i, id := range ids {
+		chs[i] = alloc.Change{Owner: alloc.SandboxOwner(r.cfg.Scope, id), Want: 1}
+		if inline {
+			chs[i].Record = func(pod string, st alloc.PodState) []byte {
+				tok, _ := r.token(key, pod)
+				return record(runtime.Claimed{
+					Status:     runtime.Status{ID: id, State: runtime.StateRunning, IP: st.IP, Class: class, CreatedAt: now},
+					AgentToken: tok, Recorded: true,
+				})
+			}
+		}
+	}
+	res, err := r.alloc.ApplyAll(ctx, key, chs)
+	if err != nil {
+		return nil, err
+	}
 	var out []runtime.Claimed
 	var lost []string
 	for i, rs := range res {
@@ -330,7 +348,7 @@ func (r *Runtime) Claim(ctx context.Context, pool string, ids []string) ([]runti
 		}
 		out = append(out, runtime.Claimed{
 			Status:     runtime.Status{ID: ids[i], State: runtime.StateRunning, IP: st.IP, Class: class, CreatedAt: now},
-			AgentToken: tok,
+			AgentToken: tok, Recorded: inline,
 		})
 	}
 	for _, id := range lost {
@@ -406,4 +424,59 @@ func (r *Runtime) claimedStatuses() []runtime.Status {
 		out = append(out, r.claimStatus(id, h.Pool, h.Pods[0], h.At))
 	}
 	return out
+}
+
+// Inline records. A claim can write its sandbox's record into the same
+// write of the pool's table as the claim (alloc.Table.Records): one write
+// per warm claim or warm batch instead of two. The server's store
+// (kstore) reads them through InlineRecords and moves each into a Secret
+// of its own, off the claim's path; EnableInlineRecords turns them on
+// once that store listens.
+
+// InlineRecords is the kstore.Inline of the sandbox records this
+// backend's claims write.
+func (r *Runtime) InlineRecords() kstore.Inline { return inlineSource{r} }
+
+// EnableInlineRecords makes claims write their records inline and calls
+// changed whenever the inline records may have changed.
+func (r *Runtime) EnableInlineRecords(changed func()) {
+	r.inline.Store(&changed)
+	changed() // the records the informers brought before
+}
+
+func (r *Runtime) inlineChanged(types.NamespacedName) {
+	if f := r.inline.Load(); f != nil {
+		(*f)()
+	}
+}
+
+type inlineSource struct{ r *Runtime }
+
+type inlineFrom struct {
+	pool  types.NamespacedName
+	shard int
+}
+
+func (s inlineSource) Records() map[string]kstore.InlineRecord {
+	r := s.r
+	prefix := alloc.SandboxOwner(r.cfg.Scope, "")
+	out := map[string]kstore.InlineRecord{}
+	for _, in := range r.alloc.InlineRecords(r.cfg.Namespace, func(o string) bool { return strings.HasPrefix(o, prefix) }) {
+		id, _ := alloc.SandboxOf(r.cfg.Scope, in.Owner)
+		out[id] = kstore.InlineRecord{Raw: in.Raw, From: inlineFrom{in.Pool, in.Shard}, Mine: in.Mine}
+	}
+	return out
+}
+
+func (s inlineSource) Drop(ctx context.Context, key string, rec kstore.InlineRecord) (bool, error) {
+	r := s.r
+	from, ok := rec.From.(inlineFrom)
+	if !ok {
+		return false, fmt.Errorf("inline record %s: %w: no origin", key, errdefs.ErrInternal)
+	}
+	owner := alloc.SandboxOwner(r.cfg.Scope, key)
+	if _, err := r.alloc.Apply(ctx, from.pool, alloc.Change{Owner: owner, DropRecord: rec.Raw}); err != nil {
+		return false, err
+	}
+	return r.alloc.Holds(ctx, from.pool, from.shard, owner)
 }

@@ -297,7 +297,7 @@ func TestLeaderDeletesOrphans(t *testing.T) {
 	if _, err := rt.Create(ctx, runtime.Spec{ID: "orphan-cold", Image: "busybox:test", AgentToken: "tok", Entrypoint: []string{"sleep", "1000"}}); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := rt.Claim(ctx, "warm", []string{"orphan-warm"})
+	claimed, err := rt.Claim(ctx, "warm", []string{"orphan-warm"}, nil)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
@@ -320,5 +320,155 @@ func TestLeaderDeletesOrphans(t *testing.T) {
 	c := adminClient(t)
 	if _, owned := table(t, c, ns, "warm").Owners[alloc.SandboxOwner("orph", "orphan-warm")]; owned {
 		t.Errorf("the orphan's pod is still owned in the table")
+	}
+}
+
+// recordSecrets lists the record Secrets of scope (the store's own, not
+// the tables' inline records).
+func recordSecrets(t *testing.T, c client.Client, ns, scope string) []corev1.Secret {
+	t.Helper()
+	var secs corev1.SecretList
+	if err := c.List(context.Background(), &secs, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: scope}); err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Secret
+	for _, s := range secs.Items {
+		if s.Labels[kstore.LabelBucket] != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// warmPool makes pool "warm" of 4 ready pods through srv.
+func warmPool(t *testing.T, srv *testServer) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := srv.cl.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: 2, BufferMax: 4, PoolMax: 20}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "pool warm", func() (bool, string) {
+		p, err := srv.cl.GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == 4, fmt.Sprintf("%+v %v", p, err)
+	})
+	time.Sleep(300 * time.Millisecond) // the agents come up on the pod IPs
+}
+
+// TestInlineRecordServedByOtherReplica: a warm claim's record is written
+// into the pool's table with the claim (no record Secret of its own yet),
+// and the other replica serves the sandbox from there: get, list, renew
+// (which moves the record into a Secret of its own, with the renewal).
+func TestInlineRecordServedByOtherReplica(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	a, b := startServerWith(t, ns, "inl", keepInline), startServerWith(t, ns, "inl", keepInline)
+	warmPool(t, a)
+	ctx := context.Background()
+	c := adminClient(t)
+	sb, err := a.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
+		Metadata: map[string]string{"made": "on-a"}, Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs := recordSecrets(t, c, ns, "inl"); len(recs) != 0 {
+		t.Errorf("a warm claim wrote %d record Secrets, want none (its record is in the table)", len(recs))
+	}
+	if tbl := table(t, c, ns, "warm"); len(tbl.Records[alloc.SandboxOwner("inl", sb.ID)]) == 0 {
+		t.Fatalf("the table holds no record of %s", sb.ID)
+	}
+	var got *moat.Sandbox
+	waitFor(t, 10*time.Second, "the other replica serves the sandbox", func() (bool, string) {
+		got, err = b.cl.GetSandbox(ctx, sb.ID)
+		return err == nil && got.Status.State == moat.StateRunning, fmt.Sprint(err)
+	})
+	if got.Metadata["made"] != "on-a" || got.ExpiresAt == nil || !got.ExpiresAt.Equal(*sb.ExpiresAt) {
+		t.Errorf("replica b sees %+v, a made %+v", got, sb)
+	}
+	if list, err := b.cl.ListSandboxes(ctx, moat.ListOptions{}); err != nil || len(list.Items) != 1 || list.Items[0].ID != sb.ID {
+		t.Errorf("b lists %+v %v", list, err)
+	}
+	exp, err := b.cl.Renew(ctx, sb.ID, time.Now().Add(30*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a sees b's renewal", func() (bool, string) {
+		got, err := a.cl.GetSandbox(ctx, sb.ID)
+		return err == nil && got.ExpiresAt != nil && got.ExpiresAt.Equal(exp), fmt.Sprintf("%v %v", got, err)
+	})
+	if recs := recordSecrets(t, c, ns, "inl"); len(recs) != 1 {
+		t.Errorf("after a renewal %d record Secrets, want 1 (the record moved with the write)", len(recs))
+	}
+	if tbl := table(t, c, ns, "warm"); len(tbl.Records) != 0 {
+		t.Errorf("the table still holds records %v after the move", tbl.Records)
+	}
+	if err := b.cl.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the record gone", func() (bool, string) {
+		n := len(recordSecrets(t, c, ns, "inl"))
+		_, err := a.cl.GetSandbox(ctx, sb.ID)
+		return n == 0 && err != nil, fmt.Sprint(n, err)
+	})
+}
+
+// TestInlineRecordOutlivesItsServer: the server that claimed stops before
+// moving its claims' records out of the table; they are durable there: a
+// server started later serves the sandboxes and moves the records into
+// Secrets of their own (the table keeps none), and a sandbox deleted
+// while its record was inline is not brought back by a move.
+func TestInlineRecordOutlivesItsServer(t *testing.T) {
+	k8stest.Require(t, env)
+	startController(t)
+	ns := namespace(t)
+	a := startServerWith(t, ns, "crash", keepInline)
+	warmPool(t, a)
+	ctx := context.Background()
+	c := adminClient(t)
+	batch, err := a.cl.CreateBatch(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
+		Metadata: map[string]string{"made": "on-a"}}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := batch[2].ID
+	if err := a.cl.DeleteSandbox(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	a.stop()
+	tbl := table(t, c, ns, "warm")
+	for _, sb := range batch[:2] {
+		if len(tbl.Records[alloc.SandboxOwner("crash", sb.ID)]) == 0 {
+			t.Fatalf("the table holds no record of %s", sb.ID)
+		}
+	}
+	if recs := recordSecrets(t, c, ns, "crash"); len(recs) != 0 {
+		t.Fatalf("%d record Secrets before any move", len(recs))
+	}
+
+	b := startServer(t, ns, "crash") // moves at its default pace
+	for _, sb := range batch[:2] {
+		got, err := b.cl.GetSandbox(ctx, sb.ID)
+		if err != nil || got.Metadata["made"] != "on-a" || got.Status.State != moat.StateRunning {
+			t.Errorf("the next server serves %s as %+v (%v)", sb.ID, got, err)
+		}
+	}
+	if _, err := b.cl.GetSandbox(ctx, gone); err == nil {
+		t.Errorf("sandbox %s deleted before the stop is back", gone)
+	}
+	waitFor(t, 30*time.Second, "the records moved out of the table", func() (bool, string) {
+		recs := recordSecrets(t, c, ns, "crash")
+		tbl := table(t, c, ns, "warm")
+		return len(recs) == 2 && len(tbl.Records) == 0, fmt.Sprintf("%d record Secrets, table records %d", len(recs), len(tbl.Records))
+	})
+	list, err := b.cl.ListSandboxes(ctx, moat.ListOptions{})
+	if err != nil || len(list.Items) != 2 {
+		t.Errorf("after the move b lists %+v %v", list, err)
+	}
+	for _, sb := range batch[:2] {
+		if got, err := b.cl.GetSandbox(ctx, sb.ID); err != nil || got.Metadata["made"] != "on-a" {
+			t.Errorf("after the move %s is %+v (%v)", sb.ID, got, err)
+		}
 	}
 }
