@@ -362,8 +362,10 @@ type Change struct {
 	Retire []string
 	// Record, when set, makes Owner's record, written inline in the same
 	// write as the pods Owner gets (Table.Records), from the first of
-	// them and what the allocator knows of it. It is called with the
-	// allocator's locks held: it must not call the allocator.
+	// them and what the allocator knows of it; a record over
+	// MaxInlineRecord bytes is not written (Result.Recorded). It is
+	// called with the allocator's locks held: it must not call the
+	// allocator.
 	Record func(pod string, st PodState) []byte
 	// DropRecord removes Owner's inline record if it is still this one
 	// (its store has written it elsewhere).
@@ -379,7 +381,13 @@ type Result struct {
 	Retired []string
 	// Held are all the pods the owner holds after the change.
 	Held []string
+	// Recorded says Change.Record's record was written with the pods.
+	Recorded bool
 }
+
+// MaxInlineRecord bounds an inline record: a shard's PodsPerShard claims
+// with their records stay far below a Secret's 1 MiB.
+const MaxInlineRecord = 4 << 10
 
 // apply applies changes to t (in place) at time now and returns their
 // results. free lists candidate free pods (ready, of the current
@@ -438,7 +446,10 @@ func (t *Table) apply(changes []Change, free []string, gone func(string) bool, s
 			if state != nil {
 				st = state(p)
 			}
-			t.Records[ch.Owner] = ch.Record(p, st)
+			if raw := ch.Record(p, st); len(raw) > 0 && len(raw) <= MaxInlineRecord {
+				t.Records[ch.Owner] = raw
+				out[i].Recorded = true
+			}
 		}
 		if cur, ok := t.Records[ch.Owner]; ok && ch.DropRecord != nil && string(cur) == string(ch.DropRecord) {
 			delete(t.Records, ch.Owner)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,5 +277,23 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	})
 	if _, err := srv.cl.GetSandbox(ctx, sb.ID); err == nil {
 		t.Error("deleted sandbox still found")
+	}
+
+	// A record too large to go inline (alloc.MaxInlineRecord: a big env)
+	// is written on its own after the claim.
+	before = srv.writes.Snapshot()
+	big, err := srv.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
+		Env: map[string]string{"BIG": strings.Repeat("x", alloc.MaxInlineRecord)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != 2 || writes["PUT secrets"] != 1 || writes["POST secrets"] != 1 {
+		t.Errorf("a warm claim with a large record made API writes %v, want the table shard and the record", writes)
+	}
+	if tbl := table(t, c, ns, "warm"); tbl.Records[alloc.SandboxOwner("claims", big.ID)] != nil || len(tbl.Owners[alloc.SandboxOwner("claims", big.ID)].Pods) != 1 {
+		t.Errorf("a large record went inline, or its claim is not in the table")
+	}
+	if got, err := srv.cl.GetSandbox(ctx, big.ID); err != nil || got.Status.State != moat.StateRunning {
+		t.Errorf("the claim with a large record: %+v %v", got, err)
 	}
 }

@@ -348,7 +348,7 @@ func (r *Runtime) Claim(ctx context.Context, pool string, ids []string, record f
 		}
 		out = append(out, runtime.Claimed{
 			Status:     runtime.Status{ID: ids[i], State: runtime.StateRunning, IP: st.IP, Class: class, CreatedAt: now},
-			AgentToken: tok, Recorded: inline,
+			AgentToken: tok, Recorded: rs.Recorded,
 		})
 	}
 	for _, id := range lost {
