@@ -808,6 +808,7 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 					out[i].Pods = append(out[i].Pods, w.res[k].Pods...)
 					out[i].Retired = append(out[i].Retired, w.res[k].Retired...)
 					out[i].Recorded = out[i].Recorded || w.res[k].Recorded
+					out[i].Dropped = out[i].Dropped || w.res[k].Dropped
 					want[i] -= len(w.res[k].Pods)
 				}
 			case apierrors.IsConflict(w.err) || apierrors.IsAlreadyExists(w.err) || apierrors.IsNotFound(w.err):

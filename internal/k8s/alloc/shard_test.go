@@ -366,3 +366,63 @@ func TestShardCountBySize(t *testing.T) {
 		t.Errorf("Ensure of an old table: %d shards (%v), want %d", len(olds), err, MinShards)
 	}
 }
+
+// TestInlineRecord: a claim's record is written in its pod's shard with
+// the claim (one write); a drop removes it only if it is still the same
+// record, and says so; a release drops it too; a record over
+// MaxInlineRecord is not written.
+func TestInlineRecord(t *testing.T) {
+	w := newShardWorld(t, 16)
+	a := w.allocator(t)
+	ctx := context.Background()
+	rec := func(pod string, _ PodState) []byte { return []byte(`{"pod":"` + pod + `"}`) }
+	res, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/a", Want: 1, Record: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Recorded || len(res.Pods) != 1 || w.writes.Load() != 1 {
+		t.Fatalf("claim with a record: %+v in %d writes", res, w.writes.Load())
+	}
+	raw := rec(res.Pods[0], PodState{})
+	tbl, err := ReadTable(ctx, w.c, w.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(tbl.Records["moat/s/a"]) != string(raw) {
+		t.Fatalf("the table holds record %s", tbl.Records["moat/s/a"])
+	}
+	if got := a.InlineRecords("ns", func(string) bool { return true }); len(got) != 1 || !got[0].Mine || got[0].Shard != ShardOf(res.Pods[0], MinShards) {
+		t.Errorf("InlineRecords = %+v", got)
+	}
+	// Another record: not dropped.
+	if d, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/a", DropRecord: []byte(`{}`)}); err != nil || d.Dropped {
+		t.Errorf("drop of another record: %+v %v", d, err)
+	}
+	d, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/a", DropRecord: raw})
+	if err != nil || !d.Dropped || len(d.Held) != 1 {
+		t.Errorf("drop: %+v %v, want dropped with the pod still held", d, err)
+	}
+	if tbl, _ := ReadTable(ctx, w.c, w.pool); len(tbl.Records) != 0 || len(tbl.Owners["moat/s/a"].Pods) != 1 {
+		t.Errorf("after the drop: records %v, owner %v", tbl.Records, tbl.Owners["moat/s/a"])
+	}
+	// A release takes the record with the claim.
+	res, err = a.Apply(ctx, w.pool, Change{Owner: "moat/s/b", Want: 1, Record: rec})
+	if err != nil || !res.Recorded {
+		t.Fatal(res, err)
+	}
+	if _, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/b", ReleaseAll: true}); err != nil {
+		t.Fatal(err)
+	}
+	if tbl, _ := ReadTable(ctx, w.c, w.pool); len(tbl.Records) != 0 {
+		t.Errorf("a released claim left its record: %v", tbl.Records)
+	}
+	// Too large: the claim, without the record.
+	huge := func(string, PodState) []byte { return make([]byte, MaxInlineRecord+1) }
+	res, err = a.Apply(ctx, w.pool, Change{Owner: "moat/s/c", Want: 1, Record: huge})
+	if err != nil || res.Recorded || len(res.Pods) != 1 {
+		t.Errorf("claim with a huge record: %+v %v", res, err)
+	}
+	if tbl, _ := ReadTable(ctx, w.c, w.pool); len(tbl.Records) != 0 {
+		t.Errorf("a huge record went inline")
+	}
+}

@@ -383,6 +383,10 @@ type Result struct {
 	Held []string
 	// Recorded says Change.Record's record was written with the pods.
 	Recorded bool
+	// Dropped says Change.DropRecord's record was dropped: by a write of
+	// its shard guarded by the version it was computed from, so Held was
+	// the truth of that shard then.
+	Dropped bool
 }
 
 // MaxInlineRecord bounds an inline record: a shard's PodsPerShard claims
@@ -453,6 +457,7 @@ func (t *Table) apply(changes []Change, free []string, gone func(string) bool, s
 		}
 		if cur, ok := t.Records[ch.Owner]; ok && ch.DropRecord != nil && string(cur) == string(ch.DropRecord) {
 			delete(t.Records, ch.Owner)
+			out[i].Dropped = true
 		}
 		if len(own.Pods) == 0 {
 			delete(t.Owners, ch.Owner)

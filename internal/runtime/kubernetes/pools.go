@@ -475,8 +475,14 @@ func (s inlineSource) Drop(ctx context.Context, key string, rec kstore.InlineRec
 		return false, fmt.Errorf("inline record %s: %w: no origin", key, errdefs.ErrInternal)
 	}
 	owner := alloc.SandboxOwner(r.cfg.Scope, key)
-	if _, err := r.alloc.Apply(ctx, from.pool, alloc.Change{Owner: owner, DropRecord: rec.Raw}); err != nil {
+	res, err := r.alloc.Apply(ctx, from.pool, alloc.Change{Owner: owner, DropRecord: rec.Raw})
+	if err != nil {
 		return false, err
+	}
+	if res.Dropped {
+		// This write dropped it from the shard as the API server had it
+		// (a sandbox's pod and record are in one shard): no read needed.
+		return len(res.Held) > 0, nil
 	}
 	return r.alloc.Holds(ctx, from.pool, from.shard, owner)
 }
