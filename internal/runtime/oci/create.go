@@ -13,6 +13,7 @@ import (
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -137,6 +138,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	upper, work := writableDirs(dir)
 	if err := image.MountRootfs(img.Layers, upper, work, rootfs); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
+	}
+	// Private, so that the host's copy can be dropped after the start
+	// (Runtime.dropRootfs) without the unmount reaching the sandbox's copy.
+	if err := unix.Mount("", rootfs, "", unix.MS_PRIVATE, ""); err != nil {
+		return runtime.Status{}, fmt.Errorf("oci: make %s private: %w", rootfs, err)
 	}
 	volumes, err := prepareVolumes(dir, spec.Mounts, func(name string) (string, error) { return r.vols.Acquire(ctx, name, id) })
 	if err != nil {
@@ -266,6 +272,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return runtime.Status{}, err
+	}
+	if r.kinds[spec.Class] != runscKind {
+		r.dropRootfs(rootfs)
 	}
 	r.track(pid, id)
 	r.trackHelpers(spec.Class, id, pid)

@@ -35,6 +35,27 @@ func unmountAll(target string) error {
 	return fmt.Errorf("oci: %s still mounted: %w", target, errdefs.ErrInternal)
 }
 
+// dropRootfs unmounts the host's copy of a started sandbox's root
+// filesystem (runc and crun; runsc's gofer serves the root from the
+// host's mount). The sandbox keeps its own copy: its mount namespace was
+// cloned from the host's with the root mounted, and the root is private
+// (Create), so the unmount does not propagate to it. The sandbox's root
+// lives as long as its mount namespace, that is until its last process
+// exits; snapshots read the upper dir, not the mount.
+//
+// Why: every mount left in the host's namespace is copied into each new
+// sandbox's mount namespace at clone and shown, with its long overlay
+// options, each time a runtime reads /proc/self/mountinfo: with a root
+// mount per sandbox, a create cost grew with the number of sandboxes
+// (1,000 cold creates on 2 cores: 34/s over the first 250, 14/s over
+// 1,000). If the unmount fails, the mount stays until Delete unmounts
+// it, as it did before.
+func (r *Runtime) dropRootfs(rootfs string) {
+	if err := unix.Unmount(rootfs, unix.MNT_DETACH); err != nil {
+		r.log.Warn("oci: cannot drop the host's mount of a sandbox root", "path", rootfs, "err", err)
+	}
+}
+
 // bindReadOnly makes target a read-only bind mount of the file src (kept
 // if it already is one of the same inode).
 //

@@ -227,6 +227,8 @@ type Runtime struct {
 	lastOrphanScan time.Time
 	stop           chan struct{}
 	done           chan struct{}
+	pidfds         map[int]*os.File // tracked init pid -> its pidfd, while awaitInit waits on it (reapMu)
+	watching       sync.WaitGroup   // awaitInit goroutines
 
 	// afterRuncList, if set (tests only), runs in List right after the
 	// OCI runtimes were asked.
@@ -274,6 +276,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		kinds:          map[string]string{},
 		checkpointable: map[string]bool{},
 		reapPids:       map[int]string{},
+		pidfds:         map[int]*os.File{},
 		helpers:        map[int]uint64{},
 		runscInits:     map[int]bool{},
 	}
@@ -356,6 +359,7 @@ func (r *Runtime) Close() error {
 	if r.stop != nil {
 		close(r.stop)
 		<-r.done
+		r.stopAwaiting()
 		r.stop = nil
 	}
 	var errs []error

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/egress/egresstest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -559,7 +560,11 @@ func TestReapsInheritedOrphans(t *testing.T) {
 			break // reaped (or the pid is another process's now)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("orphan %d still %c as the subreaper's child after 30 s", pid, st.state)
+			first := firstZombieChild()
+			fst, _ := readProcStat(first)
+			var ws unix.WaitStatus
+			got, werr := unix.Wait4(first, &ws, unix.WNOHANG, nil)
+			t.Fatalf("orphan %d still %c as the subreaper's child after 30 s (self %d; first zombie child: %d %+v %q; wait4: %d %v)", pid, st.state, os.Getpid(), first, fst, procComm(first), got, werr)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

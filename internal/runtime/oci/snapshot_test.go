@@ -3,6 +3,7 @@ package oci
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,14 +25,15 @@ func TestSnapshotCommit(t *testing.T) {
 	r := newEnv(t, "runc", nil).open(t)
 	ctx := context.Background()
 	id := runtimetest.NewID("snap")
-	if _, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage}); err != nil {
+	sb, err := r.Create(ctx, runtime.Spec{ID: id, Image: testImage})
+	if err != nil {
 		t.Fatal(err)
 	}
 	runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
 
 	// Change the root as a process in the sandbox would, through the
-	// overlay mount.
-	root := filepath.Join(r.sandboxDir(id), "rootfs")
+	// overlay mount (the sandbox's: the host's copy is dropped).
+	root := fmt.Sprintf("/proc/%d/root", sb.Pid)
 	if err := os.Rename(filepath.Join(root, "bin"), filepath.Join(root, "bin2")); !errors.Is(err, unix.EXDEV) {
 		// redirect_dir=off: the kernel refuses, and tools fall back to copying.
 		t.Fatalf("rename of a lower directory = %v, want EXDEV (overlay redirects must be off)", err)
