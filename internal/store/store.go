@@ -1,10 +1,10 @@
 // Package store is moat's embedded state store: a bbolt database holding
 // JSON records in named buckets (sandboxes, pools, snapshots, ...). Every
-// write is one fsynced transaction, so a record either exists whole or not
-// at all after a crash. Callers keep their own in-memory view and write
-// through; the store is read in full only at start-up. The state carries a
-// schema version; Open upgrades older states and refuses newer ones
-// (schema.go).
+// write is in one fsynced transaction (concurrent writes share one:
+// group.go), so a record either exists whole or not at all after a
+// crash. Callers keep their own in-memory view and write through; the
+// store is read in full only at start-up. The state carries a schema
+// version; Open upgrades older states and refuses newer ones (schema.go).
 package store
 
 import (
@@ -56,7 +56,8 @@ var _ Store = (*DB)(nil)
 
 // DB is an open state store. It is safe for concurrent use.
 type DB struct {
-	db *bolt.DB
+	db     *bolt.DB
+	writes writes // group commit (group.go)
 }
 
 // Open opens (creating if needed) the database at path. Only one process
@@ -81,7 +82,10 @@ func Open(ctx context.Context, path string, timeout time.Duration) (*DB, error) 
 }
 
 // Close closes the database.
-func (d *DB) Close() error { return d.db.Close() }
+func (d *DB) Close() error {
+	d.writes.wg.Wait()
+	return d.db.Close()
+}
 
 // Put stores v as JSON under bucket/key.
 func (d *DB) Put(bucket, key string, v any) error {
@@ -89,7 +93,7 @@ func (d *DB) Put(bucket, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("encode %s/%s: %w", bucket, key, err)
 	}
-	return d.db.Update(func(tx *bolt.Tx) error {
+	return d.write(func(tx *bolt.Tx) error {
 		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
 		if err != nil {
 			return err
@@ -105,7 +109,7 @@ func (d *DB) Update(bucket, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("encode %s/%s: %w", bucket, key, err)
 	}
-	return d.db.Update(func(tx *bolt.Tx) error {
+	return d.write(func(tx *bolt.Tx) error {
 		bk := tx.Bucket([]byte(bucket))
 		if bk == nil || bk.Get([]byte(key)) == nil {
 			return fmt.Errorf("%s/%s: %w", bucket, key, errdefs.ErrNotFound)
@@ -125,7 +129,7 @@ func (d *DB) PutMany(bucket string, kv map[string]any) error {
 		}
 		enc[k] = b
 	}
-	return d.db.Update(func(tx *bolt.Tx) error {
+	return d.write(func(tx *bolt.Tx) error {
 		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
 		if err != nil {
 			return err
@@ -156,7 +160,7 @@ func (d *DB) Get(bucket, key string, v any) error {
 
 // Delete removes bucket/key; deleting a missing key is not an error.
 func (d *DB) Delete(bucket, key string) error {
-	return d.db.Update(func(tx *bolt.Tx) error {
+	return d.write(func(tx *bolt.Tx) error {
 		bk := tx.Bucket([]byte(bucket))
 		if bk == nil {
 			return nil

@@ -275,6 +275,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	if r.kinds[spec.Class] != runscKind {
 		r.dropRootfs(rootfs)
+		phase("drop")
 	}
 	r.track(pid, id)
 	r.trackHelpers(spec.Class, id, pid)
