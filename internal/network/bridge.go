@@ -127,18 +127,15 @@ func (m *Manager) RemoveBridge(ctx context.Context) error {
 	return nil
 }
 
-// forgetNeighbors drops the host's neighbor (ARP/NDP) entries for a's
-// addresses on the bridge. Addresses are reused after a delete (or a
-// crash), and an entry left from the previous owner points at a MAC that
-// no longer exists: the host's first packets to the new sandbox would go
-// nowhere until the entry expired (tens of seconds), which is longer than
-// the agent-ready timeout.
-func (m *Manager) forgetNeighbors(a Attachment) {
+// forgetNeighbors drops the host's neighbor entries (the permanent ones
+// plumb set, or dynamic ones from before) for a sandbox's addresses on
+// the bridge; an invalid address is skipped.
+func (m *Manager) forgetNeighbors(ips ...netip.Addr) {
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {
 		return
 	}
-	for _, ip := range []netip.Addr{a.IP, a.IP6} {
+	for _, ip := range ips {
 		if !ip.IsValid() {
 			continue
 		}
@@ -147,4 +144,39 @@ func (m *Manager) forgetNeighbors(a Attachment) {
 			m.log.Debug("network: forget neighbor", "ip", ip, "err", err)
 		}
 	}
+}
+
+// sweepNeighbors removes the bridge's neighbor entries for sandbox
+// addresses that belong to no attachment: left by a sandbox whose record
+// was lost in a crash. An address is reused after a delete, and an entry
+// left from its previous owner would point at a MAC that no longer exists.
+func (m *Manager) sweepNeighbors(br netlink.Link) error {
+	neighs, err := dump(func() ([]netlink.Neigh, error) { return netlink.NeighList(br.Attrs().Index, netlink.FAMILY_ALL) })
+	if err != nil {
+		return fmt.Errorf("network: list neighbors of %s: %w", m.cfg.Bridge, err)
+	}
+	m.mu.Lock()
+	live := map[netip.Addr]bool{}
+	for ip := range m.byIP {
+		live[ip] = true
+		if ip6 := m.ip6For(ip); ip6.IsValid() {
+			live[ip6] = true
+		}
+	}
+	m.mu.Unlock()
+	for _, n := range neighs {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		ours := m.cfg.Subnet.Contains(ip) || (m.cfg.Subnet6.IsValid() && m.cfg.Subnet6.Contains(ip))
+		if !ours || live[ip] || ip == m.gateway || ip == m.Gateway6() {
+			continue
+		}
+		if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("network: remove stale neighbor %s on %s: %w", ip, m.cfg.Bridge, err)
+		}
+	}
+	return nil
 }

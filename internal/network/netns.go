@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
@@ -104,7 +105,55 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 			return fmt.Errorf("network: IPv6 default route: %w", err)
 		}
 	}
+	// Static neighbor entries both ways (see permanentNeighbor).
+	gwMAC := br.Attrs().HardwareAddr
+	for _, gw := range []netip.Addr{a.Gateway, a.Gateway6} {
+		if !gw.IsValid() {
+			continue
+		}
+		if err := h.NeighSet(permanentNeighbor(eth.Attrs().Index, gw, gwMAC)); err != nil {
+			return fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
+		}
+	}
+	for _, ip := range []netip.Addr{a.IP, a.IP6} {
+		if !ip.IsValid() {
+			continue
+		}
+		if err := netlink.NeighSet(permanentNeighbor(br.Attrs().Index, ip, eth.Attrs().HardwareAddr)); err != nil {
+			return fmt.Errorf("network: static neighbor entry for %s on %s: %w", ip, m.cfg.Bridge, err)
+		}
+	}
 	return nil
+}
+
+// permanentNeighbor is a NUD_PERMANENT neighbor entry ip -> mac on link.
+//
+// The host's entry for a sandbox (its address -> the MAC of its eth0, on
+// the bridge) and the sandbox's entry for its gateway (-> the bridge's
+// pinned MAC) are permanent, set when the veth is made. The kernel keeps
+// one neighbor table for all network namespaces together and refuses new
+// dynamic entries past net.ipv4.neigh.default.gc_thresh3 (1,024 by
+// default), and an entry in use cannot be collected for the tens of
+// seconds it stays reachable: with two resolved entries per sandbox, a
+// cold batch of 1,000 sandboxes held the table at its limit (1,025
+// entries, new ones refused: table_fulls in /proc/net/stat/arp_cache), so
+// a new sandbox could go unresolved past the agent-ready timeout
+// (SANDBOX::EXECD_START_FAILED). Permanent entries are exempt from that
+// limit and from collection, and no ARP or NDP exchange delays a
+// sandbox's first packets. The host's entries go with the sandbox
+// (Teardown) or, when their record was lost, at Open (reconcile).
+func permanentNeighbor(link int, ip netip.Addr, mac net.HardwareAddr) *netlink.Neigh {
+	family := netlink.FAMILY_V4
+	if ip.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	return &netlink.Neigh{
+		LinkIndex:    link,
+		Family:       family,
+		State:        netlink.NUD_PERMANENT,
+		IP:           net.IP(ip.AsSlice()),
+		HardwareAddr: mac,
+	}
 }
 
 // inNetns runs fn on a locked OS thread switched into ns (for the

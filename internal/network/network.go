@@ -270,7 +270,6 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 	if err := m.plumb(a, ns); err != nil {
 		return Attachment{}, err
 	}
-	m.forgetNeighbors(a)
 	if err := writeJSONAtomic(filepath.Join(m.attachDir(), id+".json"), a); err != nil {
 		return Attachment{}, fmt.Errorf("network: record attachment: %w", err)
 	}
@@ -285,6 +284,12 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 		return fmt.Errorf("network: bad sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	var errs []error
+	m.mu.Lock()
+	ip, known := m.byID[id]
+	m.mu.Unlock()
+	if known {
+		m.forgetNeighbors(ip, m.ip6For(ip))
+	}
 	// Deleting the host end destroys the peer too (and so would destroying
 	// the namespace, but that happens asynchronously in the kernel).
 	if link, err := netlink.LinkByName(HostVethName(id)); err == nil {
@@ -440,7 +445,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return fmt.Errorf("network: isolate bridge port %s: %w", a.Name, err)
 		}
 	}
-	return nil
+	return m.sweepNeighbors(br)
 }
 
 // writeJSONAtomic writes v to path through a temporary file and a rename,
