@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -41,4 +44,24 @@ func TestRSSReaders(t *testing.T) {
 	if _, ok := parseRSSMetric(strings.NewReader("moat_sandboxes 1\n")); ok {
 		t.Fatal("parsed a metric that is not there")
 	}
+}
+
+// TestLockBench: a second in-process benchmark server is refused while one
+// runs (they share a bridge), with the holder's pid, and allowed after.
+func TestLockBench(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bench.lock")
+	first, err := lockBench(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lockBench(path)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second lock: %v, want a refusal naming pid %d", err, os.Getpid())
+	}
+	first.Close()
+	again, err := lockBench(path)
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	again.Close()
 }

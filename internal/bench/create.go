@@ -8,7 +8,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -39,17 +42,45 @@ type InProcess struct {
 	cancel   context.CancelFunc
 	done     chan error
 	Image    string
-	bridge   string // the oci server's bridge, removed by Close
+	bridge   string   // the oci server's bridge, removed by Close
+	lock     *os.File // held while the server runs (benchLock)
+}
+
+// benchLock is the lock file of in-process benchmark servers: they all use
+// bridge moatbench0 and subnet 10.89.0.0/16, and a second one would take
+// the first one's bridge ports for leftovers and remove them.
+const benchLock = "/run/moat-bench.lock"
+
+// lockBench takes the lock file at path, or says who holds it.
+func lockBench(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("bench: another benchmark with an in-process server is running (pid %s, lock %s): run one at a time, or point this one at a running server with --server",
+			strings.TrimSpace(string(holder)), path)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
 }
 
 // StartInProcess starts a server with its own state dir, bridge moatbench0
 // and subnet 10.89.0.0/16, plus a loopback registry holding busybox.
 func StartInProcess(ctx context.Context, runtimeName string, log *slog.Logger) (*InProcess, error) {
-	dir, err := os.MkdirTemp("", "moat-bench-")
+	lock, err := lockBench(benchLock)
 	if err != nil {
 		return nil, err
 	}
-	p := &InProcess{dir: dir, Key: "bench-key"}
+	dir, err := os.MkdirTemp("", "moat-bench-")
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	p := &InProcess{dir: dir, Key: "bench-key", lock: lock}
 	cfg := server.Default()
 	if runtimeName == "" || runtimeName == "oci" {
 		p.bridge = "moatbench0"
@@ -65,11 +96,14 @@ func StartInProcess(ctx context.Context, runtimeName string, log *slog.Logger) (
 	}
 	cfg.Listen = "127.0.0.1:0"
 	if err := cfg.Validate(); err != nil {
+		os.RemoveAll(dir)
+		lock.Close()
 		return nil, err
 	}
 	srv, err := server.New(ctx, cfg, log)
 	if err != nil {
 		os.RemoveAll(dir)
+		lock.Close()
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -124,6 +158,7 @@ func (p *InProcess) Close() {
 		}
 	}
 	os.RemoveAll(p.dir)
+	p.lock.Close()
 }
 
 // RunCreate measures create -> Running -> first command completed, for
