@@ -21,8 +21,8 @@ import (
 // under SnapshotRepo, and Prune removes every other image no sandbox
 // uses, least recently used first, down to a disk budget or entirely.
 // GC (which Prune and Remove run) never deletes a layer that is leased,
-// reported by WithInUse, or a lower dir of a mounted overlay in this
-// mount namespace (a sandbox whose server is down or not yet re-adopted).
+// reported by WithInUse, or a lower dir of a mounted overlay in any mount
+// namespace (a sandbox whose server is down or not yet re-adopted).
 
 // SnapshotRepo is the repository snapshots store their images under
 // ("localhost/moat-snapshots:<snapshot id>"). Prune never removes those:
@@ -55,12 +55,48 @@ func (s *Store) LeaseLayers(paths []string) (*Lease, error) {
 }
 
 // mountedLayers returns the diff IDs of this store's layers that are
-// lower dirs of overlay mounts visible in this mount namespace.
+// lower dirs of overlay mounts in this mount namespace or in the mount
+// namespace of any process: the native runtime drops the host's mount of
+// a started sandbox's root, which then lives only in the sandbox's own
+// namespace, and that mount must protect its layers while the server is
+// down.
 func (s *Store) mountedLayers() map[string]bool {
 	out := map[string]bool{}
-	f, err := os.Open("/proc/self/mountinfo")
+	for _, table := range mountTables() {
+		s.mountedLayersIn(table, out)
+	}
+	return out
+}
+
+// mountTables returns one mountinfo path per mount namespace that a
+// process lives in, this process's first.
+func mountTables() []string {
+	tables := []string{"/proc/self/mountinfo"}
+	seen := map[uint64]bool{}
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/mnt", &st) == nil {
+		seen[st.Ino] = true
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		if unix.Stat("/proc/"+e.Name()+"/ns/mnt", &st) != nil || seen[st.Ino] {
+			continue
+		}
+		seen[st.Ino] = true
+		tables = append(tables, "/proc/"+e.Name()+"/mountinfo")
+	}
+	return tables
+}
+
+// mountedLayersIn adds to out the store's layers that the mount table at
+// path (a mountinfo file) holds as overlay lower dirs or bind mounts.
+func (s *Store) mountedLayersIn(path string, out map[string]bool) {
+	f, err := os.Open(path)
 	if err != nil {
-		return out
+		return // the process is gone
 	}
 	defer f.Close()
 	base := filepath.Join(s.root, "layers", "sha256") + "/"
@@ -95,7 +131,6 @@ func (s *Store) mountedLayers() map[string]bool {
 			out["sha256:"+strings.TrimPrefix(fields[3], base)] = true
 		}
 	}
-	return out
 }
 
 // PruneOptions tune Prune.
