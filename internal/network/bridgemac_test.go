@@ -135,20 +135,7 @@ func TestStaticNeighbors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := netns.GetFromPath(a.NetnsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	ns.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, eth := sandboxEth0(t, a.NetnsPath)
 	hostEntries := permanentEntries(t, netlink.NeighList, br.Attrs().Index)
 	for _, ip := range []netip.Addr{a.IP, a.IP6} {
 		if got := hostEntries[ip]; got != eth.Attrs().HardwareAddr.String() {

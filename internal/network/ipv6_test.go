@@ -192,14 +192,7 @@ func TestIPv6OffDisablesIPv6(t *testing.T) {
 	if v := readSysctlIn(t, a.NetnsPath, "net/ipv6/conf/eth0/disable_ipv6"); v != "1" {
 		t.Errorf("disable_ipv6 = %s, want 1", v)
 	}
-	ns, _ := netns.GetFromPath(a.NetnsPath)
-	h, err := netlink.NewHandleAt(ns)
-	ns.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, _ := h.LinkByName("eth0")
+	h, eth := sandboxEth0(t, a.NetnsPath)
 	if addrs, _ := h.AddrList(eth, netlink.FAMILY_V6); len(addrs) != 0 {
 		t.Errorf("eth0 has IPv6 addresses %v", addrs)
 	}
@@ -253,20 +246,7 @@ func listen6In(t *testing.T, path, addr string) net.Listener {
 // path.
 func forgetNeighbours(t *testing.T, path string) {
 	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	ns.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, eth := sandboxEth0(t, path)
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		neighs, _ := h.NeighList(eth.Attrs().Index, fam)
 		for _, n := range neighs {

@@ -92,6 +92,27 @@ func assertGone(t *testing.T, m *Manager, id string) {
 	}
 }
 
+// sandboxEth0 returns a netlink handle inside the namespace at path
+// (closed at cleanup) and its eth0.
+func sandboxEth0(t *testing.T, path string) (*netlink.Handle, netlink.Link) {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	ns.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, eth
+}
+
 // listenIn opens a TCP listener inside the namespace at path.
 func listenIn(t *testing.T, path string, addr string) net.Listener {
 	t.Helper()
@@ -151,20 +172,7 @@ func TestSetupTeardown(t *testing.T) {
 	}
 
 	// Inside: lo and eth0 up with the address, default route via gateway.
-	ns, err := netns.GetFromPath(a.NetnsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	ns.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, eth := sandboxEth0(t, a.NetnsPath)
 	addrs, _ := h.AddrList(eth, netlink.FAMILY_V4)
 	if len(addrs) != 1 || addrs[0].IP.String() != a.IP.String() {
 		t.Errorf("eth0 addresses %v, want %s", addrs, a.IP)
