@@ -439,19 +439,24 @@ type InlineRecord struct {
 	Mine bool
 }
 
+// poolsIn returns the pools of namespace ns the allocator knows.
+func (a *Allocator) poolsIn(ns string) []*poolState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*poolState
+	for k, ps := range a.pools {
+		if k.Namespace == ns {
+			out = append(out, ps)
+		}
+	}
+	return out
+}
+
 // InlineRecords returns the inline records of the owners of namespace ns
 // that match accepts, in every pool's table.
 func (a *Allocator) InlineRecords(ns string, match func(owner string) bool) []InlineRecord {
-	a.mu.Lock()
-	pools := make([]*poolState, 0, len(a.pools))
-	for k, ps := range a.pools {
-		if k.Namespace == ns {
-			pools = append(pools, ps)
-		}
-	}
-	a.mu.Unlock()
 	var out []InlineRecord
-	for _, ps := range pools {
+	for _, ps := range a.poolsIn(ns) {
 		ps.mu.Lock()
 		live := map[string]bool{}
 		for i := range ps.shards {
@@ -532,16 +537,8 @@ type Holding struct {
 // Holdings returns every owner of namespace ns whose id match accepts,
 // in every pool's table.
 func (a *Allocator) Holdings(ns string, match func(owner string) bool) []Holding {
-	a.mu.Lock()
-	pools := make(map[types.NamespacedName]*poolState, len(a.pools))
-	for k, ps := range a.pools {
-		if k.Namespace == ns {
-			pools[k] = ps
-		}
-	}
-	a.mu.Unlock()
 	var out []Holding
-	for k, ps := range pools {
+	for _, ps := range a.poolsIn(ns) {
 		ps.mu.Lock()
 		seen := map[string]bool{}
 		for i := range ps.shards {
@@ -551,7 +548,7 @@ func (a *Allocator) Holdings(ns string, match func(owner string) bool) []Holding
 				}
 				seen[o] = true
 				own, _ := ps.ownedLocked(o)
-				out = append(out, Holding{Pool: k, Owner: o, Owned: own})
+				out = append(out, Holding{Pool: ps.key, Owner: o, Owned: own})
 			}
 		}
 		ps.mu.Unlock()
