@@ -11,10 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/localregistry"
@@ -53,11 +53,11 @@ const benchLock = "/run/moat-bench.lock"
 
 // lockBench takes the lock file at path, or says who holds it.
 func lockBench(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		return nil, fmt.Errorf("bench: another benchmark with an in-process server is running (pid %s, lock %s): run one at a time, or point this one at a running server with --server",
