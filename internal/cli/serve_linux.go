@@ -57,6 +57,7 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.PublicAddress, "public-address", "", "host[:port] clients use to reach this server (for server-proxy endpoints)")
 	f.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "sandbox bridge interface name")
 	f.StringVar(&cfg.Subnet, "subnet", cfg.Subnet, "sandbox IPv4 subnet")
+	f.IntVar(&cfg.NetworkSpares, "network-spares", cfg.NetworkSpares, "sandbox networks (namespace, veth pair, address) the native backend keeps made ahead so a create only takes one (0: none)")
 	f.StringVar(&cfg.Subnet6, "subnet6", "", "sandbox IPv6 prefix, e.g. a ULA fd00:6d6f:6174::/64 (default: no IPv6 in sandboxes)")
 	f.DurationVar(&cfg.MaxTimeout, "max-timeout", 0, "maximum sandbox timeout (0 = no cap)")
 	f.StringVar(&cfg.IngressListen, "ingress-listen", "", "serve the ingress gateway on this address (e.g. :28888); enables secureAccess")

@@ -122,11 +122,15 @@ func TestSetupForgetsStaleNeighbor(t *testing.T) {
 // 1,000 sandboxes overflowed), traffic both ways needs no ARP at all, the
 // host's entries go with the sandbox, and Open removes those of sandboxes
 // it has no record of.
-func TestStaticNeighbors(t *testing.T) {
+func TestStaticNeighbors(t *testing.T) { withSpares(t, testStaticNeighbors) }
+
+func testStaticNeighbors(t *testing.T, spares int) {
 	cfg := testConfig(t, 24)
 	cfg.Subnet6 = leases[cfg.Bridge].Subnet6
+	cfg.Spares = spares
 	m := openTest(t, cfg)
 	ctx := context.Background()
+	waitSpares(t, m, spares)
 	a, err := m.Setup(ctx, "static-a")
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +206,9 @@ func TestStaticNeighbors(t *testing.T) {
 	if err := netlink.NeighSet(permanentNeighbor(br.Attrs().Index, lost, mac)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(ctx, cfg, nil); err != nil {
+	reopen := cfg
+	reopen.Spares = 0
+	if _, err := Open(ctx, reopen, nil); err != nil {
 		t.Fatal(err)
 	}
 	hostEntries = permanentEntries(t, netlink.NeighList, br.Attrs().Index)

@@ -31,6 +31,10 @@ func (m *Manager) ip6For(ip netip.Addr) netip.Addr {
 	return netip.AddrFrom16(v)
 }
 
+// spareOwner holds the addresses of spares in byIP: it is no sandbox ID
+// (idPattern refuses it) and has no file, so a crash frees them.
+const spareOwner = " spare"
+
 // allocate reserves a free address for id. The address file is created
 // with O_EXCL before it is used, so a crash never hands one address out
 // twice; reconcile frees files that belong to no complete attachment.
@@ -40,6 +44,27 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 	if _, ok := m.byID[id]; ok {
 		return netip.Addr{}, fmt.Errorf("network: sandbox %s: %w", id, errdefs.ErrAlreadyExists)
 	}
+	for {
+		ip, err := m.reserveLocked()
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		err = m.recordLocked(id, ip)
+		if errors.Is(err, os.ErrExist) {
+			continue // a file this process did not know of: leave it alone
+		}
+		if err != nil {
+			delete(m.byIP, ip)
+			return netip.Addr{}, err
+		}
+		return ip, nil
+	}
+}
+
+// reserveLocked takes the next free address, next-fit from the cursor, in
+// memory only (for spareOwner until recordLocked gives it to a sandbox).
+// Precondition: m.mu is held.
+func (m *Manager) reserveLocked() (netip.Addr, error) {
 	first := m.gateway.Next()
 	last := lastHost(m.cfg.Subnet)
 	ip := m.cursor
@@ -51,25 +76,33 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 		if _, used := m.byIP[ip]; used {
 			continue
 		}
-		f, err := os.OpenFile(filepath.Join(m.ipDir(), ip.String()), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, os.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return netip.Addr{}, fmt.Errorf("network: allocate: %w", err)
-		}
-		_, werr := f.WriteString(id)
-		cerr := f.Close()
-		if werr != nil || cerr != nil {
-			os.Remove(f.Name())
-			return netip.Addr{}, fmt.Errorf("network: allocate: %w", errors.Join(werr, cerr))
-		}
-		m.byIP[ip] = id
-		m.byID[id] = ip
+		m.byIP[ip] = spareOwner
 		m.cursor = ip
 		return ip, nil
 	}
 	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+}
+
+// recordLocked gives the reserved address ip to id, on disk (an O_EXCL
+// file holding the ID: os.ErrExist if one is there) and in memory.
+// Precondition: m.mu is held.
+func (m *Manager) recordLocked(id string, ip netip.Addr) error {
+	f, err := os.OpenFile(filepath.Join(m.ipDir(), ip.String()), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return err // stays reserved: the address is taken
+	}
+	if err != nil {
+		return fmt.Errorf("network: allocate: %w", err)
+	}
+	_, werr := f.WriteString(id)
+	cerr := f.Close()
+	if werr != nil || cerr != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("network: allocate: %w", errors.Join(werr, cerr))
+	}
+	m.byIP[ip] = id
+	m.byID[id] = ip
+	return nil
 }
 
 // release frees the address of id (in memory and on disk), if any.

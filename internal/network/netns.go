@@ -19,11 +19,14 @@ import (
 // The sandbox side: the network namespace file, the veth pair and
 // everything configured inside the namespace.
 
-// plumb creates the veth pair and configures both ends.
-func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
+// plumb creates the veth pair and configures both ends; the host end is
+// left down (a port without a carrier: no frame passes) for the caller to
+// bring up, after renaming it if it was made ahead as a spare. It returns
+// the host end's interface index.
+func (m *Manager) plumb(a Attachment, ns netns.NsHandle) (int, error) {
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {
-		return fmt.Errorf("network: bridge %s: %w: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+		return 0, fmt.Errorf("network: bridge %s: %w: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
 	}
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
@@ -36,36 +39,33 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("network: veth %s: %w", a.HostVeth, errdefs.ErrAlreadyExists)
+			return 0, fmt.Errorf("network: veth %s: %w", a.HostVeth, errdefs.ErrAlreadyExists)
 		}
-		return fmt.Errorf("network: create veth %s: %w", a.HostVeth, err)
+		return 0, fmt.Errorf("network: create veth %s: %w", a.HostVeth, err)
 	}
 	if err := netlink.LinkSetIsolated(veth, true); err != nil {
-		return fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
-	}
-	if err := netlink.LinkSetUp(veth); err != nil {
-		return fmt.Errorf("network: bring up %s: %w", a.HostVeth, err)
+		return 0, fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
 	}
 
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return fmt.Errorf("network: netlink in sandbox netns: %w", err)
+		return 0, fmt.Errorf("network: netlink in sandbox netns: %w", err)
 	}
 	defer h.Close()
 	lo, err := h.LinkByName("lo")
 	if err != nil {
-		return fmt.Errorf("network: sandbox lo: %w", err)
+		return 0, fmt.Errorf("network: sandbox lo: %w", err)
 	}
 	if err := h.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("network: bring up lo: %w", err)
+		return 0, fmt.Errorf("network: bring up lo: %w", err)
 	}
 	eth, err := h.LinkByName(sandboxIfName)
 	if err != nil {
-		return fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
+		return 0, fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP.AsSlice(), Mask: net.CIDRMask(a.PrefixLen, 32)}}
 	if err := h.AddrAdd(eth, addr); err != nil {
-		return fmt.Errorf("network: address %s: %w", sandboxIfName, err)
+		return 0, fmt.Errorf("network: address %s: %w", sandboxIfName, err)
 	}
 	// Before eth0 comes up, so no IPv6 packet (not even a link-local
 	// router solicitation) ever leaves a sandbox without IPv6.
@@ -76,16 +76,16 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 	if err := inNetns(ns, func() error {
 		return writeSysctl("/proc/sys/net/ipv6/conf/"+sandboxIfName+"/disable_ipv6", ipv6Off)
 	}); err != nil {
-		return fmt.Errorf("network: sandbox IPv6 setting: %w", err)
+		return 0, fmt.Errorf("network: sandbox IPv6 setting: %w", err)
 	}
 	if a.IP6.IsValid() {
 		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD}
 		if err := h.AddrAdd(eth, addr6); err != nil {
-			return fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
+			return 0, fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
 		}
 	}
 	if err := h.LinkSetUp(eth); err != nil {
-		return fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
+		return 0, fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
 	}
 	route := &netlink.Route{
 		LinkIndex: eth.Attrs().Index,
@@ -93,7 +93,7 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
 	}
 	if err := h.RouteAdd(route); err != nil {
-		return fmt.Errorf("network: default route: %w", err)
+		return 0, fmt.Errorf("network: default route: %w", err)
 	}
 	if a.IP6.IsValid() {
 		route6 := &netlink.Route{
@@ -102,7 +102,7 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 			Dst:       &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
 		}
 		if err := h.RouteAdd(route6); err != nil {
-			return fmt.Errorf("network: IPv6 default route: %w", err)
+			return 0, fmt.Errorf("network: IPv6 default route: %w", err)
 		}
 	}
 	// Static neighbor entries both ways (see permanentNeighbor).
@@ -112,7 +112,7 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 			continue
 		}
 		if err := h.NeighSet(permanentNeighbor(eth.Attrs().Index, gw, gwMAC)); err != nil {
-			return fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
+			return 0, fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
 		}
 	}
 	for _, ip := range []netip.Addr{a.IP, a.IP6} {
@@ -120,10 +120,10 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) error {
 			continue
 		}
 		if err := netlink.NeighSet(permanentNeighbor(br.Attrs().Index, ip, eth.Attrs().HardwareAddr)); err != nil {
-			return fmt.Errorf("network: static neighbor entry for %s on %s: %w", ip, m.cfg.Bridge, err)
+			return 0, fmt.Errorf("network: static neighbor entry for %s on %s: %w", ip, m.cfg.Bridge, err)
 		}
 	}
-	return nil
+	return veth.Attrs().Index, nil
 }
 
 // permanentNeighbor is a NUD_PERMANENT neighbor entry ip -> mac on link.
@@ -194,19 +194,13 @@ func writeSysctl(path, value string) error {
 	return nil
 }
 
-// createNetns creates a new network namespace and bind-mounts it at path.
-// The returned handle refers to the new namespace.
-func createNetns(path string) (netns.NsHandle, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return 0, fmt.Errorf("network: netns %s: %w", path, errdefs.ErrAlreadyExists)
-		}
-		return 0, fmt.Errorf("network: netns file: %w", err)
-	}
-	f.Close()
-
+// newNetns creates a network namespace and returns a handle to it (an open
+// file). Nothing else refers to the namespace yet: closing the handle
+// before bindNetns destroys it, with every device in it (the kernel does
+// that asynchronously).
+func newNetns() (netns.NsHandle, error) {
 	type result struct {
+		ns  netns.NsHandle
 		err error
 	}
 	done := make(chan result, 1)
@@ -219,37 +213,50 @@ func createNetns(path string) (netns.NsHandle, error) {
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			done <- result{fmt.Errorf("network: current netns: %w", err)}
+			done <- result{err: fmt.Errorf("network: current netns: %w", err)}
 			return
 		}
 		defer orig.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			done <- result{fmt.Errorf("network: unshare: %w", err)}
+			done <- result{err: fmt.Errorf("network: unshare: %w", err)}
 			return
 		}
-		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		merr := unix.Mount(src, path, "none", unix.MS_BIND, "")
+		fd, oerr := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err := netns.Set(orig); err != nil {
-			done <- result{fmt.Errorf("network: restore netns: %w", err)}
+			if oerr == nil {
+				unix.Close(fd)
+			}
+			done <- result{err: fmt.Errorf("network: restore netns: %w", err)}
 			return // thread stays locked and is discarded
 		}
 		runtime.UnlockOSThread()
-		if merr != nil {
-			merr = fmt.Errorf("network: bind netns: %w", merr)
+		if oerr != nil {
+			done <- result{err: fmt.Errorf("network: open new netns: %w", oerr)}
+			return
 		}
-		done <- result{merr}
+		done <- result{ns: netns.NsHandle(fd)}
 	}()
-	if r := <-done; r.err != nil {
-		os.Remove(path)
-		return 0, r.err
-	}
-	h, err := netns.GetFromPath(path)
+	r := <-done
+	return r.ns, r.err
+}
+
+// bindNetns bind-mounts namespace ns at path, a file it creates, so that the
+// namespace outlives the handle (and this process) until removeNetns.
+func bindNetns(ns netns.NsHandle, path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
-		removeNetns(path)
-		return 0, fmt.Errorf("network: open netns: %w", err)
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("network: netns %s: %w", path, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("network: netns file: %w", err)
 	}
-	return h, nil
+	f.Close()
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(ns)), path, "none", unix.MS_BIND, ""); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("network: bind netns: %w", err)
+	}
+	return nil
 }
 
 // removeNetns unmounts and removes a namespace file; a missing file is not

@@ -86,6 +86,11 @@ type Config struct {
 	// NetnsDir holds one bind-mounted namespace file per sandbox (default
 	// /run/moat/netns).
 	NetnsDir string `json:"netnsDir,omitempty"`
+	// Spares is how many sandbox networks (namespace, veth pair, address)
+	// the Manager keeps made ahead, so that Setup only hands one over (see
+	// spares.go); a Manager with spares must be closed. 0 (the default)
+	// makes every network in Setup.
+	Spares int `json:"spares,omitempty"`
 }
 
 func (c *Config) setDefaults() error {
@@ -117,6 +122,9 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("network: subnet6 %s: want a prefix of /48 or longer with at least as many host bits as %s: %w",
 				c.Subnet6, c.Subnet, errdefs.ErrInvalidArgument)
 		}
+	}
+	if c.Spares < 0 || c.Spares > 1024 {
+		return fmt.Errorf("network: %d spares: want 0 to 1024: %w", c.Spares, errdefs.ErrInvalidArgument)
 	}
 	if len(c.Bridge) > 15 {
 		return fmt.Errorf("network: bridge name %q longer than 15 bytes: %w", c.Bridge, errdefs.ErrInvalidArgument)
@@ -155,9 +163,18 @@ type Manager struct {
 	gateway netip.Addr
 
 	mu     sync.Mutex
-	byIP   map[netip.Addr]string // allocated address -> ID
+	byIP   map[netip.Addr]string // allocated address -> ID (spareOwner for a spare's)
 	byID   map[string]netip.Addr
-	cursor netip.Addr // last allocated address, for next-fit allocation
+	cursor netip.Addr    // last allocated address, for next-fit allocation
+	spares []*spare      // ready spares (Config.Spares)
+	making bool          // the filler is making one
+	ready  chan struct{} // closed (and replaced) when the filler is done with one
+	closed bool
+
+	// The spare filler (only with Config.Spares > 0).
+	kick     chan struct{}
+	stop     chan struct{}
+	fillDone chan struct{}
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
@@ -193,6 +210,11 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	}
 	if err := m.reconcile(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.Spares > 0 {
+		m.kick, m.stop, m.fillDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		m.ready = make(chan struct{})
+		go m.fill()
 	}
 	return m, nil
 }
@@ -230,9 +252,9 @@ func HostVethName(id string) string {
 	return hostVethPrefix + hex.EncodeToString(sum[:6])
 }
 
-// Setup creates the network of sandbox id. On error nothing is left
-// behind. Setting up an ID that already has an attachment is
-// ErrAlreadyExists.
+// Setup creates the network of sandbox id, or gives it a spare made
+// ahead. On error nothing is left behind. Setting up an ID that already
+// has an attachment is ErrAlreadyExists.
 func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error) {
 	if !idPattern.MatchString(id) {
 		return Attachment{}, fmt.Errorf("network: bad sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
@@ -240,7 +262,21 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 	if err := ctx.Err(); err != nil {
 		return Attachment{}, err
 	}
+	m.mu.Lock()
+	_, attached := m.byID[id]
+	m.mu.Unlock()
+	if attached {
+		return Attachment{}, fmt.Errorf("network: sandbox %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	if s := m.takeSpare(); s != nil {
+		return m.claim(ctx, id, s)
+	}
 	ip, err := m.allocate(id)
+	if errors.Is(err, errdefs.ErrResourceExhausted) {
+		if s := m.awaitSpare(ctx); s != nil {
+			return m.claim(ctx, id, s)
+		}
+	}
 	if err != nil {
 		return Attachment{}, err
 	}
@@ -262,13 +298,20 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 	if m.cfg.Subnet6.IsValid() {
 		a.IP6, a.PrefixLen6, a.Gateway6 = m.ip6For(ip), m.cfg.Subnet6.Bits(), m.Gateway6()
 	}
-	ns, err := createNetns(a.NetnsPath)
+	ns, err := newNetns()
 	if err != nil {
 		return Attachment{}, err
 	}
 	defer ns.Close()
-	if err := m.plumb(a, ns); err != nil {
+	if err := bindNetns(ns, a.NetnsPath); err != nil {
 		return Attachment{}, err
+	}
+	host, err := m.plumb(a, ns)
+	if err != nil {
+		return Attachment{}, err
+	}
+	if err := netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: host}}); err != nil {
+		return Attachment{}, fmt.Errorf("network: bring up %s: %w", a.HostVeth, err)
 	}
 	if err := writeJSONAtomic(filepath.Join(m.attachDir(), id+".json"), a); err != nil {
 		return Attachment{}, fmt.Errorf("network: record attachment: %w", err)
@@ -306,6 +349,7 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	if err := m.release(id); err != nil {
 		errs = append(errs, err)
 	}
+	m.kickFiller() // an address is free: a spare may be wanted
 	if len(errs) > 0 {
 		return fmt.Errorf("network: teardown %s: %w: %w", id, errors.Join(errs...), errdefs.ErrInternal)
 	}

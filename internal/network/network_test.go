@@ -56,6 +56,7 @@ func openTest(t *testing.T, cfg Config) *Manager {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
+		m.Close()
 		atts, _ := m.List(ctx)
 		for _, a := range atts {
 			m.Teardown(ctx, a.ID)
@@ -142,10 +143,22 @@ func listenIn(t *testing.T, path string, addr string) net.Listener {
 	return l
 }
 
-func TestSetupTeardown(t *testing.T) {
+// withSpares runs test once making every network in Setup and once with
+// spares made ahead.
+func withSpares(t *testing.T, test func(t *testing.T, spares int)) {
+	for _, n := range []int{0, 2} {
+		t.Run(fmt.Sprintf("spares=%d", n), func(t *testing.T) { test(t, n) })
+	}
+}
+
+func TestSetupTeardown(t *testing.T) { withSpares(t, testSetupTeardown) }
+
+func testSetupTeardown(t *testing.T, spares int) {
 	cfg := testConfig(t, 24)
+	cfg.Spares = spares
 	m := openTest(t, cfg)
 	ctx := context.Background()
+	waitSpares(t, m, spares)
 
 	start := time.Now()
 	a, err := m.Setup(ctx, "sbx-1")
@@ -162,6 +175,9 @@ func TestSetupTeardown(t *testing.T) {
 	if a.NetnsPath != filepath.Join(cfg.NetnsDir, "sbx-1") {
 		t.Errorf("netns path %s", a.NetnsPath)
 	}
+	if a.HostVeth != HostVethName("sbx-1") {
+		t.Errorf("host veth %s, want %s", a.HostVeth, HostVethName("sbx-1"))
+	}
 	host, err := netlink.LinkByName(a.HostVeth)
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +185,9 @@ func TestSetupTeardown(t *testing.T) {
 	br, _ := netlink.LinkByName(cfg.Bridge)
 	if host.Attrs().MasterIndex != br.Attrs().Index {
 		t.Errorf("host veth not on bridge")
+	}
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("host veth %s is down", a.HostVeth)
 	}
 
 	// Inside: lo and eth0 up with the address, default route via gateway.
@@ -232,8 +251,13 @@ func TestSetupTeardown(t *testing.T) {
 	}
 }
 
-func TestExhaustion(t *testing.T) {
+func TestExhaustion(t *testing.T) { withSpares(t, testExhaustion) }
+
+// testExhaustion: every address goes to a sandbox, spares or not (a spare
+// holds an address until a sandbox takes it).
+func testExhaustion(t *testing.T, spares int) {
 	cfg := testConfig(t, 29) // 8 addresses: network, gateway, 5 hosts, broadcast
+	cfg.Spares = spares
 	m := openTest(t, cfg)
 	ctx := context.Background()
 	seen := map[netip.Addr]bool{}
@@ -310,8 +334,11 @@ func TestCrashRecovery(t *testing.T) {
 	_ = half
 }
 
-func TestParallelSetup(t *testing.T) {
+func TestParallelSetup(t *testing.T) { withSpares(t, testParallelSetup) }
+
+func testParallelSetup(t *testing.T, spares int) {
 	cfg := testConfig(t, 24)
+	cfg.Spares = spares
 	m := openTest(t, cfg)
 	ctx := context.Background()
 	const n = 20
@@ -367,24 +394,38 @@ func TestLastHost(t *testing.T) {
 	}
 }
 
+// BenchmarkSetupTeardown times Setup (setup-µs/op) and the whole cycle,
+// making every network in Setup and with spares made ahead (the pool is
+// refilled between iterations, outside the time, as it is between
+// creates).
 func BenchmarkSetupTeardown(b *testing.B) {
+	for _, spares := range []int{0, 4} {
+		b.Run(fmt.Sprintf("spares=%d", spares), func(b *testing.B) { benchSetupTeardown(b, spares) })
+	}
+}
+
+func benchSetupTeardown(b *testing.B, spares int) {
 	testutil.RequiresRoot(b)
 	dir := b.TempDir()
 	n := testnet.New(b, testnet.Bits(24))
 	n.Own(dir)
-	cfg := Config{Bridge: n.Name, Subnet: n.Subnet, StateDir: dir + "/s", NetnsDir: dir + "/n"}
+	cfg := Config{Bridge: n.Name, Subnet: n.Subnet, StateDir: dir + "/s", NetnsDir: dir + "/n", Spares: spares}
 	ctx := context.Background()
 	m, err := Open(ctx, cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer func() {
+		m.Close()
 		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
 			netlink.LinkDel(l)
 		}
 	}()
 	var setup time.Duration
 	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		waitSpares(b, m, spares)
+		b.StartTimer()
 		id := fmt.Sprintf("b%d", i)
 		s := time.Now()
 		if _, err := m.Setup(ctx, id); err != nil {

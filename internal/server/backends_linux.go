@@ -39,10 +39,16 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		}
 	}
 	netm, err := network.Open(ctx, network.Config{Bridge: cfg.Bridge, Subnet: subnet, Subnet6: subnet6,
-		StateDir: filepath.Join(cfg.Root, "oci", "network"), NetnsDir: filepath.Join(cfg.RunRoot, "netns")}, d.log)
+		StateDir: filepath.Join(cfg.Root, "oci", "network"), NetnsDir: filepath.Join(cfg.RunRoot, "netns"),
+		Spares: cfg.NetworkSpares}, d.log)
 	if err != nil {
 		return backend{}, fmt.Errorf("network: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			netm.Close()
+		}
+	}()
 	eg, stopEgress, err := startEgress(ctx, run, cfg, ociNet{netm}, d)
 	if err != nil {
 		return backend{}, err
@@ -82,7 +88,7 @@ func newOCI(ctx, run context.Context, cfg Config, d deps) (_ backend, err error)
 		return backend{}, err
 	}
 	closeAll := func() error {
-		err := errors.Join(stopEgress(), rt.Close())
+		err := errors.Join(stopEgress(), rt.Close(), netm.Close())
 		imgs.Close()
 		return err
 	}

@@ -72,6 +72,10 @@ type Config struct {
 	// prefix (e.g. a ULA /64 "fd00:6d6f:6174::/64"), NAT66'd like IPv4.
 	// Default "" (off): sandboxes have no IPv6 at all.
 	Subnet6 string
+	// NetworkSpares is how many sandbox networks (namespace, veth pair,
+	// address) the native (oci) backend keeps made ahead, so that a create
+	// only takes one. Default 4; 0 makes each in its create.
+	NetworkSpares int
 	// MaxTimeout caps sandbox timeouts (0 = no cap).
 	MaxTimeout time.Duration
 	// LogLevel is debug, info, warn or error. Default info.
@@ -198,16 +202,17 @@ func (c *Config) volumeSizeBytes() (int64, error) {
 // Default returns the default configuration.
 func Default() Config {
 	return Config{
-		Listen:       ":8080",
-		Root:         "/var/lib/moat",
-		RunRoot:      "/run/moat",
-		CgroupParent: "/moat",
-		Runtime:      "oci",
-		RuntimeClass: "runc",
-		Bridge:       "moat0",
-		Subnet:       "10.88.0.0/16",
-		LogLevel:     "info",
-		Console:      true,
+		Listen:        ":8080",
+		Root:          "/var/lib/moat",
+		RunRoot:       "/run/moat",
+		CgroupParent:  "/moat",
+		Runtime:       "oci",
+		RuntimeClass:  "runc",
+		Bridge:        "moat0",
+		Subnet:        "10.88.0.0/16",
+		NetworkSpares: 4,
+		LogLevel:      "info",
+		Console:       true,
 	}
 }
 

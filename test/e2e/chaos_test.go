@@ -476,12 +476,8 @@ func assertServerClean(t *testing.T, srv *server) {
 			t.Errorf("%s not empty: %v", dir, names)
 		}
 	}
-	if links, _ := os.ReadDir("/sys/class/net/" + srv.bridge + "/brif"); len(links) != 0 {
-		var names []string
-		for _, l := range links {
-			names = append(names, l.Name())
-		}
-		t.Errorf("bridge %s still has ports: %v", srv.bridge, names)
+	if ports := sandboxPorts(t, srv); len(ports) != 0 {
+		t.Errorf("bridge %s still has sandbox ports: %v", srv.bridge, ports)
 	}
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mi), "\n") {

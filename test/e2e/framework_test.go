@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/runtime/docker"
+	moatserver "github.com/moat-sandbox/moat/internal/server"
 	"github.com/moat-sandbox/moat/internal/testutil"
 	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
@@ -563,3 +565,25 @@ func (s *server) createIdle(ref string, np any) string {
 func probeOutside(addr string) string { return "nc -w 2 " + addr + " 7000" }
 
 func reachedOutside(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
+
+// sandboxPorts returns the ports of the server's bridge that sandboxes
+// hold. The others are the server's spare networks (made ahead of
+// creates): ports that are down, at most Config.NetworkSpares of them.
+func sandboxPorts(t *testing.T, srv *server) []string {
+	t.Helper()
+	links, _ := os.ReadDir("/sys/class/net/" + srv.bridge + "/brif")
+	var up, down []string
+	for _, l := range links {
+		flags, err := os.ReadFile("/sys/class/net/" + l.Name() + "/flags")
+		v, perr := strconv.ParseUint(strings.TrimSpace(string(flags)), 0, 32)
+		if err == nil && perr == nil && v&syscall.IFF_UP == 0 {
+			down = append(down, l.Name())
+		} else {
+			up = append(up, l.Name())
+		}
+	}
+	if max := moatserver.Default().NetworkSpares; len(down) > max {
+		t.Errorf("bridge %s has %d ports down, more than the server's %d spares: %v", srv.bridge, len(down), max, down)
+	}
+	return up
+}

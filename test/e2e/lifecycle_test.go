@@ -346,9 +346,8 @@ func TestAPIErrors(t *testing.T) {
 	if len(list.Items) != 0 {
 		t.Fatalf("running sandboxes after failed creates: %+v", list.Items)
 	}
-	links, _ := os.ReadDir("/sys/class/net/" + srv.bridge + "/brif")
-	if len(links) != 0 {
-		t.Fatalf("veths left by failed creates: %d", len(links))
+	if ports := sandboxPorts(t, srv); len(ports) != 0 {
+		t.Fatalf("veths left by failed creates: %v", ports)
 	}
 }
 

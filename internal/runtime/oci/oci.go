@@ -204,6 +204,7 @@ type Runtime struct {
 	cfg     Config
 	images  Images
 	net     Network
+	ownNet  *network.Manager // the Manager New opened (Deps.Network unset), closed by Close
 	log     *slog.Logger
 	classes map[string]string // available class -> binary path
 	kinds   map[string]string // available class -> "runc", "crun" or "runsc" (binary base name)
@@ -336,7 +337,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.net = m
+		r.net, r.ownNet = m, m
 	}
 	if cfg.Subreaper {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -363,6 +364,9 @@ func (r *Runtime) Close() error {
 		r.stop = nil
 	}
 	var errs []error
+	if r.ownNet != nil {
+		errs = append(errs, r.ownNet.Close())
+	}
 	for _, p := range r.classes {
 		if filepath.Dir(p) == filepath.Join(r.cfg.RunRoot, "bin") {
 			if err := unmountAll(p); err != nil {
