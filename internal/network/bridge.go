@@ -111,6 +111,7 @@ func pinBridgeMAC(link netlink.Link) error {
 // RemoveBridge deletes the bridge. It is meant for tests and uninstall;
 // it fails with ErrFailedPrecondition while attachments exist.
 func (m *Manager) RemoveBridge(ctx context.Context) error {
+	m.settleDeletes()
 	m.mu.Lock()
 	n := len(m.byID)
 	m.mu.Unlock()

@@ -88,8 +88,7 @@ type Config struct {
 	NetnsDir string `json:"netnsDir,omitempty"`
 	// Spares is how many sandbox networks (namespace, veth pair, address)
 	// the Manager keeps made ahead, so that Setup only hands one over (see
-	// spares.go); a Manager with spares must be closed. 0 (the default)
-	// makes every network in Setup.
+	// spares.go). 0 (the default) makes every network in Setup.
 	Spares int `json:"spares,omitempty"`
 }
 
@@ -156,7 +155,8 @@ type Attachment struct {
 
 // Manager sets up and tears down sandbox networks. Its methods are safe for
 // concurrent use; calls for the same ID must not overlap (the runtime
-// serializes them).
+// serializes them). Close it when done: it removes the spares and waits
+// for the veth deletions Teardown left running.
 type Manager struct {
 	cfg     Config
 	log     *slog.Logger
@@ -170,6 +170,12 @@ type Manager struct {
 	making bool          // the filler is making one
 	ready  chan struct{} // closed (and replaced) when the filler is done with one
 	closed bool
+
+	// Host veths being deleted (deletions.go), by name.
+	delMu      sync.Mutex
+	deleting   map[string]chan struct{} // closed once deleted
+	delQueue   []netlink.Link
+	delRunning bool
 
 	// The spare filler (only with Config.Spares > 0).
 	kick     chan struct{}
@@ -195,6 +201,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 		gateway: cfg.Subnet.Addr().Next(),
 		byIP:    map[netip.Addr]string{},
 		byID:    map[string]netip.Addr{},
+
+		deleting: map[string]chan struct{}{},
 	}
 	m.cursor = m.gateway
 	for _, d := range []string{m.ipDir(), m.attachDir(), cfg.NetnsDir} {
@@ -268,6 +276,10 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 	if attached {
 		return Attachment{}, fmt.Errorf("network: sandbox %s: %w", id, errdefs.ErrAlreadyExists)
 	}
+	// A veth of an earlier sandbox of this ID may still be being deleted.
+	if err := m.awaitDeleted(ctx, HostVethName(id)); err != nil {
+		return Attachment{}, err
+	}
 	if s := m.takeSpare(); s != nil {
 		return m.claim(ctx, id, s)
 	}
@@ -333,12 +345,11 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	if known {
 		m.forgetNeighbors(ip, m.ip6For(ip))
 	}
-	// Deleting the host end destroys the peer too (and so would destroying
-	// the namespace, but that happens asynchronously in the kernel).
+	// Deleting the host end destroys the peer too. It is the slow step (the
+	// kernel waits for an RCU grace period, holding the rtnl lock), so it
+	// happens after Teardown returns (deleteLater).
 	if link, err := netlink.LinkByName(HostVethName(id)); err == nil {
-		if err := netlink.LinkDel(link); err != nil {
-			errs = append(errs, fmt.Errorf("delete veth: %w", err))
-		}
+		m.deleteLater(link)
 	}
 	if err := removeNetns(m.NetnsPath(id)); err != nil {
 		errs = append(errs, err)

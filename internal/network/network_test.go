@@ -74,6 +74,7 @@ func assertGone(t *testing.T, m *Manager, id string) {
 	if _, err := os.Stat(m.NetnsPath(id)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("netns file of %s still exists (err=%v)", id, err)
 	}
+	m.settleDeletes() // Teardown deletes the veth after it returns
 	if _, err := netlink.LinkByName(HostVethName(id)); err == nil {
 		t.Errorf("veth of %s still exists", id)
 	}

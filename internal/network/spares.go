@@ -226,8 +226,9 @@ func (m *Manager) unreserve(ip netip.Addr) {
 	}
 }
 
-// Close stops making spares and removes the ready ones. Attachments of
-// sandboxes stay. It is idempotent.
+// Close stops making spares, removes the ready ones and waits for the
+// veths of torn-down sandboxes to be deleted. Attachments of sandboxes
+// stay. It is idempotent.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -247,5 +248,6 @@ func (m *Manager) Close() error {
 	for _, s := range spares {
 		m.discard(s)
 	}
+	m.settleDeletes()
 	return nil
 }

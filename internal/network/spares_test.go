@@ -165,3 +165,53 @@ func reachable(t *testing.T, a Attachment) {
 	}
 	c.Close()
 }
+
+// TestTeardownDeletesLater: Teardown returns before the kernel has deleted
+// the veth; a Setup of the same ID right after waits for that deletion
+// (the veth name is the same) and works, and Close waits for every
+// deletion.
+func TestTeardownDeletesLater(t *testing.T) {
+	withSpares(t, func(t *testing.T, spares int) {
+		cfg := testConfig(t, 24)
+		cfg.Spares = spares
+		m := openTest(t, cfg)
+		ctx := context.Background()
+		for i := range 5 {
+			if _, err := m.Setup(ctx, "again"); err != nil {
+				t.Fatalf("Setup %d right after Teardown: %v", i, err)
+			}
+			if i == 4 {
+				break
+			}
+			if err := m.Teardown(ctx, "again"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a, err := m.Get(ctx, "again")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reachable(t, a)
+		var names []string
+		for i := range 8 {
+			id := "later-" + string(rune('a'+i))
+			if _, err := m.Setup(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, HostVethName(id))
+		}
+		for i := range 8 {
+			if err := m.Teardown(ctx, "later-"+string(rune('a'+i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			if _, err := netlink.LinkByName(name); err == nil {
+				t.Errorf("veth %s of a torn-down sandbox outlived Close", name)
+			}
+		}
+	})
+}

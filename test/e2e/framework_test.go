@@ -567,12 +567,28 @@ func probeOutside(addr string) string { return "nc -w 2 " + addr + " 7000" }
 func reachedOutside(out string) bool { return strings.Contains(out, nettest.Banner[:10]) }
 
 // sandboxPorts returns the ports of the server's bridge that sandboxes
-// hold. The others are the server's spare networks (made ahead of
-// creates): ports that are down, at most Config.NetworkSpares of them.
+// hold, once those of deleted sandboxes had 10 s to go (their veths are
+// deleted after the delete returns). The other ports are the server's
+// spare networks (made ahead of creates): ports that are down, at most
+// Config.NetworkSpares of them.
 func sandboxPorts(t *testing.T, srv *server) []string {
 	t.Helper()
-	links, _ := os.ReadDir("/sys/class/net/" + srv.bridge + "/brif")
-	var up, down []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		up, down := bridgePorts(srv.bridge)
+		if len(up) == 0 || time.Now().After(deadline) {
+			if max := moatserver.Default().NetworkSpares; len(down) > max {
+				t.Errorf("bridge %s has %d ports down, more than the server's %d spares: %v", srv.bridge, len(down), max, down)
+			}
+			return up
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// bridgePorts lists the ports of bridge that are up and down.
+func bridgePorts(bridge string) (up, down []string) {
+	links, _ := os.ReadDir("/sys/class/net/" + bridge + "/brif")
 	for _, l := range links {
 		flags, err := os.ReadFile("/sys/class/net/" + l.Name() + "/flags")
 		v, perr := strconv.ParseUint(strings.TrimSpace(string(flags)), 0, 32)
@@ -582,8 +598,5 @@ func sandboxPorts(t *testing.T, srv *server) []string {
 			up = append(up, l.Name())
 		}
 	}
-	if max := moatserver.Default().NetworkSpares; len(down) > max {
-		t.Errorf("bridge %s has %d ports down, more than the server's %d spares: %v", srv.bridge, len(down), max, down)
-	}
-	return up
+	return up, down
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/network"
+	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 
 type sandboxResp struct {
@@ -231,7 +232,7 @@ func assertNoLeaks(t *testing.T, srv *server, id string) {
 	if len(cg)+len(cg2) > 0 {
 		t.Errorf("cgroups left behind: %v %v", cg, cg2)
 	}
-	if _, err := os.Stat("/sys/class/net/" + network.HostVethName(id)); err == nil {
+	if !testnet.LinkGone(network.HostVethName(id), 10*time.Second) {
 		t.Errorf("veth %s left behind", network.HostVethName(id))
 	}
 }

@@ -203,7 +203,7 @@ func assertNoLeaks(t *testing.T, r *Runtime, id string) {
 			t.Errorf("address %s still allocated", e.Name())
 		}
 	}
-	if _, err := netlink.LinkByName(network.HostVethName(id)); err == nil {
+	if !testnet.LinkGone(network.HostVethName(id), 10*time.Second) {
 		t.Errorf("veth of %s left behind", id)
 	}
 	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id); len(dirs) > 0 {

@@ -732,3 +732,19 @@ func dump[T any](f func() (T, error)) (T, error) {
 	}
 	return v, err
 }
+
+// LinkGone reports whether network interface name is gone (from the
+// test's netns) within d: moat deletes a torn-down sandbox's veth after
+// the delete returns (see internal/network/deletions.go).
+func LinkGone(name string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Stat("/sys/class/net/" + name); errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
