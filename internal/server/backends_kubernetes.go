@@ -40,9 +40,10 @@ type KubernetesConfig struct {
 	// OrphanGrace is how old a sandbox without a record must be before
 	// the leading replica deletes it (default 10m, longer than a create may take; see lifecycle).
 	OrphanGrace time.Duration
-	// InlineMoveAfter is how long the record a warm claim writes into its
-	// pool's allocation table stays there before the store moves it to a
-	// Secret of its own (default 200ms; see kstore).
+	// InlineMoveAfter is how long a record a warm claim wrote into its
+	// pool's allocation table stays there, once its shard is short of
+	// room, before the store moves it to a Secret of its own (default
+	// 200ms; see kstore: a record with room stays until its first update).
 	InlineMoveAfter time.Duration
 }
 

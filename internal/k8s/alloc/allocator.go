@@ -437,6 +437,10 @@ type InlineRecord struct {
 	Raw   []byte
 	// Mine says this process wrote it (a claim of its own).
 	Mine bool
+	// Crowded says it is one of the oldest records of a shard that holds
+	// more than InlineRoom bytes of them, past which it should be moved
+	// out (Table.crowded).
+	Crowded bool
 }
 
 // poolsIn returns the pools of namespace ns the allocator knows.
@@ -460,12 +464,13 @@ func (a *Allocator) InlineRecords(ns string, match func(owner string) bool) []In
 		ps.mu.Lock()
 		live := map[string]bool{}
 		for i := range ps.shards {
+			crowded := ps.shards[i].table.crowded()
 			for o, raw := range ps.shards[i].table.Records {
 				if !match(o) {
 					continue
 				}
 				live[o] = true
-				out = append(out, InlineRecord{Pool: ps.key, Shard: i, Owner: o, Raw: raw, Mine: ps.wrote[o] == string(raw)})
+				out = append(out, InlineRecord{Pool: ps.key, Shard: i, Owner: o, Raw: raw, Mine: ps.wrote[o] == string(raw), Crowded: crowded[o]})
 			}
 		}
 		for o := range ps.wrote {

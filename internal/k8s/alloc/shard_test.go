@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -424,5 +425,53 @@ func TestInlineRecord(t *testing.T) {
 	}
 	if tbl, _ := ReadTable(ctx, w.c, w.pool); len(tbl.Records) != 0 {
 		t.Errorf("a huge record went inline")
+	}
+}
+
+// TestInlineRecordsCrowded: once the inline records of a shard pass
+// InlineRoom together, its oldest are crowded (to be moved out by their
+// store) until the rest fit, and only that shard's; below it they all
+// stay where they are.
+func TestInlineRecordsCrowded(t *testing.T) {
+	w := newShardWorld(t, 400)
+	a := w.allocator(t)
+	ctx := context.Background()
+	big := func(pod string, _ PodState) []byte { // MaxInlineRecord bytes of JSON
+		return fmt.Appendf(nil, "%q", pod+strings.Repeat("x", MaxInlineRecord-2-len(pod)))
+	}
+	claim := func(owner string, shard int) {
+		t.Helper()
+		a.setCursor(w.pool, shard)
+		res, err := a.Apply(ctx, w.pool, Change{Owner: owner, Want: 1, Record: big})
+		if err != nil || !res.Recorded || len(res.Pods) != 1 || ShardOf(res.Pods[0], MinShards) != shard {
+			t.Fatalf("claim %s in shard %d: %+v %v", owner, shard, res, err)
+		}
+	}
+	crowded := func() map[string]bool {
+		out := map[string]bool{}
+		for _, in := range a.InlineRecords("ns", func(string) bool { return true }) {
+			out[in.Owner] = in.Crowded
+		}
+		return out
+	}
+	claim("moat/s/other", 1)
+	fit := InlineRoom / MaxInlineRecord
+	for i := range fit {
+		claim(fmt.Sprintf("moat/s/%02d", i), 0)
+	}
+	for o, c := range crowded() {
+		if c {
+			t.Errorf("%s crowded with %d records of %d bytes in its shard (room %d)", o, fit, MaxInlineRecord, InlineRoom)
+		}
+	}
+	claim("moat/s/last", 0)
+	got := crowded()
+	for o, c := range got {
+		if c != (o == "moat/s/00") {
+			t.Errorf("%s crowded %v with %d records in shard 0, one in shard 1: want the oldest of shard 0 alone", o, c, fit+1)
+		}
+	}
+	if len(got) != fit+2 {
+		t.Errorf("%d inline records, want %d", len(got), fit+2)
 	}
 }

@@ -38,6 +38,7 @@
 package alloc
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -392,6 +393,39 @@ type Result struct {
 // MaxInlineRecord bounds an inline record: a shard's PodsPerShard claims
 // with their records stay far below a Secret's 1 MiB.
 const MaxInlineRecord = 4 << 10
+
+// InlineRoom is how many bytes of inline records a shard keeps: past it,
+// the oldest are crowded (InlineRecord.Crowded) and their store moves
+// them out, so that a claim's write of the shard stays bounded. The
+// records of a shard's PodsPerShard claims (about 500 bytes each) fit, so
+// they stay inline until their first update; big ones (a large env) or a
+// shard holding more pods than it was sized for push some out.
+const InlineRoom = 64 << 10
+
+// crowded returns the owners of the records t holds past InlineRoom: the
+// oldest claims' (then by owner), until the rest fit.
+func (t Table) crowded() map[string]bool {
+	size := 0
+	for _, raw := range t.Records {
+		size += len(raw)
+	}
+	if size <= InlineRoom {
+		return nil
+	}
+	owners := slices.Collect(maps.Keys(t.Records))
+	slices.SortFunc(owners, func(a, b string) int {
+		return cmp.Or(t.Owners[a].At.Compare(t.Owners[b].At), strings.Compare(a, b))
+	})
+	out := map[string]bool{}
+	for _, o := range owners {
+		if size <= InlineRoom {
+			break
+		}
+		out[o] = true
+		size -= len(t.Records[o])
+	}
+	return out
+}
 
 // apply applies changes to t (in place) at time now and returns their
 // results. free lists candidate free pods (ready, of the current

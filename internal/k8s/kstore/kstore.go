@@ -20,12 +20,15 @@
 // a claim writes its sandbox's record into the same write of its pool's
 // allocation table shard as the claim itself, so that the claim and its
 // record are one write. The store reads them as its own (a record of its
-// own Secret wins), and moves each into a Secret of its own (recordName)
-// off the caller's path: it creates that Secret, then drops the inline
-// copy; a write of an inline record is such a move with the new value.
-// A record whose owner was released meanwhile (the sandbox was deleted)
-// is not moved: its own copy, if made, is deleted again, so a move never
-// brings a deleted record back.
+// own Secret wins). A record stays inline until its first write, which
+// moves it into a Secret of its own (recordName) with the new value: it
+// creates that Secret, then drops the inline copy. Records whose home is
+// short of room (InlineRecord.Crowded) are moved the same way off the
+// caller's path. A record never written again costs no write beyond its
+// claim's, and goes with its owner's release. A record whose owner was
+// released meanwhile (the sandbox was deleted) is not moved: its own
+// copy, if made, is deleted again, so a move never brings a deleted
+// record back.
 package kstore
 
 import (
@@ -87,8 +90,8 @@ type Options struct {
 	// a Secret of their own. Optional.
 	Inline       Inline
 	InlineBucket string
-	// MoveAfter is how long an inline record stays inline before the
-	// store moves it (moves made together share their table writes).
+	// MoveAfter is how long a crowded inline record stays inline before
+	// the store moves it (moves made together share their table writes).
 	// Default 200ms.
 	MoveAfter time.Duration
 }
@@ -110,6 +113,9 @@ type InlineRecord struct {
 	From any
 	// Mine says this process wrote it (it is not reported to Watch).
 	Mine bool
+	// Crowded says its home is short of room: the store moves it to a
+	// Secret of its own without waiting for a write.
+	Crowded bool
 }
 
 // inlineSettle is how long an inline record that vanished with no own
@@ -786,7 +792,8 @@ func (s *Store) reportLocked(bucket, key string, raw []byte) []func() {
 	return calls
 }
 
-// mover moves inline records into their own Secrets until ctx ends.
+// mover moves crowded inline records into their own Secrets until ctx
+// ends (the others stay inline until their first write).
 func (s *Store) mover(ctx context.Context) {
 	wait := 5 * time.Second
 	for {
@@ -806,7 +813,7 @@ func (s *Store) mover(ctx context.Context) {
 		wait = 5 * time.Second
 		s.mu.Lock()
 		for k, in := range s.inline {
-			if _, own := s.index[b][k]; own || s.moving[k] {
+			if _, own := s.index[b][k]; own || s.moving[k] || !in.Crowded {
 				continue
 			}
 			if due := s.seen[k].Add(s.o.MoveAfter); due.After(now) {

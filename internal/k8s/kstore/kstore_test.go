@@ -220,9 +220,10 @@ func (f *fakeInline) dropCount(key string) int {
 }
 
 // TestInlineRecords: records of the inline source are read as the
-// store's own at once, then moved into Secrets of their own (the inline
-// copy dropped); a write of an inline record moves it with the new
-// value; a record whose owner is gone (Drop: not live) is not moved: the
+// store's own at once and stay inline, costing no write, until a write
+// moves one into a Secret of its own with the new value (the inline copy
+// dropped); crowded ones (their home short of room) are moved without a
+// write; a record whose owner is gone (Drop: not live) is not moved: the
 // Secret the move made goes again, and a write answers ErrNotFound.
 func TestInlineRecords(t *testing.T) {
 	k8stest.Require(t, env)
@@ -287,10 +288,13 @@ func TestInlineRecords(t *testing.T) {
 		t.Error("a write of a gone inline record left a Secret of its own")
 	}
 
-	// A store that moves them: a live one moves, a gone one does not.
+	// A store that moves crowded records at once: a live one moves, a
+	// gone one does not, one with room stays inline.
 	f.mu.Lock()
-	f.recs["moved"] = kstore.InlineRecord{Raw: raw("moved", 7)}
-	f.recs["deleted"] = kstore.InlineRecord{Raw: raw("deleted", 7)}
+	f.recs["moved"] = kstore.InlineRecord{Raw: raw("moved", 7), Crowded: true}
+	f.recs["deleted"] = kstore.InlineRecord{Raw: raw("deleted", 7), Crowded: true}
+	f.recs["roomy"] = kstore.InlineRecord{Raw: raw("roomy", 7)}
+	f.live["roomy"] = true
 	f.mu.Unlock()
 	fast := open(20 * time.Millisecond)
 	f.mu.Lock()
@@ -300,6 +304,13 @@ func TestInlineRecords(t *testing.T) {
 	eventually(t, "the moved record has its own Secret", func() bool { return own()["moved"] == string(raw("moved", 7)) })
 	if _, ok := own()["deleted"]; ok {
 		t.Error("a record whose owner is gone was moved")
+	}
+	time.Sleep(200 * time.Millisecond) // ten times MoveAfter
+	if _, ok := own()["roomy"]; ok || f.dropCount("roomy") != 0 {
+		t.Errorf("a record with room was moved (%d drops)", f.dropCount("roomy"))
+	}
+	if err := fast.Get("sb", "roomy", &r); err != nil || r.Value != 7 {
+		t.Errorf("inline record with room: %+v %v", r, err)
 	}
 	if err := fast.Get("sb", "moved", &r); err != nil || r.Value != 7 {
 		t.Errorf("moved record: %+v %v", r, err)

@@ -92,10 +92,6 @@ func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) 
 	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root, stop: stop}
 }
 
-// keepInline makes a server leave the records its claims write inline
-// (in the pool's table) for an hour instead of moving them at once.
-func keepInline(cfg *server.Config) { cfg.Kubernetes.InlineMoveAfter = time.Hour }
-
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -132,9 +128,9 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	k8stest.Require(t, env)
 	startController(t)
 	ns := namespace(t)
-	// The records stay inline (in the table) for the whole test: the
-	// writes counted are the claims' alone, not the later moves'.
-	srv := startServerWith(t, ns, "claims", keepInline)
+	// The records stay inline (in the table): the writes counted are the
+	// claims' alone, with no later moves.
+	srv := startServer(t, ns, "claims")
 	ctx := context.Background()
 	c := adminClient(t)
 

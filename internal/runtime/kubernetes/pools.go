@@ -429,9 +429,10 @@ func (r *Runtime) claimedStatuses() []runtime.Status {
 // Inline records. A claim can write its sandbox's record into the same
 // write of the pool's table as the claim (alloc.Table.Records): one write
 // per warm claim or warm batch instead of two. The server's store
-// (kstore) reads them through InlineRecords and moves each into a Secret
-// of its own, off the claim's path; EnableInlineRecords turns them on
-// once that store listens.
+// (kstore) reads them through InlineRecords, and moves one into a Secret
+// of its own at its first update, or when its shard is short of room
+// (alloc.InlineRoom); EnableInlineRecords turns them on once that store
+// listens.
 
 // InlineRecords is the kstore.Inline of the sandbox records this
 // backend's claims write.
@@ -463,7 +464,7 @@ func (s inlineSource) Records() map[string]kstore.InlineRecord {
 	out := map[string]kstore.InlineRecord{}
 	for _, in := range r.alloc.InlineRecords(r.cfg.Namespace, func(o string) bool { return strings.HasPrefix(o, prefix) }) {
 		id, _ := alloc.SandboxOf(r.cfg.Scope, in.Owner)
-		out[id] = kstore.InlineRecord{Raw: in.Raw, From: inlineFrom{in.Pool, in.Shard}, Mine: in.Mine}
+		out[id] = kstore.InlineRecord{Raw: in.Raw, From: inlineFrom{in.Pool, in.Shard}, Mine: in.Mine, Crowded: in.Crowded}
 	}
 	return out
 }
