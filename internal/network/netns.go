@@ -157,28 +157,36 @@ func permanentNeighbor(link int, ip netip.Addr, mac net.HardwareAddr) *netlink.N
 }
 
 // inNetns runs fn on a locked OS thread switched into ns (for the
-// per-namespace files under /proc/sys/net). A thread that cannot switch
-// back stays locked and is discarded with its goroutine.
+// per-namespace files under /proc/sys/net).
 func inNetns(ns netns.NsHandle, fn func() error) error {
+	return onNetnsThread(func() error { return netns.Set(ns) }, fn)
+}
+
+// onNetnsThread runs enter, which moves the calling thread into another
+// network namespace (setns or unshare), then fn, on a dedicated locked OS
+// thread, and switches the thread back. A thread that cannot switch back
+// stays locked, so Go discards it with its goroutine instead of reusing a
+// thread in the wrong namespace.
+func onNetnsThread(enter, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			done <- err
+			done <- fmt.Errorf("current netns: %w", err)
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
+		if err := enter(); err != nil {
 			runtime.UnlockOSThread()
 			done <- err
 			return
 		}
 		ferr := fn()
 		if err := netns.Set(orig); err != nil {
-			done <- errors.Join(ferr, err)
-			return
+			done <- errors.Join(ferr, fmt.Errorf("restore netns: %w", err))
+			return // the thread stays locked and is discarded
 		}
 		runtime.UnlockOSThread()
 		done <- ferr
@@ -199,46 +207,23 @@ func writeSysctl(path, value string) error {
 // before bindNetns destroys it, with every device in it (the kernel does
 // that asynchronously).
 func newNetns() (netns.NsHandle, error) {
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	done := make(chan result, 1)
-	// The namespace switch happens on a dedicated, locked OS thread. If the
-	// thread cannot be switched back, it stays locked so that Go discards
-	// it when the goroutine exits instead of reusing a thread in the wrong
-	// namespace.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("network: current netns: %w", err)}
-			return
-		}
-		defer orig.Close()
+	fd := -1
+	err := onNetnsThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("network: unshare: %w", err)}
-			return
+			return fmt.Errorf("unshare: %w", err)
 		}
-		fd, oerr := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err := netns.Set(orig); err != nil {
-			if oerr == nil {
-				unix.Close(fd)
-			}
-			done <- result{err: fmt.Errorf("network: restore netns: %w", err)}
-			return // thread stays locked and is discarded
+		return nil
+	}, func() (err error) {
+		fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
 		}
-		runtime.UnlockOSThread()
-		if oerr != nil {
-			done <- result{err: fmt.Errorf("network: open new netns: %w", oerr)}
-			return
-		}
-		done <- result{ns: netns.NsHandle(fd)}
-	}()
-	r := <-done
-	return r.ns, r.err
+		return 0, fmt.Errorf("network: new netns: %w", err)
+	}
+	return netns.NsHandle(fd), nil
 }
 
 // bindNetns bind-mounts namespace ns at path, a file it creates, so that the
