@@ -299,17 +299,8 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 			}
 		}
 	}()
-	a := Attachment{
-		ID:        id,
-		NetnsPath: m.NetnsPath(id),
-		IP:        ip,
-		PrefixLen: m.cfg.Subnet.Bits(),
-		Gateway:   m.gateway,
-		HostVeth:  HostVethName(id),
-	}
-	if m.cfg.Subnet6.IsValid() {
-		a.IP6, a.PrefixLen6, a.Gateway6 = m.ip6For(ip), m.cfg.Subnet6.Bits(), m.Gateway6()
-	}
+	a := m.attachment(ip, HostVethName(id))
+	a.ID, a.NetnsPath = id, m.NetnsPath(id)
 	ns, err := newNetns()
 	if err != nil {
 		return Attachment{}, err
@@ -329,6 +320,16 @@ func (m *Manager) Setup(ctx context.Context, id string) (_ Attachment, err error
 		return Attachment{}, fmt.Errorf("network: record attachment: %w", err)
 	}
 	return a, nil
+}
+
+// attachment is the network of address ip with host veth hostVeth: its
+// addresses, prefixes and gateways (without an owner yet).
+func (m *Manager) attachment(ip netip.Addr, hostVeth string) Attachment {
+	a := Attachment{IP: ip, PrefixLen: m.cfg.Subnet.Bits(), Gateway: m.gateway, HostVeth: hostVeth}
+	if m.cfg.Subnet6.IsValid() {
+		a.IP6, a.PrefixLen6, a.Gateway6 = m.ip6For(ip), m.cfg.Subnet6.Bits(), m.Gateway6()
+	}
+	return a
 }
 
 // Teardown removes every piece of the network of id that exists: veth,

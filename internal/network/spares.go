@@ -115,15 +115,7 @@ func (m *Manager) makeSpare() (_ *spare, err error) {
 	}
 	var name [6]byte
 	rand.Read(name[:])
-	s := &spare{att: Attachment{
-		IP:        ip,
-		PrefixLen: m.cfg.Subnet.Bits(),
-		Gateway:   m.gateway,
-		HostVeth:  hostVethPrefix + hex.EncodeToString(name[:]),
-	}}
-	if m.cfg.Subnet6.IsValid() {
-		s.att.IP6, s.att.PrefixLen6, s.att.Gateway6 = m.ip6For(ip), m.cfg.Subnet6.Bits(), m.Gateway6()
-	}
+	s := &spare{att: m.attachment(ip, hostVethPrefix+hex.EncodeToString(name[:]))}
 	if s.ns, err = newNetns(); err != nil {
 		m.unreserve(ip)
 		return nil, err
