@@ -56,11 +56,13 @@ func openTest(t *testing.T, cfg Config) *Manager {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		m.Close()
 		atts, _ := m.List(ctx)
 		for _, a := range atts {
 			m.Teardown(ctx, a.ID)
 		}
+		// After the teardowns: Close waits for their veth deletions, so the
+		// next test's sandboxes of the same IDs find their veth names free.
+		m.Close()
 		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
 			netlink.LinkDel(l)
 		}
