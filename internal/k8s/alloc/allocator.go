@@ -37,9 +37,11 @@ type Options struct {
 	// sbv1.LabelPoolRevision): only pods of that revision are handed
 	// out. "" hands out pods of any revision. Optional.
 	Revision func(pool types.NamespacedName) string
-	// Usable reports whether a free pod may be handed out besides being
-	// ready (the server: its token is known). Optional.
-	Usable func(pool types.NamespacedName, pod string) bool
+	// Usable returns what reports whether a free pod of pool may be
+	// handed out besides being ready (the server: its token is known).
+	// It is called once per look at the pool's free pods, and what it
+	// returns once per pod, so it should do its lookups once. Optional.
+	Usable func(pool types.NamespacedName) func(pod string) bool
 	// Changed is called (outside any lock) after a table changed, with
 	// the pool, from this process's writes and from other writers'.
 	// Optional.
@@ -833,6 +835,11 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 			// Nothing changed: a next round would plan the same.
 			break
 		}
+		if !conflict && settled(group, fixed, want) {
+			// Everything is written and every want met: a next round
+			// would find nothing to do (and cost a look at every pod).
+			break
+		}
 		if conflict && attempt > 2 {
 			select {
 			case <-ctx.Done():
@@ -853,6 +860,22 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 	}
 	ps.mu.Unlock()
 	return out, nil
+}
+
+// settled reports whether a group commit has nothing left to do: no fixed
+// part unwritten and no want unmet.
+func settled(group []*request, fixed []map[int]Change, want []int) bool {
+	for _, f := range fixed {
+		if len(f) > 0 {
+			return false
+		}
+	}
+	for i, w := range want {
+		if w > 0 && group[i].ch.Owner != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // plan computes one round of a group commit: for every shard with
@@ -1056,6 +1079,10 @@ func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [][]str
 	if ps.n == 0 {
 		return out
 	}
+	usable := func(string) bool { return true }
+	if a.o.Usable != nil {
+		usable = a.o.Usable(pool)
+	}
 	for name, st := range ps.pods {
 		if !st.Ready || (rev != "" && st.Revision != rev) {
 			continue
@@ -1064,7 +1091,7 @@ func (a *Allocator) freeLocked(pool types.NamespacedName, ps *poolState) [][]str
 		if _, named := ps.shards[s].index[name]; named {
 			continue
 		}
-		if a.o.Usable != nil && !a.o.Usable(pool, name) {
+		if !usable(name) {
 			continue
 		}
 		out[s] = append(out[s], name)

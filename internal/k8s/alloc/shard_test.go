@@ -475,3 +475,37 @@ func TestInlineRecordsCrowded(t *testing.T) {
 		t.Errorf("%d inline records, want %d", len(got), fit+2)
 	}
 }
+
+// TestClaimLooksOnce: a warm claim looks at the pool's free pods once
+// (Options.Usable is asked once, then once per pod at most), and a claim
+// the pool cannot fully serve still ends with what there is.
+func TestClaimLooksOnce(t *testing.T) {
+	w := newShardWorld(t, 80)
+	a := w.allocator(t)
+	var looks, asks atomic.Int32
+	a.o.Usable = func(types.NamespacedName) func(string) bool {
+		looks.Add(1)
+		return func(pod string) bool { asks.Add(1); return pod != w.pods[0] }
+	}
+	ctx := context.Background()
+	res, err := a.Apply(ctx, w.pool, Change{Owner: "moat/s/one", Want: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Pods) != 1 || res.Pods[0] == w.pods[0] {
+		t.Fatalf("claim got %v, want one usable pod", res.Pods)
+	}
+	if l, n := looks.Load(), asks.Load(); l != 1 || n > int32(len(w.pods)) {
+		t.Errorf("a warm claim looked at the free pods %d times (%d asks for %d pods), want once", l, n, len(w.pods))
+	}
+	res, err = a.Apply(ctx, w.pool, Change{Owner: "moat/s/all", Want: len(w.pods)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(w.pods) - 2; len(res.Pods) != want {
+		t.Errorf("a claim of the whole pool got %d pods, want the %d usable free ones", len(res.Pods), want)
+	}
+	if slices.Contains(res.Pods, w.pods[0]) {
+		t.Errorf("a claim got %s, which is not usable", w.pods[0])
+	}
+}

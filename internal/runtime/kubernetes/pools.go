@@ -127,27 +127,33 @@ func (r *Runtime) poolMax(pool types.NamespacedName) int {
 	return int(p.Spec.CapacitySpec.PoolMax)
 }
 
-// hasToken reports whether a pool pod's own agent token is known.
-func (r *Runtime) hasToken(pool types.NamespacedName, pod string) bool {
-	_, ok := r.token(pool, pod)
-	return ok
+// hasToken returns what reports whether a pool pod's own agent token is
+// known: the allocator asks for every free pod on every claim, so the
+// token Secret is read once per ask (a cache read per pod cost ~10 µs,
+// 10 ms per claim with 1,000 free pods).
+func (r *Runtime) hasToken(pool types.NamespacedName) func(pod string) bool {
+	tokens := r.tokens(pool)
+	return func(pod string) bool { return len(tokens[pod]) > 0 }
 }
 
-// token returns pod's agent token from its pool's token Secret. The
-// Secret holds a token per pod of the pool and the allocator asks for
-// every free pod on every claim: it is read from the cache without a deep
-// copy (read only; a copy per call made claims O(pool²): ~30 s each with
-// 5,000 pods).
+// token returns pod's agent token from its pool's token Secret.
 func (r *Runtime) token(pool types.NamespacedName, pod string) (string, bool) {
+	t, ok := r.tokens(pool)[pod]
+	return string(t), ok && len(t) > 0
+}
+
+// tokens returns the data of pool's token Secret (a token per pod): read
+// from the cache without a deep copy (read only; a copy per call made
+// claims O(pool²): ~30 s each with 5,000 pods).
+func (r *Runtime) tokens(pool types.NamespacedName) map[string][]byte {
 	var s corev1.Secret
 	noCopy := true
 	err := r.cache.Get(context.Background(), types.NamespacedName{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}, &s,
 		&client.GetOptions{UnsafeDisableDeepCopy: &noCopy})
 	if err != nil {
-		return "", false
+		return nil
 	}
-	t, ok := s.Data[pod]
-	return string(t), ok && len(t) > 0
+	return s.Data
 }
 
 // poolTemplate renders a pool template: the sandbox's container without a
