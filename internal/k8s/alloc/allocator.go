@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -977,7 +978,10 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 		w.base, w.rv, w.exist = sh.table.Clone(), sh.rv, sh.exists
 		w.next = w.base.Clone()
 		w.res = w.next.apply(w.parts, free[s], gone, state, now)
-		w.skip = (w.exist && w.next.equal(w.base)) || (!w.exist && len(w.next.Owners) == 0 && len(w.next.Retired) == 0)
+		// A part that took free pods changed the shard; else compare
+		// (a whole encoding of both).
+		took := slices.ContainsFunc(w.res, func(r Result) bool { return len(r.Pods) > 0 })
+		w.skip = !took && (w.exist && w.next.equal(w.base) || !w.exist && len(w.next.Owners) == 0 && len(w.next.Retired) == 0)
 		work = append(work, w)
 	}
 	return work, nil

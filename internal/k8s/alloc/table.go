@@ -9,7 +9,9 @@
 // again from the newer table).
 //
 // The table of pool P is split into shards: Secrets in P's namespace
-// (ShardName), each with data[TableKey] the JSON of a Table: the owners
+// (ShardName), each with data[TableKey] the gzipped JSON of a Table (a
+// write's cost in the API server grows with its size: a shard full of
+// inline records is ~80 KB of JSON and ~12 KB gzipped): the owners
 // of pods (a BatchSandbox, or one sandbox of a moat server scope), the
 // retired pods (released or being deleted: never handed out again), and
 // the records of sandboxes written with their claim (Table.Records; a
@@ -38,13 +40,16 @@
 package alloc
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/klauspost/compress/gzip"
 	"hash/fnv"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -61,8 +66,12 @@ import (
 // Names, labels and keys of the objects of this package.
 const (
 	// TableKey is the data key of a table shard Secret holding Table's
-	// JSON.
-	TableKey = "table"
+	// JSON, gzipped. Read it with `kubectl get secret NAME -o
+	// jsonpath='{.data.table\.json\.gz}' | base64 -d | gunzip`.
+	TableKey = "table.json.gz"
+	// plainTableKey is the key of the plain JSON of tables written before
+	// TableKey (read, never written).
+	plainTableKey = "table"
 	// AnnoShard is the shard number of a table shard Secret.
 	AnnoShard = "moat." + sbv1.Group + "/alloc-shard"
 	// AnnoShards is the number of shards of the table a shard belongs to
@@ -198,11 +207,28 @@ func objectName(pool, suffix string) string {
 	return pool + "-" + suffix
 }
 
+// maxTableJSON bounds the JSON a shard's gzipped data may unpack to (a
+// Secret holds at most 1 MiB; JSON this size is many times any shard's).
+const maxTableJSON = 64 << 20
+
 // Parse reads a table from a shard Secret's data (nil data: an empty
 // table).
 func Parse(data map[string][]byte) (Table, error) {
 	var t Table
-	if raw := data[TableKey]; len(raw) > 0 {
+	raw := data[plainTableKey]
+	if gz := data[TableKey]; len(gz) > 0 {
+		zr, err := gzip.NewReader(bytes.NewReader(gz))
+		if err != nil {
+			return Table{}, fmt.Errorf("allocation table: %w", err)
+		}
+		if raw, err = io.ReadAll(io.LimitReader(zr, maxTableJSON+1)); err != nil {
+			return Table{}, fmt.Errorf("allocation table: %w", err)
+		}
+		if len(raw) > maxTableJSON {
+			return Table{}, fmt.Errorf("allocation table: more than %d bytes of JSON", maxTableJSON)
+		}
+	}
+	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &t); err != nil {
 			return Table{}, fmt.Errorf("allocation table: %w", err)
 		}
@@ -222,7 +248,13 @@ func Parse(data map[string][]byte) (Table, error) {
 // Encode returns the table as shard Secret data.
 func (t Table) Encode() map[string][]byte {
 	b, _ := json.Marshal(t) // maps of strings, times and valid JSON: cannot fail
-	return map[string][]byte{TableKey: b}
+	var buf bytes.Buffer
+	// Stateless: no compressor state of a megabyte per write (a full
+	// shard: 77 KB of JSON, 11 KB stored, in ~0.15 ms more than the JSON).
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.StatelessCompression) // a valid level: cannot fail
+	zw.Write(b)                                                   // into memory: cannot fail
+	zw.Close()
+	return map[string][]byte{TableKey: buf.Bytes()}
 }
 
 // Clone deep-copies t.
@@ -265,7 +297,7 @@ type Shard struct {
 	// Count is the number of shards of the table.
 	Count int
 	Table Table
-	// Bytes is the size of the shard's JSON.
+	// Bytes is the size of the shard's data as stored.
 	Bytes int
 }
 
@@ -286,7 +318,7 @@ func ReadShards(ctx context.Context, r client.Reader, pool types.NamespacedName)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d of pool %s: %w", n, pool.Name, err)
 		}
-		out = append(out, Shard{Index: n, Count: count, Table: t, Bytes: len(sec.Data[TableKey])})
+		out = append(out, Shard{Index: n, Count: count, Table: t, Bytes: len(sec.Data[TableKey]) + len(sec.Data[plainTableKey])})
 	}
 	slices.SortFunc(out, func(a, b Shard) int { return a.Index - b.Index })
 	return out, nil

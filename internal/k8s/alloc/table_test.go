@@ -1,6 +1,8 @@
 package alloc
 
 import (
+	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -143,5 +145,64 @@ func TestNames(t *testing.T) {
 	}
 	if b, ok := BatchOf(BatchOwner("x")); !ok || b != "x" {
 		t.Errorf("BatchOf = %q %v", b, ok)
+	}
+}
+
+// fullShard is a shard as a pool's claims leave it: PodsPerShard owners
+// of one pod each, with their inline records.
+func fullShard() Table {
+	t := Table{Owners: map[string]Owned{}, Retired: map[string]time.Time{}, Records: map[string]json.RawMessage{}}
+	at := time.Date(2026, 12, 4, 10, 2, 16, 919587814, time.UTC)
+	for i := range PodsPerShard {
+		id := fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", i*2654435761, i%0xffff, i%0xfff, i%0xfff, i*40503)
+		o := SandboxOwner("moat0", id)
+		at = at.Add(time.Duration(i*7919) * time.Microsecond)
+		t.Owners[o] = Owned{Pods: []string{fmt.Sprintf("warm-%08x", i*97)}, At: at}
+		t.Records[o] = json.RawMessage(fmt.Sprintf(`{"id":%q,"image":"busybox:scale","entrypoint":["sleep","infinity"],"metadata":{},"resources":{},`+
+			`"status":{"state":"Running","reason":"SANDBOX_RUNNING","lastTransitionAt":%q},"createdAt":%q,"expiresAt":%q,`+
+			`"agentToken":"%032x","pool":"warm","poolRevision":1,"tenant":"default"}`,
+			id, at.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano), at.Add(time.Hour).Format(time.RFC3339Nano), uint64(i)*0x9e3779b97f4a7c15))
+	}
+	return t
+}
+
+// TestEncoding: a shard is stored gzipped and reads back the same; a
+// table of an older moat, stored as plain JSON, reads too; data that is
+// not gzip is an error, not an empty table.
+func TestEncoding(t *testing.T) {
+	tbl := fullShard()
+	data := tbl.Encode()
+	plain, _ := json.Marshal(tbl)
+	if gz := len(data[TableKey]); gz == 0 || gz*3 > len(plain) {
+		t.Errorf("a full shard is %d bytes stored, %d of JSON: want it a third or less", gz, len(plain))
+	}
+	back, err := Parse(data)
+	if err != nil || !back.equal(tbl) || len(back.Records) != len(tbl.Records) {
+		t.Fatalf("round trip: %v (%d owners, %d records)", err, len(back.Owners), len(back.Records))
+	}
+	old, err := Parse(map[string][]byte{"table": plain})
+	if err != nil || !old.equal(tbl) {
+		t.Errorf("a plain JSON table: %v (%d owners)", err, len(old.Owners))
+	}
+	if _, err := Parse(map[string][]byte{TableKey: plain}); err == nil {
+		t.Error("plain JSON under the gzip key parsed")
+	}
+}
+
+// BenchmarkEncode and BenchmarkParse: a full shard, as every claim's
+// write encodes it and every table event parses it.
+func BenchmarkEncode(b *testing.B) {
+	tbl := fullShard()
+	for b.Loop() {
+		tbl.Encode()
+	}
+}
+
+func BenchmarkParse(b *testing.B) {
+	data := fullShard().Encode()
+	for b.Loop() {
+		if _, err := Parse(data); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

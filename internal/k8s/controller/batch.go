@@ -464,10 +464,11 @@ func (r *batchReconciler) recordInTable(ctx context.Context, pool types.Namespac
 // template, from the cache.
 func (r *batchReconciler) freePods(ctx context.Context, pool *sbv1.Pool) ([]string, error) {
 	var list corev1.PodList
+	// Read only, and every pod of the pool: no deep copies.
 	if err := r.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{
 		sbv1.LabelPool:         pool.Name,
 		sbv1.LabelPoolRevision: templateHash(pool.Spec.Template, r.opts.AgentImage),
-	}); err != nil {
+	}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	var out []string
