@@ -43,10 +43,10 @@ type Options struct {
 	// It is called once per look at the pool's free pods, and what it
 	// returns once per pod, so it should do its lookups once. Optional.
 	Usable func(pool types.NamespacedName) func(pod string) bool
-	// Changed is called (outside any lock) after a table changed, with
-	// the pool, from this process's writes and from other writers'.
+	// Changed is called (outside any lock) after shard of pool's table
+	// changed, from this process's writes and from other writers'.
 	// Optional.
-	Changed func(pool types.NamespacedName)
+	Changed func(pool types.NamespacedName, shard int)
 	// Size returns a pool's PoolMax, which sizes its table when this
 	// allocator is the one to make it (ShardsFor). Optional (MinShards).
 	Size func(pool types.NamespacedName) int
@@ -90,9 +90,6 @@ type poolState struct {
 	// their copies.
 	n      int
 	shards []shardState
-	// wrote are the inline records this process wrote, by owner (see
-	// InlineRecords).
-	wrote map[string]string
 	// cursor is the shard this process takes free pods from first: chosen
 	// at random, so that replicas claiming from one pool mostly write
 	// different shards, and moved after a conflict.
@@ -112,6 +109,9 @@ type shardState struct {
 	exists bool
 	// index maps every pod the shard names to its owner ("" retired).
 	index map[string]string
+	// wrote are the inline records of the shard this process wrote, by
+	// owner (see InlineRecords).
+	wrote map[string]string
 }
 
 type request struct {
@@ -188,7 +188,7 @@ func (a *Allocator) pool(key types.NamespacedName) *poolState {
 	defer a.mu.Unlock()
 	ps := a.pools[key]
 	if ps == nil {
-		ps = &poolState{key: key, a: a, pods: map[string]PodState{}, wrote: map[string]string{}}
+		ps = &poolState{key: key, a: a, pods: map[string]PodState{}}
 		a.pools[key] = ps
 	}
 	return ps
@@ -311,7 +311,7 @@ func (a *Allocator) tableEvent(obj any, deleted bool) {
 	}
 	ps.mu.Unlock()
 	if changed && a.o.Changed != nil {
-		a.o.Changed(key)
+		a.o.Changed(key, n)
 	}
 }
 
@@ -465,23 +465,41 @@ func (a *Allocator) InlineRecords(ns string, match func(owner string) bool) []In
 	var out []InlineRecord
 	for _, ps := range a.poolsIn(ns) {
 		ps.mu.Lock()
-		live := map[string]bool{}
 		for i := range ps.shards {
-			crowded := ps.shards[i].table.crowded()
-			for o, raw := range ps.shards[i].table.Records {
-				if !match(o) {
-					continue
-				}
-				live[o] = true
-				out = append(out, InlineRecord{Pool: ps.key, Shard: i, Owner: o, Raw: raw, Mine: ps.wrote[o] == string(raw), Crowded: crowded[o]})
-			}
-		}
-		for o := range ps.wrote {
-			if !live[o] && match(o) {
-				delete(ps.wrote, o)
-			}
+			out = ps.shardRecordsLocked(out, i, match)
 		}
 		ps.mu.Unlock()
+	}
+	return out
+}
+
+// ShardRecords is InlineRecords for shard n of pool's table only: what a
+// Changed call for that shard may have changed.
+func (a *Allocator) ShardRecords(pool types.NamespacedName, n int, match func(owner string) bool) []InlineRecord {
+	ps := a.pool(pool)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if n < 0 || n >= len(ps.shards) {
+		return nil
+	}
+	return ps.shardRecordsLocked(nil, n, match)
+}
+
+// shardRecordsLocked appends the inline records of shard n that match
+// accepts to out, and forgets the records this process wrote there that
+// are gone. Preconditions: ps.mu held.
+func (ps *poolState) shardRecordsLocked(out []InlineRecord, n int, match func(owner string) bool) []InlineRecord {
+	sh := &ps.shards[n]
+	crowded := sh.table.crowded()
+	for o, raw := range sh.table.Records {
+		if match(o) {
+			out = append(out, InlineRecord{Pool: ps.key, Shard: n, Owner: o, Raw: raw, Mine: sh.wrote[o] == string(raw), Crowded: crowded[o]})
+		}
+	}
+	for o := range sh.wrote {
+		if _, live := sh.table.Records[o]; !live {
+			delete(sh.wrote, o)
+		}
 	}
 	return out
 }
@@ -657,10 +675,13 @@ func (a *Allocator) lead(pool types.NamespacedName, ps *poolState) {
 			return
 		}
 		ps.qmu.Unlock()
-		res, err := a.commit(pool, ps, group)
-		if err == nil && a.o.Changed != nil {
-			// Before the callers hear of it: what they do next sees it.
-			a.o.Changed(pool)
+		res, written, err := a.commit(pool, ps, group)
+		if a.o.Changed != nil {
+			// Before the callers hear of it: what they do next sees it
+			// (what was written even if a later round failed).
+			for _, n := range written {
+				a.o.Changed(pool, n)
+			}
 		}
 		for i, r := range group {
 			if err == nil {
@@ -709,14 +730,16 @@ type shardWork struct {
 // the servers' orphan sweep gives back the pods of sandbox owners that
 // were never recorded, and the controller's next pass over a batch
 // releases the pods the table gives it beyond its record.
-func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) ([]Result, error) {
+//
+// written are the shards written (also when it fails).
+func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) (_ []Result, written []int, _ error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
 	n := len(group)
 	out := make([]Result, n)
 	want := make([]int, n)
 	if err := a.table(ctx, pool, ps); err != nil {
-		return nil, err
+		return nil, written, err
 	}
 	ps.mu.Lock()
 	count := ps.n
@@ -777,7 +800,7 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 	for attempt := 0; ; attempt++ {
 		work, err := a.plan(pool, ps, group, fixed, want)
 		if err != nil {
-			return nil, err
+			return nil, written, err
 		}
 		if len(work) == 0 {
 			break
@@ -797,13 +820,18 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 			switch {
 			case w.err == nil:
 				if !w.skip {
+					written = append(written, w.n)
 					ps.mu.Lock()
+					sh := &ps.shards[w.n]
 					for o, raw := range w.next.Records {
 						if _, had := w.base.Records[o]; !had {
-							ps.wrote[o] = string(raw)
+							if sh.wrote == nil {
+								sh.wrote = map[string]string{}
+							}
+							sh.wrote[o] = string(raw)
 						}
 					}
-					if sh := &ps.shards[w.n]; !sh.exists || !newer(sh.rv, w.newRV) {
+					if !sh.exists || !newer(sh.rv, w.newRV) {
 						ps.setLocked(w.n, w.next, w.newRV, true)
 					}
 					ps.mu.Unlock()
@@ -826,10 +854,10 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 					ps.mu.Unlock()
 				}
 				if err := a.refresh(ctx, pool, ps, w.n); err != nil {
-					return nil, err
+					return nil, written, err
 				}
 			default:
-				return nil, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, w.err)
+				return nil, written, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, w.err)
 			}
 		}
 		if !wrote {
@@ -844,12 +872,12 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 		if conflict && attempt > 2 {
 			select {
 			case <-ctx.Done():
-				return nil, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
+				return nil, written, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
 			case <-time.After(time.Duration(rand.IntN(1000*min(attempt, 20))) * time.Microsecond):
 			}
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
+			return nil, written, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
 		}
 	}
 	ps.mu.Lock()
@@ -860,7 +888,7 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 		}
 	}
 	ps.mu.Unlock()
-	return out, nil
+	return out, written, nil
 }
 
 // settled reports whether a group commit has nothing left to do: no fixed

@@ -15,6 +15,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -171,7 +173,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	// refill it).
 	tab, err := alloc.New(context.Background(), alloc.Options{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Informers: mgr.GetCache(),
-		Changed: func(pool types.NamespacedName) { pokePool(poke, pool.Namespace, pool.Name) },
+		Changed: func(pool types.NamespacedName, _ int) { pokePool(poke, pool.Namespace, pool.Name) },
 		// A pool's table is sized for its PoolMax when it is made.
 		Size: func(pool types.NamespacedName) int {
 			var p sbv1.Pool
@@ -197,7 +199,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	err = ctrl.NewControllerManagedBy(mgr).Named("pool").
 		For(&sbv1.Pool{}).
 		Watches(&corev1.Pod{}, podToPool).
-		WatchesRawSource(source.Channel(poke, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(poke, pokeHandler(pokeDelay))).
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 2}).
 		Complete(pr)
 	if err != nil {
@@ -235,4 +237,20 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// pokeDelay is how long a poked pool waits before its reconcile: the
+// pokes of that time (a table change for every claim a moat server
+// makes, hundreds a second) make one reconcile, which lists every pod of
+// the pool, instead of one each.
+const pokeDelay = 200 * time.Millisecond
+
+// pokeHandler enqueues a poked pool after delay (a pool already waiting
+// keeps its earlier time).
+func pokeHandler(delay time.Duration) handler.EventHandler {
+	return handler.Funcs{
+		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}, delay)
+		},
+	}
 }

@@ -261,10 +261,12 @@ func poolStatusEqual(a, b sbv1.PoolStatus) bool {
 }
 
 // poolPods lists the pool's pods from the cache and settles the ledger's
-// deleted set against it.
+// deleted set against it. The pods are the cache's own (no deep copies of
+// every pod per reconcile): read them and delete them, never change them.
 func (r *poolReconciler) poolPods(ctx context.Context, pool types.NamespacedName) ([]*corev1.Pod, error) {
 	var list corev1.PodList
-	if err := r.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{sbv1.LabelPool: pool.Name}); err != nil {
+	if err := r.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{sbv1.LabelPool: pool.Name},
+		client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	live := map[types.NamespacedName]bool{}

@@ -96,10 +96,14 @@ type Options struct {
 	MoveAfter time.Duration
 }
 
-// Inline is a second home of the records of one bucket.
+// Inline is a second home of the records of one bucket, in parts (the
+// shards of the pools' allocation tables): a change of one part is read
+// again alone (Store.InlineChanged), so that a change costs the records
+// of its part, not all of them.
 type Inline interface {
-	// Records lists the inline records, by key.
-	Records() map[string]InlineRecord
+	// Records lists the inline records of part (nil: of every part), by
+	// key.
+	Records(part any) map[string]InlineRecord
 	// Drop removes key's inline copy if it is still rec, and reports
 	// whether its record is still live (its owner still holds its claim),
 	// as the API server has it.
@@ -109,7 +113,7 @@ type Inline interface {
 // InlineRecord is one inline record.
 type InlineRecord struct {
 	Raw []byte
-	// From is where it is, for Drop.
+	// From is where it is, for Drop: its part, a comparable value.
 	From any
 	// Mine says this process wrote it (it is not reported to Watch).
 	Mine bool
@@ -144,11 +148,15 @@ type Store struct {
 	// when it arrives before the write returns, and is not reported.
 	mine map[string]string
 	// inline are the inline records of Options.InlineBucket as last
-	// listed; moving are those being moved.
-	inline map[string]InlineRecord
-	moving map[string]bool
-	seen   map[string]time.Time
-	kick   chan struct{}
+	// listed, parts their keys by part (InlineRecord.From), crowded the
+	// keys of the crowded ones; moving are those being moved, seen when
+	// each was first listed.
+	inline  map[string]InlineRecord
+	parts   map[any]map[string]bool
+	crowded map[string]bool
+	moving  map[string]bool
+	seen    map[string]time.Time
+	kick    chan struct{}
 }
 
 const deletedMark = "\x00deleted"
@@ -211,7 +219,8 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 		return nil, fmt.Errorf("kstore: %w: %v", errdefs.ErrUnavailable, err)
 	}
 	s := &Store{c: c, o: o, objects: map[string]*object{}, index: map[string]map[string]string{}, watchers: map[string]map[int]func(string, []byte){}, mine: map[string]string{},
-		inline: map[string]InlineRecord{}, moving: map[string]bool{}, seen: map[string]time.Time{}, kick: make(chan struct{}, 1)}
+		inline: map[string]InlineRecord{}, parts: map[any]map[string]bool{}, crowded: map[string]bool{}, moving: map[string]bool{}, seen: map[string]time.Time{},
+		kick: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop, s.done = cancel, make(chan struct{})
 	inf2, err := inf.GetInformer(ctx, &corev1.Secret{})
@@ -243,7 +252,7 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	s.InlineChanged() // the inline records there are already
+	s.InlineChanged(nil) // the inline records there are already
 	return s, nil
 }
 
@@ -699,36 +708,33 @@ func (s *Store) inlineLocked(bucket, key string) (InlineRecord, bool) {
 	return in, ok
 }
 
-// InlineChanged tells the store that the inline records may have
-// changed (the Inline source calls it): it lists them again, reports what
-// changed to the watchers, and moves the new ones.
-func (s *Store) InlineChanged() {
+// InlineChanged tells the store that the inline records of part (nil:
+// of any part) may have changed (the Inline source calls it): it lists
+// them again, reports what changed to the watchers, and moves the new
+// crowded ones.
+func (s *Store) InlineChanged(part any) {
 	if s.o.Inline == nil {
 		return
 	}
-	recs := s.o.Inline.Records()
+	recs := s.o.Inline.Records(part)
 	b := s.o.InlineBucket
 	var calls []func()
 	var gone []string
 	now := time.Now()
 	s.mu.Lock()
-	old := s.inline
-	s.inline = recs
-	for k := range recs {
-		if _, ok := s.seen[k]; !ok {
-			s.seen[k] = now
-		}
-	}
-	for k := range s.seen {
-		if _, ok := recs[k]; !ok {
-			delete(s.seen, k)
-		}
+	var before []string // the keys of the part as last listed
+	if part == nil {
+		before = slices.Collect(maps.Keys(s.inline))
+	} else {
+		before = slices.Collect(maps.Keys(s.parts[part]))
 	}
 	for k, r := range recs {
+		o, had := s.inline[k]
+		s.setInlineLocked(k, r, now)
 		if _, own := s.index[b][k]; own {
 			continue
 		}
-		if o, had := old[k]; had && string(o.Raw) == string(r.Raw) {
+		if had && string(o.Raw) == string(r.Raw) {
 			continue
 		}
 		if r.Mine {
@@ -736,10 +742,11 @@ func (s *Store) InlineChanged() {
 		}
 		calls = append(calls, s.reportLocked(b, k, r.Raw)...)
 	}
-	for k := range old {
+	for _, k := range before {
 		if _, still := recs[k]; still {
 			continue
 		}
+		s.dropInlineLocked(k)
 		if _, own := s.index[b][k]; !own {
 			gone = append(gone, k)
 		}
@@ -754,6 +761,50 @@ func (s *Store) InlineChanged() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
+	}
+}
+
+// setInlineLocked makes r the inline record key, listed at now.
+// Preconditions: s.mu held.
+func (s *Store) setInlineLocked(key string, r InlineRecord, now time.Time) {
+	if o, had := s.inline[key]; had && o.From != r.From {
+		s.unlistLocked(key, o.From)
+	}
+	s.inline[key] = r
+	p := s.parts[r.From]
+	if p == nil {
+		p = map[string]bool{}
+		s.parts[r.From] = p
+	}
+	p[key] = true
+	if _, ok := s.seen[key]; !ok {
+		s.seen[key] = now
+	}
+	if r.Crowded {
+		s.crowded[key] = true
+	} else {
+		delete(s.crowded, key)
+	}
+}
+
+// dropInlineLocked forgets the inline record key. Preconditions: s.mu
+// held.
+func (s *Store) dropInlineLocked(key string) {
+	if o, had := s.inline[key]; had {
+		s.unlistLocked(key, o.From)
+	}
+	delete(s.inline, key)
+	delete(s.seen, key)
+	delete(s.crowded, key)
+}
+
+// unlistLocked removes key from part's keys. Preconditions: s.mu held.
+func (s *Store) unlistLocked(key string, part any) {
+	if p := s.parts[part]; p != nil {
+		delete(p, key)
+		if len(p) == 0 {
+			delete(s.parts, part)
+		}
 	}
 }
 
@@ -812,8 +863,9 @@ func (s *Store) mover(ctx context.Context) {
 		now := time.Now()
 		wait = 5 * time.Second
 		s.mu.Lock()
-		for k, in := range s.inline {
-			if _, own := s.index[b][k]; own || s.moving[k] || !in.Crowded {
+		for k := range s.crowded {
+			in := s.inline[k]
+			if _, own := s.index[b][k]; own || s.moving[k] {
 				continue
 			}
 			if due := s.seen[k].Add(s.o.MoveAfter); due.After(now) {

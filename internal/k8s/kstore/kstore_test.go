@@ -3,6 +3,7 @@ package kstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,12 +191,14 @@ type fakeInline struct {
 	changed func()
 }
 
-func (f *fakeInline) Records() map[string]kstore.InlineRecord {
+func (f *fakeInline) Records(part any) map[string]kstore.InlineRecord {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]kstore.InlineRecord{}
 	for k, r := range f.recs {
-		out[k] = r
+		if part == nil || r.From == part {
+			out[k] = r
+		}
 	}
 	return out
 }
@@ -257,11 +260,11 @@ func TestInlineRecords(t *testing.T) {
 	// A store that keeps them inline: reads, and writes that move.
 	slow := open(time.Hour)
 	f.mu.Lock()
-	f.changed = slow.InlineChanged
+	f.changed = func() { slow.InlineChanged(nil) }
 	f.recs["written"] = kstore.InlineRecord{Raw: raw("written", 1)}
 	f.recs["stale"] = kstore.InlineRecord{Raw: raw("stale", 1)}
 	f.mu.Unlock()
-	slow.InlineChanged()
+	slow.InlineChanged(nil)
 	var r rec
 	if err := slow.Get("sb", "written", &r); err != nil || r.Value != 1 {
 		t.Fatalf("inline record: %+v %v", r, err)
@@ -298,7 +301,7 @@ func TestInlineRecords(t *testing.T) {
 	f.mu.Unlock()
 	fast := open(20 * time.Millisecond)
 	f.mu.Lock()
-	f.changed = func() { slow.InlineChanged(); fast.InlineChanged() }
+	f.changed = func() { slow.InlineChanged(nil); fast.InlineChanged(nil) }
 	f.mu.Unlock()
 	eventually(t, "moved", func() bool { return f.dropCount("moved") > 0 && f.dropCount("deleted") > 0 })
 	eventually(t, "the moved record has its own Secret", func() bool { return own()["moved"] == string(raw("moved", 7)) })
@@ -316,4 +319,66 @@ func TestInlineRecords(t *testing.T) {
 		t.Errorf("moved record: %+v %v", r, err)
 	}
 	eventually(t, "the gone record gone", func() bool { return fast.Get("sb", "deleted", &r) != nil })
+}
+
+// TestInlineParts: a change of one part of the inline source is read
+// again alone: its records come, change and go, while a change of
+// another part not announced yet is not seen until it is.
+func TestInlineParts(t *testing.T) {
+	k8stest.Require(t, env)
+	ns := namespace(t)
+	raw := func(id string, v int) []byte { return []byte(fmt.Sprintf(`{"id":%q,"value":%d}`, id, v)) }
+	f := &fakeInline{recs: map[string]kstore.InlineRecord{
+		"a1": {Raw: raw("a1", 1), From: "a"}, "a2": {Raw: raw("a2", 1), From: "a"},
+		"b1": {Raw: raw("b1", 1), From: "b"},
+	}, live: map[string]bool{}, dropped: map[string]int{}, changed: func() {}}
+	s, err := kstore.New(env.Config, kstore.Options{Namespace: ns, Scope: "parts", Inline: f, InlineBucket: "sb", MoveAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var mu sync.Mutex
+	var seen []string
+	s.Watch(t.Context(), "sb", func(key string, raw []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%s=%s", key, raw))
+	})
+	value := func(key string) int {
+		var r rec
+		if err := s.Get("sb", key, &r); err != nil {
+			return -1
+		}
+		return r.Value
+	}
+	if value("a1") != 1 || value("a2") != 1 || value("b1") != 1 {
+		t.Fatalf("first listing: a1=%d a2=%d b1=%d", value("a1"), value("a2"), value("b1"))
+	}
+	f.mu.Lock()
+	delete(f.recs, "a1")
+	f.recs["a2"] = kstore.InlineRecord{Raw: raw("a2", 2), From: "a"}
+	f.recs["a3"] = kstore.InlineRecord{Raw: raw("a3", 3), From: "a"}
+	f.recs["b1"] = kstore.InlineRecord{Raw: raw("b1", 2), From: "b"}
+	f.mu.Unlock()
+	s.InlineChanged("a")
+	if value("a2") != 2 || value("a3") != 3 {
+		t.Errorf("after part a changed: a2=%d a3=%d, want 2 and 3", value("a2"), value("a3"))
+	}
+	if v := value("b1"); v != 1 {
+		t.Errorf("b1=%d after a change of part a only: part b was read again", v)
+	}
+	want := []string{`a2={"id":"a2","value":2}`, `a3={"id":"a3","value":3}`}
+	mu.Lock()
+	got := slices.Sorted(slices.Values(seen))
+	mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Errorf("watchers saw %v, want %v", got, want)
+	}
+	// a1 went: shown until it settles (its move's own copy may be on
+	// its way), then gone.
+	eventually(t, "a1 gone", func() bool { return value("a1") == -1 })
+	s.InlineChanged("b")
+	if v := value("b1"); v != 2 {
+		t.Errorf("b1=%d after part b changed, want 2", v)
+	}
 }

@@ -95,7 +95,7 @@ type Runtime struct {
 	done  chan struct{}
 	// inline is called when the inline records may have changed; nil:
 	// claims write no record inline (pools.go).
-	inline atomic.Pointer[func()]
+	inline atomic.Pointer[func(part any)]
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)

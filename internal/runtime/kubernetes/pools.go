@@ -445,15 +445,16 @@ func (r *Runtime) claimedStatuses() []runtime.Status {
 func (r *Runtime) InlineRecords() kstore.Inline { return inlineSource{r} }
 
 // EnableInlineRecords makes claims write their records inline and calls
-// changed whenever the inline records may have changed.
-func (r *Runtime) EnableInlineRecords(changed func()) {
+// changed whenever the inline records of a part of the source (a table
+// shard; nil: any) may have changed.
+func (r *Runtime) EnableInlineRecords(changed func(part any)) {
 	r.inline.Store(&changed)
-	changed() // the records the informers brought before
+	changed(nil) // the records the informers brought before
 }
 
-func (r *Runtime) inlineChanged(types.NamespacedName) {
+func (r *Runtime) inlineChanged(pool types.NamespacedName, shard int) {
 	if f := r.inline.Load(); f != nil {
-		(*f)()
+		(*f)(inlineFrom{pool, shard})
 	}
 }
 
@@ -464,11 +465,20 @@ type inlineFrom struct {
 	shard int
 }
 
-func (s inlineSource) Records() map[string]kstore.InlineRecord {
+// Records lists the inline records of part (an inlineFrom: one shard of
+// a pool's table), or of every shard.
+func (s inlineSource) Records(part any) map[string]kstore.InlineRecord {
 	r := s.r
 	prefix := alloc.SandboxOwner(r.cfg.Scope, "")
-	out := map[string]kstore.InlineRecord{}
-	for _, in := range r.alloc.InlineRecords(r.cfg.Namespace, func(o string) bool { return strings.HasPrefix(o, prefix) }) {
+	mine := func(o string) bool { return strings.HasPrefix(o, prefix) }
+	var ins []alloc.InlineRecord
+	if p, ok := part.(inlineFrom); ok {
+		ins = r.alloc.ShardRecords(p.pool, p.shard, mine)
+	} else {
+		ins = r.alloc.InlineRecords(r.cfg.Namespace, mine)
+	}
+	out := make(map[string]kstore.InlineRecord, len(ins))
+	for _, in := range ins {
 		id, _ := alloc.SandboxOf(r.cfg.Scope, in.Owner)
 		out[id] = kstore.InlineRecord{Raw: in.Raw, From: inlineFrom{in.Pool, in.Shard}, Mine: in.Mine, Crowded: in.Crowded}
 	}
