@@ -61,7 +61,7 @@ counts its API writes) against the cluster of --kubeconfig, which must have
 moat's CRDs installed, in a namespace of its own (deleted at the end). It
 makes a Pool of --pool warm pods through the Lifecycle API, then --workers
 clients spread over the replicas make --claims single claims (poolRef) and
-one batch of --batch, and, with --crd, claims of one through the CRD path
+--batches batches of --batch one after another, and, with --crd, claims of one through the CRD path
 (a BatchSandbox each) for comparison. The agents of the pods are never
 called: fake nodes such as kwok's suit it (make bench-k8s-claims brings up
 a throw-away control plane with kwok's nodes and runs it).
@@ -78,7 +78,8 @@ error and prints no figures.`,
 	f := cmd.Flags()
 	kubeconfigFlag(cmd, &o.Kubeconfig)
 	f.IntVar(&o.Pool, "pool", 1000, "warm pods in the pool")
-	f.IntVar(&o.Batch, "batch", 100, "size of the one batch claim")
+	f.IntVar(&o.Batch, "batch", 100, "size of a batch claim")
+	f.IntVar(&o.Batches, "batches", 1, "batch claims, one after another through the replicas in turn")
 	f.IntVar(&o.Claims, "claims", 0, "single claims (default: the rest of the pool)")
 	f.IntVar(&o.CRDClaims, "crd", 0, "claims of one through the CRD path, after the others")
 	f.IntVar(&o.Replicas, "replicas", 2, "server replicas")

@@ -56,9 +56,10 @@ type Options struct {
 	Kubeconfig string
 	// Pool is the number of warm pods (default 1000).
 	Pool int
-	// Batch is the size of the one batch claim (default 100, at most
-	// Pool); the single claims take the rest of the pool.
-	Batch int
+	// Batch is the size of a batch claim (default 100); Batches batches
+	// (default 1) are claimed one after another, through the replicas in
+	// turn, after the single claims, which take the rest of the pool.
+	Batch, Batches int
 	// Claims is the number of single claims (default: the rest of the
 	// pool after the batch).
 	Claims int
@@ -96,9 +97,11 @@ type Result struct {
 	Claims        int
 	ClaimWall     time.Duration
 	P50, P99, Max time.Duration
-	BatchWall     time.Duration
-	ClaimWrites   map[string]int
-	BatchWrites   map[string]int
+	// BatchWall is the median batch's wall time, BatchMax the longest.
+	BatchWall, BatchMax time.Duration
+	ClaimWrites         map[string]int
+	// BatchWrites are the writes of all the batches.
+	BatchWrites map[string]int
 	// Unanswered are the claims the killed replica never answered
 	// (Chaos); of those it had made, GivenBack had no record and their
 	// pods were given back, Recorded had one (sandboxes whose answer
@@ -126,11 +129,11 @@ func (r Result) String() string {
 	if r.Chaos {
 		chaos = fmt.Sprintf(" chaos (a replica and the controller killed; %d claims unanswered: %d pods given back, %d recorded)", r.Unanswered, r.GivenBack, r.Recorded)
 	}
-	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%d wall=%v writes=%d (%s)  table=%d bytes (largest shard %d)%s  ledger ok",
+	return fmt.Sprintf("k8s scale%s nodes=%d pool=%d replicas=%d workers=%d: fill=%v  claims=%d in %v (%.0f/s) p50=%v p99=%v max=%v writes=%d (%s)  batch=%dx%d wall p50=%v max=%v writes=%d (%s)  table=%d bytes (largest shard %d)%s  ledger ok",
 		chaos, r.Nodes, r.Pool, r.Replicas, r.Workers, r.Fill.Round(time.Millisecond),
 		r.Claims, r.ClaimWall.Round(time.Millisecond), r.PerSecond(), r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(100*time.Microsecond),
 		apiwrites.Total(r.ClaimWrites), fmtWrites(r.ClaimWrites),
-		r.Batch, r.BatchWall.Round(100*time.Microsecond), apiwrites.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, r.ShardBytes, crd)
+		r.Batch, r.Batches, r.BatchWall.Round(100*time.Microsecond), r.BatchMax.Round(100*time.Microsecond), apiwrites.Total(r.BatchWrites), fmtWrites(r.BatchWrites), r.TableBytes, r.ShardBytes, crd)
 }
 
 func fmtWrites(w map[string]int) string {
@@ -148,14 +151,18 @@ func (o *Options) defaults() error {
 	if o.Batch <= 0 {
 		o.Batch = min(100, o.Pool/2)
 	}
-	if o.Batch > o.Pool {
-		return fmt.Errorf("batch %d is larger than the pool %d", o.Batch, o.Pool)
+	if o.Batches <= 0 {
+		o.Batches = 1
 	}
-	if o.CRDClaims < 0 || o.CRDClaims > o.Pool-o.Batch {
-		return fmt.Errorf("%d CRD claims do not fit a pool of %d with a batch of %d", o.CRDClaims, o.Pool, o.Batch)
+	batched := o.Batch * o.Batches
+	if batched > o.Pool {
+		return fmt.Errorf("%d batches of %d are more than the pool %d", o.Batches, o.Batch, o.Pool)
 	}
-	if o.Claims <= 0 || o.Claims > o.Pool-o.Batch-o.CRDClaims {
-		o.Claims = o.Pool - o.Batch - o.CRDClaims
+	if o.CRDClaims < 0 || o.CRDClaims > o.Pool-batched {
+		return fmt.Errorf("%d CRD claims do not fit a pool of %d with %d batches of %d", o.CRDClaims, o.Pool, o.Batches, o.Batch)
+	}
+	if o.Claims <= 0 || o.Claims > o.Pool-batched-o.CRDClaims {
+		o.Claims = o.Pool - batched - o.CRDClaims
 	}
 	if o.Replicas <= 0 {
 		o.Replicas = 2
@@ -368,12 +375,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		return sum
 	}
 
-	// Single claims: W workers over the replicas, round robin. With
+	// Single claims: W workers, claim by claim over the replicas. With
 	// Chaos, W claims are kept back: the pods the killed replica took for
 	// claims it never answered are out until the orphan sweep.
 	res.Claims = o.Claims
 	if o.Chaos {
-		res.Claims = min(res.Claims, o.Pool-o.Batch-o.Workers)
+		res.Claims = min(res.Claims, o.Pool-o.Batch*o.Batches-o.Workers)
 	}
 	req := moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: time.Hour}
 	lat := make([]time.Duration, 0, res.Claims)
@@ -415,6 +422,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 				if o.Chaos && i == res.Claims/2 {
 					killOnce.Do(kill)
 				}
+				if !o.Chaos {
+					// Claim by claim through the replicas in turn, so
+					// that every replica serves claims however few
+					// the workers.
+					r = i % len(clients)
+				}
 				cl := clients[r]
 				t := time.Now()
 				sb, err := cl.CreateSandbox(ctx, req)
@@ -454,18 +467,26 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	slices.Sort(lat)
 	res.P50, res.P99, res.Max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 
-	// One batch of B.
+	// Batches of B, one after another, through the replicas in turn.
 	before = snap()
-	t0 = time.Now()
-	batch, err := clients[len(clients)-1].CreateBatch(ctx, req, o.Batch)
-	res.BatchWall = time.Since(t0)
-	if err != nil {
-		return res, fmt.Errorf("batch of %d: %w", o.Batch, err)
+	var walls []time.Duration
+	for k := range o.Batches {
+		t0 = time.Now()
+		batch, err := clients[(len(clients)-1+k)%len(clients)].CreateBatch(ctx, req, o.Batch)
+		walls = append(walls, time.Since(t0))
+		if err != nil {
+			return res, fmt.Errorf("batch %d of %d: %w", k+1, o.Batch, err)
+		}
+		if len(batch) != o.Batch {
+			return res, fmt.Errorf("batch %d of %d: %d sandboxes answered", k+1, o.Batch, len(batch))
+		}
+		for _, sb := range batch {
+			ids = append(ids, sb.ID)
+		}
 	}
 	res.BatchWrites = since(before)
-	for _, sb := range batch {
-		ids = append(ids, sb.ID)
-	}
+	slices.Sort(walls)
+	res.BatchWall, res.BatchMax = walls[len(walls)/2], walls[len(walls)-1]
 
 	if o.CRDClaims > 0 {
 		if err := crdClaims(ctx, cfg, ns, o, &res); err != nil {
