@@ -1153,7 +1153,18 @@ func (a *Allocator) write(ctx context.Context, pool types.NamespacedName, n, cou
 }
 
 // refresh reads shard n of pool's table from the API server.
+// A copy it makes the newest is a change like a table event's (Changed):
+// the informer's event of the same copy then changes nothing.
 func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *poolState, n int) error {
+	set, err := a.readShard(ctx, pool, ps, n)
+	if set && a.o.Changed != nil {
+		a.o.Changed(pool, n)
+	}
+	return err
+}
+
+// readShard is refresh's read; set says it made the copy read the newest.
+func (a *Allocator) readShard(ctx context.Context, pool types.NamespacedName, ps *poolState, n int) (set bool, _ error) {
 	var cm corev1.Secret
 	err := a.o.Reader.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: ShardName(pool.Name, n)}, &cm)
 	ps.mu.Lock()
@@ -1162,22 +1173,24 @@ func (a *Allocator) refresh(ctx context.Context, pool types.NamespacedName, ps *
 	case apierrors.IsNotFound(err):
 		if n < ps.n {
 			ps.setLocked(n, Table{}, "", false)
+			return true, nil
 		}
-		return nil
+		return false, nil
 	case err != nil:
-		return fmt.Errorf("read allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
+		return false, fmt.Errorf("read allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, err)
 	}
 	_, count, ok := shardOf(&cm)
 	t, err := Parse(cm.Data)
 	if err != nil || !ok {
-		return fmt.Errorf("pool %s: %w: allocation table shard %s is malformed: %v", pool.Name, errdefs.ErrInternal, cm.Name, err)
+		return false, fmt.Errorf("pool %s: %w: allocation table shard %s is malformed: %v", pool.Name, errdefs.ErrInternal, cm.Name, err)
 	}
 	if !ps.adoptLocked(count) {
-		return fmt.Errorf("allocation table of pool %s: %w: shard %d has %d shards, the table %d", pool.Name, errdefs.ErrUnavailable, n, count, ps.n)
+		return false, fmt.Errorf("allocation table of pool %s: %w: shard %d has %d shards, the table %d", pool.Name, errdefs.ErrUnavailable, n, count, ps.n)
 	}
 	// The informer may have delivered a still newer copy meanwhile.
 	if sh := &ps.shards[n]; !sh.exists || newer(cm.ResourceVersion, sh.rv) {
 		ps.setLocked(n, t, cm.ResourceVersion, true)
+		return true, nil
 	}
-	return nil
+	return false, nil
 }

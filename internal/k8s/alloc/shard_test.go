@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -117,6 +118,13 @@ func TestShardConflictMovesOn(t *testing.T) {
 	}
 	// b has not seen a's write (no informers here).
 	w.writes.Store(0)
+	var mu sync.Mutex
+	var changed []int
+	b.o.Changed = func(_ types.NamespacedName, n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		changed = append(changed, n)
+	}
 	rb, err := b.Apply(ctx, w.pool, Change{Owner: "moat/s/b", Want: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +141,14 @@ func TestShardConflictMovesOn(t *testing.T) {
 	if n := w.writes.Load(); n != 2 {
 		t.Errorf("b made %d writes, want 2 (the conflict and the allocation)", n)
 	}
+	// What b read after the conflict (a's claim, and a's record had it
+	// one) is a change of shard 2 to b, as its own write of the other
+	// shard is.
+	mu.Lock()
+	if want := []int{2, ShardOf(rb.Pods[0], MinShards)}; !slices.Equal(changed, want) {
+		t.Errorf("b's Changed calls: shards %v, want %v (the shard read after the conflict, the shard written)", changed, want)
+	}
+	mu.Unlock()
 	tbl, err := ReadTable(ctx, w.c, w.pool)
 	if err != nil {
 		t.Fatal(err)
