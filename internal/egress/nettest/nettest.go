@@ -15,6 +15,7 @@ package nettest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,14 +241,22 @@ func ServeDNS(t testing.TB, path, addr string, records map[string][]string) (str
 		err error
 	)
 	listen := func() error {
-		if pc, err = net.ListenPacket("udp", addr); err != nil {
-			return err
+		for range 50 {
+			if pc, err = net.ListenPacket("udp", addr); err != nil {
+				return err
+			}
+			if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+				pc.Close()
+				// The UDP port the kernel picked (port 0) may be taken
+				// for TCP on a busy machine: pick another.
+				if _, port, _ := net.SplitHostPort(addr); port == "0" && errors.Is(err, syscall.EADDRINUSE) {
+					continue
+				}
+				return err
+			}
+			return nil
 		}
-		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
-			pc.Close()
-			return err
-		}
-		return nil
+		return err
 	}
 	if path == "" {
 		err = listen()
