@@ -731,7 +731,7 @@ type shardWork struct {
 // were never recorded, and the controller's next pass over a batch
 // releases the pods the table gives it beyond its record.
 //
-// written are the shards written (also when it fails).
+// written are the shards written, each once (also when it fails).
 func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) (_ []Result, written []int, _ error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
@@ -820,7 +820,9 @@ func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*re
 			switch {
 			case w.err == nil:
 				if !w.skip {
-					written = append(written, w.n)
+					if !slices.Contains(written, w.n) {
+						written = append(written, w.n)
+					}
 					ps.mu.Lock()
 					sh := &ps.shards[w.n]
 					for o, raw := range w.next.Records {

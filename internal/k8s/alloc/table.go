@@ -11,7 +11,7 @@
 // The table of pool P is split into shards: Secrets in P's namespace
 // (ShardName), each with data[TableKey] the gzipped JSON of a Table (a
 // write's cost in the API server grows with its size: a shard full of
-// inline records is ~80 KB of JSON and ~12 KB gzipped): the owners
+// inline records is ~77 KB of JSON and ~11 KB gzipped): the owners
 // of pods (a BatchSandbox, or one sandbox of a moat server scope), the
 // retired pods (released or being deleted: never handed out again), and
 // the records of sandboxes written with their claim (Table.Records; a
@@ -47,7 +47,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/klauspost/compress/gzip"
 	"hash/fnv"
 	"io"
 	"maps"
@@ -56,6 +55,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"

@@ -241,12 +241,28 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 // the controller more CPU than the API server).
 const pokeDelay = 200 * time.Millisecond
 
-// podToPool enqueues the pool of a pool pod that changed after delay (a
-// pool already waiting keeps its earlier time).
+// podToPool enqueues, after delay, the pool of a pool pod that changed.
 func podToPool(delay time.Duration) handler.EventHandler {
+	return enqueueAfter(delay, func(o client.Object) (types.NamespacedName, bool) {
+		name := o.GetLabels()[sbv1.LabelPool]
+		return types.NamespacedName{Namespace: o.GetNamespace(), Name: name}, name != ""
+	})
+}
+
+// pokeHandler enqueues a poked pool after delay.
+func pokeHandler(delay time.Duration) handler.EventHandler {
+	return enqueueAfter(delay, func(o client.Object) (types.NamespacedName, bool) {
+		return client.ObjectKeyFromObject(o), true
+	})
+}
+
+// enqueueAfter is an event handler that enqueues the key of an event's
+// object (if it has one) after delay; a key already waiting keeps its
+// earlier time, so the events of that time make one reconcile.
+func enqueueAfter(delay time.Duration, key func(client.Object) (types.NamespacedName, bool)) handler.EventHandler {
 	add := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		if name := o.GetLabels()[sbv1.LabelPool]; name != "" {
-			q.AddAfter(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}, delay)
+		if k, ok := key(o); ok {
+			q.AddAfter(reconcile.Request{NamespacedName: k}, delay)
 		}
 	}
 	return handler.Funcs{
@@ -261,16 +277,6 @@ func podToPool(delay time.Duration) handler.EventHandler {
 		},
 		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			add(e.Object, q)
-		},
-	}
-}
-
-// pokeHandler enqueues a poked pool after delay (a pool already waiting
-// keeps its earlier time).
-func pokeHandler(delay time.Duration) handler.EventHandler {
-	return handler.Funcs{
-		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}, delay)
 		},
 	}
 }

@@ -154,7 +154,7 @@ func (o *Options) defaults() error {
 	if o.Batches <= 0 {
 		o.Batches = 1
 	}
-	batched := o.Batch * o.Batches
+	batched := o.batched()
 	if batched > o.Pool {
 		return fmt.Errorf("%d batches of %d are more than the pool %d", o.Batches, o.Batch, o.Pool)
 	}
@@ -182,6 +182,9 @@ func (o *Options) defaults() error {
 	}
 	return nil
 }
+
+// batched is the number of sandboxes the batches claim.
+func (o *Options) batched() int { return o.Batch * o.Batches }
 
 // proc is a moat process of the run.
 type proc struct {
@@ -380,7 +383,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	// claims it never answered are out until the orphan sweep.
 	res.Claims = o.Claims
 	if o.Chaos {
-		res.Claims = min(res.Claims, o.Pool-o.Batch*o.Batches-o.Workers)
+		res.Claims = min(res.Claims, o.Pool-o.batched()-o.Workers)
 	}
 	req := moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: time.Hour}
 	lat := make([]time.Duration, 0, res.Claims)
@@ -475,10 +478,10 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		batch, err := clients[(len(clients)-1+k)%len(clients)].CreateBatch(ctx, req, o.Batch)
 		walls = append(walls, time.Since(t0))
 		if err != nil {
-			return res, fmt.Errorf("batch %d of %d: %w", k+1, o.Batch, err)
+			return res, fmt.Errorf("batch %d of %d (of %d sandboxes): %w", k+1, o.Batches, o.Batch, err)
 		}
 		if len(batch) != o.Batch {
-			return res, fmt.Errorf("batch %d of %d: %d sandboxes answered", k+1, o.Batch, len(batch))
+			return res, fmt.Errorf("batch %d of %d: %d sandboxes answered, want %d", k+1, o.Batches, len(batch), o.Batch)
 		}
 		for _, sb := range batch {
 			ids = append(ids, sb.ID)
