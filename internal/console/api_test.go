@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -56,7 +57,7 @@ func newStack(t *testing.T) *stack {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: noImages{}, Log: log, Quotas: reg})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: noImages{}, Log: log, Quotas: reg}})
 	if err != nil {
 		t.Fatal(err)
 	}

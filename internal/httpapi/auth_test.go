@@ -16,9 +16,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/httpapi"
-	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -29,7 +29,7 @@ type tenantAPI struct {
 	srv   *httptest.Server
 	api   *httpapi.Server
 	reg   *tenant.Registry
-	svc   *lifecycle.Service
+	svc   *sandbox.Service
 	audit *audit.Memory
 	keys  map[string]string // "acme-operator" -> key
 	ids   map[string]string // "acme-operator" -> key id
@@ -52,7 +52,7 @@ func (c cookieSessions) ResolveSession(r *http.Request) (tenant.Principal, bool,
 	return p, err == nil, err
 }
 
-func newTenantAPI(t *testing.T, cfg lifecycle.Config, deps lifecycle.Deps) *tenantAPI {
+func newTenantAPI(t *testing.T, cfg sandbox.Config, deps sandbox.Deps) *tenantAPI {
 	t.Helper()
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), time.Second)
 	if err != nil {
@@ -68,7 +68,7 @@ func newTenantAPI(t *testing.T, cfg lifecycle.Config, deps lifecycle.Deps) *tena
 	if deps.Quotas == nil {
 		deps.Quotas = reg
 	}
-	svc, err := lifecycle.New(cfg, deps)
+	svc, err := sandbox.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func (ta *tenantAPI) do(t *testing.T, who, method, path, body string, hdr ...str
 }
 
 func TestRolesOnRoutes(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	if code, body := ta.do(t, "acme-viewer", "GET", "/v1/sandboxes", ""); code != 200 {
 		t.Errorf("viewer list: %d %v", code, body)
 	}
@@ -161,7 +161,7 @@ func TestRolesOnRoutes(t *testing.T) {
 }
 
 func TestSessionResolver(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	ck := "session=" + ta.ids["beta-operator"]
 	code, body := ta.do(t, "", "POST", "/v1/sandboxes", createBody, "Cookie", ck)
 	if code != 202 {
@@ -185,7 +185,7 @@ func TestSessionResolver(t *testing.T) {
 }
 
 func TestTenantHeader(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	if code, body := ta.do(t, "acme-operator", "GET", "/v1/sandboxes", "", httpapi.TenantHeader, "beta"); code != 403 {
 		t.Errorf("operator naming another tenant: %d %v", code, body)
 	}

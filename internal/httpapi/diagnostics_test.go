@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -122,7 +123,7 @@ func TestAuditLog(t *testing.T) {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log}})
 	if err != nil {
 		t.Fatal(err)
 	}

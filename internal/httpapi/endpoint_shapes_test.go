@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -112,7 +113,7 @@ func newEgressAPI(t *testing.T) (*httptest.Server, *fakeEgress, *store.DB) {
 		t.Fatal(err)
 	}
 	eg := newFakeEgress()
-	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Egress: eg, Sealer: sealer})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Egress: eg}, Sealer: sealer})
 	if err != nil {
 		t.Fatal(err)
 	}

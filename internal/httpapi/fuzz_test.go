@@ -16,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -34,7 +35,7 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log}})
 	if err != nil {
 		f.Fatal(err)
 	}

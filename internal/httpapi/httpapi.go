@@ -23,6 +23,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -73,7 +74,7 @@ type Metrics interface {
 // Server is the Lifecycle API handler set.
 type Server struct {
 	cfg   Config
-	svc   *lifecycle.Service
+	svc   *sandbox.Service
 	log   *slog.Logger
 	web   *web.Adapter
 	proxy *proxy
@@ -81,7 +82,7 @@ type Server struct {
 }
 
 // New returns the API server.
-func New(cfg Config, svc *lifecycle.Service, log *slog.Logger) *Server {
+func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
 	s := &Server{cfg: cfg, svc: svc, log: log, auth: cfg.Auth}
 	if s.auth == nil && cfg.APIKey != "" {
 		reg, err := tenant.Open(nil, tenant.Options{RootKey: cfg.APIKey})

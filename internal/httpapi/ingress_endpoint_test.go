@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -29,7 +30,7 @@ func newIngressAPI(t *testing.T, e *ingress.Endpoints) *httptest.Server {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := lifecycle.New(lifecycle.Config{SecureAccess: true}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{SecureAccess: true}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
@@ -79,7 +80,7 @@ const policyBody = `{"defaultAction":"deny","egress":[{"action":"allow","target"
 // a pool of the same name as acme's, to prove names are per tenant.
 func newIsolationAPI(t *testing.T) (*tenantAPI, fixture) {
 	t.Helper()
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{Committer: committer{}, Egress: &memEgress{}})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{Deps: lifecycle.Deps{Egress: &memEgress{}}, Committer: committer{}})
 	var fx fixture
 	// acme's sandbox mounts volume "shared" (beta has one of that name
 	// too) and "private" (acme only).
@@ -481,7 +482,7 @@ func TestRoutesInSpec(t *testing.T) {
 		inSpec["* "+norm(op.path)] = true
 	}
 	var missing []string
-	for _, rt := range newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{}).api.Routes() {
+	for _, rt := range newTenantAPI(t, sandbox.Config{}, sandbox.Deps{}).api.Routes() {
 		if !strings.HasPrefix(rt.Pattern, "/v1/") {
 			continue
 		}
@@ -507,7 +508,7 @@ func TestRoutesInSpec(t *testing.T) {
 
 // lifecycleResolver resolves gateway routes through the lifecycle, as
 // the server wires it.
-type lifecycleResolver struct{ svc *lifecycle.Service }
+type lifecycleResolver struct{ svc *sandbox.Service }
 
 func (l lifecycleResolver) Resolve(ctx context.Context, id string, port int) (ingress.Target, error) {
 	ep, err := l.svc.Endpoint(ctx, id, port)

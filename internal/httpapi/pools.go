@@ -9,6 +9,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -31,12 +32,12 @@ type poolTemplateJSON struct {
 }
 
 type poolRequest struct {
-	Name         string              `json:"name"`
-	Template     *poolTemplateJSON   `json:"template"`
-	CapacitySpec *lifecycle.Capacity `json:"capacitySpec"`
+	Name         string            `json:"name"`
+	Template     *poolTemplateJSON `json:"template"`
+	CapacitySpec *pool.Capacity    `json:"capacitySpec"`
 }
 
-func poolOut(p lifecycle.Pool, st lifecycle.PoolStatus) lifecycleapi.Pool {
+func poolOut(p pool.Pool, st pool.PoolStatus) lifecycleapi.Pool {
 	t := p.Template
 	c := p.Capacity
 	owner := tenant.Normalize(p.Tenant)
@@ -106,37 +107,37 @@ func poolImageURI(im *imageSpec) string {
 	return im.URI
 }
 
-func decodePool(r *http.Request, name string) (lifecycle.Pool, error) {
+func decodePool(r *http.Request, name string) (pool.Pool, error) {
 	var body poolRequest
 	if err := web.DecodeJSON(r, &body, false); err != nil {
-		return lifecycle.Pool{}, err
+		return pool.Pool{}, err
 	}
 	if name != "" {
 		if body.Name != "" && body.Name != name {
-			return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_NAME", "name in the body differs from the path")
+			return pool.Pool{}, errdefs.Invalid("POOL::INVALID_NAME", "name in the body differs from the path")
 		}
 		body.Name = name
 	}
 	if body.Template == nil {
-		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template is required")
+		return pool.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template is required")
 	}
 	hasImage := body.Template.Image != nil && strings.TrimSpace(body.Template.Image.URI) != ""
 	hasSnap := strings.TrimSpace(body.Template.SnapshotID) != ""
 	if hasImage == hasSnap {
-		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template needs exactly one of image.uri or snapshotId")
+		return pool.Pool{}, errdefs.Invalid("POOL::INVALID_TEMPLATE", "template needs exactly one of image.uri or snapshotId")
 	}
 	if body.CapacitySpec == nil {
-		return lifecycle.Pool{}, errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec is required")
+		return pool.Pool{}, errdefs.Invalid("POOL::INVALID_CAPACITY", "capacitySpec is required")
 	}
 	t := body.Template
 	vols, err := lifecycle.ParseVolumes(t.Volumes)
 	if err != nil {
-		return lifecycle.Pool{}, err
+		return pool.Pool{}, err
 	}
 	if len(vols) == 0 {
 		vols = nil
 	}
-	return lifecycle.Pool{Name: body.Name, Capacity: *body.CapacitySpec, Template: lifecycle.PoolTemplate{
+	return pool.Pool{Name: body.Name, Capacity: *body.CapacitySpec, Template: pool.PoolTemplate{
 		Image: poolImageURI(t.Image), SnapshotID: strings.TrimSpace(t.SnapshotID), Entrypoint: t.Entrypoint, Env: t.Env, ResourceLimits: t.ResourceLimits, Extensions: t.Extensions,
 		Volumes: vols}}, nil
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
-	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
@@ -28,14 +28,14 @@ import (
 // sandbox is not found), and for an operator or admin key the proxy
 // substitutes the sandbox's real token.
 type proxy struct {
-	svc *lifecycle.Service
+	svc *sandbox.Service
 	web *web.Adapter
 	rp  *httputil.ReverseProxy
 	// egress returns a sandbox's egress API (nil: it has none).
 	egress func(r *http.Request, id string) (http.Handler, error)
 }
 
-func newProxy(svc *lifecycle.Service, wa *web.Adapter, log *slog.Logger) *proxy {
+func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 	p := &proxy{svc: svc, web: wa}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,

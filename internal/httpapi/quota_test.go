@@ -10,13 +10,13 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/gen/wirecheck"
-	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 )
 
 const limited = `{"image":{"uri":"busybox"},"entrypoint":["sh"],"resourceLimits":{"cpu":"%s","memory":"%s"}}`
 
 func TestQuotaExhaustion(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	code, body := ta.do(t, "root", "PUT", "/v1/tenants/acme", `{"quota":{"sandboxes":2,"cpu":"2","memory":"1Gi"}}`)
 	if code != 200 || fmt.Sprint(body["quota"]) != "map[cpu:2 memory:1Gi sandboxes:2]" {
 		t.Fatalf("set quota: %d %v", code, body)
@@ -90,7 +90,7 @@ func TestQuotaExhaustion(t *testing.T) {
 // TestQuotaPoolClaims: idle pool sandboxes are not charged, claims are
 // (single and batch), and a refused claim takes nothing from the pool.
 func TestQuotaPoolClaims(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	if code, body := ta.do(t, "acme-operator", "POST", "/v1/pools",
 		`{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"bufferMin":3,"bufferMax":3,"poolMin":0,"poolMax":10}}`); code != 201 {
 		t.Fatalf("pool: %d %v", code, body)
@@ -138,7 +138,7 @@ func waitAvailable(t *testing.T, ta *tenantAPI, pool string, n float64) {
 // TestQuotaConcurrentCreates: concurrent creates cannot together overrun
 // a quota (the charge is taken before provisioning, under one lock).
 func TestQuotaConcurrentCreates(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	if code, _ := ta.do(t, "root", "PUT", "/v1/tenants/acme", `{"quota":{"sandboxes":3}}`); code != 200 {
 		t.Fatal("quota")
 	}
@@ -162,7 +162,7 @@ func TestQuotaConcurrentCreates(t *testing.T) {
 }
 
 func TestAdminAPI(t *testing.T) {
-	ta := newTenantAPI(t, lifecycle.Config{}, lifecycle.Deps{})
+	ta := newTenantAPI(t, sandbox.Config{}, sandbox.Deps{})
 	code, raw := rawBody(t, ta.srv, "POST", "/v1/keys", `{"tenant":"gamma","role":"operator","name":"ci runner"}`)
 	if code != 201 {
 		t.Fatalf("create key: %d %s", code, raw)

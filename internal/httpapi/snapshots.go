@@ -7,14 +7,14 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
-	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // Snapshot wire types are the models generated from the spec
 // (lifecycleapi.Snapshot, ListSnapshotsResponse, CreateSnapshotRequest).
 
-func snapshotToJSON(sn lifecycle.Snapshot) lifecycleapi.Snapshot {
+func snapshotToJSON(sn snapshot.Snapshot) lifecycleapi.Snapshot {
 	out := lifecycleapi.Snapshot{ID: sn.ID, SandboxID: sn.SandboxID, Name: optString(sn.Name), CreatedAt: sn.CreatedAt.UTC(),
 		Status: lifecycleapi.SnapshotStatus{State: lifecycleapi.SnapshotState(sn.Status.State),
 			Reason: optString(sn.Status.Reason), Message: optString(sn.Status.Message)}}
@@ -59,13 +59,13 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "malformed query string")
 	}
-	f := lifecycle.SnapshotFilter{SandboxID: q.Get("sandboxId")}
+	f := snapshot.SnapshotFilter{SandboxID: q.Get("sandboxId")}
 	for _, v := range q["state"] {
 		for _, part := range strings.Split(v, ",") {
 			if part = strings.TrimSpace(part); part == "" {
 				continue
 			}
-			st, err := lifecycle.ParseSnapshotState(part)
+			st, err := snapshot.ParseSnapshotState(part)
 			if err != nil {
 				return err
 			}

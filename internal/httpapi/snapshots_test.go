@@ -14,6 +14,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -32,7 +33,7 @@ func newSnapshotAPI(t *testing.T) *httptest.Server {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Committer: committer{}})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log}, Committer: committer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

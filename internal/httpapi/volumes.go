@@ -4,14 +4,14 @@ import (
 	"net/http"
 
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
-	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // Volume API (moat extension): the runtime's named volumes, the storage
 // behind OpenSandbox's pvc backend. Responses are the generated models.
 
-func volumeOut(v lifecycle.VolumeInfo) lifecycleapi.NamedVolume {
+func volumeOut(v mounts.VolumeInfo) lifecycleapi.NamedVolume {
 	out := lifecycleapi.NamedVolume{Name: v.Name, CreatedAt: v.CreatedAt.UTC(), Managed: v.Managed,
 		Sandboxes: v.Sandboxes, AccessModes: optSlice(v.AccessModes), Labels: optMap(v.Labels)}
 	if out.Sandboxes == nil {

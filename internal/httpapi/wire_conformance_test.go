@@ -7,6 +7,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/gen/wirecheck"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -49,10 +52,10 @@ func TestWireSandboxResponses(t *testing.T) {
 }
 
 func TestWireSnapshotResponses(t *testing.T) {
-	full := lifecycle.Snapshot{ID: "sn1", SandboxID: "sb1", Name: "n", CreatedAt: wireT0, Image: "local/x",
-		Status: lifecycle.SnapshotStatus{State: lifecycle.SnapshotReady, Reason: "snapshot_ready", Message: "m", LastTransitionAt: wireT0}}
-	minimal := lifecycle.Snapshot{ID: "sn2", SandboxID: "sb1", CreatedAt: wireT0, Status: lifecycle.SnapshotStatus{State: lifecycle.SnapshotCreating}}
-	for name, sn := range map[string]lifecycle.Snapshot{"full": full, "minimal": minimal} {
+	full := snapshot.Snapshot{ID: "sn1", SandboxID: "sb1", Name: "n", CreatedAt: wireT0, Image: "local/x",
+		Status: snapshot.SnapshotStatus{State: snapshot.SnapshotReady, Reason: "snapshot_ready", Message: "m", LastTransitionAt: wireT0}}
+	minimal := snapshot.Snapshot{ID: "sn2", SandboxID: "sb1", CreatedAt: wireT0, Status: snapshot.SnapshotStatus{State: snapshot.SnapshotCreating}}
+	for name, sn := range map[string]snapshot.Snapshot{"full": full, "minimal": minimal} {
 		wirecheck.Response[lifecycleapi.Snapshot](t, name+" Snapshot", snapshotToJSON(sn))
 	}
 	list := lifecycleapi.ListSnapshotsResponse{Items: []lifecycleapi.Snapshot{snapshotToJSON(full), snapshotToJSON(minimal)},
@@ -61,25 +64,25 @@ func TestWireSnapshotResponses(t *testing.T) {
 }
 
 func TestWirePoolResponses(t *testing.T) {
-	capacity := lifecycle.Capacity{BufferMin: 1, BufferMax: 2, PoolMin: 0, PoolMax: 4}
-	img := lifecycle.Pool{Name: "p1", CreatedAt: wireT0, Capacity: capacity, Template: lifecycle.PoolTemplate{
+	capacity := pool.Capacity{BufferMin: 1, BufferMax: 2, PoolMin: 0, PoolMax: 4}
+	img := pool.Pool{Name: "p1", CreatedAt: wireT0, Capacity: capacity, Template: pool.PoolTemplate{
 		Image: "busybox", Entrypoint: []string{"sh"}, Env: map[string]string{"A": "b"},
 		ResourceLimits: map[string]string{"cpu": "1"}, Extensions: map[string]string{"moat.runtime": "crun", "other": "v"},
 		Volumes: []lifecycle.Volume{{Name: "d", MountPath: "/d", ReadOnly: true, SubPath: "s", PVC: &lifecycle.PVCVolume{ClaimName: "c", Storage: "1Gi",
 			DeleteOnSandboxTermination: true, StorageClass: "std", AccessModes: []string{"ReadWriteMany"}}},
 			{Name: "h", MountPath: "/h", Host: &lifecycle.HostVolume{Path: "/srv"}}}}}
-	fork := lifecycle.Pool{Name: "p2", CreatedAt: wireT0, Capacity: capacity, Template: lifecycle.PoolTemplate{SnapshotID: "sn1"}}
-	st := lifecycle.PoolStatus{Total: 3, Allocated: 1, Available: 2, Revision: 7}
-	for name, p := range map[string]lifecycle.Pool{"image": img, "fork": fork} {
+	fork := pool.Pool{Name: "p2", CreatedAt: wireT0, Capacity: capacity, Template: pool.PoolTemplate{SnapshotID: "sn1"}}
+	st := pool.PoolStatus{Total: 3, Allocated: 1, Available: 2, Revision: 7}
+	for name, p := range map[string]pool.Pool{"image": img, "fork": fork} {
 		wirecheck.Response[lifecycleapi.Pool](t, name+" Pool", poolOut(p, st))
 	}
 }
 
 func TestWireVolumeResponses(t *testing.T) {
-	full := lifecycle.VolumeInfo{Volume: runtime.Volume{Name: "v1", SizeBytes: 1 << 30, UsedBytes: 4096, CreatedAt: wireT0, Managed: true,
+	full := mounts.VolumeInfo{Volume: runtime.Volume{Name: "v1", SizeBytes: 1 << 30, UsedBytes: 4096, CreatedAt: wireT0, Managed: true,
 		Labels: map[string]string{"k": "v"}, StorageClass: "std", AccessModes: []string{"ReadWriteOnce"}}, Sandboxes: []string{"sb1"}}
-	minimal := lifecycle.VolumeInfo{Volume: runtime.Volume{Name: "v2", CreatedAt: wireT0}}
-	for name, v := range map[string]lifecycle.VolumeInfo{"full": full, "minimal": minimal} {
+	minimal := mounts.VolumeInfo{Volume: runtime.Volume{Name: "v2", CreatedAt: wireT0}}
+	for name, v := range map[string]mounts.VolumeInfo{"full": full, "minimal": minimal} {
 		wirecheck.Response[lifecycleapi.NamedVolume](t, name+" NamedVolume", volumeOut(v))
 	}
 	wirecheck.Response[lifecycleapi.ListVolumesResponse](t, "ListVolumesResponse",
@@ -100,7 +103,7 @@ func TestWireStatesAreSpecEnums(t *testing.T) {
 			t.Errorf("sandbox state %s is not in the spec's SandboxState enum", s)
 		}
 	}
-	for _, s := range []lifecycle.SnapshotState{lifecycle.SnapshotCreating, lifecycle.SnapshotDeleting, lifecycle.SnapshotReady, lifecycle.SnapshotFailed} {
+	for _, s := range []snapshot.SnapshotState{snapshot.SnapshotCreating, snapshot.SnapshotDeleting, snapshot.SnapshotReady, snapshot.SnapshotFailed} {
 		if !lifecycleapi.SnapshotState(s).Valid() {
 			t.Errorf("snapshot state %s is not in the spec's SnapshotState enum", s)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
@@ -27,7 +26,7 @@ func (s *Service) CreateBatch(ctx context.Context, req CreateRequest, n int) ([]
 		return nil, errdefs.Invalid(codeInvalid, fmt.Sprintf("count must be between 1 and %d", MaxBatch))
 	}
 	if name := req.Extensions[ExtPoolRef]; name != "" {
-		return s.createFromPool(ctx, req, name, n)
+		return s.fromPool(ctx, req, name, n)
 	}
 	sb, err := s.validate(ctx, req)
 	if err != nil {
@@ -35,15 +34,32 @@ func (s *Service) CreateBatch(ctx context.Context, req CreateRequest, n int) ([]
 	}
 	// The whole batch must fit the quota; each create is still charged
 	// on its own (createOne), so concurrent calls cannot overrun it.
-	if err := s.quota.check(s.deps.Quotas, ownerOf(ctx), n, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
+	if err := s.quota.Check(OwnerOf(ctx), n, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
 		return nil, err
 	}
-	return s.coldBatch(ctx, req, n, "")
+	return s.ColdBatch(ctx, req, n, nil)
 }
 
-// coldBatch creates n sandboxes concurrently from req; poolName, if set,
-// attaches them to a pool as claimed.
-func (s *Service) coldBatch(ctx context.Context, req CreateRequest, n int, poolName string) ([]Sandbox, error) {
+// fromPool hands a create from pool name to the pools feature.
+func (s *Service) fromPool(ctx context.Context, req CreateRequest, name string, n int) ([]Sandbox, error) {
+	if s.features.Pools == nil {
+		return nil, errdefs.WithPublic(fmt.Errorf("pool %q: %w", name, errdefs.ErrInvalidArgument), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
+	}
+	return s.features.Pools.CreateFromPool(ctx, req, name, n)
+}
+
+// released tells the pool of key (Sandbox.Pool) that sandbox id is gone.
+func (s *Service) released(key, id string) {
+	if key != "" && s.features.Pools != nil {
+		s.features.Pools.Released(key, id)
+	}
+}
+
+// ColdBatch creates n sandboxes concurrently from req, all or nothing.
+// join, if set, attaches each new record to a pool (it sets Sandbox.Pool)
+// before it is charged and provisioned; a sandbox of the batch that
+// fails is then Released to its pool.
+func (s *Service) ColdBatch(ctx context.Context, req CreateRequest, n int, join func(sb *Sandbox) error) ([]Sandbox, error) {
 	out := make([]Sandbox, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, coldConcurrency)
@@ -54,7 +70,7 @@ func (s *Service) coldBatch(ctx context.Context, req CreateRequest, n int, poolN
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i], errs[i] = s.createOne(ctx, req, poolName)
+			out[i], errs[i] = s.createOne(ctx, req, join)
 		}()
 	}
 	wg.Wait()
@@ -78,35 +94,23 @@ func firstErr(errs []error) error {
 	return nil
 }
 
-// createOne is Create without the pool dispatch, optionally attached to
-// pool poolName of ctx's tenant.
-func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName string) (Sandbox, error) {
+// createOne is Create without the pool dispatch, attached by join.
+func (s *Service) createOne(ctx context.Context, req CreateRequest, join func(sb *Sandbox) error) (Sandbox, error) {
 	sb, err := s.validate(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	own(&sb, ownerOf(ctx))
-	var pl *pool
-	if poolName != "" && s.runtimePools() != nil {
-		// A cold sandbox of a runtime's pool: nothing to count here.
-		sb.Pool = poolKey(sb.Tenant, poolName)
-	} else if poolName != "" {
-		if pl, err = s.getPool(ctx, poolName); err != nil {
+	Own(&sb, OwnerOf(ctx))
+	if join != nil {
+		if err := join(&sb); err != nil {
 			return Sandbox{}, err
 		}
 	}
 	if err := s.admitEntry(&sb); err != nil {
+		s.released(sb.Pool, sb.ID)
 		return Sandbox{}, err
 	}
-	if pl != nil {
-		sb.Pool = poolKey(sb.Tenant, poolName)
-		pl.mu.Lock()
-		pl.allocated[sb.ID] = true
-		pl.mu.Unlock()
-	}
-	e := newEntry(sb)
-	e.mu.Lock()
-	s.put(e)
+	e := s.Insert(sb)
 	defer e.mu.Unlock()
 	if err := s.provision(context.WithoutCancel(ctx), e, req.ImageAuth); err != nil {
 		s.released(sb.Pool, sb.ID)
@@ -115,117 +119,10 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, poolName str
 	return e.sb.clone(), nil
 }
 
-// claimRequest merges a claim with its pool's template and validates it.
-// A claim may set env, metadata, timeout and extensions; image, entrypoint
-// and resources come from the template and may only repeat it.
-func claimRequest(req CreateRequest, def Pool) (CreateRequest, error) {
-	t := def.Template
-	if req.CredentialProxy {
-		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("credentialProxy cannot be enabled on a sandbox claimed from pool %s: the sandbox CA is installed when a sandbox starts", def.Name))
-	}
-	if req.SnapshotID != "" && req.SnapshotID != t.SnapshotID {
-		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("snapshotId %q differs from pool %s's snapshot %q", req.SnapshotID, def.Name, t.SnapshotID))
-	}
-	if req.Image != "" && req.Image != t.Image {
-		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("image %q differs from pool %s's image %q", req.Image, def.Name, t.Image))
-	}
-	if len(req.Entrypoint) > 0 && !slices.Equal(req.Entrypoint, t.Entrypoint) {
-		return req, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", fmt.Sprintf("entrypoint differs from pool %s's entrypoint", def.Name))
-	}
-	for k, v := range req.ResourceLimits {
-		if t.ResourceLimits[k] != v {
-			return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("resourceLimits.%s differs from pool %s's template", k, def.Name))
-		}
-	}
-	if c, ok := req.Extensions[ExtRuntimeClass]; ok && c != t.Extensions[ExtRuntimeClass] {
-		return req, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s] differs from pool %s's template", ExtRuntimeClass, def.Name))
-	}
-	m := req
-	m.Image, m.SnapshotID, m.Entrypoint, m.ResourceLimits = t.Image, t.SnapshotID, t.Entrypoint, t.ResourceLimits
-	m.Env = cloneMap(t.Env)
-	if m.Env == nil && len(req.Env) > 0 {
-		m.Env = map[string]string{}
-	}
-	for k, v := range req.Env {
-		m.Env[k] = v
-	}
-	m.Extensions = cloneMap(t.Extensions)
-	for k, v := range req.Extensions {
-		if k == ExtPoolRef {
-			continue
-		}
-		if m.Extensions == nil {
-			m.Extensions = map[string]string{}
-		}
-		m.Extensions[k] = v
-	}
-	return m, nil
-}
-
-// createFromPool claims up to n idle sandboxes of pool name and cold-creates
-// the rest from its template.
-func (s *Service) createFromPool(ctx context.Context, req CreateRequest, name string, n int) ([]Sandbox, error) {
-	if rp := s.runtimePools(); rp != nil {
-		return s.claimRuntimePool(ctx, rp, req, name, n)
-	}
-	def, err := s.poolTemplateFor(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	merged, err := claimRequest(req, def)
-	if err != nil {
-		return nil, err
-	}
-	proto, err := s.validate(ctx, merged) // checks metadata, timeout, env, extensions
-	if err != nil {
-		return nil, err
-	}
-	// Claimed or cold, each of the n sandboxes is new to the tenant's quota.
-	owner, cpu, mem := ownerOf(ctx), proto.Resources.CPUMillis, proto.Resources.MemoryBytes
-	if err := s.quota.check(s.deps.Quotas, owner, n, cpu, mem); err != nil {
-		return nil, err
-	}
-	claimed, err := s.claim(ctx, name, n)
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]string, len(claimed))
-	for i, e := range claimed {
-		ids[i] = e.sb.ID
-	}
-	if err := s.quota.admit(s.deps.Quotas, owner, ids, cpu, mem); err != nil {
-		// A concurrent create took the room since the check: the
-		// claimed sandboxes go (the pool refills).
-		for _, e := range claimed {
-			e.mu.Lock()
-			e.sb.Warm = false // so that the pool forgets the claim
-			s.deleteLocked(context.WithoutCancel(ctx), e, ReasonStopping)
-			e.mu.Unlock()
-		}
-		return nil, err
-	}
-	s.observeClaim(len(claimed), n-len(claimed))
-	ctx = context.WithoutCancel(ctx)
-	out, err := s.finishClaims(ctx, claimed, proto, req.Env)
-	if err != nil {
-		return nil, err
-	}
-	if rest := n - len(out); rest > 0 {
-		cold, err := s.coldBatch(ctx, merged, rest, name)
-		if err != nil {
-			for _, sb := range out {
-				s.Delete(ctx, sb.ID)
-			}
-			return nil, err
-		}
-		out = append(out, cold...)
-	}
-	return out, nil
-}
-
-// finishClaims turns claimed warm sandboxes into ordinary ones with the
-// claim's settings, persisted in one store write.
-func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sandbox, env map[string]string) ([]Sandbox, error) {
+// Activate turns claimed warm sandboxes (their locks not held) into
+// ordinary ones with the settings of proto (a validated claim) and env,
+// persisted in one store write. On failure they are deleted.
+func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox, env map[string]string) ([]Sandbox, error) {
 	if len(claimed) == 0 {
 		return nil, nil
 	}
@@ -250,7 +147,7 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 		for _, e := range claimed {
 			st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
 			if err == nil {
-				err = s.attachEgress(ctx, e.sb.ID, st.IP, *proto.NetworkPolicy)
+				err = attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *proto.NetworkPolicy)
 			}
 			if err != nil {
 				for _, e := range claimed {
@@ -279,7 +176,7 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
 			sb.ExpiresAt = &exp
 		}
-		s.mustTransition(e, StateRunning, ReasonRunning, "")
+		e.mustTransition(StateRunning, ReasonRunning, "")
 		kv[sb.ID] = sb
 	}
 	if err := s.deps.Store.PutMany(Bucket, kv); err != nil {
@@ -298,7 +195,7 @@ func (s *Service) finishClaims(ctx context.Context, claimed []*entry, proto Sand
 
 // applyEnv adds env to the agents of claimed sandboxes (the moat
 // extension agentproto.EnvPath), concurrently. Callers hold the entries.
-func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string]string) error {
+func (s *Service) applyEnv(ctx context.Context, claimed []*Entry, env map[string]string) error {
 	errs := make([]error, len(claimed))
 	var wg sync.WaitGroup
 	for i, e := range claimed {
@@ -318,18 +215,66 @@ func (s *Service) applyEnv(ctx context.Context, claimed []*entry, env map[string
 	return errors.Join(errs...)
 }
 
-// rotateToken gives the agent of a sandbox restored from a memory
-// snapshot its own access token (the moat extension agentproto.TokenPath,
-// authorized by the token the agent was checkpointed with). Until then
-// the restored agent accepts only the source's token, which the server
-// never shows to clients of the restored sandbox.
-func (s *Service) rotateToken(ctx context.Context, id, old, token string) error {
-	ep, err := s.deps.Runtime.Endpoint(ctx, id, agentproto.Port)
-	if err == nil {
-		err = s.agent().RotateToken(ctx, ep, old, token)
+// AdoptClaimed takes in the sandboxes a runtime's pool handed to a claim
+// (recs, Running records of owner; stored[i] when the runtime stored the
+// record with its claim): it charges them, writes the records the
+// runtime did not store in one write, and applies env through their
+// agents. On failure they are deleted.
+func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox, stored []bool, env map[string]string) ([]Sandbox, error) {
+	release := func(es []*Entry) {
+		for _, e := range es {
+			if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
+				s.log.Error("release a claimed sandbox", "id", e.sb.ID, "err", err)
+			}
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("rotate token of %s: %w", id, err)
+	entries := make([]*Entry, len(recs))
+	kv := make(map[string]any, len(recs))
+	ids := make([]string, len(recs))
+	var cpu, mem int64
+	for i, sb := range recs {
+		e := newEntry(s, sb)
+		s.events.recordTransition(e, StatePending)
+		entries[i], ids[i] = e, e.sb.ID
+		cpu, mem = sb.Resources.CPUMillis, sb.Resources.MemoryBytes
+		if !stored[i] {
+			kv[e.sb.ID] = &e.sb // stored below
+		}
 	}
-	return nil
+	if err := s.quota.Admit(owner, ids, cpu, mem); err != nil {
+		release(entries)
+		return nil, err
+	}
+	if len(kv) > 0 {
+		if err := s.deps.Store.PutMany(Bucket, kv); err != nil {
+			for _, id := range ids {
+				s.quota.release(id)
+			}
+			release(entries)
+			return nil, err
+		}
+	}
+	for _, e := range entries {
+		e.mu.Lock()
+		e.stored = true
+		s.put(e)
+	}
+	defer func() {
+		for _, e := range entries {
+			e.mu.Unlock()
+		}
+	}()
+	if len(env) > 0 && len(entries) > 0 {
+		if err := s.applyEnv(ctx, entries, env); err != nil {
+			for _, e := range entries {
+				s.deleteLocked(ctx, e, ReasonStopping)
+			}
+			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
+		}
+	}
+	out := make([]Sandbox, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e.sb.clone())
+	}
+	return out, nil
 }

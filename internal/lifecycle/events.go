@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/store"
 )
 
 // EventsBucket is the store bucket holding each sandbox's event ring.
@@ -72,23 +74,23 @@ type eventRing struct {
 // cost no fsync on the request path. A crash loses at most the last tick
 // of events.
 type eventLog struct {
+	db  store.Store
+	now func() time.Time
+	log *slog.Logger
+
 	mu      sync.Mutex
 	rings   map[string]*eventRing
 	dirty   map[string]bool
 	removed map[string]bool
 }
 
-func newEventLog() *eventLog {
-	return &eventLog{rings: map[string]*eventRing{}, dirty: map[string]bool{}, removed: map[string]bool{}}
+func newEventLog(db store.Store, now func() time.Time, log *slog.Logger) *eventLog {
+	return &eventLog{db: db, now: now, log: log, rings: map[string]*eventRing{}, dirty: map[string]bool{}, removed: map[string]bool{}}
 }
 
 // record appends an event to sandbox id's ring.
-func (s *Service) record(id, typ, scope, reason, msg string) {
-	l := s.events
-	if l == nil {
-		return
-	}
-	ev := Event{Time: s.now(), Type: typ, Scope: scope, Reason: reason, Message: msg}
+func (l *eventLog) record(id, typ, scope, reason, msg string) {
+	ev := Event{Time: l.now(), Type: typ, Scope: scope, Reason: reason, Message: msg}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.rings[id]
@@ -111,60 +113,52 @@ func (s *Service) record(id, typ, scope, reason, msg string) {
 
 // markGone records that sandbox id no longer exists (without an event),
 // so its ring ages out.
-func (s *Service) markGone(id string) {
-	l := s.events
-	if l == nil {
-		return
-	}
+func (l *eventLog) markGone(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r := l.rings[id]; r != nil && r.GoneAt.IsZero() {
-		r.GoneAt = s.now()
+		r.GoneAt = l.now()
 		l.dirty[id] = true
 	}
 }
 
 // recordTransition records the event implied by a state change of e from
 // prev; the caller holds e.mu. Transitional states record nothing.
-func (s *Service) recordTransition(e *entry, prev State) {
+func (l *eventLog) recordTransition(e *Entry, prev State) {
 	st := e.sb.Status
 	switch st.State {
 	case StateRunning:
 		switch prev {
 		case StatePending:
-			s.record(e.sb.ID, EventStarted, ScopeLifecycle, st.Reason, "")
+			l.record(e.sb.ID, EventStarted, ScopeLifecycle, st.Reason, "")
 		case StateResuming:
-			s.record(e.sb.ID, EventResumed, ScopeLifecycle, st.Reason, "")
+			l.record(e.sb.ID, EventResumed, ScopeLifecycle, st.Reason, "")
 		}
 	case StatePaused:
 		if prev == StatePausing {
-			s.record(e.sb.ID, EventPaused, ScopeLifecycle, st.Reason, "")
+			l.record(e.sb.ID, EventPaused, ScopeLifecycle, st.Reason, "")
 		}
 	case StateFailed:
 		switch st.Reason {
 		case ReasonAgentExited:
-			s.record(e.sb.ID, EventExited, ScopeRuntime, st.Reason, st.Message)
+			l.record(e.sb.ID, EventExited, ScopeRuntime, st.Reason, st.Message)
 		case ReasonLost:
-			s.record(e.sb.ID, EventLost, ScopeRuntime, st.Reason, st.Message)
+			l.record(e.sb.ID, EventLost, ScopeRuntime, st.Reason, st.Message)
 		default:
-			s.record(e.sb.ID, EventFailed, ScopeLifecycle, st.Reason, st.Message)
+			l.record(e.sb.ID, EventFailed, ScopeLifecycle, st.Reason, st.Message)
 		}
 	case StateTerminated:
 		if st.Reason == ReasonExpired {
-			s.record(e.sb.ID, EventExpired, ScopeLifecycle, st.Reason, "")
+			l.record(e.sb.ID, EventExpired, ScopeLifecycle, st.Reason, "")
 		}
-		s.record(e.sb.ID, EventDeleted, ScopeLifecycle, st.Reason, "")
+		l.record(e.sb.ID, EventDeleted, ScopeLifecycle, st.Reason, "")
 	}
 }
 
-// flushEvents writes the dirty rings and prunes old ones. It is called by
-// the reaper and on Close.
-func (s *Service) flushEvents() {
-	l := s.events
-	if l == nil {
-		return
-	}
-	now := s.now()
+// flush writes the dirty rings and prunes old ones. It is called by the
+// reaper and on Close.
+func (l *eventLog) flush() {
+	now := l.now()
 	l.mu.Lock()
 	// Prune: rings of sandboxes gone for longer than EventRetention, then
 	// the oldest gone ones beyond MaxGoneEventLogs.
@@ -201,42 +195,38 @@ func (s *Service) flushEvents() {
 	l.mu.Unlock()
 
 	if len(put) > 0 {
-		if err := s.deps.Events.PutMany(EventsBucket, put); err != nil {
-			s.log.Warn("persist sandbox events", "err", err)
-			s.redirty(put)
+		if err := l.db.PutMany(EventsBucket, put); err != nil {
+			l.log.Warn("persist sandbox events", "err", err)
+			l.redirty(put)
 		}
 	}
 	for id := range removed {
-		if err := s.deps.Events.Delete(EventsBucket, id); err != nil {
-			s.log.Warn("prune sandbox events", "id", id, "err", err)
+		if err := l.db.Delete(EventsBucket, id); err != nil {
+			l.log.Warn("prune sandbox events", "id", id, "err", err)
 		}
 	}
 }
 
 // redirty marks rings whose write failed for the next flush.
-func (s *Service) redirty(put map[string]any) {
-	s.events.mu.Lock()
-	defer s.events.mu.Unlock()
+func (l *eventLog) redirty(put map[string]any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for id := range put {
-		if _, ok := s.events.rings[id]; ok {
-			s.events.dirty[id] = true
+		if _, ok := l.rings[id]; ok {
+			l.dirty[id] = true
 		}
 	}
 }
 
-// loadEvents reads the persisted rings (at Recover).
-func (s *Service) loadEvents() error {
-	l := s.events
-	if l == nil {
-		return nil
-	}
+// load reads the persisted rings (at Recover).
+func (l *eventLog) load() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return s.deps.Events.ForEach(EventsBucket, func(key string, raw []byte) error {
+	return l.db.ForEach(EventsBucket, func(key string, raw []byte) error {
 		var r eventRing
 		if err := json.Unmarshal(raw, &r); err != nil {
 			// A corrupt ring is diagnostics only; drop it.
-			s.log.Warn("drop unreadable event ring", "id", key, "err", err)
+			l.log.Warn("drop unreadable event ring", "id", key, "err", err)
 			l.removed[key] = true
 			return nil
 		}
@@ -247,14 +237,14 @@ func (s *Service) loadEvents() error {
 
 // FlushEvents writes pending events to the store (for tests; the reaper
 // does it every tick).
-func (s *Service) FlushEvents() { s.flushEvents() }
+func (s *Service) FlushEvents() { s.events.flush() }
 
 // Events returns the recorded events of a sandbox, oldest first, and how
 // many older ones the ring dropped. A deleted sandbox's events stay
 // readable for EventRetention; ErrNotFound once they are gone.
 func (s *Service) Events(ctx context.Context, id string) ([]Event, int, error) {
 	if _, err := s.get(ctx, id); err != nil {
-		if !errdefs.IsNotFound(err) || !s.goneEvents(id) {
+		if !errdefs.IsNotFound(err) || !s.events.gone(id) {
 			return nil, 0, err
 		}
 	}
@@ -268,12 +258,8 @@ func (s *Service) Events(ctx context.Context, id string) ([]Event, int, error) {
 	return append([]Event(nil), r.Events...), r.Dropped, nil
 }
 
-// goneEvents reports whether a deleted sandbox id still has its events.
-func (s *Service) goneEvents(id string) bool {
-	l := s.events
-	if l == nil {
-		return false
-	}
+// gone reports whether a deleted sandbox id still has its events.
+func (l *eventLog) gone(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.rings[id]

@@ -36,9 +36,9 @@ func (s *Service) follow() {
 	ctx, cancel := context.WithCancel(context.Background())
 	q := &changeQueue{pending: map[string][]byte{}, wake: make(chan struct{}, 1)}
 	w.Watch(ctx, Bucket, q.push)
-	s.poolWG.Add(1)
+	s.wg.Add(1)
 	go func() {
-		defer s.poolWG.Done()
+		defer s.wg.Done()
 		defer cancel()
 		for {
 			key, raw, ok := q.pop(s.closing)
@@ -111,7 +111,7 @@ func (s *Service) applyRemote(id string, raw []byte) {
 		s.mu.Unlock()
 		e.done.Store(true)
 		s.quota.release(id)
-		s.markGone(id)
+		s.events.markGone(id)
 		return
 	}
 	var sb Sandbox
@@ -123,7 +123,7 @@ func (s *Service) applyRemote(id string, raw []byte) {
 		sb.Metadata = map[string]string{}
 	}
 	if e == nil {
-		e = newEntry(sb)
+		e = newEntry(s, sb)
 		e.stored = true
 		s.put(e)
 		if !sb.Warm && !isTerminal(sb.Status.State) {

@@ -23,7 +23,7 @@ func (s *Service) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load sandboxes: %w", err)
 	}
-	if err := s.loadEvents(); err != nil {
+	if err := s.events.load(); err != nil {
 		return fmt.Errorf("load sandbox events: %w", err)
 	}
 	live, err := s.deps.Runtime.List(ctx)
@@ -34,88 +34,126 @@ func (s *Service) Recover(ctx context.Context) error {
 	for _, st := range live {
 		byID[st.ID] = st
 	}
-	now := s.now()
-	var adopted, expired, lost, orphans int
+	var n recovered
 	for i := range recs {
-		sb := recs[i]
-		if sb.Metadata == nil {
-			sb.Metadata = map[string]string{}
+		if err := s.recoverOne(ctx, recs[i], byID, &n); err != nil {
+			return err
 		}
-		e := newEntry(sb)
-		e.stored = true
-		rst, ok := byID[sb.ID]
-		delete(byID, sb.ID)
-		if sb.ExpiresAt != nil && !sb.ExpiresAt.After(now) && s.leader() {
-			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
-				s.log.Error("recover: delete expired sandbox", "id", sb.ID, "err", err)
-				s.put(e)
-			}
-			expired++
-			continue
+	}
+	n.orphans = s.deleteOrphans(ctx, byID)
+	if s.features.Pools != nil {
+		if err := s.features.Pools.Recover(ctx); err != nil {
+			return err
 		}
-		switch {
-		case !ok:
-			if !isTerminal(sb.Status.State) {
-				s.mustTransition(e, StateFailed, ReasonLost, "the sandbox was lost while the server was down")
-				lost++
-			}
-		case rst.State == runtime.StateRunning:
-			if sb.Status.State == StatePaused {
-				// The runtime resumed it, the record missed it (a crash
-				// between the two): finish the resume.
-				s.mustTransition(e, StateResuming, "", "")
-			}
-			if e.sb.Status.State != StateRunning {
-				s.mustTransition(e, StateRunning, ReasonRunning, "")
-			}
-			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonRunning, "re-adopted after a server restart")
-			adopted++
-		case rst.State == runtime.StatePaused:
-			if sb.Status.State == StateRunning {
-				// The runtime paused it, the record missed it: finish the
-				// pause.
-				s.mustTransition(e, StatePausing, "", "")
-			}
-			if e.sb.Status.State != StatePaused {
-				s.mustTransition(e, StatePaused, ReasonPaused, "")
-			}
-			s.record(sb.ID, EventRecovered, ScopeRuntime, ReasonPaused, "re-adopted after a server restart")
-			adopted++
-		case rst.State == runtime.StateUnknown:
-			// The runtime could not tell (e.g. its CLI failed): keep the
-			// sandbox as recorded; liveness checks it again later. Never
-			// destroy a sandbox on a non-answer.
-			s.log.Warn("recover: runtime cannot tell the state of a sandbox; keeping it", "id", sb.ID, "msg", rst.Message)
-			adopted++
-		default:
-			s.markExited(ctx, e, rst)
-			lost++
+	}
+	s.forgetUnknownEvents()
+	s.events.flush()
+	s.follow()
+	s.log.Info("recovered sandboxes", "adopted", n.adopted, "expired", n.expired, "lost", n.lost, "orphans_deleted", n.orphans)
+	return nil
+}
+
+// recovered counts what Recover did, for its log line.
+type recovered struct{ adopted, expired, lost, orphans int }
+
+// recoverOne reconciles record sb with what the runtime holds (byID; the
+// sandbox is taken out of it) and puts it in the table.
+func (s *Service) recoverOne(ctx context.Context, sb Sandbox, byID map[string]runtime.Status, n *recovered) error {
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	e := newEntry(s, sb)
+	e.stored = true
+	rst, ok := byID[sb.ID]
+	delete(byID, sb.ID)
+	if sb.ExpiresAt != nil && !sb.ExpiresAt.After(s.now()) && s.leader() {
+		if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
+			s.log.Error("recover: delete expired sandbox", "id", sb.ID, "err", err)
+			s.put(e)
 		}
-		if e.sb.NetworkPolicy != nil && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused || rst.State == runtime.StateUnknown) {
-			if err := s.attachEgress(ctx, sb.ID, rst.IP, *e.sb.NetworkPolicy); err != nil {
-				// Its old ruleset stays installed in the netns; log loudly.
-				s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
-			} else if err := s.recoverCredProxy(ctx, e); err != nil {
+		n.expired++
+		return nil
+	}
+	if !ok {
+		if !isTerminal(sb.Status.State) {
+			e.mustTransition(StateFailed, ReasonLost, "the sandbox was lost while the server was down")
+			n.lost++
+		}
+	} else if s.adopt(ctx, e, rst) {
+		n.adopted++
+	} else {
+		n.lost++
+	}
+	if e.sb.NetworkPolicy != nil && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused || rst.State == runtime.StateUnknown) {
+		if err := attachEgress(ctx, s.deps.Egress, sb.ID, rst.IP, *e.sb.NetworkPolicy); err != nil {
+			// Its old ruleset stays installed in the netns; log loudly.
+			s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
+		} else if s.features.Vault != nil {
+			if err := s.features.Vault.Recover(ctx, e); err != nil {
 				// Bound hosts are reached without credentials until fixed.
 				s.log.Error("recover: restart the credential proxy", "id", sb.ID, "err", err)
 			}
 		}
-		if e.sb.Status != sb.Status {
-			if err := s.persist(e); errdefs.IsNotFound(err) {
-				// Deleted meanwhile (by another replica, or by the
-				// clean-up of a process still stopping): gone.
-				continue
-			} else if err != nil {
-				return err
-			}
-		}
-		if !e.sb.Warm && !isTerminal(e.sb.Status.State) {
-			// Live sandboxes count against their tenant's quota even if
-			// it was lowered meanwhile (admit with no limits).
-			s.quota.admit(nil, e.sb.Tenant, []string{e.sb.ID}, e.sb.Resources.CPUMillis, e.sb.Resources.MemoryBytes)
-		}
-		s.put(e)
 	}
+	if e.sb.Status != sb.Status {
+		if err := e.persist(); errdefs.IsNotFound(err) {
+			// Deleted meanwhile (by another replica, or by the clean-up
+			// of a process still stopping): gone.
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+	if !e.sb.Warm && !isTerminal(e.sb.Status.State) {
+		// Live sandboxes count against their tenant's quota even if it
+		// was lowered meanwhile (admit with no limits).
+		s.quota.admit(nil, e.sb.Tenant, []string{e.sb.ID}, e.sb.Resources.CPUMillis, e.sb.Resources.MemoryBytes)
+	}
+	s.put(e)
+	return nil
+}
+
+// adopt brings recovered e to the state the runtime reports (rst) and
+// reports whether the sandbox lives on; one whose agent exited is Failed.
+func (s *Service) adopt(ctx context.Context, e *Entry, rst runtime.Status) bool {
+	id, recorded := e.sb.ID, e.sb.Status.State
+	switch rst.State {
+	case runtime.StateRunning:
+		if recorded == StatePaused {
+			// The runtime resumed it, the record missed it (a crash
+			// between the two): finish the resume.
+			e.mustTransition(StateResuming, "", "")
+		}
+		if e.sb.Status.State != StateRunning {
+			e.mustTransition(StateRunning, ReasonRunning, "")
+		}
+		s.events.record(id, EventRecovered, ScopeRuntime, ReasonRunning, "re-adopted after a server restart")
+	case runtime.StatePaused:
+		if recorded == StateRunning {
+			// The runtime paused it, the record missed it: finish the
+			// pause.
+			e.mustTransition(StatePausing, "", "")
+		}
+		if e.sb.Status.State != StatePaused {
+			e.mustTransition(StatePaused, ReasonPaused, "")
+		}
+		s.events.record(id, EventRecovered, ScopeRuntime, ReasonPaused, "re-adopted after a server restart")
+	case runtime.StateUnknown:
+		// The runtime could not tell (e.g. its CLI failed): keep the
+		// sandbox as recorded; liveness checks it again later. Never
+		// destroy a sandbox on a non-answer.
+		s.log.Warn("recover: runtime cannot tell the state of a sandbox; keeping it", "id", id, "msg", rst.Message)
+	default:
+		s.markExited(ctx, e, rst)
+		return false
+	}
+	return true
+}
+
+// deleteOrphans deletes the runtime's sandboxes that have no record
+// (byID: a create cut short by the crash) and returns how many.
+func (s *Service) deleteOrphans(ctx context.Context, byID map[string]runtime.Status) int {
+	n := 0
 	for id := range byID {
 		if s.shared() {
 			// Another replica may be creating it (it records a sandbox
@@ -125,19 +163,12 @@ func (s *Service) Recover(ctx context.Context) error {
 		if err := s.deps.Runtime.Delete(ctx, id); err != nil {
 			s.log.Error("recover: delete orphan sandbox", "id", id, "err", err)
 		}
-		orphans++
+		n++
 	}
-	if err := s.recoverPools(); err != nil {
-		return err
-	}
-	s.forgetUnknownEvents()
-	s.flushEvents()
-	s.follow()
-	s.log.Info("recovered sandboxes", "adopted", adopted, "expired", expired, "lost", lost, "orphans_deleted", orphans)
-	return nil
+	return n
 }
 
-func (s *Service) put(e *entry) {
+func (s *Service) put(e *Entry) {
 	s.mu.Lock()
 	s.sandboxes[e.sb.ID] = e
 	s.mu.Unlock()
@@ -145,7 +176,7 @@ func (s *Service) put(e *entry) {
 
 // markExited records that the agent of a sandbox is gone and frees the
 // runtime resources; the caller holds e.mu.
-func (s *Service) markExited(ctx context.Context, e *entry, rst runtime.Status) {
+func (s *Service) markExited(ctx context.Context, e *Entry, rst runtime.Status) {
 	msg := fmt.Sprintf("the sandbox agent exited (code %d)", rst.ExitCode)
 	switch {
 	case rst.State == runtime.StateUnknown && rst.Message != "":
@@ -159,7 +190,7 @@ func (s *Service) markExited(ctx context.Context, e *entry, rst runtime.Status) 
 		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)
 	}
 	if !isTerminal(e.sb.Status.State) {
-		s.mustTransition(e, StateFailed, ReasonAgentExited, msg)
+		e.mustTransition(StateFailed, ReasonAgentExited, msg)
 	}
 }
 
@@ -199,7 +230,7 @@ func (s *Service) ReapOnce(ctx context.Context) { s.reap(ctx) }
 func (s *Service) reap(ctx context.Context) {
 	now := s.now()
 	s.mu.RLock()
-	var due []*entry
+	var due []*Entry
 	for _, e := range s.sandboxes {
 		due = append(due, e)
 	}
@@ -214,7 +245,7 @@ func (s *Service) reap(ctx context.Context) {
 				s.mu.Lock()
 				delete(s.sandboxes, e.sb.ID)
 				s.mu.Unlock()
-				s.markGone(e.sb.ID)
+				s.events.markGone(e.sb.ID)
 			}
 		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending && s.leader():
 			s.log.Info("sandbox expired", "id", e.sb.ID)
@@ -224,7 +255,7 @@ func (s *Service) reap(ctx context.Context) {
 		}
 		e.mu.Unlock()
 	}
-	s.flushEvents()
+	s.events.flush()
 }
 
 // checkLiveness marks sandboxes whose agent process is gone as Failed.
@@ -239,7 +270,7 @@ func (s *Service) checkLiveness(ctx context.Context) {
 		byID[st.ID] = st
 	}
 	s.mu.RLock()
-	var check []*entry
+	var check []*Entry
 	for _, e := range s.sandboxes {
 		check = append(check, e)
 	}
@@ -260,11 +291,11 @@ func (s *Service) checkLiveness(ctx context.Context) {
 				ok = err == nil
 			}
 			if !ok {
-				s.mustTransition(e, StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
-				s.persist(e)
+				e.mustTransition(StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
+				e.persist()
 			} else if rst.State == runtime.StateStopped {
 				s.markExited(ctx, e, rst)
-				s.persist(e)
+				e.persist()
 			} else if rst.State == runtime.StateUnknown {
 				// A non-answer (the runtime's CLI failed): look again on
 				// the next pass rather than destroy a live sandbox.
@@ -291,7 +322,7 @@ func (s *Service) forgetUnknownEvents() {
 		_, ok := s.sandboxes[id]
 		s.mu.RUnlock()
 		if !ok {
-			s.markGone(id)
+			s.events.markGone(id)
 		}
 	}
 }

@@ -65,7 +65,7 @@ type Sandbox struct {
 	// EgressToken authenticates the sandbox's egress API (OPENSANDBOX-EGRESS-AUTH).
 	EgressToken string `json:"egressToken,omitempty"`
 	// CredentialProxy is set for sandboxes created with credentialProxy
-	// enabled (the Credential Vault); see credvault.go.
+	// enabled (the Credential Vault).
 	CredentialProxy *CredentialProxyRecord `json:"credentialProxy,omitempty"`
 	// Warm marks an idle pool sandbox, not yet claimed: it is invisible to
 	// the Lifecycle API.
@@ -170,13 +170,13 @@ func ParseResources(m map[string]string) (runtime.Resources, error) {
 			}
 			r.CPUMillis = c
 		case "memory":
-			b, err := parseBytes("resourceLimits."+k, v)
+			b, err := ParseBytes("resourceLimits."+k, v)
 			if err != nil {
 				return r, err
 			}
 			r.MemoryBytes = b
 		case "disk", "ephemeral-storage":
-			b, err := parseBytes("resourceLimits."+k, v)
+			b, err := ParseBytes("resourceLimits."+k, v)
 			if err != nil {
 				return r, err
 			}
@@ -226,8 +226,8 @@ var byteSuffixes = []struct {
 	{"k", 1000}, {"K", 1000}, {"M", 1000 * 1000}, {"G", 1000 * 1000 * 1000}, {"T", 1000 * 1000 * 1000 * 1000},
 }
 
-// parseBytes parses a size quantity; field names it in the error.
-func parseBytes(field, v string) (int64, error) {
+// ParseBytes parses a size quantity; field names it in the error.
+func ParseBytes(field, v string) (int64, error) {
 	bad := errdefs.Invalid(codeInvalid, fmt.Sprintf("%s: %q is not a size (e.g. \"512Mi\", \"2Gi\")", field, v))
 	mult := int64(1)
 	num := v
@@ -287,8 +287,8 @@ func validateLabelKey(k string) error {
 	return nil
 }
 
-// newID returns a random UUIDv4 string (the OpenSandbox id format).
-func newID() string {
+// NewID returns a random UUIDv4 string (the OpenSandbox id format).
+func NewID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	b[6] = (b[6] & 0x0f) | 0x40
@@ -302,4 +302,33 @@ func newToken() string {
 	var b [32]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// SnapshotImagePrefix names snapshot images in the image store: a
+// snapshot's image is the prefix and its ID. The registry host is
+// loopback, so a lookup of a vanished snapshot image can never reach out
+// of the host.
+const SnapshotImagePrefix = image.SnapshotRepo + ":"
+
+// ImageRef is the image the sandbox's root filesystem is built from.
+func (s *Sandbox) ImageRef() string {
+	if s.SnapshotID != "" {
+		return SnapshotImagePrefix + s.SnapshotID
+	}
+	return s.Image
+}
+
+// Clone returns a deep copy of the record.
+func (s *Sandbox) Clone() Sandbox { return s.clone() }
+
+// CredentialProxyRecord is the persisted credential proxy of a sandbox
+// (the Credential Vault, internal/lifecycle/credvault). Nothing secret is
+// stored in the clear: the CA key and the vault are sealed with the
+// server's vault key (vault.Sealer), bound to the sandbox.
+type CredentialProxyRecord struct {
+	// CACert is the sandbox CA certificate (PEM, public). Empty until the
+	// sandbox is provisioned.
+	CACert []byte `json:"caCert,omitempty"`
+	// Sealed is vault.SealState of the vault (if any) and the CA key.
+	Sealed []byte `json:"sealed,omitempty"`
 }

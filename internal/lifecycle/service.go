@@ -16,8 +16,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"path/filepath"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -25,12 +23,10 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
-	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
-	"github.com/moat-sandbox/moat/internal/volume"
 )
 
 // Bucket is the store bucket holding sandbox records.
@@ -77,10 +73,6 @@ type Config struct {
 	// on another replica records its sandbox only once it runs). Default
 	// DefaultOrphanGrace.
 	OrphanGrace time.Duration
-	// AllowedHostPaths are the host directories host volumes may mount
-	// (prefix match after cleaning and symlink resolution). Empty refuses
-	// every host volume (VOLUME::HOST_PATH_NOT_ALLOWED).
-	AllowedHostPaths []string
 }
 
 func (c *Config) setDefaults() {
@@ -119,10 +111,7 @@ type Deps struct {
 	Images  Images
 	// Egress is optional; without it networkPolicy is refused (501).
 	Egress Egress
-	// Committer is optional; without it (or a runtime.Snapshotter
-	// runtime) snapshots are refused (501).
-	Committer Committer
-	Log       *slog.Logger
+	Log    *slog.Logger
 	// HTTP is used to ping agents; default a client with short timeouts.
 	HTTP *http.Client
 	// Now is the clock; default time.Now.
@@ -131,9 +120,6 @@ type Deps struct {
 	Metrics Metrics
 	// Quotas is optional; nil limits no tenant (see tenancy.go).
 	Quotas Quotas
-	// Sealer encrypts Credential Vault state for the store; without it
-	// credentialProxy is refused (501).
-	Sealer *vault.Sealer
 }
 
 // Metrics receives lifecycle observations (see internal/metrics). Calls
@@ -153,37 +139,30 @@ func (s *Service) observeCreate(start time.Time, err *error) {
 	}
 }
 
-// observeClaim reports a pool claim of hits idle and misses cold sandboxes.
-func (s *Service) observeClaim(hits, misses int) {
-	if s.deps.Metrics != nil {
-		s.deps.Metrics.ObservePoolClaim(hits, misses)
-	}
-}
-
-// entry is one sandbox with its lock. mu serializes operations on the
-// sandbox; Service.mu only guards the map.
-type entry struct {
-	mu sync.Mutex
-	sb Sandbox
+// Entry is one sandbox of the table with its lock. The lock serializes
+// operations on the sandbox; Service.mu only guards the map. Features get
+// entries from the core (hooks, WithLock, Each, Insert) and call the
+// methods that need the lock only while they hold it.
+type Entry struct {
+	svc *Service
+	mu  sync.Mutex
+	sb  Sandbox
 	// owner is sb.Tenant, fixed when the entry is made (a sandbox never
 	// changes tenant), so that lookups check it without e.mu.
 	owner string
 	// failedAt is set for sandboxes that failed to create (not persisted).
 	failedAt time.Time
 	// claims are the names of the named volumes the sandbox mounts. Set
-	// before the entry is published and never changed, so the volume code
+	// before the entry is published and never changed, so ClaimUsers
 	// reads it without mu.
 	claims []string
 	// done is set while the sandbox is Failed or Terminated (its runtime
 	// resources are gone): it no longer counts as a user of its volumes.
-	// setState keeps it current.
+	// applyState keeps it current.
 	done atomic.Bool
-	// createdClaims are the volumes this sandbox's create made (not
-	// persisted); a failed create deletes them again. Guarded by mu.
-	createdClaims []string
-	// cred is the credential proxy (CA and vault) of a sandbox created
-	// with credentialProxy; its persisted form is sb.CredentialProxy.
-	cred *credProxy
+	// values are the features' state of this sandbox (not persisted),
+	// keyed like context values. Guarded by mu.
+	values map[any]any
 	// stored is set once the record is in the store: later writes update
 	// it and never create it again (another replica may have deleted
 	// it). Guarded by mu.
@@ -196,34 +175,28 @@ type Service struct {
 	deps Deps
 	log  *slog.Logger
 
+	// mu guards the table (sandboxes); each entry has its own lock, taken
+	// before mu (see Entry and the lock order in feature.go).
 	mu        sync.RWMutex
-	sandboxes map[string]*entry
+	sandboxes map[string]*Entry
 
-	poolsMu sync.Mutex
-	pools   map[string]*pool
-	poolWG  sync.WaitGroup
+	// features are the feature packages plugged in by Use.
+	features Features
+
+	// wg counts the background loops (follow); closing stops them.
+	wg      sync.WaitGroup
 	closing chan struct{}
 	closed  sync.Once
-
-	// snapMu guards snaps and the snapshots in it. Lock order: an entry's
-	// mu before snapMu.
-	snapMu sync.Mutex
-	snaps  map[string]*Snapshot
 
 	// events is every sandbox's event ring (events.go).
 	events *eventLog
 
 	// quota charges live sandboxes to their tenants (tenancy.go).
-	quota *ledger
-	// volMu serializes the named-volume decisions: a create making sure
-	// its claims exist, a volume delete checking that no sandbox uses the
-	// volume, and the deletion of a sandbox's volumes on termination. Lock
-	// order: an entry's mu before volMu before mu.
-	volMu sync.Mutex
+	quota *Ledger
 }
 
-// New returns a service. Call Recover before serving, and Run to start the
-// reaper.
+// New returns a service. Plug in its features (Use), call Recover before
+// serving, and Run to start the reaper.
 func New(cfg Config, deps Deps) (*Service, error) {
 	cfg.setDefaults()
 	if deps.Runtime == nil || deps.Store == nil || deps.Images == nil {
@@ -241,19 +214,18 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if deps.HTTP == nil {
 		deps.HTTP = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	}
-	snaps, err := loadSnapshots(deps.Store, deps.Now().UTC())
-	if err != nil {
-		return nil, err
-	}
-	return &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*entry{},
-		pools: map[string]*pool{}, closing: make(chan struct{}), snaps: snaps, events: newEventLog(), quota: newLedger()}, nil
+	s := &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*Entry{},
+		closing: make(chan struct{}), quota: newLedger(deps.Quotas)}
+	s.events = newEventLog(deps.Events, s.now, deps.Log)
+	return s, nil
 }
 
-// Close stops the pool refill loops (sandboxes keep running).
+// Close stops the background loops (sandboxes keep running). Close the
+// features first.
 func (s *Service) Close() {
 	s.closed.Do(func() { close(s.closing) })
-	s.poolWG.Wait()
-	s.flushEvents()
+	s.wg.Wait()
+	s.events.flush()
 }
 
 // Runtime returns the backend the service drives.
@@ -262,8 +234,8 @@ func (s *Service) Runtime() runtime.Runtime { return s.deps.Runtime }
 func (s *Service) now() time.Time { return s.deps.Now().UTC() }
 
 // newEntry wraps a sandbox record.
-func newEntry(sb Sandbox) *entry {
-	e := &entry{sb: sb, owner: sb.Tenant}
+func newEntry(s *Service, sb Sandbox) *Entry {
+	e := &Entry{svc: s, sb: sb, owner: sb.Tenant}
 	for _, c := range sb.Claims {
 		e.claims = append(e.claims, c.Name)
 	}
@@ -273,11 +245,11 @@ func newEntry(sb Sandbox) *entry {
 
 // get returns the entry of sandbox id, if ctx's tenant scope sees it. A
 // sandbox of another tenant, like an idle pool sandbox, is not found.
-func (s *Service) get(ctx context.Context, id string) (*entry, error) {
+func (s *Service) get(ctx context.Context, id string) (*Entry, error) {
 	s.mu.RLock()
 	e := s.sandboxes[id]
 	s.mu.RUnlock()
-	if e == nil || !visible(ctx, e.owner) {
+	if e == nil || !Visible(ctx, e.owner) {
 		return nil, notFound(id)
 	}
 	e.mu.Lock()
@@ -297,7 +269,8 @@ func notFound(id string) error {
 // persist writes e's record; the caller holds e.mu. The first write
 // creates it; later ones only update it, so that a record another replica
 // deleted meanwhile is not made again (ErrNotFound).
-func (s *Service) persist(e *entry) error {
+func (e *Entry) persist() error {
+	s := e.svc
 	write := s.deps.Store.Put
 	if e.stored {
 		write = s.deps.Store.Update
@@ -324,9 +297,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	defer s.observeCreate(time.Now(), &err)
 	if name := req.Extensions[ExtPoolRef]; name != "" {
 		if len(req.Volumes) > 0 || req.HasVolumes {
-			return Sandbox{}, errdefs.Invalid(codeInvalidVolume, "volumes cannot be added to a pooled sandbox")
+			return Sandbox{}, errdefs.Invalid(CodeInvalidVolume, "volumes cannot be added to a pooled sandbox")
 		}
-		sbs, err := s.createFromPool(ctx, req, name, 1)
+		sbs, err := s.fromPool(ctx, req, name, 1)
 		if err != nil {
 			return Sandbox{}, err
 		}
@@ -336,15 +309,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	if err != nil {
 		return Sandbox{}, err
 	}
-	own(&sb, ownerOf(ctx))
+	Own(&sb, OwnerOf(ctx))
 	if err := s.admitEntry(&sb); err != nil {
 		return Sandbox{}, err
 	}
-	e := newEntry(sb)
-	e.mu.Lock()
-	s.mu.Lock()
-	s.sandboxes[sb.ID] = e
-	s.mu.Unlock()
+	e := s.Insert(sb)
 	defer e.mu.Unlock()
 
 	// Provisioning continues even if the client goes away, so that it ends
@@ -356,316 +325,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	return e.sb.clone(), nil
 }
 
-func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	now := s.now()
-	switch {
-	case req.Image == "" && req.SnapshotID == "":
-		return Sandbox{}, errdefs.Invalid(codeInvalid, "one of image or snapshotId is required")
-	case req.Image != "" && req.SnapshotID != "":
-		return Sandbox{}, errdefs.Invalid(codeInvalid, "image and snapshotId are mutually exclusive")
-	}
-	entrypoint := req.Entrypoint
-	var memory *Snapshot
-	if req.SnapshotID != "" {
-		sn, err := s.readySnapshot(ctx, req.SnapshotID)
-		if err != nil {
-			return Sandbox{}, err
-		}
-		if len(entrypoint) == 0 {
-			entrypoint = defaultSnapshotEntrypoint
-		}
-		if sn.Kind == SnapshotMemory {
-			// The restored sandbox continues the source's processes: it
-			// runs the source's entrypoint whatever the request says.
-			memory = &sn
-			entrypoint = sn.Entrypoint
-			if len(req.Volumes) > 0 || req.HasVolumes {
-				return Sandbox{}, errdefs.Invalid(codeInvalidVolume, "volumes cannot be added to a sandbox restored from a memory snapshot")
-			}
-			if c, ok := req.Extensions[ExtRuntimeClass]; ok && c != sn.Class {
-				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: snapshot %s holds a %s sandbox's memory and restores only with runtime %s", ExtRuntimeClass, sn.ID, sn.Class, sn.Class))
-			}
-		}
-	}
-	if req.Image != "" && len(req.Entrypoint) == 0 {
-		return Sandbox{}, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint is required when image is set")
-	}
-	for _, a := range req.Entrypoint {
-		if len(a) > 1<<16 {
-			return Sandbox{}, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint argument too long")
-		}
-	}
-	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < 60*time.Second) {
-		return Sandbox{}, errdefs.Invalid(codeInvalid, "timeout must be at least 60 seconds (omit it for manual cleanup)")
-	}
-	if s.cfg.MaxTimeout > 0 && req.Timeout > s.cfg.MaxTimeout {
-		return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("timeout exceeds the server maximum of %d seconds", int(s.cfg.MaxTimeout.Seconds())))
-	}
-	res, err := ParseResources(req.ResourceLimits)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if err := ValidateMetadata(req.Metadata); err != nil {
-		return Sandbox{}, err
-	}
-	for k := range req.Env {
-		if k == "" || containsAny(k, "=\x00") {
-			return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("env: invalid variable name %q", k))
-		}
-	}
-	if p := req.Platform; p != nil {
-		if (p.OS != "" && p.OS != "linux") || (p.Arch != "" && p.Arch != hostArch()) {
-			return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("platform %s/%s is not supported by this server (linux/%s only)", p.OS, p.Arch, hostArch()))
-		}
-	}
-	var np *policy.NetworkPolicy
-	if len(req.NetworkPolicy) > 0 {
-		if s.deps.Egress == nil {
-			return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported by this server's runtime")
-		}
-		p, err := policy.Parse(req.NetworkPolicy)
-		if err != nil {
-			return Sandbox{}, err
-		}
-		np = &p
-	}
-	if err := s.checkCredentialProxy(req, np, memory != nil); err != nil {
-		return Sandbox{}, err
-	}
-	if req.SecureAccess && !s.cfg.SecureAccess {
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "secureAccess needs the ingress gateway (moat serve --ingress-listen)")
-	}
-	if req.HasVolumes && len(req.Volumes) == 0 {
-		return Sandbox{}, errdefs.WithPublic(errdefs.ErrInvalidArgument, codeHostPathNotAllowed, "volumes are not allowed by this server's configuration")
-	}
-	mounts, claims, err := volumeMounts(req.Volumes, s.cfg.AllowedHostPaths, filepath.EvalSymlinks)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if len(claims) > 0 {
-		if _, err := s.volumesRuntime(); err != nil {
-			return Sandbox{}, err
-		}
-	}
-	sb := Sandbox{
-		ID:             newID(),
-		Image:          req.Image,
-		SnapshotID:     req.SnapshotID,
-		Entrypoint:     append([]string(nil), entrypoint...),
-		Env:            cloneMap(req.Env),
-		Metadata:       cloneMap(req.Metadata),
-		ResourceLimits: cloneMap(req.ResourceLimits),
-		Resources:      res,
-		Extensions:     cloneMap(req.Extensions),
-		Platform:       req.Platform,
-		CreatedAt:      now,
-		AgentToken:     newToken(),
-		NetworkPolicy:  np,
-		Mounts:         mounts,
-		Claims:         claims,
-		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
-	}
-	if np != nil {
-		sb.EgressToken = newToken()
-	}
-	if req.CredentialProxy {
-		// Marks the sandbox; provision makes its CA (newCredProxy).
-		sb.CredentialProxy = &CredentialProxyRecord{}
-	}
-	if req.SecureAccess {
-		sb.AccessToken = newToken()
-	}
-	if sb.Metadata == nil {
-		sb.Metadata = map[string]string{}
-	}
-	for k, v := range req.Extensions {
-		switch k {
-		case ExtRuntimeClass:
-			if !s.classAvailable(v) {
-				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: runtime %q is not available (have %v)", k, v, s.deps.Runtime.Capabilities().Classes))
-			}
-			sb.Class = v
-		case ExtRenewOnAccess:
-			n, err := parseInt(v)
-			if err != nil || n < 300 || n > 86400 {
-				return Sandbox{}, errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: must be an integer between 300 and 86400", k))
-			}
-			sb.RenewOnAccess = n
-		case ExtPoolRef:
-			// Handled by createFromPool before validation.
-		}
-	}
-	if memory != nil {
-		if s.checkpointer(memory.Class) == nil {
-			return Sandbox{}, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
-				fmt.Sprintf("snapshot %s holds process memory, which runtime %s of this server cannot restore", memory.ID, memory.Class))
-		}
-		sb.Class = memory.Class
-	}
-	if req.Timeout > 0 {
-		exp := now.Add(req.Timeout)
-		sb.ExpiresAt = &exp
-	}
-	return sb, nil
-}
-
-func (s *Service) classAvailable(c string) bool {
-	for _, have := range s.deps.Runtime.Capabilities().Classes {
-		if have == c {
-			return true
-		}
-	}
-	return false
-}
-
-// provision runs the create steps; the caller holds e.mu. On failure every
-// runtime resource is released, the volumes the create made are deleted
-// again, and the entry is left Failed.
-func (s *Service) provision(ctx context.Context, e *entry, auth *image.Auth) error {
-	err := s.provisionSteps(ctx, e, auth)
-	if err != nil {
-		s.dropCreatedClaims(ctx, e)
-	}
-	return err
-}
-
-func (s *Service) provisionSteps(ctx context.Context, e *entry, auth *image.Auth) (err error) {
-	sb := &e.sb
-	// The phases of a create, at debug level (moat bench --log-level
-	// debug): each is the time since the start of provisioning.
-	t0 := time.Now()
-	var phases []any
-	phase := func(name string) { phases = append(phases, name, time.Since(t0)) }
-	defer func() {
-		if err == nil {
-			s.log.Debug("lifecycle: created", append([]any{"id", sb.ID}, phases...)...)
-		}
-	}()
-	s.record(sb.ID, EventCreated, ScopeLifecycle, ReasonCreating, "image "+imageRef(sb))
-	if len(sb.Claims) > 0 {
-		s.volMu.Lock()
-		created, err := s.ensureClaimsLocked(ctx, sb.ID, sb.Claims)
-		s.volMu.Unlock()
-		e.createdClaims = created
-		for i := range sb.Claims {
-			sb.Claims[i].Created = slices.Contains(created, sb.Claims[i].Name)
-		}
-		if err != nil {
-			s.fail(e, ReasonProvisionFailed, "volumes unavailable")
-			return err
-		}
-	}
-	ref := imageRef(sb)
-	img, err := s.deps.Images.Ensure(ctx, ref, auth)
-	phase("image")
-	if err != nil {
-		s.fail(e, ReasonImagePullFailed, "image pull failed")
-		if sb.SnapshotID != "" {
-			return errdefs.WithPublic(fmt.Errorf("%w: snapshot image %s: %v", errdefs.ErrFailedPrecondition, ref, err), "SNAPSHOT::IMAGE_MISSING", fmt.Sprintf("the image of snapshot %s is missing", sb.SnapshotID))
-		}
-		if errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errdefs.ErrPermissionDenied) {
-			// A reference the registry does not have is the caller's error.
-			return errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q: %v", sb.Image, publicCause(err)))
-		}
-		return errdefs.WithPublic(err, "SANDBOX::IMAGE_PULL_FAILED", fmt.Sprintf("pull image %q failed", sb.Image))
-	}
-	env := sb.Env
-	if sb.CredentialProxy != nil && e.cred == nil {
-		if err := s.newCredProxy(e); err != nil {
-			s.fail(e, ReasonProvisionFailed, "could not create the sandbox CA")
-			return err
-		}
-	}
-	if e.cred != nil {
-		env = cloneMap(sb.Env)
-		if env == nil {
-			env = map[string]string{}
-		}
-		env[agentproto.TrustCAEnv] = string(e.cred.ca.CertPEM())
-	}
-	spec := runtime.Spec{
-		ID:         sb.ID,
-		Image:      img.Name,
-		Entrypoint: sb.Entrypoint,
-		Env:        env,
-		Resources:  sb.Resources,
-		Class:      sb.Class,
-		AgentToken: sb.AgentToken,
-		Labels:     map[string]string{"moat.dev/sandbox": sb.ID},
-		Mounts:     sb.Mounts,
-	}
-	// A sandbox from a memory snapshot is restored: its agent answers
-	// with the source's token until rotateToken gives it its own.
-	readyToken := sb.AgentToken
-	var memory bool
-	if sb.SnapshotID != "" {
-		s.snapMu.Lock()
-		if sn := s.snaps[sb.SnapshotID]; sn != nil && sn.Kind == SnapshotMemory {
-			memory, readyToken, spec.Checkpoint = true, sn.AgentToken, sn.ID
-		}
-		s.snapMu.Unlock()
-	}
-	st, err := s.deps.Runtime.Create(ctx, spec)
-	phase("runtime")
-	if err != nil {
-		s.cleanupFailed(ctx, sb.ID)
-		s.fail(e, ReasonProvisionFailed, "sandbox start failed")
-		if errors.Is(err, volume.ErrSubPath) {
-			return errdefs.WithPublic(err, codeInvalidSubPath, "a volume's subPath leads out of the volume (through '..' or a symlink) or through a file")
-		}
-		if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) || errors.Is(err, errdefs.ErrNotImplemented) {
-			// The spec's fault, or something this runtime refuses to do
-			// (e.g. a disk quota on docker): the runtime's words say which.
-			return err
-		}
-		return errdefs.WithPublic(err, "SANDBOX::START_FAILED", "sandbox start failed")
-	}
-	if sb.Class == "" {
-		sb.Class = st.Class
-	}
-	if sb.NetworkPolicy != nil {
-		if err := s.attachEgress(ctx, sb.ID, st.IP, *sb.NetworkPolicy); err != nil {
-			s.cleanupFailed(ctx, sb.ID)
-			s.fail(e, ReasonProvisionFailed, "could not apply the network policy")
-			return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
-		}
-		if e.cred != nil {
-			if err := s.attachCredProxy(ctx, e); err != nil {
-				s.cleanupFailed(ctx, sb.ID)
-				s.fail(e, ReasonProvisionFailed, "could not start the credential proxy")
-				return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not start the credential proxy")
-			}
-		}
-	}
-	if err := s.waitAgent(ctx, sb.ID, readyToken); err != nil {
-		s.cleanupFailed(ctx, sb.ID)
-		s.fail(e, ReasonAgentTimeout, "the sandbox agent did not become ready")
-		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the sandbox agent did not become ready")
-	}
-	phase("agent")
-	if memory {
-		err := s.rotateToken(ctx, sb.ID, readyToken, sb.AgentToken)
-		if err == nil && len(sb.Env) > 0 {
-			err = s.applyEnv(ctx, []*entry{e}, sb.Env)
-		}
-		if err != nil {
-			s.cleanupFailed(ctx, sb.ID)
-			s.fail(e, ReasonProvisionFailed, "the restored sandbox agent could not be configured")
-			return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the restored sandbox agent could not be configured")
-		}
-	}
-	s.mustTransition(e, StateRunning, ReasonRunning, "")
-	if err := s.persist(e); err != nil {
-		s.cleanupFailed(ctx, sb.ID)
-		s.fail(e, ReasonProvisionFailed, "could not record the sandbox")
-		return err
-	}
-	phase("persist")
-	return nil
-}
-
-// publicCause returns the client-safe text of err's Public wrapper, if any.
-func publicCause(err error) string {
+// PublicCause returns the client-safe text of err's Public wrapper, if any.
+func PublicCause(err error) string {
 	if p, ok := errdefs.PublicOf(err); ok {
 		return p.Message
 	}
@@ -679,12 +340,13 @@ func publicCause(err error) string {
 	}
 }
 
-func (s *Service) attachEgress(ctx context.Context, id, ipStr string, p policy.NetworkPolicy) error {
+// attachEgress starts enforcing p on sandbox id, whose address is ipStr.
+func attachEgress(ctx context.Context, eg Egress, id, ipStr string, p policy.NetworkPolicy) error {
 	ip, err := netip.ParseAddr(ipStr)
 	if err != nil {
 		return fmt.Errorf("sandbox %s has no usable address %q for egress: %w", id, ipStr, errdefs.ErrFailedPrecondition)
 	}
-	return s.deps.Egress.Attach(ctx, id, ip, p)
+	return eg.Attach(ctx, id, ip, p)
 }
 
 func (s *Service) cleanupFailed(ctx context.Context, id string) {
@@ -700,9 +362,9 @@ func (s *Service) cleanupFailed(ctx context.Context, id string) {
 	}
 }
 
-func (s *Service) fail(e *entry, reason, msg string) {
-	s.mustTransition(e, StateFailed, reason, msg)
-	e.failedAt = s.now()
+func (e *Entry) fail(reason, msg string) {
+	e.mustTransition(StateFailed, reason, msg)
+	e.failedAt = e.svc.now()
 }
 
 // waitAgent polls the agent's /ping until it answers 200 (within
@@ -746,14 +408,14 @@ type ListFilter struct {
 // before pagination. page is 1-based.
 func (s *Service) List(ctx context.Context, f ListFilter, page, pageSize int) ([]Sandbox, int) {
 	s.mu.RLock()
-	entries := make([]*entry, 0, len(s.sandboxes))
+	entries := make([]*Entry, 0, len(s.sandboxes))
 	for _, e := range s.sandboxes {
 		entries = append(entries, e)
 	}
 	s.mu.RUnlock()
 	var out []Sandbox
 	for _, e := range entries {
-		if !visible(ctx, e.owner) {
+		if !Visible(ctx, e.owner) {
 			continue
 		}
 		e.mu.Lock()
@@ -818,13 +480,13 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 }
 
 // deleteLocked removes e; the caller holds e.mu.
-func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) error {
+func (s *Service) deleteLocked(ctx context.Context, e *Entry, reason string) error {
 	id := e.sb.ID
 	prev := e.sb.Status
 	if reason == "" {
 		reason = ReasonStopping
 	}
-	if err := s.transition(e, StateStopping, reason, ""); err != nil {
+	if err := e.transition(StateStopping, reason, ""); err != nil {
 		return err
 	}
 	if e.sb.NetworkPolicy != nil && s.deps.Egress != nil {
@@ -833,18 +495,20 @@ func (s *Service) deleteLocked(ctx context.Context, e *entry, reason string) err
 		}
 	}
 	if err := s.deps.Runtime.Delete(ctx, id); err != nil {
-		s.revert(e, prev)
+		e.revert(prev)
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	if err := s.deps.Store.Delete(Bucket, id); err != nil {
 		// The sandbox is gone; a stale record is reaped by Recover.
 		s.log.Error("delete sandbox record", "id", id, "err", err)
 	}
-	s.mustTransition(e, StateTerminated, reason, "")
+	e.mustTransition(StateTerminated, reason, "")
 	s.mu.Lock()
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
-	s.releaseClaims(ctx, e)
+	if s.features.Volumes != nil {
+		s.features.Volumes.Release(ctx, e)
+	}
 	if !e.sb.Warm {
 		s.released(e.sb.Pool, id)
 	}
@@ -877,15 +541,15 @@ func (s *Service) freeze(ctx context.Context, id, verb string, passing, resting 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	prev := e.sb.Status
-	if err := s.transition(e, passing, "", ""); err != nil {
+	if err := e.transition(passing, "", ""); err != nil {
 		return err
 	}
 	if err := call(p, context.WithoutCancel(ctx), id); err != nil {
-		s.revert(e, prev)
+		e.revert(prev)
 		return fmt.Errorf("%s %s: %w", verb, id, err)
 	}
-	s.mustTransition(e, resting, reason, "")
-	return s.persist(e)
+	e.mustTransition(resting, reason, "")
+	return e.persist()
 }
 
 // Renew moves the expiry of a sandbox to at, which must be in the future
@@ -900,7 +564,7 @@ func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time
 	return s.renewLocked(e, at)
 }
 
-func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
+func (s *Service) renewLocked(e *Entry, at time.Time) (time.Time, error) {
 	at = at.UTC()
 	now := s.now()
 	if err := admit(e.sb.ID, e.sb.Status.State, opRenew); err != nil {
@@ -920,11 +584,11 @@ func (s *Service) renewLocked(e *entry, at time.Time) (time.Time, error) {
 	}
 	prev := e.sb.ExpiresAt
 	e.sb.ExpiresAt = &at
-	if err := s.persist(e); err != nil {
+	if err := e.persist(); err != nil {
 		e.sb.ExpiresAt = prev
 		return time.Time{}, err
 	}
-	s.record(e.sb.ID, EventRenewed, ScopeLifecycle, "", "expires at "+at.Format(time.RFC3339))
+	s.events.record(e.sb.ID, EventRenewed, ScopeLifecycle, "", "expires at "+at.Format(time.RFC3339))
 	return at, nil
 }
 
@@ -982,7 +646,7 @@ func (s *Service) PatchMetadata(ctx context.Context, id string, patch map[string
 		}
 	}
 	if len(patch) > 0 {
-		if err := s.persist(e); err != nil {
+		if err := e.persist(); err != nil {
 			e.sb.Metadata = prev
 			return Sandbox{}, err
 		}
@@ -1087,7 +751,7 @@ func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.Ne
 		return np, err
 	}
 	e.sb.NetworkPolicy = &np
-	return np, p.s.persist(e)
+	return np, e.persist()
 }
 
 // EgressToken returns the egress API token of a sandbox ("" if it has no policy).

@@ -95,7 +95,8 @@ func transitionError(id string, from, to State, code string) error {
 // transition moves e to state to (with reason and message) if the table
 // allows it, else returns the transition's refusal (see refusals). The
 // caller holds e.mu.
-func (s *Service) transition(e *entry, to State, reason, msg string) error {
+func (e *Entry) transition(to State, reason, msg string) error {
+	s := e.svc
 	from := e.sb.Status.State
 	if !canTransition(from, to) {
 		code := refusals[to]
@@ -104,16 +105,16 @@ func (s *Service) transition(e *entry, to State, reason, msg string) error {
 		}
 		return transitionError(e.sb.ID, from, to, code)
 	}
-	s.applyState(e, Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.now()}, true)
+	e.applyState(Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.now()}, true)
 	return nil
 }
 
-// claimRunning makes sb, the record of a sandbox about to be claimed from
+// ClaimRunning makes sb, the record of a sandbox about to be claimed from
 // a runtime's pool (still pending), running as of at. It is the
 // transition without its event: the record is made before the claim is
 // written (the runtime stores it with the claim, so it must be final),
 // and the event follows once the claim holds (recordTransition).
-func claimRunning(sb *Sandbox, at time.Time) {
+func ClaimRunning(sb *Sandbox, at time.Time) {
 	if canTransition(sb.Status.State, StateRunning) {
 		sb.Status = Status{State: StateRunning, Reason: ReasonRunning, LastTransitionAt: at}
 	}
@@ -122,9 +123,9 @@ func claimRunning(sb *Sandbox, at time.Time) {
 // mustTransition is transition for the server's own moves (reaper,
 // recovery, create), where an illegal one is a bug to log, not an API
 // answer: e keeps its state.
-func (s *Service) mustTransition(e *entry, to State, reason, msg string) {
-	if err := s.transition(e, to, reason, msg); err != nil {
-		s.log.Error("illegal sandbox state transition refused", "id", e.sb.ID, "err", err)
+func (e *Entry) mustTransition(to State, reason, msg string) {
+	if err := e.transition(to, reason, msg); err != nil {
+		e.svc.log.Error("illegal sandbox state transition refused", "id", e.sb.ID, "err", err)
 	}
 }
 
@@ -132,12 +133,12 @@ func (s *Service) mustTransition(e *entry, to State, reason, msg string) {
 // refused to carry it out (a failed pause, resume or delete): e goes back
 // to prev, the status it had. It is legal only if the table leads from
 // prev to the current state. The caller holds e.mu.
-func (s *Service) revert(e *entry, prev Status) {
+func (e *Entry) revert(prev Status) {
 	if !canTransition(prev.State, e.sb.Status.State) {
-		s.log.Error("illegal sandbox state revert refused", "id", e.sb.ID, "from", e.sb.Status.State, "to", prev.State)
+		e.svc.log.Error("illegal sandbox state revert refused", "id", e.sb.ID, "from", e.sb.Status.State, "to", prev.State)
 		return
 	}
-	s.applyState(e, prev, false)
+	e.applyState(prev, false)
 }
 
 // operations are the requests that do not change the state, with the
@@ -171,7 +172,8 @@ func admit(id string, st State, op string) error {
 // of the transition unless it is undone by revert, which records none).
 // Only transition and revert call it (state.go): every change goes
 // through the transitions table. The caller holds e.mu.
-func (s *Service) applyState(e *entry, status Status, event bool) {
+func (e *Entry) applyState(status Status, event bool) {
+	s := e.svc
 	prev, st := e.sb.Status.State, status.State
 	e.sb.Status = status
 	if isTerminal(st) {
@@ -179,6 +181,6 @@ func (s *Service) applyState(e *entry, status Status, event bool) {
 	}
 	e.done.Store(isTerminal(st))
 	if event {
-		s.recordTransition(e, prev)
+		s.events.recordTransition(e, prev)
 	}
 }

@@ -23,8 +23,8 @@ func TestTransitionMatrix(t *testing.T) {
 	defer h.svc.Close()
 	for _, from := range AllStates {
 		for _, to := range AllStates {
-			e := newEntry(Sandbox{ID: "sb-matrix", Status: Status{State: from, Reason: "before"}})
-			err := h.svc.transition(e, to, "after", "")
+			e := newEntry(h.svc, Sandbox{ID: "sb-matrix", Status: Status{State: from, Reason: "before"}})
+			err := e.transition(to, "after", "")
 			if canTransition(from, to) {
 				if err != nil || e.sb.Status.State != to || e.sb.Status.Reason != "after" {
 					t.Errorf("%s -> %s: %v, status %+v", from, to, err, e.sb.Status)
@@ -50,13 +50,13 @@ func TestTransitionMatrix(t *testing.T) {
 func TestRevertOnlyUndoes(t *testing.T) {
 	h := newHarness(t)
 	defer h.svc.Close()
-	e := newEntry(Sandbox{ID: "sb-revert", Status: Status{State: StateStopping}})
-	h.svc.revert(e, Status{State: StateRunning}) // Running -> Stopping is an edge
+	e := newEntry(h.svc, Sandbox{ID: "sb-revert", Status: Status{State: StateStopping}})
+	e.revert(Status{State: StateRunning}) // Running -> Stopping is an edge
 	if e.sb.Status.State != StateRunning {
 		t.Errorf("revert of a delete: %s, want Running", e.sb.Status.State)
 	}
-	e2 := newEntry(Sandbox{ID: "sb-revert2", Status: Status{State: StateRunning}})
-	h.svc.revert(e2, Status{State: StateTerminated}) // Terminated -> Running is not
+	e2 := newEntry(h.svc, Sandbox{ID: "sb-revert2", Status: Status{State: StateRunning}})
+	e2.revert(Status{State: StateTerminated}) // Terminated -> Running is not
 	if e2.sb.Status.State != StateRunning {
 		t.Errorf("illegal revert applied: %s", e2.sb.Status.State)
 	}

@@ -18,67 +18,12 @@ type quotas map[string]tenant.Quota
 
 func (q quotas) Quota(t string) tenant.Quota { return q[t] }
 
-// Records written before tenants existed have no owner: after a restart
-// they belong to the default tenant, and only it (and admins) see them.
-func TestPreTenantRecordsBelongToDefault(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	sb, err := h.svc.Create(ctx, req(time.Hour)) // no principal: the server itself
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Rewrite the record as an old server wrote it: no tenant field.
-	var rec map[string]any
-	if err := h.db.Get(Bucket, sb.ID, &rec); err != nil {
-		t.Fatal(err)
-	}
-	if rec["tenant"] != "default" {
-		t.Fatalf("a server-created record's tenant = %v", rec["tenant"])
-	}
-	delete(rec, "tenant")
-	if err := h.db.Put(Bucket, sb.ID, rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.db.Put(PoolBucket, "old", map[string]any{"name": "old", "template": map[string]any{"image": "busybox", "entrypoint": []string{"sh"}},
-		"capacitySpec": map[string]int{"poolMax": 1}, "revision": 1}); err != nil {
-		t.Fatal(err)
-	}
-	svc := h.newService(t)
-	t.Cleanup(svc.Close)
-	if err := svc.Recover(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		ctx  context.Context
-		want bool
-	}{
-		{as(tenant.Default, tenant.RoleViewer), true},
-		{as("acme", tenant.RoleOperator), false},
-		{tenant.WithPrincipal(ctx, tenant.Principal{Tenant: "acme", Role: tenant.RoleAdmin, AllTenants: true}), true},
-	} {
-		_, err := svc.Get(tc.ctx, sb.ID)
-		if (err == nil) != tc.want {
-			t.Errorf("%+v sees the old sandbox: %v, want %v", tenant.ScopeOf(tc.ctx), err, tc.want)
-		}
-		_, _, perr := svc.GetPool(tc.ctx, "old")
-		if tc.want && tenant.ScopeOf(tc.ctx).Tenant == tenant.Default && perr != nil {
-			t.Errorf("default tenant does not see the old pool: %v", perr)
-		}
-		if tenant.ScopeOf(tc.ctx).Tenant == "acme" && !errdefs.IsNotFound(perr) {
-			t.Errorf("acme sees the default tenant's pool by name: %v", perr)
-		}
-	}
-	// The recovered live sandbox counts against the default tenant's quota.
-	if u := svc.TenantUsage(tenant.Default); u.Sandboxes != 1 {
-		t.Errorf("usage after recovery = %+v", u)
-	}
-}
-
 // The quota ledger charges at admission, releases on every way out
 // (delete, failed create), and is rebuilt by Recover.
 func TestQuotaLedger(t *testing.T) {
 	h := newHarness(t)
 	h.svc.deps.Quotas = quotas{"acme": {Sandboxes: 2}}
+	h.svc.quota.q = h.svc.deps.Quotas
 	acme := as("acme", tenant.RoleOperator)
 	a, err := h.svc.Create(acme, req(time.Hour))
 	if err != nil {

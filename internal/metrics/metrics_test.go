@@ -16,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -47,7 +48,7 @@ func TestScrapeAfterCreates(t *testing.T) {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var svc *lifecycle.Service
+	var svc *sandbox.Service
 	reg := metrics.New(metrics.Options{
 		KnownStates: []string{"Running", "Paused", "Failed"},
 		States: func() map[string]int {
@@ -59,7 +60,7 @@ func TestScrapeAfterCreates(t *testing.T) {
 			return out
 		},
 	})
-	svc, err = lifecycle.New(lifecycle.Config{}, lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Metrics: reg})
+	svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Metrics: reg}})
 	if err != nil {
 		t.Fatal(err)
 	}

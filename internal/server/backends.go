@@ -8,6 +8,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/store"
@@ -26,7 +27,7 @@ type backend struct {
 	// images overrides moat's image store (e.g. the Docker daemon's).
 	images lifecycle.Images
 	// committer stores snapshots (nil: snapshots unsupported).
-	committer lifecycle.Committer
+	committer snapshot.Committer
 	// close releases the backend (not its sandboxes).
 	close func() error
 	// store, if set, holds the server's records instead of its own bbolt

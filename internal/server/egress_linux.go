@@ -240,12 +240,12 @@ func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.Net
 	return a.enf.Modify(ctx, id, fn)
 }
 
-// AttachProxy implements lifecycle.CredentialProxy.
+// AttachProxy implements credvault.CredentialProxy.
 func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error {
 	return a.enf.AttachProxy(ctx, id, ca, rules)
 }
 
-// SetProxyRules implements lifecycle.CredentialProxy.
+// SetProxyRules implements credvault.CredentialProxy.
 func (a egressAdapter) SetProxyRules(id string, rules *vault.Rules) error {
 	return a.enf.SetProxyRules(id, rules)
 }

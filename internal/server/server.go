@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
@@ -36,7 +37,7 @@ type Server struct {
 	images  *image.Store
 	rt      runtime.Runtime
 	closeRT func() error
-	svc     *lifecycle.Service
+	svc     *sandbox.Service
 	api     *httpapi.Server
 	handler http.Handler // the API, and the console under /console
 	apiKey  string
@@ -125,10 +126,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		}
 		quotas = s.tenants
 	}
-	s.svc, err = lifecycle.New(lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "", AllowedHostPaths: cfg.AllowedHostPaths,
-		OrphanGrace: cfg.Kubernetes.OrphanGrace}, lifecycle.Deps{
+	s.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "",
+		OrphanGrace: cfg.Kubernetes.OrphanGrace}, AllowedHostPaths: cfg.AllowedHostPaths}, sandbox.Deps{Deps: lifecycle.Deps{
 		Store: s.db, Events: be.events, Leader: be.leader, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
-		Committer: be.committer, Metrics: reg, Quotas: quotas, Sealer: sealer,
+		Metrics: reg, Quotas: quotas}, Committer: be.committer, Sealer: sealer,
 	})
 	if err != nil {
 		return nil, err
@@ -237,7 +238,7 @@ func (s *Server) withConsole(api http.Handler, sessions *console.Sessions) (http
 }
 
 // stateCounts counts the API-visible sandboxes of svc by state.
-func stateCounts(svc *lifecycle.Service) map[string]int {
+func stateCounts(svc *sandbox.Service) map[string]int {
 	out := map[string]int{}
 	if svc == nil {
 		return out
@@ -298,7 +299,7 @@ func imagesFor(be backend, st *image.Store) lifecycle.Images {
 
 // ingressResolver resolves ingress routes through the lifecycle. It never
 // hands out the agent token: only the sandbox's own access token is checked.
-type ingressResolver struct{ svc *lifecycle.Service }
+type ingressResolver struct{ svc *sandbox.Service }
 
 func (r ingressResolver) Resolve(ctx context.Context, id string, port int) (ingress.Target, error) {
 	ep, err := r.svc.Endpoint(ctx, id, port)

@@ -1,32 +1,32 @@
-package lifecycle
+// Package snapshot is the snapshots of sandboxes: it captures a Running or
+// Paused sandbox's root filesystem as a local image (and, on a runtime
+// that checkpoints, its processes: a memory snapshot), keeps the snapshot
+// records, serves the snapshot API and is the source of sandboxes created
+// from a snapshot (lifecycle.Snapshots).
+package snapshot
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // SnapshotBucket is the store bucket holding snapshot records.
 const SnapshotBucket = "snapshots"
-
-// snapshotImagePrefix names snapshot images in the image store. The
-// registry host is loopback, so a lookup of a vanished snapshot image can
-// never reach out of the host.
-const snapshotImagePrefix = image.SnapshotRepo + ":"
-
-// defaultSnapshotEntrypoint is the entrypoint of a sandbox restored from a
-// snapshot when the request has none (as upstream).
-var defaultSnapshotEntrypoint = []string{"tail", "-f", "/dev/null"}
 
 // Committer turns a sandbox's writable layer into an image; the server
 // adapts the image store (image.Store.CommitLayer) to it.
@@ -67,7 +67,7 @@ func ParseSnapshotState(s string) (SnapshotState, error) {
 			return st, nil
 		}
 	}
-	return "", errdefs.Invalid(codeInvalid, fmt.Sprintf("unknown snapshot state %q", s))
+	return "", errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("unknown snapshot state %q", s))
 }
 
 // SnapshotStatus is the observable status of a snapshot.
@@ -146,17 +146,82 @@ func loadSnapshots(db store.Store, now time.Time) (map[string]*Snapshot, error) 
 	return out, nil
 }
 
-// imageRef is the image a sandbox's root filesystem is built from.
-func imageRef(sb *Sandbox) string {
-	if sb.SnapshotID != "" {
-		return snapshotImagePrefix + sb.SnapshotID
-	}
-	return sb.Image
+// Snapshots is the snapshot feature. It is safe for concurrent use.
+//
+// mu guards snaps and the snapshots in it. Lock order: a sandbox's lock
+// before mu; mu is never held while the core or a pool is called.
+type Snapshots struct {
+	core      *lifecycle.Service
+	deps      lifecycle.Deps
+	log       *slog.Logger
+	committer Committer
+	pools     PoolUsers
+
+	mu    sync.Mutex
+	snaps map[string]*Snapshot
 }
 
-func (s *Service) snapshotter() (runtime.Snapshotter, error) {
+// PoolUsers tells which pools use a snapshot as their template.
+type PoolUsers interface {
+	// SnapshotPools returns the names of the pools whose template is
+	// snapshot id, those ctx does not see as "(another tenant's)".
+	SnapshotPools(ctx context.Context, id string) []string
+}
+
+// New loads the snapshot records of core's store. committer stores the
+// snapshot images (nil: snapshots are refused, 501); pools (optional)
+// keeps a snapshot a pool uses from being deleted.
+func New(core *lifecycle.Service, committer Committer, pools PoolUsers) (*Snapshots, error) {
+	deps := core.Deps()
+	snaps, err := loadSnapshots(deps.Store, core.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshots{core: core, deps: deps, log: deps.Log, committer: committer, pools: pools, snaps: snaps}, nil
+}
+
+// Source returns snapshot id as the source of a create in ctx's scope.
+func (s *Snapshots) Source(ctx context.Context, id string) (lifecycle.SnapshotSource, error) {
+	sn, err := s.readySnapshot(ctx, id)
+	if err != nil {
+		return lifecycle.SnapshotSource{}, err
+	}
+	return source(&sn), nil
+}
+
+// Restore returns snapshot id whatever its state and tenant.
+func (s *Snapshots) Restore(id string) (lifecycle.SnapshotSource, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.snaps[id]
+	if sn == nil {
+		return lifecycle.SnapshotSource{}, false
+	}
+	return source(sn), true
+}
+
+func source(sn *Snapshot) lifecycle.SnapshotSource {
+	return lifecycle.SnapshotSource{ID: sn.ID, Memory: sn.Kind == SnapshotMemory, Class: sn.Class,
+		Entrypoint: sn.Entrypoint, AgentToken: sn.AgentToken}
+}
+
+// TenantSnapshots counts the snapshots tenant name owns.
+func (s *Snapshots) TenantSnapshots(name string) int {
+	name = tenant.Normalize(name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, sn := range s.snaps {
+		if tenant.Normalize(sn.Tenant) == name {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Snapshots) snapshotter() (runtime.Snapshotter, error) {
 	sn, ok := s.deps.Runtime.(runtime.Snapshotter)
-	if !ok || s.deps.Committer == nil {
+	if !ok || s.committer == nil {
 		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot snapshot sandboxes")
 	}
 	return sn, nil
@@ -177,7 +242,7 @@ func validSnapshotName(n string) error {
 // already Ready. Upstream answers 202 with state Creating and clients poll
 // GET /snapshots/{id} until Ready, which works unchanged. A failed commit
 // is returned as an error and the snapshot stays visible as Failed.
-func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (Snapshot, error) {
+func (s *Snapshots) CreateSnapshot(ctx context.Context, sandboxID, name string) (Snapshot, error) {
 	snapper, err := s.snapshotter()
 	if err != nil {
 		return Snapshot{}, err
@@ -185,61 +250,67 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 	if err := validSnapshotName(name); err != nil {
 		return Snapshot{}, err
 	}
-	e, err := s.get(ctx, sandboxID)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.sb.Status.State
-	if st != StateRunning && st != StatePaused {
+	var out Snapshot
+	err = s.core.WithLock(ctx, sandboxID, func(e *lifecycle.Entry) error {
+		out, err = s.createLocked(ctx, snapper, e, name)
+		return err
+	})
+	return out, err
+}
+
+// createLocked is CreateSnapshot of sandbox e; the caller holds e's lock.
+func (s *Snapshots) createLocked(ctx context.Context, snapper runtime.Snapshotter, e *lifecycle.Entry, name string) (Snapshot, error) {
+	sb := e.Sandbox()
+	sandboxID := sb.ID
+	st := sb.Status.State
+	if st != lifecycle.StateRunning && st != lifecycle.StatePaused {
 		return Snapshot{}, errdefs.WithPublic(
 			fmt.Errorf("snapshot of sandbox %s in state %s: %w", sandboxID, st, errdefs.ErrFailedPrecondition),
 			"SNAPSHOT::INVALID_SOURCE_STATE", fmt.Sprintf("sandbox %s is %s; only Running or Paused sandboxes can be snapshotted", sandboxID, st))
 	}
-	now := s.now()
-	id := newID()
-	sn := &Snapshot{ID: id, SandboxID: sandboxID, Name: name, CreatedAt: now, Tenant: e.owner,
-		Image: snapshotImagePrefix + id, BaseImage: imageRef(&e.sb),
+	now := s.core.Now()
+	id := lifecycle.NewID()
+	sn := &Snapshot{ID: id, SandboxID: sandboxID, Name: name, CreatedAt: now, Tenant: e.Owner(),
+		Image: lifecycle.SnapshotImagePrefix + id, BaseImage: sb.ImageRef(),
 		Status: SnapshotStatus{State: SnapshotCreating, Reason: ReasonSnapshotAccepted, LastTransitionAt: now}}
-	cp := s.checkpointer(e.sb.Class)
+	cp := lifecycle.Checkpointer(s.deps.Runtime, sb.Class)
 	if cp != nil {
 		// A memory snapshot continues processes, so it needs running ones
 		// (runsc checkpoints a frozen sandbox as frozen forever).
-		if st != StateRunning {
+		if st != lifecycle.StateRunning {
 			return Snapshot{}, errdefs.WithPublic(
 				fmt.Errorf("memory snapshot of sandbox %s in state %s: %w", sandboxID, st, errdefs.ErrFailedPrecondition),
-				"SNAPSHOT::INVALID_SOURCE_STATE", fmt.Sprintf("sandbox %s is %s; %s sandboxes are snapshotted with their memory and must be Running (resume it first)", sandboxID, st, e.sb.Class))
+				"SNAPSHOT::INVALID_SOURCE_STATE", fmt.Sprintf("sandbox %s is %s; %s sandboxes are snapshotted with their memory and must be Running (resume it first)", sandboxID, st, sb.Class))
 		}
-		sn.Kind, sn.Class, sn.AgentToken = SnapshotMemory, e.sb.Class, e.sb.AgentToken
-		sn.Entrypoint = append([]string(nil), e.sb.Entrypoint...)
+		sn.Kind, sn.Class, sn.AgentToken = SnapshotMemory, sb.Class, sb.AgentToken
+		sn.Entrypoint = append([]string(nil), sb.Entrypoint...)
 	}
 	if err := s.deps.Store.Put(SnapshotBucket, id, sn); err != nil {
 		return Snapshot{}, fmt.Errorf("persist snapshot %s: %w", id, err)
 	}
-	s.snapMu.Lock()
+	s.mu.Lock()
 	s.snaps[id] = sn
-	s.snapMu.Unlock()
+	s.mu.Unlock()
 
 	// The commit must end in a definite state even if the client leaves.
 	var cerr error
 	if cp != nil {
 		cerr = s.captureMemory(context.WithoutCancel(ctx), cp, sandboxID, sn)
 	} else {
-		cerr = s.capture(context.WithoutCancel(ctx), snapper, sandboxID, st == StateRunning, sn)
+		cerr = s.capture(context.WithoutCancel(ctx), snapper, sandboxID, st == lifecycle.StateRunning, sn)
 	}
 
-	s.snapMu.Lock()
+	s.mu.Lock()
 	if cerr != nil {
-		sn.Status = SnapshotStatus{State: SnapshotFailed, Reason: ReasonSnapshotCaptureFailed, Message: "the snapshot could not be captured", LastTransitionAt: s.now()}
+		sn.Status = SnapshotStatus{State: SnapshotFailed, Reason: ReasonSnapshotCaptureFailed, Message: "the snapshot could not be captured", LastTransitionAt: s.core.Now()}
 	} else {
-		sn.Status = SnapshotStatus{State: SnapshotReady, Reason: ReasonSnapshotReady, LastTransitionAt: s.now()}
+		sn.Status = SnapshotStatus{State: SnapshotReady, Reason: ReasonSnapshotReady, LastTransitionAt: s.core.Now()}
 		if sn.Kind == SnapshotMemory {
 			sn.Status.Message = memorySnapshotMessage
 		}
 	}
 	out := *sn
-	s.snapMu.Unlock()
+	s.mu.Unlock()
 	if err := s.deps.Store.Put(SnapshotBucket, id, &out); err != nil {
 		s.log.Error("persist snapshot", "id", id, "err", err)
 		if cerr == nil {
@@ -258,7 +329,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, sandboxID, name string) (S
 // capture freezes the sandbox (if running and the runtime can), commits
 // its writable layer to sn.Image and thaws it. The caller holds the
 // sandbox entry.
-func (s *Service) capture(ctx context.Context, snapper runtime.Snapshotter, id string, running bool, sn *Snapshot) error {
+func (s *Snapshots) capture(ctx context.Context, snapper runtime.Snapshotter, id string, running bool, sn *Snapshot) error {
 	upper, err := snapper.SnapshotDir(ctx, id)
 	if err != nil {
 		return err
@@ -273,34 +344,24 @@ func (s *Service) capture(ctx context.Context, snapper runtime.Snapshotter, id s
 			}
 		}()
 	}
-	if _, err := s.deps.Committer.Commit(ctx, upper, sn.BaseImage, sn.Image); err != nil {
+	if _, err := s.committer.Commit(ctx, upper, sn.BaseImage, sn.Image); err != nil {
 		return fmt.Errorf("commit snapshot %s of %s: %w", sn.ID, id, err)
 	}
 	return nil
-}
-
-// checkpointer returns the runtime's Checkpointer if it can checkpoint
-// sandboxes of class, else nil.
-func (s *Service) checkpointer(class string) runtime.Checkpointer {
-	cp, ok := s.deps.Runtime.(runtime.Checkpointer)
-	if !ok || !cp.CanCheckpoint(class) {
-		return nil
-	}
-	return cp
 }
 
 // captureMemory checkpoints the sandbox's processes (the runtime keeps
 // the sandbox running) and records an image for the restored sandboxes'
 // root filesystem: the source's image plus an empty layer, since the
 // checkpoint holds the writable layer. The caller holds the entry.
-func (s *Service) captureMemory(ctx context.Context, cp runtime.Checkpointer, id string, sn *Snapshot) error {
+func (s *Snapshots) captureMemory(ctx context.Context, cp runtime.Checkpointer, id string, sn *Snapshot) error {
 	if err := cp.Checkpoint(ctx, id, sn.ID); err != nil {
 		return fmt.Errorf("checkpoint %s for snapshot %s: %w", id, sn.ID, err)
 	}
 	empty, err := os.MkdirTemp("", "moat-snapshot-")
 	if err == nil {
 		defer os.Remove(empty)
-		_, err = s.deps.Committer.Commit(ctx, empty, sn.BaseImage, sn.Image)
+		_, err = s.committer.Commit(ctx, empty, sn.BaseImage, sn.Image)
 	}
 	if err != nil {
 		if rerr := cp.RemoveCheckpoint(ctx, sn.ID); rerr != nil {
@@ -312,11 +373,11 @@ func (s *Service) captureMemory(ctx context.Context, cp runtime.Checkpointer, id
 }
 
 // GetSnapshot returns one snapshot.
-func (s *Service) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
+func (s *Snapshots) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	sn, ok := s.snaps[id]
-	if !ok || !visible(ctx, sn.Tenant) {
+	if !ok || !lifecycle.Visible(ctx, sn.Tenant) {
 		return Snapshot{}, snapshotNotFound(id)
 	}
 	return *sn, nil
@@ -324,11 +385,11 @@ func (s *Service) GetSnapshot(ctx context.Context, id string) (Snapshot, error) 
 
 // ListSnapshots returns the matching snapshots, newest first, and the
 // total count before pagination. page is 1-based.
-func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pageSize int) ([]Snapshot, int) {
-	s.snapMu.Lock()
+func (s *Snapshots) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pageSize int) ([]Snapshot, int) {
+	s.mu.Lock()
 	var out []Snapshot
 	for _, sn := range s.snaps {
-		if !visible(ctx, sn.Tenant) {
+		if !lifecycle.Visible(ctx, sn.Tenant) {
 			continue
 		}
 		if f.SandboxID != "" && sn.SandboxID != f.SandboxID {
@@ -339,7 +400,7 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pag
 		}
 		out = append(out, *sn)
 	}
-	s.snapMu.Unlock()
+	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
 			return out[i].CreatedAt.After(out[j].CreatedAt)
@@ -356,11 +417,11 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter, page, pag
 
 // readySnapshot returns snapshot id if sandboxes can be created from it
 // in ctx's tenant scope.
-func (s *Service) readySnapshot(ctx context.Context, id string) (Snapshot, error) {
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
+func (s *Snapshots) readySnapshot(ctx context.Context, id string) (Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	sn, ok := s.snaps[id]
-	if !ok || !visible(ctx, sn.Tenant) {
+	if !ok || !lifecycle.Visible(ctx, sn.Tenant) {
 		return Snapshot{}, snapshotNotFound(id)
 	}
 	if sn.Status.State != SnapshotReady {
@@ -373,52 +434,27 @@ func (s *Service) readySnapshot(ctx context.Context, id string) (Snapshot, error
 
 // snapshotUsers returns the IDs of live sandboxes created from snapshot
 // id, those ctx does not see as "(another tenant's)".
-func (s *Service) snapshotUsers(ctx context.Context, id string) []string {
-	s.mu.RLock()
-	entries := make([]*entry, 0, len(s.sandboxes))
-	for _, e := range s.sandboxes {
-		entries = append(entries, e)
-	}
-	s.mu.RUnlock()
+func (s *Snapshots) snapshotUsers(ctx context.Context, id string) []string {
 	var users []string
-	for _, e := range entries {
-		e.mu.Lock()
-		if e.sb.SnapshotID == id && !isTerminal(e.sb.Status.State) {
-			if visible(ctx, e.owner) {
-				users = append(users, e.sb.ID)
+	s.core.Each(func(e *lifecycle.Entry) {
+		sb := e.Sandbox()
+		if sb.SnapshotID == id && sb.Status.State != lifecycle.StateTerminated && sb.Status.State != lifecycle.StateFailed {
+			if lifecycle.Visible(ctx, e.Owner()) {
+				users = append(users, sb.ID)
 			} else {
 				users = append(users, "(another tenant's)")
 			}
 		}
-		e.mu.Unlock()
-	}
+	})
 	sort.Strings(users)
 	return users
 }
 
-// snapshotPools returns the names of pools whose template is snapshot
-// id, those ctx does not see as "(another tenant's)".
-func (s *Service) snapshotPools(ctx context.Context, id string) []string {
-	s.poolsMu.Lock()
-	pls := make([]*pool, 0, len(s.pools))
-	for _, pl := range s.pools {
-		pls = append(pls, pl)
+func (s *Snapshots) snapshotPools(ctx context.Context, id string) []string {
+	if s.pools == nil {
+		return nil
 	}
-	s.poolsMu.Unlock()
-	var names []string
-	for _, pl := range pls {
-		pl.mu.Lock()
-		if pl.def.Template.SnapshotID == id && !pl.deleted {
-			if visible(ctx, pl.owner) {
-				names = append(names, pl.def.Name)
-			} else {
-				names = append(names, "(another tenant's)")
-			}
-		}
-		pl.mu.Unlock()
-	}
-	sort.Strings(names)
-	return names
+	return s.pools.SnapshotPools(ctx, id)
 }
 
 // DeleteSnapshot removes a snapshot and its image. It is refused
@@ -428,27 +464,27 @@ func (s *Service) snapshotPools(ctx context.Context, id string) []string {
 // A create from the snapshot that passed validation just before the
 // snapshot was marked Deleting may still race with the removal; it then
 // fails to find the image and ends Failed.
-func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
-	s.snapMu.Lock()
+func (s *Snapshots) DeleteSnapshot(ctx context.Context, id string) error {
+	s.mu.Lock()
 	sn, ok := s.snaps[id]
-	if !ok || !visible(ctx, sn.Tenant) {
-		s.snapMu.Unlock()
+	if !ok || !lifecycle.Visible(ctx, sn.Tenant) {
+		s.mu.Unlock()
 		return snapshotNotFound(id)
 	}
 	prev := sn.Status
 	// Deleting is never persisted: it only marks a delete in progress.
 	if prev.State == SnapshotCreating || prev.State == SnapshotDeleting {
-		s.snapMu.Unlock()
+		s.mu.Unlock()
 		return errdefs.WithPublic(fmt.Errorf("snapshot %s is %s: %w", id, prev.State, errdefs.ErrFailedPrecondition),
 			"SNAPSHOT::INVALID_STATE", fmt.Sprintf("snapshot %s is %s", id, prev.State))
 	}
-	sn.Status = SnapshotStatus{State: SnapshotDeleting, Reason: ReasonSnapshotDeleting, LastTransitionAt: s.now()}
-	s.snapMu.Unlock()
+	sn.Status = SnapshotStatus{State: SnapshotDeleting, Reason: ReasonSnapshotDeleting, LastTransitionAt: s.core.Now()}
+	s.mu.Unlock()
 
 	restore := func() {
-		s.snapMu.Lock()
+		s.mu.Lock()
 		sn.Status = prev
-		s.snapMu.Unlock()
+		s.mu.Unlock()
 	}
 	if pools := s.snapshotPools(ctx, id); len(pools) > 0 {
 		restore()
@@ -461,8 +497,8 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 			"SNAPSHOT::IN_USE", fmt.Sprintf("snapshot %s is in use by sandbox %s (delete its sandboxes first)", id, strings.Join(users, ", ")))
 	}
 	ctx = context.WithoutCancel(ctx)
-	if s.deps.Committer != nil {
-		if err := s.deps.Committer.Remove(ctx, sn.Image); err != nil && !errdefs.IsNotFound(err) {
+	if s.committer != nil {
+		if err := s.committer.Remove(ctx, sn.Image); err != nil && !errdefs.IsNotFound(err) {
 			restore()
 			return fmt.Errorf("remove snapshot image %s: %w", sn.Image, err)
 		}
@@ -479,8 +515,8 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 		restore()
 		return fmt.Errorf("delete snapshot record %s: %w", id, err)
 	}
-	s.snapMu.Lock()
+	s.mu.Lock()
 	delete(s.snaps, id)
-	s.snapMu.Unlock()
+	s.mu.Unlock()
 	return nil
 }

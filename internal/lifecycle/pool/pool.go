@@ -1,15 +1,22 @@
-package lifecycle
+// Package pool is the warm pools of sandboxes: pool definitions, the idle
+// sandboxes each keeps (refilled in the background within its capacity),
+// the claims that turn idle sandboxes into ordinary ones, and the pools a
+// runtime keeps itself (runtime.Pools, the kubernetes runtime). It plugs
+// into the lifecycle core as lifecycle.Pools.
+package pool
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/store"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -30,12 +37,12 @@ type PoolTemplate struct {
 	// Volumes are mounted by every sandbox of the pool: a pvc claim is
 	// shared by all of them (and counts as in use while the pool holds
 	// warm sandboxes).
-	Volumes []Volume `json:"volumes,omitempty"`
+	Volumes []lifecycle.Volume `json:"volumes,omitempty"`
 }
 
 // request is the create request of one pool sandbox.
-func (t PoolTemplate) request() CreateRequest {
-	return CreateRequest{Image: t.Image, SnapshotID: t.SnapshotID, Entrypoint: t.Entrypoint, Env: t.Env,
+func (t PoolTemplate) request() lifecycle.CreateRequest {
+	return lifecycle.CreateRequest{Image: t.Image, SnapshotID: t.SnapshotID, Entrypoint: t.Entrypoint, Env: t.Env,
 		ResourceLimits: t.ResourceLimits, Extensions: t.Extensions, Volumes: t.Volumes, HasVolumes: len(t.Volumes) > 0}
 }
 
@@ -70,7 +77,7 @@ type Pool struct {
 	Refilling bool `json:"refilling,omitempty"`
 }
 
-// key is the pool's key in Service.pools, in the store and in its
+// key is the pool's key in Pools.pools, in the store and in its
 // sandboxes' Sandbox.Pool: the name for the default tenant (as before
 // tenants), "<tenant>/<name>" for others (names are DNS labels, so the
 // two forms cannot collide).
@@ -91,6 +98,37 @@ type PoolStatus struct {
 	Revision  int `json:"revision"`
 }
 
+// Pools is the pools feature. It is safe for concurrent use.
+//
+// Lock order: a sandbox's lock before a pool's mu before Pools.mu
+// (pools); a pool's mu is held across no call into the core but TryLock
+// (refill). The refill loops run until the pool is deleted or Close.
+type Pools struct {
+	core *lifecycle.Service
+	deps lifecycle.Deps
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	pools map[string]*pool
+
+	wg      sync.WaitGroup
+	closing chan struct{}
+	closed  sync.Once
+}
+
+// New returns the pools feature of core; Recover (through the core's)
+// loads the pools.
+func New(core *lifecycle.Service) *Pools {
+	deps := core.Deps()
+	return &Pools{core: core, deps: deps, log: deps.Log, pools: map[string]*pool{}, closing: make(chan struct{})}
+}
+
+// Close stops the refill loops (the sandboxes stay).
+func (s *Pools) Close() {
+	s.closed.Do(func() { close(s.closing) })
+	s.wg.Wait()
+}
+
 // pool is the in-memory state of one pool. idle holds warm, unclaimed
 // sandboxes (hidden from the Lifecycle API); allocated counts claimed ones
 // still alive; creating counts warm creates in flight.
@@ -98,7 +136,7 @@ type pool struct {
 	mu        sync.Mutex
 	owner     string // def.Tenant, fixed
 	def       Pool
-	idle      []*entry
+	idle      []*lifecycle.Entry
 	allocated map[string]bool
 	creating  int
 	inflight  sync.WaitGroup // warm creates in progress
@@ -111,7 +149,7 @@ var poolNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 const maxPoolSize = 10000
 
-func (s *Service) validatePool(ctx context.Context, p *Pool) error {
+func (s *Pools) validatePool(ctx context.Context, p *Pool) error {
 	if !poolNameRe.MatchString(p.Name) {
 		return errdefs.Invalid("POOL::INVALID_NAME", "pool name must be a DNS label (lowercase alphanumerics and '-', at most 63)")
 	}
@@ -126,7 +164,7 @@ func (s *Service) validatePool(ctx context.Context, p *Pool) error {
 		return errdefs.Invalid("POOL::INVALID_CAPACITY", fmt.Sprintf("capacitySpec needs poolMin <= poolMax, bufferMax <= poolMax and 1 <= poolMax <= %d", maxPoolSize))
 	}
 	// The template must be a valid create request on its own.
-	sb, err := s.validate(ctx, p.Template.request())
+	sb, err := s.core.Validate(ctx, p.Template.request())
 	if err != nil {
 		return err
 	}
@@ -136,11 +174,11 @@ func (s *Service) validatePool(ctx context.Context, p *Pool) error {
 // poolWithinQuota refuses a pool whose idle sandboxes alone could exceed
 // its tenant's quota: idle sandboxes are not charged until claimed, so
 // without this bound a pool would hold resources beyond the quota.
-func (s *Service) poolWithinQuota(ctx context.Context, p *Pool, sb Sandbox) error {
+func (s *Pools) poolWithinQuota(ctx context.Context, p *Pool, sb lifecycle.Sandbox) error {
 	if s.deps.Quotas == nil {
 		return nil
 	}
-	owner := ownerOf(ctx)
+	owner := lifecycle.OwnerOf(ctx)
 	idle := max(p.Capacity.BufferMax, p.Capacity.PoolMin)
 	if err := s.deps.Quotas.Quota(owner).Admit(owner, tenant.Usage{}, idle, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
 		if pub, ok := errdefs.PublicOf(err); ok && pub.Code == tenant.CodeQuotaExceeded {
@@ -152,20 +190,20 @@ func (s *Service) poolWithinQuota(ctx context.Context, p *Pool, sb Sandbox) erro
 }
 
 // CreatePool defines a pool and starts filling it.
-func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
+func (s *Pools) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
 	}
 	if rp := s.runtimePools(); rp != nil {
 		return s.createRuntimePool(ctx, rp, p)
 	}
-	p.Tenant = ownerOf(ctx)
-	s.poolsMu.Lock()
-	defer s.poolsMu.Unlock()
+	p.Tenant = lifecycle.OwnerOf(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if _, ok := s.pools[p.key()]; ok {
 		return Pool{}, errdefs.WithPublic(fmt.Errorf("pool %q: %w", p.Name, errdefs.ErrAlreadyExists), "POOL::ALREADY_EXISTS", fmt.Sprintf("pool %s already exists", p.Name))
 	}
-	p.CreatedAt = s.now()
+	p.CreatedAt = s.core.Now()
 	p.Revision = 1
 	if err := s.deps.Store.Put(PoolBucket, p.key(), &p); err != nil {
 		return Pool{}, err
@@ -176,7 +214,7 @@ func (s *Service) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 
 // UpdatePool replaces a pool's template and capacity. Idle sandboxes of the
 // old template are replaced in the background; claimed ones are untouched.
-func (s *Service) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
+func (s *Pools) UpdatePool(ctx context.Context, p Pool) (Pool, error) {
 	if err := s.validatePool(ctx, &p); err != nil {
 		return Pool{}, err
 	}
@@ -211,14 +249,14 @@ func templateEqual(a, b PoolTemplate) bool {
 		fmt.Sprint(a.Extensions) == fmt.Sprint(b.Extensions) && a.SnapshotID == b.SnapshotID && volumesEqual(a.Volumes, b.Volumes)
 }
 
-func volumesEqual(a, b []Volume) bool {
+func volumesEqual(a, b []lifecycle.Volume) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)
 }
 
 // GetPool returns a pool and its counts.
-func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, error) {
+func (s *Pools) GetPool(ctx context.Context, name string) (Pool, PoolStatus, error) {
 	if rp := s.runtimePools(); rp != nil {
 		return s.getRuntimePool(ctx, rp, name)
 	}
@@ -232,18 +270,18 @@ func (s *Service) GetPool(ctx context.Context, name string) (Pool, PoolStatus, e
 }
 
 // ListPools returns every pool ctx's tenant scope sees, by tenant and name.
-func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
+func (s *Pools) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
 	if rp := s.runtimePools(); rp != nil {
 		return s.listRuntimePools(ctx, rp)
 	}
-	s.poolsMu.Lock()
+	s.mu.Lock()
 	pls := make([]*pool, 0, len(s.pools))
 	for _, pl := range s.pools {
-		if visible(ctx, pl.owner) {
+		if lifecycle.Visible(ctx, pl.owner) {
 			pls = append(pls, pl)
 		}
 	}
-	s.poolsMu.Unlock()
+	s.mu.Unlock()
 	defs := make([]Pool, len(pls))
 	sts := make([]PoolStatus, len(pls))
 	for i, pl := range pls {
@@ -265,17 +303,17 @@ func (s *Service) ListPools(ctx context.Context) ([]Pool, []PoolStatus) {
 
 // DeletePool removes a pool and its idle sandboxes. Claimed sandboxes live
 // on as ordinary sandboxes.
-func (s *Service) DeletePool(ctx context.Context, name string) error {
+func (s *Pools) DeletePool(ctx context.Context, name string) error {
 	if rp := s.runtimePools(); rp != nil {
 		return s.deleteRuntimePool(ctx, rp, name)
 	}
-	key := poolKey(ownerOf(ctx), name)
-	s.poolsMu.Lock()
+	key := poolKey(lifecycle.OwnerOf(ctx), name)
+	s.mu.Lock()
 	pl, ok := s.pools[key]
 	if ok {
 		delete(s.pools, key)
 	}
-	s.poolsMu.Unlock()
+	s.mu.Unlock()
 	if !ok {
 		return poolNotFound(name)
 	}
@@ -291,23 +329,19 @@ func (s *Service) DeletePool(ctx context.Context, name string) error {
 	pl.inflight.Wait()
 	ctx = context.WithoutCancel(ctx)
 	for _, e := range idle {
-		e.mu.Lock()
-		if err := s.deleteLocked(ctx, e, ReasonStopping); err != nil {
-			s.log.Error("delete idle pool sandbox", "pool", name, "id", e.sb.ID, "err", err)
+		e.Lock()
+		if err := e.Delete(ctx, lifecycle.ReasonStopping); err != nil {
+			s.log.Error("delete idle pool sandbox", "pool", name, "id", e.ID(), "err", err)
 		}
-		e.mu.Unlock()
+		e.Unlock()
 	}
 	// Claimed sandboxes forget their pool.
-	s.mu.RLock()
-	for _, e := range s.sandboxes {
-		if e.sb.Pool == key && !e.sb.Warm {
-			e.mu.Lock()
-			e.sb.Pool = ""
-			s.persist(e)
-			e.mu.Unlock()
+	s.core.Each(func(e *lifecycle.Entry) {
+		if sb := e.Sandbox(); sb.Pool == key && !sb.Warm {
+			sb.Pool = ""
+			e.Persist()
 		}
-	}
-	s.mu.RUnlock()
+	})
 	return s.deps.Store.Delete(PoolBucket, key)
 }
 
@@ -317,14 +351,14 @@ func poolNotFound(name string) error {
 
 // getPool returns pool name of ctx's tenant (names resolve in the acting
 // tenant: an admin names another tenant's pools with X-Moat-Tenant).
-func (s *Service) getPool(ctx context.Context, name string) (*pool, error) {
-	return s.poolByKey(poolKey(ownerOf(ctx), name), name)
+func (s *Pools) getPool(ctx context.Context, name string) (*pool, error) {
+	return s.poolByKey(poolKey(lifecycle.OwnerOf(ctx), name), name)
 }
 
 // poolByKey returns the pool of key (see Pool.key); name is for errors.
-func (s *Service) poolByKey(key, name string) (*pool, error) {
-	s.poolsMu.Lock()
-	defer s.poolsMu.Unlock()
+func (s *Pools) poolByKey(key, name string) (*pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	pl, ok := s.pools[key]
 	if !ok {
 		return nil, poolNotFound(name)
@@ -346,16 +380,16 @@ func (pl *pool) poke() {
 
 // startPool registers a pool (with already-warm entries and the ids of
 // claimed ones after a restart) and starts its refill loop. The caller
-// holds poolsMu.
-func (s *Service) startPool(def Pool, idle []*entry, allocated []string) *pool {
+// holds s.mu.
+func (s *Pools) startPool(def Pool, idle []*lifecycle.Entry, allocated []string) *pool {
 	pl := &pool{owner: def.Tenant, def: def, idle: idle, allocated: map[string]bool{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	for _, id := range allocated {
 		pl.allocated[id] = true
 	}
 	s.pools[def.key()] = pl
-	s.poolWG.Add(1)
+	s.wg.Add(1)
 	go func() {
-		defer s.poolWG.Done()
+		defer s.wg.Done()
 		s.refillLoop(pl)
 	}()
 	pl.poke()
@@ -364,7 +398,7 @@ func (s *Service) startPool(def Pool, idle []*entry, allocated []string) *pool {
 
 // refillLoop keeps pl's idle buffer within capacity until the pool is
 // deleted or the service is closed.
-func (s *Service) refillLoop(pl *pool) {
+func (s *Pools) refillLoop(pl *pool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -390,7 +424,7 @@ func (s *Service) refillLoop(pl *pool) {
 // warmConcurrency bounds warm creates in flight per pool.
 const warmConcurrency = 4
 
-func (s *Service) refill(ctx context.Context, pl *pool) {
+func (s *Pools) refill(ctx context.Context, pl *pool) {
 	pl.mu.Lock()
 	if pl.deleted {
 		pl.mu.Unlock()
@@ -398,16 +432,16 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 	}
 	def := pl.def
 	// Idle sandboxes of an old template revision are replaced.
-	var stale []*entry
+	var stale []*lifecycle.Entry
 	keep := pl.idle[:0]
 	for _, e := range pl.idle {
 		// TryLock: the lock order elsewhere is e.mu before pl.mu.
-		if !e.mu.TryLock() {
+		if !e.TryLock() {
 			keep = append(keep, e)
 			continue
 		}
-		bad := e.sb.PoolRevision != def.Revision || e.sb.Status.State != StateRunning
-		e.mu.Unlock()
+		bad := e.Sandbox().PoolRevision != def.Revision || e.Sandbox().Status.State != lifecycle.StateRunning
+		e.Unlock()
 		if bad {
 			stale = append(stale, e)
 		} else {
@@ -445,11 +479,11 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 	pl.mu.Unlock()
 
 	for _, e := range stale {
-		e.mu.Lock()
-		if err := s.deleteLocked(ctx, e, ReasonStopping); err != nil {
-			s.log.Error("delete stale pool sandbox", "pool", def.Name, "id", e.sb.ID, "err", err)
+		e.Lock()
+		if err := e.Delete(ctx, lifecycle.ReasonStopping); err != nil {
+			s.log.Error("delete stale pool sandbox", "pool", def.Name, "id", e.ID(), "err", err)
 		}
-		e.mu.Unlock()
+		e.Unlock()
 	}
 	pl.inflight.Done()
 	for i := 0; i < need; i++ {
@@ -474,9 +508,9 @@ func (s *Service) refill(ctx context.Context, pl *pool) {
 			pl.mu.Unlock()
 			if err != nil {
 				if e != nil {
-					e.mu.Lock()
-					s.deleteLocked(context.Background(), e, ReasonStopping)
-					e.mu.Unlock()
+					e.Lock()
+					e.Delete(context.Background(), lifecycle.ReasonStopping)
+					e.Unlock()
 				}
 				if err != errPoolGone {
 					s.log.Warn("warm pool create failed", "pool", def.Name, "err", err)
@@ -503,7 +537,7 @@ func (pl *pool) refilledLocked() bool {
 // memory and in the store (so a restarted server finishes it). Written
 // under pl.mu, like UpdatePool's writes, so the record never goes back to
 // an older definition.
-func (s *Service) setRefillingLocked(pl *pool, filling bool) {
+func (s *Pools) setRefillingLocked(pl *pool, filling bool) {
 	if pl.def.Refilling == filling {
 		return
 	}
@@ -518,24 +552,18 @@ var errPoolGone = fmt.Errorf("pool gone: %w", errdefs.ErrNotFound)
 
 // createWarm provisions one idle sandbox of def. Warm sandboxes have no
 // expiry; their record is persisted so the pool survives a restart.
-func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
+func (s *Pools) createWarm(ctx context.Context, def Pool) (*lifecycle.Entry, error) {
 	t := def.Template
-	sb, err := s.validate(ctx, t.request())
+	sb, err := s.core.Validate(ctx, t.request())
 	if err != nil {
 		return nil, err
 	}
 	sb.Pool, sb.PoolRevision, sb.Warm = def.key(), def.Revision, true
-	own(&sb, def.Tenant)
-	e := newEntry(sb)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	s.mu.Lock()
-	s.sandboxes[sb.ID] = e
-	s.mu.Unlock()
-	if err := s.provision(ctx, e, nil); err != nil {
-		s.mu.Lock()
-		delete(s.sandboxes, sb.ID)
-		s.mu.Unlock()
+	lifecycle.Own(&sb, def.Tenant)
+	e := s.core.Insert(sb)
+	defer e.Unlock()
+	if err := e.Provision(ctx, nil); err != nil {
+		e.Forget()
 		return nil, err
 	}
 	return e, nil
@@ -544,7 +572,7 @@ func (s *Service) createWarm(ctx context.Context, def Pool) (*entry, error) {
 // claim takes up to n idle sandboxes of pool name of ctx's tenant. The
 // caller owns them (their locks are not held) and must finish or release
 // them.
-func (s *Service) claim(ctx context.Context, name string, n int) ([]*entry, error) {
+func (s *Pools) claim(ctx context.Context, name string, n int) ([]*lifecycle.Entry, error) {
 	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
@@ -552,17 +580,17 @@ func (s *Service) claim(ctx context.Context, name string, n int) ([]*entry, erro
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	k := min(n, len(pl.idle))
-	got := append([]*entry(nil), pl.idle[len(pl.idle)-k:]...)
+	got := append([]*lifecycle.Entry(nil), pl.idle[len(pl.idle)-k:]...)
 	pl.idle = pl.idle[:len(pl.idle)-k]
 	for _, e := range got {
-		pl.allocated[e.sb.ID] = true
+		pl.allocated[e.ID()] = true
 	}
 	pl.poke()
 	return got, nil
 }
 
 // poolTemplateFor returns pool name of ctx's tenant, for cold creates.
-func (s *Service) poolTemplateFor(ctx context.Context, name string) (Pool, error) {
+func (s *Pools) poolTemplateFor(ctx context.Context, name string) (Pool, error) {
 	pl, err := s.getPool(ctx, name)
 	if err != nil {
 		return Pool{}, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
@@ -572,8 +600,8 @@ func (s *Service) poolTemplateFor(ctx context.Context, name string) (Pool, error
 	return pl.def, nil
 }
 
-// released tells a pool (by key) that one of its claimed sandboxes is gone.
-func (s *Service) released(poolKey, id string) {
+// Released tells a pool (by key) that one of its claimed sandboxes is gone.
+func (s *Pools) Released(poolKey, id string) {
 	if poolKey == "" {
 		return
 	}
@@ -587,9 +615,9 @@ func (s *Service) released(poolKey, id string) {
 	pl.poke()
 }
 
-// recoverPools loads pool definitions and hands recovered warm sandboxes
-// back to their pools. Called by Recover after sandboxes are loaded.
-func (s *Service) recoverPools() error {
+// Recover loads pool definitions and hands recovered warm sandboxes back
+// to their pools. The core's Recover calls it once sandboxes are loaded.
+func (s *Pools) Recover(ctx context.Context) error {
 	if s.runtimePools() != nil {
 		// The runtime keeps the pools (and fills them).
 		return nil
@@ -598,22 +626,22 @@ func (s *Service) recoverPools() error {
 	if err != nil {
 		return fmt.Errorf("load pools: %w", err)
 	}
-	idle := map[string][]*entry{}
+	idle := map[string][]*lifecycle.Entry{}
 	allocated := map[string][]string{}
-	s.mu.RLock()
-	for _, e := range s.sandboxes {
-		if e.sb.Pool == "" {
-			continue
+	s.core.Each(func(e *lifecycle.Entry) {
+		sb := e.Sandbox()
+		if sb.Pool == "" {
+			return
 		}
-		if e.sb.Warm && e.sb.Status.State == StateRunning {
-			idle[e.sb.Pool] = append(idle[e.sb.Pool], e)
-		} else if !e.sb.Warm && !isTerminal(e.sb.Status.State) {
-			allocated[e.sb.Pool] = append(allocated[e.sb.Pool], e.sb.ID)
+		terminal := sb.Status.State == lifecycle.StateTerminated || sb.Status.State == lifecycle.StateFailed
+		if sb.Warm && sb.Status.State == lifecycle.StateRunning {
+			idle[sb.Pool] = append(idle[sb.Pool], e)
+		} else if !sb.Warm && !terminal {
+			allocated[sb.Pool] = append(allocated[sb.Pool], sb.ID)
 		}
-	}
-	s.mu.RUnlock()
-	s.poolsMu.Lock()
-	defer s.poolsMu.Unlock()
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	known := map[string]bool{}
 	for _, d := range defs {
 		known[d.key()] = true
@@ -625,10 +653,49 @@ func (s *Service) recoverPools() error {
 			continue
 		}
 		for _, e := range es {
-			e.mu.Lock()
-			s.deleteLocked(context.Background(), e, ReasonStopping)
-			e.mu.Unlock()
+			e.Lock()
+			e.Delete(context.Background(), lifecycle.ReasonStopping)
+			e.Unlock()
 		}
 	}
 	return nil
+}
+
+// SnapshotPools returns the names of pools whose template is snapshot
+// id, those ctx does not see as "(another tenant's)".
+func (s *Pools) SnapshotPools(ctx context.Context, id string) []string {
+	s.mu.Lock()
+	pls := make([]*pool, 0, len(s.pools))
+	for _, pl := range s.pools {
+		pls = append(pls, pl)
+	}
+	s.mu.Unlock()
+	var names []string
+	for _, pl := range pls {
+		pl.mu.Lock()
+		if pl.def.Template.SnapshotID == id && !pl.deleted {
+			if lifecycle.Visible(ctx, pl.owner) {
+				names = append(names, pl.def.Name)
+			} else {
+				names = append(names, "(another tenant's)")
+			}
+		}
+		pl.mu.Unlock()
+	}
+	sort.Strings(names)
+	return names
+}
+
+// TenantPools counts the pools tenant name owns (in this process).
+func (s *Pools) TenantPools(name string) int {
+	name = tenant.Normalize(name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, pl := range s.pools {
+		if tenant.Normalize(pl.owner) == name {
+			n++
+		}
+	}
+	return n
 }

@@ -1,4 +1,4 @@
-package lifecycle
+package snapshot_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -43,7 +45,7 @@ func TestMemorySnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sn.Kind != SnapshotMemory || sn.Status.State != SnapshotReady || sn.Class != src.Class ||
+	if sn.Kind != snapshot.SnapshotMemory || sn.Status.State != snapshot.SnapshotReady || sn.Class != src.Class ||
 		!slices.Equal(sn.Entrypoint, src.Entrypoint) || sn.AgentToken != srcToken || !strings.Contains(sn.Status.Message, "memory") {
 		t.Fatalf("snapshot %+v (source %+v)", sn, src)
 	}
@@ -52,17 +54,17 @@ func TestMemorySnapshot(t *testing.T) {
 	}
 	// The image is the source's plus an empty layer (the checkpoint holds
 	// the writable layer).
-	if rec, ok := c.commits[snapshotImagePrefix+sn.ID]; !ok || rec.base != "busybox" || len(rec.files) != 0 {
+	if rec, ok := c.commits[lifecycle.SnapshotImagePrefix+sn.ID]; !ok || rec.base != "busybox" || len(rec.files) != 0 {
 		t.Fatalf("commits %+v", c.commits)
 	}
-	if got, _ := svc.Get(ctx, src.ID); got.Status.State != StateRunning {
+	if got, _ := svc.Get(ctx, src.ID); got.Status.State != lifecycle.StateRunning {
 		t.Fatalf("source after snapshot: %s", got.Status.State)
 	}
 
 	// Requests a restore cannot honour.
-	bad := []CreateRequest{
-		{SnapshotID: sn.ID, Volumes: []Volume{{Name: "v", MountPath: "/data"}}},
-		{SnapshotID: sn.ID, Extensions: map[string]string{ExtRuntimeClass: "runc"}},
+	bad := []lifecycle.CreateRequest{
+		{SnapshotID: sn.ID, Volumes: []lifecycle.Volume{{Name: "v", MountPath: "/data"}}},
+		{SnapshotID: sn.ID, Extensions: map[string]string{lifecycle.ExtRuntimeClass: "runc"}},
 	}
 	for _, r := range bad {
 		if _, err := svc.Create(ctx, r); !errdefs.IsInvalidArgument(err) {
@@ -78,14 +80,14 @@ func TestMemorySnapshot(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	forks, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: sn.ID, Entrypoint: []string{"ignored"},
+	forks, err := svc.CreateBatch(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID, Entrypoint: []string{"ignored"},
 		Env: map[string]string{"FORKED": "yes"}}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.hooks.Create = nil
 	for i, f := range forks {
-		if f.Status.State != StateRunning || !slices.Equal(f.Entrypoint, src.Entrypoint) || f.Class != src.Class {
+		if f.Status.State != lifecycle.StateRunning || !slices.Equal(f.Entrypoint, src.Entrypoint) || f.Class != src.Class {
 			t.Fatalf("fork %+v", f)
 		}
 		if specs[i].Checkpoint != sn.ID {
@@ -102,7 +104,7 @@ func TestMemorySnapshot(t *testing.T) {
 	// failed commit removes the checkpoint it took.
 	c.err = errors.New("disk full")
 	failed, err := svc.CreateSnapshot(ctx, src.ID, "")
-	if err == nil || failed.Status.State != SnapshotFailed {
+	if err == nil || failed.Status.State != snapshot.SnapshotFailed {
 		t.Fatalf("snapshot with a failing commit: %+v %v", failed, err)
 	}
 	c.err = nil
@@ -132,7 +134,7 @@ func TestMemorySnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.rt.SetCheckpointable(false)
-	if _, err := svc.Create(ctx, CreateRequest{SnapshotID: sn2.ID}); publicCode(err) != "SANDBOX::API_NOT_SUPPORTED" {
+	if _, err := svc.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn2.ID}); publicCode(err) != "SANDBOX::API_NOT_SUPPORTED" {
 		t.Fatalf("restore without checkpoint support: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package lifecycle
+package pool
 
 import (
 	"context"
@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
@@ -25,7 +27,7 @@ import (
 // the same pools.
 
 // runtimePools returns the runtime's pools, nil if it keeps none.
-func (s *Service) runtimePools() runtime.Pools {
+func (s *Pools) runtimePools() runtime.Pools {
 	rp, _ := s.deps.Runtime.(runtime.Pools)
 	return rp
 }
@@ -48,13 +50,13 @@ func runtimePoolName(key string) string {
 }
 
 // runtimePoolSpec renders pool p for the runtime.
-func (s *Service) runtimePoolSpec(ctx context.Context, p Pool) (runtime.PoolSpec, error) {
-	sb, err := s.validate(ctx, p.Template.request())
+func (s *Pools) runtimePoolSpec(ctx context.Context, p Pool) (runtime.PoolSpec, error) {
+	sb, err := s.core.Validate(ctx, p.Template.request())
 	if err != nil {
 		return runtime.PoolSpec{}, err
 	}
 	if len(sb.Mounts) > 0 {
-		return runtime.PoolSpec{}, errdefs.Invalid(codeInvalidVolume, "pools of this runtime cannot mount volumes")
+		return runtime.PoolSpec{}, errdefs.Invalid(lifecycle.CodeInvalidVolume, "pools of this runtime cannot mount volumes")
 	}
 	def, err := json.Marshal(p)
 	if err != nil {
@@ -88,7 +90,7 @@ func poolOf(spec runtime.PoolSpec, st runtime.PoolStatus) (Pool, PoolStatus) {
 			p.Template.ResourceLimits = lim
 		}
 		if t.Class != "" {
-			p.Template.Extensions = map[string]string{ExtRuntimeClass: t.Class}
+			p.Template.Extensions = map[string]string{lifecycle.ExtRuntimeClass: t.Class}
 		}
 	}
 	p.Capacity = Capacity{BufferMin: spec.BufferMin, BufferMax: spec.BufferMax, PoolMin: spec.PoolMin, PoolMax: spec.PoolMax}
@@ -96,8 +98,8 @@ func poolOf(spec runtime.PoolSpec, st runtime.PoolStatus) (Pool, PoolStatus) {
 }
 
 // getRuntimePool returns pool name of ctx's tenant.
-func (s *Service) getRuntimePool(ctx context.Context, rp runtime.Pools, name string) (Pool, PoolStatus, error) {
-	key := poolKey(ownerOf(ctx), name)
+func (s *Pools) getRuntimePool(ctx context.Context, rp runtime.Pools, name string) (Pool, PoolStatus, error) {
+	key := poolKey(lifecycle.OwnerOf(ctx), name)
 	spec, st, err := rp.GetPool(ctx, runtimePoolName(key))
 	if errdefs.IsNotFound(err) {
 		return Pool{}, PoolStatus{}, poolNotFound(name)
@@ -113,9 +115,9 @@ func (s *Service) getRuntimePool(ctx context.Context, rp runtime.Pools, name str
 	return p, ps, nil
 }
 
-func (s *Service) createRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
-	p.Tenant = ownerOf(ctx)
-	p.CreatedAt = s.now()
+func (s *Pools) createRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
+	p.Tenant = lifecycle.OwnerOf(ctx)
+	p.CreatedAt = s.core.Now()
 	p.Revision = 1
 	spec, err := s.runtimePoolSpec(ctx, p)
 	if err != nil {
@@ -130,7 +132,7 @@ func (s *Service) createRuntimePool(ctx context.Context, rp runtime.Pools, p Poo
 	return p, nil
 }
 
-func (s *Service) updateRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
+func (s *Pools) updateRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
 	cur, _, err := s.getRuntimePool(ctx, rp, p.Name)
 	if err != nil {
 		return Pool{}, err
@@ -152,7 +154,7 @@ func (s *Service) updateRuntimePool(ctx context.Context, rp runtime.Pools, p Poo
 	return p, nil
 }
 
-func (s *Service) listRuntimePools(ctx context.Context, rp runtime.Pools) ([]Pool, []PoolStatus) {
+func (s *Pools) listRuntimePools(ctx context.Context, rp runtime.Pools) ([]Pool, []PoolStatus) {
 	specs, sts, err := rp.ListPools(ctx)
 	if err != nil {
 		s.log.Error("list the runtime's pools", "err", err)
@@ -162,7 +164,7 @@ func (s *Service) listRuntimePools(ctx context.Context, rp runtime.Pools) ([]Poo
 	var out []PoolStatus
 	for i := range specs {
 		p, st := poolOf(specs[i], sts[i])
-		if runtimePoolName(p.key()) != specs[i].Name || !visible(ctx, tenant.Normalize(p.Tenant)) {
+		if runtimePoolName(p.key()) != specs[i].Name || !lifecycle.Visible(ctx, tenant.Normalize(p.Tenant)) {
 			continue
 		}
 		defs, out = append(defs, p), append(out, st)
@@ -170,11 +172,11 @@ func (s *Service) listRuntimePools(ctx context.Context, rp runtime.Pools) ([]Poo
 	return defs, out
 }
 
-func (s *Service) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name string) error {
+func (s *Pools) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name string) error {
 	if _, _, err := s.getRuntimePool(ctx, rp, name); err != nil {
 		return err
 	}
-	err := rp.DeletePool(ctx, runtimePoolName(poolKey(ownerOf(ctx), name)))
+	err := rp.DeletePool(ctx, runtimePoolName(poolKey(lifecycle.OwnerOf(ctx), name)))
 	if errdefs.IsNotFound(err) {
 		return poolNotFound(name)
 	}
@@ -184,7 +186,7 @@ func (s *Service) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name 
 // claimRuntimePool claims n sandboxes of runtime pool name: as many as
 // the pool has idle in one step of the runtime, the rest created cold
 // from its template.
-func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req CreateRequest, name string, n int) ([]Sandbox, error) {
+func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req lifecycle.CreateRequest, name string, n int) ([]lifecycle.Sandbox, error) {
 	def, _, err := s.getRuntimePool(ctx, rp, name)
 	if err != nil {
 		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
@@ -193,31 +195,68 @@ func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req Cr
 	if err != nil {
 		return nil, err
 	}
-	proto, err := s.validate(ctx, merged)
+	proto, err := s.core.Validate(ctx, merged)
 	if err != nil {
 		return nil, err
 	}
 	if proto.NetworkPolicy != nil {
 		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported on sandboxes claimed from this runtime's pools")
 	}
-	owner, cpu, mem := ownerOf(ctx), proto.Resources.CPUMillis, proto.Resources.MemoryBytes
-	if err := s.quota.check(s.deps.Quotas, owner, n, cpu, mem); err != nil {
+	owner := lifecycle.OwnerOf(ctx)
+	if err := s.core.Quota().Check(owner, n, proto.Resources.CPUMillis, proto.Resources.MemoryBytes); err != nil {
 		return nil, err
 	}
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = newID()
+		ids[i] = lifecycle.NewID()
 	}
 	// Past this point the claim finishes even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	key := poolKey(owner, name)
-	now := s.now()
-	// claimedSandbox is the record of a claimed sandbox: a pure function
-	// of the claim, so that the runtime can store it with the claim (one
-	// write) and this process holds the same record.
-	claimedSandbox := func(c runtime.Claimed) Sandbox {
-		sb := proto.clone()
-		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, def.Revision
+	build := claimedRecord(proto, key, def.Revision, owner, s.core.Now())
+	record := func(c runtime.Claimed) []byte {
+		sb := build(c)
+		raw, _ := json.Marshal(&sb) // as the store encodes it
+		return raw
+	}
+	claimed, err := rp.Claim(ctx, runtimePoolName(key), ids, record)
+	if err != nil {
+		if errdefs.IsFailedPrecondition(err) {
+			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", lifecycle.PublicCause(err))
+		}
+		return nil, err
+	}
+	recs := make([]lifecycle.Sandbox, len(claimed))
+	stored := make([]bool, len(claimed))
+	for i, c := range claimed {
+		recs[i], stored[i] = build(c), c.Recorded
+	}
+	out, err := s.core.AdoptClaimed(ctx, owner, recs, stored, req.Env)
+	if err != nil {
+		return nil, err
+	}
+	s.observeClaim(len(claimed), n-len(claimed))
+	if rest := n - len(out); rest > 0 {
+		cold, err := s.core.ColdBatch(ctx, merged, rest, s.join(ctx, name))
+		if err != nil {
+			for _, sb := range out {
+				s.core.Delete(ctx, sb.ID)
+			}
+			return nil, err
+		}
+		out = append(out, cold...)
+	}
+	return out, nil
+}
+
+// claimedRecord returns the record of a sandbox claimed from runtime pool
+// key (of owner, at revision) with the settings of proto, as of now: a
+// pure function of the claim, so that the runtime can store it with the
+// claim (one write) and this process holds the same record.
+func claimedRecord(proto lifecycle.Sandbox, key string, revision int, owner string, now time.Time) func(runtime.Claimed) lifecycle.Sandbox {
+	return func(c runtime.Claimed) lifecycle.Sandbox {
+		sb := proto.Clone()
+		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, revision
 		if sb.Class == "" {
 			sb.Class = c.Status.Class
 		}
@@ -227,87 +266,8 @@ func (s *Service) claimRuntimePool(ctx context.Context, rp runtime.Pools, req Cr
 			exp := now.Add(proto.ExpiresAt.Sub(proto.CreatedAt))
 			sb.ExpiresAt = &exp
 		}
-		own(&sb, owner)
-		claimRunning(&sb, now)
+		lifecycle.Own(&sb, owner)
+		lifecycle.ClaimRunning(&sb, now)
 		return sb
 	}
-	record := func(c runtime.Claimed) []byte {
-		sb := claimedSandbox(c)
-		raw, _ := json.Marshal(&sb) // as the store encodes it
-		return raw
-	}
-	claimed, err := rp.Claim(ctx, runtimePoolName(key), ids, record)
-	if err != nil {
-		if errdefs.IsFailedPrecondition(err) {
-			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", publicCause(err))
-		}
-		return nil, err
-	}
-	release := func(es []*entry) {
-		for _, e := range es {
-			if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
-				s.log.Error("release a claimed sandbox", "id", e.sb.ID, "err", err)
-			}
-		}
-	}
-	entries := make([]*entry, len(claimed))
-	kv := make(map[string]any, len(claimed))
-	claimedIDs := make([]string, len(claimed))
-	for i, c := range claimed {
-		e := newEntry(claimedSandbox(c))
-		s.recordTransition(e, proto.Status.State) // pending -> running
-		entries[i], claimedIDs[i] = e, e.sb.ID
-		if !c.Recorded {
-			kv[e.sb.ID] = &e.sb // stored below
-		}
-	}
-	if err := s.quota.admit(s.deps.Quotas, owner, claimedIDs, cpu, mem); err != nil {
-		release(entries)
-		return nil, err
-	}
-	if len(kv) > 0 {
-		if err := s.deps.Store.PutMany(Bucket, kv); err != nil {
-			for _, id := range claimedIDs {
-				s.quota.release(id)
-			}
-			release(entries)
-			return nil, err
-		}
-	}
-	for _, e := range entries {
-		e.mu.Lock()
-		e.stored = true
-		s.put(e)
-	}
-	unlock := func() {
-		for _, e := range entries {
-			e.mu.Unlock()
-		}
-	}
-	if len(req.Env) > 0 && len(entries) > 0 {
-		if err := s.applyEnv(ctx, entries, req.Env); err != nil {
-			for _, e := range entries {
-				s.deleteLocked(ctx, e, ReasonStopping)
-			}
-			unlock()
-			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
-		}
-	}
-	out := make([]Sandbox, 0, n)
-	for _, e := range entries {
-		out = append(out, e.sb.clone())
-	}
-	unlock()
-	s.observeClaim(len(claimed), n-len(claimed))
-	if rest := n - len(out); rest > 0 {
-		cold, err := s.coldBatch(ctx, merged, rest, name)
-		if err != nil {
-			for _, sb := range out {
-				s.Delete(ctx, sb.ID)
-			}
-			return nil, err
-		}
-		out = append(out, cold...)
-	}
-	return out, nil
 }

@@ -1,4 +1,4 @@
-package lifecycle
+package pool
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 )
@@ -18,7 +19,7 @@ func testPool(name string, bmin, bmax, pmax int) Pool {
 }
 
 // waitIdle waits until the pool has want idle sandboxes and nothing in flight.
-func waitIdle(t *testing.T, svc *Service, name string, want int) PoolStatus {
+func waitIdle(t *testing.T, svc *testService, name string, want int) PoolStatus {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -52,18 +53,18 @@ func TestPoolFillClaimRefill(t *testing.T) {
 	}
 	waitIdle(t, h.svc, "p", 4)
 	// Warm sandboxes are invisible to the Lifecycle API.
-	if _, total := h.svc.List(ctx, ListFilter{}, 1, 100); total != 0 {
+	if _, total := h.svc.List(ctx, lifecycle.ListFilter{}, 1, 100); total != 0 {
 		t.Fatalf("warm sandboxes listed: %d", total)
 	}
 	// A claim takes a warm one (no runtime create) and applies its settings.
 	before, _ := h.rt.List(ctx)
-	r := CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}, Env: map[string]string{"B": "2"},
+	r := lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}, Env: map[string]string{"B": "2"},
 		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute}
 	sb, err := h.svc.Create(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.Status.State != StateRunning || sb.Metadata["owner"] != "me" || sb.Env["A"] != "1" || sb.Env["B"] != "2" ||
+	if sb.Status.State != lifecycle.StateRunning || sb.Metadata["owner"] != "me" || sb.Env["A"] != "1" || sb.Env["B"] != "2" ||
 		sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
 		t.Fatalf("claimed %+v", sb)
 	}
@@ -77,8 +78,8 @@ func TestPoolFillClaimRefill(t *testing.T) {
 	if _, err := h.svc.Get(ctx, sb.ID); err != nil {
 		t.Fatalf("claimed sandbox not visible: %v", err)
 	}
-	var rec Sandbox
-	if err := h.db.Get(Bucket, sb.ID, &rec); err != nil || rec.Warm || rec.Metadata["owner"] != "me" {
+	var rec lifecycle.Sandbox
+	if err := h.db.Get(lifecycle.Bucket, sb.ID, &rec); err != nil || rec.Warm || rec.Metadata["owner"] != "me" {
 		t.Fatalf("claim not persisted: %+v %v", rec, err)
 	}
 	_, st, _ := h.svc.GetPool(ctx, "p")
@@ -88,7 +89,7 @@ func TestPoolFillClaimRefill(t *testing.T) {
 	// Three claims drop the buffer below bufferMin: refill to bufferMax,
 	// capped by poolMax (6 total: 4 claimed + 2 idle).
 	for i := 0; i < 3; i++ {
-		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+		if _, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,12 +112,12 @@ func TestPoolClaimValidation(t *testing.T) {
 	defer h.svc.Close()
 	h.svc.CreatePool(ctx, testPool("p", 1, 1, 2))
 	waitIdle(t, h.svc, "p", 1)
-	for name, r := range map[string]CreateRequest{
-		"other image":      {Image: "alpine", Extensions: map[string]string{ExtPoolRef: "p"}},
-		"other entrypoint": {Entrypoint: []string{"sh"}, Extensions: map[string]string{ExtPoolRef: "p"}},
-		"bad metadata":     {Metadata: map[string]string{"a b": "c"}, Extensions: map[string]string{ExtPoolRef: "p"}},
-		"short timeout":    {Timeout: time.Second, Extensions: map[string]string{ExtPoolRef: "p"}},
-		"unknown pool":     {Extensions: map[string]string{ExtPoolRef: "nope"}},
+	for name, r := range map[string]lifecycle.CreateRequest{
+		"other image":      {Image: "alpine", Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}},
+		"other entrypoint": {Entrypoint: []string{"sh"}, Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}},
+		"bad metadata":     {Metadata: map[string]string{"a b": "c"}, Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}},
+		"short timeout":    {Timeout: time.Second, Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}},
+		"unknown pool":     {Extensions: map[string]string{lifecycle.ExtPoolRef: "nope"}},
 	} {
 		if _, err := h.svc.Create(ctx, r); err == nil {
 			t.Errorf("%s: claim accepted", name)
@@ -148,14 +149,14 @@ func TestBatchFromPoolWithColdFill(t *testing.T) {
 	pl.mu.Unlock()
 	pl.poke()
 	waitIdle(t, h.svc, "p", 5)
-	sbs, err := h.svc.CreateBatch(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"},
+	sbs, err := h.svc.CreateBatch(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"},
 		Metadata: map[string]string{"batch": "1"}}, 12)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := map[string]bool{}
 	for _, sb := range sbs {
-		if sb.Status.State != StateRunning || sb.Metadata["batch"] != "1" || sb.Pool != "p" {
+		if sb.Status.State != lifecycle.StateRunning || sb.Metadata["batch"] != "1" || sb.Pool != "p" {
 			t.Fatalf("batch member %+v", sb)
 		}
 		ids[sb.ID] = true
@@ -163,7 +164,7 @@ func TestBatchFromPoolWithColdFill(t *testing.T) {
 	if len(ids) != 12 {
 		t.Fatalf("%d distinct sandboxes, want 12", len(ids))
 	}
-	if _, total := h.svc.List(ctx, ListFilter{Metadata: map[string]string{"batch": "1"}}, 1, 100); total != 12 {
+	if _, total := h.svc.List(ctx, lifecycle.ListFilter{Metadata: map[string]string{"batch": "1"}}, 1, 100); total != 12 {
 		t.Fatalf("listed %d", total)
 	}
 	_, st, _ := h.svc.GetPool(ctx, "p")
@@ -192,7 +193,7 @@ func TestBatchAllOrNothing(t *testing.T) {
 	if _, err := h.svc.CreateBatch(ctx, req(time.Hour), 5); err == nil {
 		t.Fatal("batch with a failing member succeeded")
 	}
-	if _, total := h.svc.List(ctx, ListFilter{States: []State{StateRunning}}, 1, 100); total != 0 {
+	if _, total := h.svc.List(ctx, lifecycle.ListFilter{States: []lifecycle.State{lifecycle.StateRunning}}, 1, 100); total != 0 {
 		t.Fatalf("%d running sandboxes left by a failed batch", total)
 	}
 	if l, _ := h.rt.List(ctx); len(l) != 0 {
@@ -205,7 +206,7 @@ func TestPoolSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
 	h.svc.CreatePool(ctx, testPool("p", 2, 3, 10))
 	waitIdle(t, h.svc, "p", 3)
-	claimed, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}})
+	claimed, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +214,7 @@ func TestPoolSurvivesRestart(t *testing.T) {
 	h.svc.Close()
 
 	h.rt = h.rt.Reopen(fake.Hooks{})
-	svc, err := New(Config{}, Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := h.newService(t)
 	defer svc.Close()
 	if err := svc.Recover(ctx); err != nil {
 		t.Fatal(err)
@@ -234,7 +232,7 @@ func TestPoolSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := h.rt.List(ctx)
-	sb, err := svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}})
+	sb, err := svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}})
 	if err != nil || sb.ID == claimed.ID {
 		t.Fatalf("claim after restart: %+v %v", sb, err)
 	}
@@ -283,7 +281,7 @@ func TestPoolRefillResumesAfterRestart(t *testing.T) {
 	waitIdle(t, h.svc, "p", 3)
 	gate.Store(true)
 	for i := 0; i < 2; i++ {
-		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+		if _, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -358,7 +356,7 @@ func TestPoolRefillSurvivesFailedCreate(t *testing.T) {
 	waitIdle(t, h.svc, "p", 3)
 	gate.Store(true)
 	for i := 0; i < 2; i++ {
-		if _, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "p"}}); err != nil {
+		if _, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,4 +1,4 @@
-package lifecycle
+package mounts
 
 import (
 	"context"
@@ -9,21 +9,22 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 )
 
 // pvcReq is a create request mounting claim at /data (more volumes may
 // follow in vols).
-func pvcReq(vols ...Volume) CreateRequest {
+func pvcReq(vols ...lifecycle.Volume) lifecycle.CreateRequest {
 	r := req(time.Hour)
 	r.Volumes, r.HasVolumes = vols, true
 	return r
 }
 
-func pvc(name, claim string, p PVCVolume) Volume {
+func pvc(name, claim string, p lifecycle.PVCVolume) lifecycle.Volume {
 	p.ClaimName = claim
-	return Volume{Name: name, MountPath: "/" + name, PVC: &p}
+	return lifecycle.Volume{Name: name, MountPath: "/" + name, PVC: &p}
 }
 
 func wantCode(t *testing.T, err error, code string, class error) {
@@ -44,7 +45,7 @@ func TestPVCCreateShareDelete(t *testing.T) {
 	ctx := context.Background()
 	var specs []runtime.Spec
 	h.hooks.Create = func(s runtime.Spec) error { specs = append(specs, s); return nil }
-	a, err := h.svc.Create(ctx, pvcReq(pvc("data", "shared", PVCVolume{Storage: "64Mi"})))
+	a, err := h.svc.Create(ctx, pvcReq(pvc("data", "shared", lifecycle.PVCVolume{Storage: "64Mi"})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestPVCCreateShareDelete(t *testing.T) {
 	}
 	// The second sandbox asks for another size and read-only: the claim
 	// exists, so it is mounted as is.
-	b, err := h.svc.Create(ctx, pvcReq(Volume{Name: "ro", MountPath: "/ro", ReadOnly: true, SubPath: "sub", PVC: &PVCVolume{ClaimName: "shared", Storage: "1Gi", CreateIfNotExists: no()}}))
+	b, err := h.svc.Create(ctx, pvcReq(lifecycle.Volume{Name: "ro", MountPath: "/ro", ReadOnly: true, SubPath: "sub", PVC: &lifecycle.PVCVolume{ClaimName: "shared", Storage: "1Gi", CreateIfNotExists: no()}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,12 +100,12 @@ func TestPVCNotFound(t *testing.T) {
 	ctx := context.Background()
 	created := 0
 	h.hooks.Create = func(runtime.Spec) error { created++; return nil }
-	_, err := h.svc.Create(ctx, pvcReq(pvc("a", "fresh", PVCVolume{}), pvc("b", "absent", PVCVolume{CreateIfNotExists: no()})))
+	_, err := h.svc.Create(ctx, pvcReq(pvc("a", "fresh", lifecycle.PVCVolume{}), pvc("b", "absent", lifecycle.PVCVolume{CreateIfNotExists: no()})))
 	wantCode(t, err, codePVCNotFound, errdefs.ErrNotFound)
 	if vols, _ := h.rt.ListVolumes(ctx); len(vols) != 0 || created != 0 {
 		t.Fatalf("a refused create left volumes %+v / reached the runtime %d times", vols, created)
 	}
-	if list, _ := h.svc.List(ctx, ListFilter{States: []State{StateRunning, StatePending}}, 1, 10); len(list) != 0 {
+	if list, _ := h.svc.List(ctx, lifecycle.ListFilter{States: []lifecycle.State{lifecycle.StateRunning, lifecycle.StatePending}}, 1, 10); len(list) != 0 {
 		t.Fatalf("a refused create left sandboxes %+v", list)
 	}
 }
@@ -121,14 +122,14 @@ func TestPVCDeleteOnTermination(t *testing.T) {
 			t.Fatalf("volume %s: %v, want gone=%v", name, err, want)
 		}
 	}
-	a, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{DeleteOnSandboxTermination: true})))
+	a, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", lifecycle.PVCVolume{DeleteOnSandboxTermination: true})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(a.Claims) != 1 || !a.Claims[0].Created {
 		t.Fatalf("claims of the creating sandbox: %+v", a.Claims)
 	}
-	b, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{})))
+	b, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", lifecycle.PVCVolume{})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +137,8 @@ func TestPVCDeleteOnTermination(t *testing.T) {
 	gone("scratch", false) // still used by b
 	h.svc.Delete(ctx, b.ID)
 	gone("scratch", false) // b did not ask
-	c, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", PVCVolume{DeleteOnSandboxTermination: true}), pvc("e", "fresh", PVCVolume{DeleteOnSandboxTermination: true}),
-		pvc("f", "keep", PVCVolume{})))
+	c, err := h.svc.Create(ctx, pvcReq(pvc("d", "scratch", lifecycle.PVCVolume{DeleteOnSandboxTermination: true}), pvc("e", "fresh", lifecycle.PVCVolume{DeleteOnSandboxTermination: true}),
+		pvc("f", "keep", lifecycle.PVCVolume{})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestPVCFailedCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.hooks.Create = func(runtime.Spec) error { return errors.New("boom") }
-	if _, err := h.svc.Create(ctx, pvcReq(pvc("a", "old", PVCVolume{}), pvc("b", "new", PVCVolume{}))); err == nil {
+	if _, err := h.svc.Create(ctx, pvcReq(pvc("a", "old", lifecycle.PVCVolume{}), pvc("b", "new", lifecycle.PVCVolume{}))); err == nil {
 		t.Fatal("create succeeded")
 	}
 	vols, _ := h.rt.ListVolumes(ctx)
@@ -170,15 +171,12 @@ func TestPVCFailedCreate(t *testing.T) {
 func TestPVCRecover(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	sb, err := h.svc.Create(ctx, pvcReq(pvc("d", "kept", PVCVolume{})))
+	sb, err := h.svc.Create(ctx, pvcReq(pvc("d", "kept", lifecycle.PVCVolume{})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.rt = h.rt.Reopen(fake.Hooks{})
-	svc, err := New(Config{}, Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := h.serviceWith(t, h.rt, nil)
 	if err := svc.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -198,12 +196,9 @@ type noVolumes struct{ runtime.Runtime }
 // volumes and the volume API with 501.
 func TestPVCUnsupportedRuntime(t *testing.T) {
 	h := newHarness(t)
-	svc, err := New(Config{}, Deps{Store: h.db, Runtime: noVolumes{h.rt}, Images: fakeImages{}, Now: h.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := h.serviceWith(t, noVolumes{h.rt}, nil)
 	ctx := context.Background()
-	_, err = svc.Create(ctx, pvcReq(pvc("d", "x", PVCVolume{})))
+	_, err := svc.Create(ctx, pvcReq(pvc("d", "x", lifecycle.PVCVolume{})))
 	wantCode(t, err, codeUnsupportedBackend, errdefs.ErrNotImplemented)
 	_, err = svc.ListVolumes(ctx)
 	wantCode(t, err, codeUnsupportedBackend, errdefs.ErrNotImplemented)
@@ -220,7 +215,7 @@ func TestPVCPool(t *testing.T) {
 	var mu sync.Mutex
 	h.hooks.Create = func(s runtime.Spec) error { mu.Lock(); mounts = append(mounts, s.Mounts); mu.Unlock(); return nil }
 	p := testPool("vp", 2, 2, 4)
-	p.Template.Volumes = []Volume{pvc("data", "pooled", PVCVolume{Storage: "64Mi"})}
+	p.Template.Volumes = []lifecycle.Volume{pvc("data", "pooled", lifecycle.PVCVolume{Storage: "64Mi"})}
 	if _, err := h.svc.CreatePool(ctx, p); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +231,7 @@ func TestPVCPool(t *testing.T) {
 		t.Fatalf("pool claim %+v %v", v, err)
 	}
 	wantCode(t, h.svc.DeleteVolume(ctx, "pooled"), codeVolumeInUse, errdefs.ErrConflict)
-	sb, err := h.svc.Create(ctx, CreateRequest{Timeout: time.Hour, Extensions: map[string]string{ExtPoolRef: "vp"}})
+	sb, err := h.svc.Create(ctx, lifecycle.CreateRequest{Timeout: time.Hour, Extensions: map[string]string{lifecycle.ExtPoolRef: "vp"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +248,7 @@ func TestPVCPool(t *testing.T) {
 	}
 	// A bad volume in a template is refused when the pool is defined.
 	bad := testPool("vb", 1, 1, 1)
-	bad.Template.Volumes = []Volume{pvc("data", "Bad", PVCVolume{})}
+	bad.Template.Volumes = []lifecycle.Volume{pvc("data", "Bad", lifecycle.PVCVolume{})}
 	_, err = h.svc.CreatePool(ctx, bad)
 	wantCode(t, err, codeInvalidPVCName, errdefs.ErrInvalidArgument)
 }

@@ -1,4 +1,4 @@
-package lifecycle
+package snapshot_test
 
 import (
 	"context"
@@ -13,7 +13,11 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/sandbox"
 )
 
 // fakeCommitter records commits: for each image name, the base ref and
@@ -63,9 +67,9 @@ func (f *fakeCommitter) Remove(ctx context.Context, ref string) error {
 	return nil
 }
 
-func (h *harness) snapService(t *testing.T, c *fakeCommitter) *Service {
+func (h *harness) snapService(t *testing.T, c *fakeCommitter) *sandbox.Service {
 	t.Helper()
-	svc, err := New(Config{}, Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now, Committer: c})
+	svc, err := sandbox.New(sandbox.Config{}, sandbox.Deps{Deps: lifecycle.Deps{Store: h.db, Runtime: h.rt, Images: fakeImages{}, Now: h.clk.Now}, Committer: c})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,17 +114,17 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 	if during != runtime.StatePaused {
 		t.Fatalf("sandbox was %s during the commit", during)
 	}
-	if sn.Status.State != SnapshotReady || sn.Status.Reason != ReasonSnapshotReady || sn.SandboxID != src.ID || sn.Name != "first" || sn.ID == "" {
+	if sn.Status.State != snapshot.SnapshotReady || sn.Status.Reason != snapshot.ReasonSnapshotReady || sn.SandboxID != src.ID || sn.Name != "first" || sn.ID == "" {
 		t.Fatalf("snapshot %+v", sn)
 	}
-	rec, ok := c.commits[snapshotImagePrefix+sn.ID]
+	rec, ok := c.commits[lifecycle.SnapshotImagePrefix+sn.ID]
 	if !ok || rec.base != "busybox" || !slices.Equal(rec.files, []string{"hello"}) {
 		t.Fatalf("commits %+v", c.commits)
 	}
 	if st, _ := h.rt.Status(ctx, src.ID); st.State != runtime.StateRunning {
 		t.Fatalf("source sandbox not thawed: %s", st.State)
 	}
-	if got, _ := svc.Get(ctx, src.ID); got.Status.State != StateRunning {
+	if got, _ := svc.Get(ctx, src.ID); got.Status.State != lifecycle.StateRunning {
 		t.Fatalf("source sandbox state %s", got.Status.State)
 	}
 
@@ -133,7 +137,7 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	forks, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: sn.ID}, 3)
+	forks, err := svc.CreateBatch(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +145,10 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 		t.Fatalf("forks %d specs %d", len(forks), len(specs))
 	}
 	for i, f := range forks {
-		if f.SnapshotID != sn.ID || f.Image != "" || !slices.Equal(f.Entrypoint, defaultSnapshotEntrypoint) || f.Status.State != StateRunning {
+		if f.SnapshotID != sn.ID || f.Image != "" || !slices.Equal(f.Entrypoint, []string{"tail", "-f", "/dev/null"}) || f.Status.State != lifecycle.StateRunning {
 			t.Fatalf("fork %+v", f)
 		}
-		if specs[i].Image != snapshotImagePrefix+sn.ID {
+		if specs[i].Image != lifecycle.SnapshotImagePrefix+sn.ID {
 			t.Fatalf("spec image %q", specs[i].Image)
 		}
 	}
@@ -153,8 +157,8 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.commits[snapshotImagePrefix+sn2.ID].base != snapshotImagePrefix+sn.ID {
-		t.Fatalf("fork snapshot base %q", c.commits[snapshotImagePrefix+sn2.ID].base)
+	if c.commits[lifecycle.SnapshotImagePrefix+sn2.ID].base != lifecycle.SnapshotImagePrefix+sn.ID {
+		t.Fatalf("fork snapshot base %q", c.commits[lifecycle.SnapshotImagePrefix+sn2.ID].base)
 	}
 
 	// Delete is refused while any fork exists.
@@ -163,7 +167,7 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 		if publicCode(err) != "SNAPSHOT::IN_USE" || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Fatalf("delete with %d forks left: %v", 3-i, err)
 		}
-		if got, _ := svc.GetSnapshot(ctx, sn.ID); got.Status.State != SnapshotReady {
+		if got, _ := svc.GetSnapshot(ctx, sn.ID); got.Status.State != snapshot.SnapshotReady {
 			t.Fatalf("refused delete left state %s", got.Status.State)
 		}
 		if err := svc.Delete(ctx, f.ID); err != nil {
@@ -173,7 +177,7 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 	if err := svc.DeleteSnapshot(ctx, sn.ID); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(c.removed, snapshotImagePrefix+sn.ID) {
+	if !slices.Contains(c.removed, lifecycle.SnapshotImagePrefix+sn.ID) {
 		t.Fatalf("image not removed: %v", c.removed)
 	}
 	if _, err := svc.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
@@ -182,11 +186,11 @@ func TestSnapshotCreateAndRestore(t *testing.T) {
 	if err := svc.DeleteSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
 		t.Fatalf("delete twice: %v", err)
 	}
-	_, err = svc.Create(ctx, CreateRequest{SnapshotID: sn.ID})
+	_, err = svc.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID})
 	if !errdefs.IsNotFound(err) || publicCode(err) != "SNAPSHOT::NOT_FOUND" {
 		t.Fatalf("create from deleted snapshot: %v", err)
 	}
-	if _, err := svc.Create(ctx, CreateRequest{SnapshotID: sn.ID, Image: "busybox"}); !errdefs.IsInvalidArgument(err) {
+	if _, err := svc.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID, Image: "busybox"}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("image+snapshotId: %v", err)
 	}
 }
@@ -233,13 +237,13 @@ func TestSnapshotSourceStates(t *testing.T) {
 	// but can be deleted.
 	c.err = errors.New("disk full")
 	sn, err := svc.CreateSnapshot(ctx, sb.ID, "")
-	if err == nil || sn.Status.State != SnapshotFailed || publicCode(err) != "SNAPSHOT::CAPTURE_FAILED" {
+	if err == nil || sn.Status.State != snapshot.SnapshotFailed || publicCode(err) != "SNAPSHOT::CAPTURE_FAILED" {
 		t.Fatalf("failed commit: %+v %v", sn, err)
 	}
 	if !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("cause lost: %v", err)
 	}
-	if _, err := svc.Create(ctx, CreateRequest{SnapshotID: sn.ID}); publicCode(err) != "SNAPSHOT::INVALID_STATE" {
+	if _, err := svc.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID}); publicCode(err) != "SNAPSHOT::INVALID_STATE" {
 		t.Fatalf("create from failed snapshot: %v", err)
 	}
 	if err := svc.DeleteSnapshot(ctx, sn.ID); err != nil {
@@ -280,7 +284,7 @@ func TestSnapshotListFilters(t *testing.T) {
 	failed, _ := svc.CreateSnapshot(ctx, b.ID, "")
 	c.err = nil
 
-	idsOf := func(sns []Snapshot) []string {
+	idsOf := func(sns []snapshot.Snapshot) []string {
 		var out []string
 		for _, s := range sns {
 			out = append(out, s.ID)
@@ -288,28 +292,28 @@ func TestSnapshotListFilters(t *testing.T) {
 		return out
 	}
 	for i, tc := range []struct {
-		f          SnapshotFilter
+		f          snapshot.SnapshotFilter
 		page, size int
 		want       []string
 		total      int
 	}{
-		{SnapshotFilter{}, 1, 20, []string{failed.ID, ids[2], ids[1], ids[0]}, 4},
-		{SnapshotFilter{SandboxID: a.ID}, 1, 20, []string{ids[1], ids[0]}, 2},
-		{SnapshotFilter{SandboxID: b.ID, States: []SnapshotState{SnapshotReady}}, 1, 20, []string{ids[2]}, 1},
-		{SnapshotFilter{States: []SnapshotState{SnapshotFailed}}, 1, 20, []string{failed.ID}, 1},
-		{SnapshotFilter{States: []SnapshotState{SnapshotFailed, SnapshotReady}}, 2, 3, []string{ids[0]}, 4},
-		{SnapshotFilter{SandboxID: "other"}, 1, 20, nil, 0},
-		{SnapshotFilter{}, 3, 2, nil, 4},
+		{snapshot.SnapshotFilter{}, 1, 20, []string{failed.ID, ids[2], ids[1], ids[0]}, 4},
+		{snapshot.SnapshotFilter{SandboxID: a.ID}, 1, 20, []string{ids[1], ids[0]}, 2},
+		{snapshot.SnapshotFilter{SandboxID: b.ID, States: []snapshot.SnapshotState{snapshot.SnapshotReady}}, 1, 20, []string{ids[2]}, 1},
+		{snapshot.SnapshotFilter{States: []snapshot.SnapshotState{snapshot.SnapshotFailed}}, 1, 20, []string{failed.ID}, 1},
+		{snapshot.SnapshotFilter{States: []snapshot.SnapshotState{snapshot.SnapshotFailed, snapshot.SnapshotReady}}, 2, 3, []string{ids[0]}, 4},
+		{snapshot.SnapshotFilter{SandboxID: "other"}, 1, 20, nil, 0},
+		{snapshot.SnapshotFilter{}, 3, 2, nil, 4},
 	} {
 		got, total := svc.ListSnapshots(ctx, tc.f, tc.page, tc.size)
 		if total != tc.total || !slices.Equal(idsOf(got), tc.want) {
 			t.Errorf("%d: got %v (%d), want %v (%d)", i, idsOf(got), total, tc.want, tc.total)
 		}
 	}
-	if st, err := ParseSnapshotState("ready"); err != nil || st != SnapshotReady {
+	if st, err := snapshot.ParseSnapshotState("ready"); err != nil || st != snapshot.SnapshotReady {
 		t.Fatalf("parse: %v %v", st, err)
 	}
-	if _, err := ParseSnapshotState("Running"); !errdefs.IsInvalidArgument(err) {
+	if _, err := snapshot.ParseSnapshotState("Running"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("parse bad: %v", err)
 	}
 }
@@ -327,7 +331,7 @@ func TestSnapshotsSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fork, err := svc.Create(ctx, CreateRequest{SnapshotID: sn.ID, Entrypoint: []string{"sleep", "9"}})
+	fork, err := svc.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID, Entrypoint: []string{"sleep", "9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,9 +339,9 @@ func TestSnapshotsSurviveRestart(t *testing.T) {
 		t.Fatalf("entrypoint %v", fork.Entrypoint)
 	}
 	// A record left Creating by a crash mid-commit.
-	stale := Snapshot{ID: "stale", SandboxID: src.ID, Image: snapshotImagePrefix + "stale",
-		Status: SnapshotStatus{State: SnapshotCreating}, CreatedAt: h.clk.Now()}
-	if err := h.db.Put(SnapshotBucket, stale.ID, &stale); err != nil {
+	stale := snapshot.Snapshot{ID: "stale", SandboxID: src.ID, Image: lifecycle.SnapshotImagePrefix + "stale",
+		Status: snapshot.SnapshotStatus{State: snapshot.SnapshotCreating}, CreatedAt: h.clk.Now()}
+	if err := h.db.Put(snapshot.SnapshotBucket, stale.ID, &stale); err != nil {
 		t.Fatal(err)
 	}
 	svc.Close()
@@ -347,17 +351,17 @@ func TestSnapshotsSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := svc2.GetSnapshot(ctx, sn.ID)
-	if err != nil || got.Status.State != SnapshotReady || got.Name != "keep" || got.SandboxID != src.ID || !got.CreatedAt.Equal(sn.CreatedAt) {
+	if err != nil || got.Status.State != snapshot.SnapshotReady || got.Name != "keep" || got.SandboxID != src.ID || !got.CreatedAt.Equal(sn.CreatedAt) {
 		t.Fatalf("after restart: %+v %v", got, err)
 	}
-	if g, _ := svc2.GetSnapshot(ctx, "stale"); g.Status.State != SnapshotFailed || g.Status.Reason != ReasonSnapshotCaptureFailed {
+	if g, _ := svc2.GetSnapshot(ctx, "stale"); g.Status.State != snapshot.SnapshotFailed || g.Status.Reason != snapshot.ReasonSnapshotCaptureFailed {
 		t.Fatalf("stale snapshot %+v", g)
 	}
 	// The re-adopted fork still holds the snapshot.
 	if err := svc2.DeleteSnapshot(ctx, sn.ID); publicCode(err) != "SNAPSHOT::IN_USE" {
 		t.Fatalf("delete in use after restart: %v", err)
 	}
-	if _, err := svc2.Create(ctx, CreateRequest{SnapshotID: sn.ID}); err != nil {
+	if _, err := svc2.Create(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID}); err != nil {
 		t.Fatalf("restore after restart: %v", err)
 	}
 }
@@ -377,21 +381,21 @@ func TestForkPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := Pool{Name: "both", Template: PoolTemplate{Image: "busybox", SnapshotID: sn.ID}, Capacity: Capacity{BufferMax: 1, PoolMax: 1}}
+	bad := pool.Pool{Name: "both", Template: pool.PoolTemplate{Image: "busybox", SnapshotID: sn.ID}, Capacity: pool.Capacity{BufferMax: 1, PoolMax: 1}}
 	if _, err := svc.CreatePool(ctx, bad); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("pool with image and snapshot: %v", err)
 	}
-	missing := Pool{Name: "missing", Template: PoolTemplate{SnapshotID: "nope"}, Capacity: Capacity{BufferMax: 1, PoolMax: 1}}
+	missing := pool.Pool{Name: "missing", Template: pool.PoolTemplate{SnapshotID: "nope"}, Capacity: pool.Capacity{BufferMax: 1, PoolMax: 1}}
 	if _, err := svc.CreatePool(ctx, missing); !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("pool of a missing snapshot: %v", err)
 	}
-	p := Pool{Name: "forks", Template: PoolTemplate{SnapshotID: sn.ID}, Capacity: Capacity{BufferMin: 4, BufferMax: 4, PoolMax: 10}}
+	p := pool.Pool{Name: "forks", Template: pool.PoolTemplate{SnapshotID: sn.ID}, Capacity: pool.Capacity{BufferMin: 4, BufferMax: 4, PoolMax: 10}}
 	if _, err := svc.CreatePool(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	waitIdle(t, svc, "forks", 4)
 	before, _ := h.rt.List(ctx)
-	forks, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: sn.ID, Extensions: map[string]string{ExtPoolRef: "forks"}}, 4)
+	forks, err := svc.CreateBatch(ctx, lifecycle.CreateRequest{SnapshotID: sn.ID, Extensions: map[string]string{lifecycle.ExtPoolRef: "forks"}}, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +403,7 @@ func TestForkPool(t *testing.T) {
 	// The claim itself started no container (refills may have begun, so
 	// only count what existed before).
 	for _, f := range forks {
-		if f.SnapshotID != sn.ID || f.Status.State != StateRunning || f.Pool != "" && f.Pool != "forks" {
+		if f.SnapshotID != sn.ID || f.Status.State != lifecycle.StateRunning || f.Pool != "" && f.Pool != "forks" {
 			t.Fatalf("fork %+v", f)
 		}
 		found := false
@@ -416,7 +420,7 @@ func TestForkPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.CreateBatch(ctx, CreateRequest{SnapshotID: other.ID, Extensions: map[string]string{ExtPoolRef: "forks"}}, 1); !errdefs.IsInvalidArgument(err) {
+	if _, err := svc.CreateBatch(ctx, lifecycle.CreateRequest{SnapshotID: other.ID, Extensions: map[string]string{lifecycle.ExtPoolRef: "forks"}}, 1); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("claim with another snapshot: %v", err)
 	}
 	for _, f := range forks {

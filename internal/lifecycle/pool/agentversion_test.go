@@ -1,9 +1,11 @@
-package lifecycle
+package pool
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/lifecycle"
 )
 
 // TestOldAgentsAreDriven: after an upgrade, sandboxes still run agents
@@ -14,15 +16,15 @@ func TestOldAgentsAreDriven(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	h.rt.SetAgentVersion(1)
-	sb, err := h.svc.Create(ctx, CreateRequest{Image: "busybox", Entrypoint: []string{"sleep", "1d"}, Timeout: time.Hour})
-	if err != nil || sb.Status.State != StateRunning {
+	sb, err := h.svc.Create(ctx, lifecycle.CreateRequest{Image: "busybox", Entrypoint: []string{"sleep", "1d"}, Timeout: time.Hour})
+	if err != nil || sb.Status.State != lifecycle.StateRunning {
 		t.Fatalf("create with a version-1 agent: %+v, %v", sb, err)
 	}
 	if _, err := h.svc.CreatePool(ctx, testPool("old", 1, 1, 2)); err != nil {
 		t.Fatal(err)
 	}
 	waitIdle(t, h.svc, "old", 1)
-	claimed, err := h.svc.Create(ctx, CreateRequest{Extensions: map[string]string{ExtPoolRef: "old"}, Env: map[string]string{"B": "2"}})
+	claimed, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "old"}, Env: map[string]string{"B": "2"}})
 	if err != nil {
 		t.Fatalf("claim of a version-1 agent: %v", err)
 	}
@@ -40,7 +42,7 @@ func TestOldAgentsAreDriven(t *testing.T) {
 	}
 	for _, id := range []string{sb.ID, claimed.ID} {
 		got, err := h.svc.Get(ctx, id)
-		if err != nil || got.Status.State != StateRunning {
+		if err != nil || got.Status.State != lifecycle.StateRunning {
 			t.Errorf("after restart %s: %+v, %v", id, got.Status, err)
 		}
 	}

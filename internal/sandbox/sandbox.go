@@ -1,0 +1,90 @@
+// Package sandbox is the sandbox service as the APIs serve it: the
+// lifecycle core (internal/lifecycle) with its features plugged in
+// (pools, snapshots, named volumes, the Credential Vault). It only wires
+// them: each feature owns its state and lock, and a new API or feature is
+// a package beside them, a client of the core, not more methods on it.
+package sandbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moat-sandbox/moat/internal/egress/vault"
+	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/credvault"
+	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
+	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
+	"github.com/moat-sandbox/moat/internal/tenant"
+)
+
+// Config tunes the service: the core's settings and the features'.
+type Config struct {
+	lifecycle.Config
+	// AllowedHostPaths are the host directories host volumes may mount
+	// (prefix match after cleaning and symlink resolution). Empty refuses
+	// every host volume (VOLUME::HOST_PATH_NOT_ALLOWED).
+	AllowedHostPaths []string
+}
+
+// Deps are the collaborators: the core's and the features'.
+type Deps struct {
+	lifecycle.Deps
+	// Committer is optional; without it (or a runtime.Snapshotter
+	// runtime) snapshots are refused (501).
+	Committer snapshot.Committer
+	// Sealer encrypts Credential Vault state for the store; without it
+	// credentialProxy is refused (501).
+	Sealer *vault.Sealer
+}
+
+// Service is the core with its features; their methods are its own.
+type Service struct {
+	*lifecycle.Service
+	*pool.Pools
+	*snapshot.Snapshots
+	*mounts.Volumes
+	*credvault.Proxies
+}
+
+// New returns the service. Call Recover before serving, and Run to start
+// the reaper.
+func New(cfg Config, deps Deps) (*Service, error) {
+	core, err := lifecycle.New(cfg.Config, deps.Deps)
+	if err != nil {
+		return nil, err
+	}
+	d := core.Deps()
+	pools := pool.New(core)
+	snaps, err := snapshot.New(core, deps.Committer, pools)
+	if err != nil {
+		return nil, err
+	}
+	vols := mounts.New(core, d.Runtime, d.Log, cfg.AllowedHostPaths)
+	vaults := credvault.New(core, d.Egress, deps.Sealer)
+	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults})
+	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults}, nil
+}
+
+// Recover re-adopts the sandboxes and pools after a restart (see
+// lifecycle.Service.Recover).
+func (s *Service) Recover(ctx context.Context) error { return s.Service.Recover(ctx) }
+
+// Close stops the pools' refill loops and the core's background loops
+// (sandboxes keep running).
+func (s *Service) Close() {
+	s.Pools.Close()
+	s.Service.Close()
+}
+
+// TenantInUse describes what tenant name still owns ("" if nothing): its
+// sandboxes (of any state), pools and snapshots. A tenant is deleted only
+// when it owns nothing, so that nothing is left without an owner.
+func (s *Service) TenantInUse(name string) string {
+	name = tenant.Normalize(name)
+	sbs, pools, snaps := s.TenantSandboxes(name), s.TenantPools(name), s.TenantSnapshots(name)
+	if sbs+pools+snaps == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d sandboxes, %d pools and %d snapshots", sbs, pools, snaps)
+}
