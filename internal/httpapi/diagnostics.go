@@ -171,7 +171,7 @@ func (s *Server) diagnosticInspect(w http.ResponseWriter, r *http.Request) error
 	} else {
 		line("expiresAt", "never (manual cleanup)")
 	}
-	line("runtime", s.svc.Runtime().Name()+"/"+sb.Class)
+	line("runtime", s.svc.Deps().Runtime.Name()+"/"+sb.Class)
 	line("entrypoint", strings.Join(sb.Entrypoint, " "))
 	env := make([]string, 0, len(sb.Env))
 	for k := range sb.Env {

@@ -28,7 +28,7 @@ func (s *Service) CreateBatch(ctx context.Context, req CreateRequest, n int) ([]
 	if name := req.Extensions[ExtPoolRef]; name != "" {
 		return s.fromPool(ctx, req, name, n)
 	}
-	sb, err := s.validate(ctx, req)
+	sb, err := s.Validate(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func firstErr(errs []error) error {
 
 // createOne is Create without the pool dispatch, attached by join.
 func (s *Service) createOne(ctx context.Context, req CreateRequest, join func(sb *Sandbox) error) (Sandbox, error) {
-	sb, err := s.validate(ctx, req)
+	sb, err := s.Validate(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -106,13 +106,13 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, join func(sb
 			return Sandbox{}, err
 		}
 	}
-	if err := s.admitEntry(&sb); err != nil {
+	if err := s.quota.Admit(sb.Tenant, []string{sb.ID}, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
 		s.released(sb.Pool, sb.ID)
 		return Sandbox{}, err
 	}
 	e := s.Insert(sb)
 	defer e.mu.Unlock()
-	if err := s.provision(context.WithoutCancel(ctx), e, req.ImageAuth); err != nil {
+	if err := e.provision(context.WithoutCancel(ctx), req.ImageAuth); err != nil {
 		s.released(sb.Pool, sb.ID)
 		return e.sb.clone(), err
 	}
@@ -134,11 +134,11 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 			e.mu.Unlock()
 		}
 	}()
-	now := s.now()
+	now := s.Now()
 	if len(env) > 0 {
-		if err := s.applyEnv(ctx, claimed, env); err != nil {
+		if err := applyEnv(ctx, s.deps, claimed, env); err != nil {
 			for _, e := range claimed {
-				s.deleteLocked(ctx, e, ReasonStopping) // the pool refills
+				e.delete(ctx, ReasonStopping) // the pool refills
 			}
 			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
 		}
@@ -151,7 +151,7 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 			}
 			if err != nil {
 				for _, e := range claimed {
-					s.deleteLocked(ctx, e, ReasonStopping) // detaches too
+					e.delete(ctx, ReasonStopping) // detaches too
 				}
 				return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
 			}
@@ -182,7 +182,7 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 	if err := s.deps.Store.PutMany(Bucket, kv); err != nil {
 		for i, e := range claimed {
 			e.sb = prev[i]
-			s.deleteLocked(ctx, e, ReasonStopping)
+			e.delete(ctx, ReasonStopping)
 		}
 		return nil, err
 	}
@@ -195,16 +195,16 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 
 // applyEnv adds env to the agents of claimed sandboxes (the moat
 // extension agentproto.EnvPath), concurrently. Callers hold the entries.
-func (s *Service) applyEnv(ctx context.Context, claimed []*Entry, env map[string]string) error {
+func applyEnv(ctx context.Context, d Deps, claimed []*Entry, env map[string]string) error {
 	errs := make([]error, len(claimed))
 	var wg sync.WaitGroup
 	for i, e := range claimed {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ep, err := s.deps.Runtime.Endpoint(ctx, e.sb.ID, agentproto.Port)
+			ep, err := d.Runtime.Endpoint(ctx, e.sb.ID, agentproto.Port)
 			if err == nil {
-				err = s.agent().SetEnv(ctx, ep, e.sb.AgentToken, env)
+				err = agentClient(d).SetEnv(ctx, ep, e.sb.AgentToken, env)
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("set env on %s: %w", e.sb.ID, err)
@@ -265,9 +265,9 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 		}
 	}()
 	if len(env) > 0 && len(entries) > 0 {
-		if err := s.applyEnv(ctx, entries, env); err != nil {
+		if err := applyEnv(ctx, s.deps, entries, env); err != nil {
 			for _, e := range entries {
-				s.deleteLocked(ctx, e, ReasonStopping)
+				e.delete(ctx, ReasonStopping)
 			}
 			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
 		}

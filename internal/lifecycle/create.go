@@ -19,16 +19,16 @@ import (
 // snapshot when the request has none (as upstream).
 var defaultSnapshotEntrypoint = []string{"tail", "-f", "/dev/null"}
 
-// validate checks a create request and returns the new sandbox's record.
-// The steps run in a fixed order, so a request with several faults gets
-// the answer of the first.
-func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	now := s.now()
+// Validate checks a create request and returns the new sandbox's record
+// (not yet owned: see Own). The steps run in a fixed order, so a request
+// with several faults gets the answer of the first.
+func (s *Service) Validate(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	now := s.Now()
 	memory, entrypoint, err := s.validateSource(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	res, err := s.validateShape(req)
+	res, err := validateShape(req, s.cfg.MaxTimeout)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -36,13 +36,19 @@ func (s *Service) validate(ctx context.Context, req CreateRequest) (Sandbox, err
 	if err != nil {
 		return Sandbox{}, err
 	}
-	mounts, claims, err := s.validateVolumes(req)
+	var mounts []runtime.Mount
+	var claims []Claim
+	if s.features.Volumes != nil {
+		mounts, claims, err = s.features.Volumes.Mounts(req)
+	} else if req.HasVolumes || len(req.Volumes) > 0 {
+		err = errdefs.WithPublic(errdefs.ErrInvalidArgument, CodeHostPathNotAllowed, "volumes are not allowed by this server's configuration")
+	}
 	if err != nil {
 		return Sandbox{}, err
 	}
 	sb := newRecord(req, now, entrypoint, res, np)
 	sb.Mounts, sb.Claims = mounts, claims
-	if err := s.applyExtensions(&sb, req.Extensions); err != nil {
+	if err := applyExtensions(&sb, req.Extensions, s.deps.Runtime.Capabilities().Classes); err != nil {
 		return Sandbox{}, err
 	}
 	if memory != nil {
@@ -99,7 +105,7 @@ func (s *Service) validateSource(ctx context.Context, req CreateRequest) (*Snaps
 
 // validateShape checks the request's entrypoint, timeout, resources,
 // metadata, env and platform, and returns the parsed resources.
-func (s *Service) validateShape(req CreateRequest) (runtime.Resources, error) {
+func validateShape(req CreateRequest, maxTimeout time.Duration) (runtime.Resources, error) {
 	var none runtime.Resources
 	if req.Image != "" && len(req.Entrypoint) == 0 {
 		return none, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint is required when image is set")
@@ -112,8 +118,8 @@ func (s *Service) validateShape(req CreateRequest) (runtime.Resources, error) {
 	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < 60*time.Second) {
 		return none, errdefs.Invalid(codeInvalid, "timeout must be at least 60 seconds (omit it for manual cleanup)")
 	}
-	if s.cfg.MaxTimeout > 0 && req.Timeout > s.cfg.MaxTimeout {
-		return none, errdefs.Invalid(codeInvalid, fmt.Sprintf("timeout exceeds the server maximum of %d seconds", int(s.cfg.MaxTimeout.Seconds())))
+	if maxTimeout > 0 && req.Timeout > maxTimeout {
+		return none, errdefs.Invalid(codeInvalid, fmt.Sprintf("timeout exceeds the server maximum of %d seconds", int(maxTimeout.Seconds())))
 	}
 	res, err := ParseResources(req.ResourceLimits)
 	if err != nil {
@@ -163,18 +169,6 @@ func (s *Service) validateAccess(req CreateRequest, memory bool) (*policy.Networ
 	return np, nil
 }
 
-// validateVolumes checks the request's volumes (through the volumes
-// feature) and returns the sandbox's mounts and claims.
-func (s *Service) validateVolumes(req CreateRequest) ([]runtime.Mount, []Claim, error) {
-	if s.features.Volumes == nil {
-		if req.HasVolumes || len(req.Volumes) > 0 {
-			return nil, nil, errdefs.WithPublic(errdefs.ErrInvalidArgument, CodeHostPathNotAllowed, "volumes are not allowed by this server's configuration")
-		}
-		return nil, nil, nil
-	}
-	return s.features.Volumes.Mounts(req)
-}
-
 // newRecord is the record of a new sandbox of a validated request.
 func newRecord(req CreateRequest, now time.Time, entrypoint []string, res runtime.Resources, np *policy.NetworkPolicy) Sandbox {
 	sb := Sandbox{
@@ -210,12 +204,12 @@ func newRecord(req CreateRequest, now time.Time, entrypoint []string, res runtim
 }
 
 // applyExtensions checks the request's extensions and applies them to sb.
-func (s *Service) applyExtensions(sb *Sandbox, ext map[string]string) error {
+func applyExtensions(sb *Sandbox, ext map[string]string, classes []string) error {
 	for k, v := range ext {
 		switch k {
 		case ExtRuntimeClass:
-			if !slices.Contains(s.deps.Runtime.Capabilities().Classes, v) {
-				return errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: runtime %q is not available (have %v)", k, v, s.deps.Runtime.Capabilities().Classes))
+			if !slices.Contains(classes, v) {
+				return errdefs.Invalid(codeInvalid, fmt.Sprintf("extensions[%s]: runtime %q is not available (have %v)", k, v, classes))
 			}
 			sb.Class = v
 		case ExtRenewOnAccess:
@@ -244,7 +238,8 @@ func Checkpointer(rt runtime.Runtime, class string) runtime.Checkpointer {
 // provision runs the create steps; the caller holds e.mu. On failure every
 // runtime resource is released, the volumes the create made are deleted
 // again, and the entry is left Failed.
-func (s *Service) provision(ctx context.Context, e *Entry, auth *image.Auth) (err error) {
+func (e *Entry) provision(ctx context.Context, auth *image.Auth) (err error) {
+	s := e.svc
 	sb := &e.sb
 	// The phases of a create, at debug level (moat bench --log-level
 	// debug): each is the time since the start of provisioning.
@@ -265,7 +260,7 @@ func (s *Service) provision(ctx context.Context, e *Entry, auth *image.Auth) (er
 			return err
 		}
 	}
-	spec, readyToken, err := s.prepare(ctx, e, auth)
+	spec, readyToken, err := e.prepare(ctx, auth)
 	phase("image")
 	if err != nil {
 		return err
@@ -273,28 +268,28 @@ func (s *Service) provision(ctx context.Context, e *Entry, auth *image.Auth) (er
 	st, err := s.deps.Runtime.Create(ctx, spec)
 	phase("runtime")
 	if err != nil {
-		return s.startFailed(ctx, e, err)
+		return e.startFailed(ctx, err)
 	}
 	if sb.Class == "" {
 		sb.Class = st.Class
 	}
-	if err := s.attach(ctx, e, st.IP); err != nil {
+	if err := e.attach(ctx, st.IP); err != nil {
 		return err
 	}
-	if err := s.waitAgent(ctx, sb.ID, readyToken); err != nil {
-		s.cleanupFailed(ctx, sb.ID)
+	if err := e.waitAgent(ctx, readyToken); err != nil {
+		e.cleanupFailed(ctx)
 		e.fail(ReasonAgentTimeout, "the sandbox agent did not become ready")
 		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the sandbox agent did not become ready")
 	}
 	phase("agent")
 	if spec.Checkpoint != "" {
-		if err := s.configureRestored(ctx, e, readyToken); err != nil {
+		if err := e.configureRestored(ctx, readyToken); err != nil {
 			return err
 		}
 	}
 	e.mustTransition(StateRunning, ReasonRunning, "")
 	if err := e.persist(); err != nil {
-		s.cleanupFailed(ctx, sb.ID)
+		e.cleanupFailed(ctx)
 		e.fail(ReasonProvisionFailed, "could not record the sandbox")
 		return err
 	}
@@ -305,7 +300,8 @@ func (s *Service) provision(ctx context.Context, e *Entry, auth *image.Auth) (er
 // prepare ensures the sandbox's image and returns its runtime spec and
 // the token its agent answers to at first (the source's for a restored
 // memory snapshot). The caller holds e.mu.
-func (s *Service) prepare(ctx context.Context, e *Entry, auth *image.Auth) (runtime.Spec, string, error) {
+func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, string, error) {
+	s := e.svc
 	sb := &e.sb
 	ref := sb.ImageRef()
 	img, err := s.deps.Images.Ensure(ctx, ref, auth)
@@ -350,8 +346,8 @@ func (s *Service) prepare(ctx context.Context, e *Entry, auth *image.Auth) (runt
 }
 
 // startFailed is the end of a create the runtime refused.
-func (s *Service) startFailed(ctx context.Context, e *Entry, err error) error {
-	s.cleanupFailed(ctx, e.sb.ID)
+func (e *Entry) startFailed(ctx context.Context, err error) error {
+	e.cleanupFailed(ctx)
 	e.fail(ReasonProvisionFailed, "sandbox start failed")
 	if errors.Is(err, volume.ErrSubPath) {
 		return errdefs.WithPublic(err, CodeInvalidSubPath, "a volume's subPath leads out of the volume (through '..' or a symlink) or through a file")
@@ -366,19 +362,20 @@ func (s *Service) startFailed(ctx context.Context, e *Entry, err error) error {
 
 // attach applies the network policy of a started sandbox (address ip)
 // and starts its credential proxy. The caller holds e.mu.
-func (s *Service) attach(ctx context.Context, e *Entry, ip string) error {
+func (e *Entry) attach(ctx context.Context, ip string) error {
+	s := e.svc
 	sb := &e.sb
 	if sb.NetworkPolicy == nil {
 		return nil
 	}
 	if err := attachEgress(ctx, s.deps.Egress, sb.ID, ip, *sb.NetworkPolicy); err != nil {
-		s.cleanupFailed(ctx, sb.ID)
+		e.cleanupFailed(ctx)
 		e.fail(ReasonProvisionFailed, "could not apply the network policy")
 		return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
 	}
 	if s.features.Vault != nil {
 		if err := s.features.Vault.Attach(ctx, e); err != nil {
-			s.cleanupFailed(ctx, sb.ID)
+			e.cleanupFailed(ctx)
 			e.fail(ReasonProvisionFailed, "could not start the credential proxy")
 			return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not start the credential proxy")
 		}
@@ -388,14 +385,15 @@ func (s *Service) attach(ctx context.Context, e *Entry, ip string) error {
 
 // configureRestored gives the agent of a sandbox restored from a memory
 // snapshot its own token and env. The caller holds e.mu.
-func (s *Service) configureRestored(ctx context.Context, e *Entry, readyToken string) error {
+func (e *Entry) configureRestored(ctx context.Context, readyToken string) error {
+	s := e.svc
 	sb := &e.sb
-	err := s.rotateToken(ctx, sb.ID, readyToken, sb.AgentToken)
+	err := e.rotateToken(ctx, readyToken)
 	if err == nil && len(sb.Env) > 0 {
-		err = s.applyEnv(ctx, []*Entry{e}, sb.Env)
+		err = applyEnv(ctx, s.deps, []*Entry{e}, sb.Env)
 	}
 	if err != nil {
-		s.cleanupFailed(ctx, sb.ID)
+		e.cleanupFailed(ctx)
 		e.fail(ReasonProvisionFailed, "the restored sandbox agent could not be configured")
 		return errdefs.WithPublic(err, "SANDBOX::EXECD_START_FAILED", "the restored sandbox agent could not be configured")
 	}
@@ -407,10 +405,11 @@ func (s *Service) configureRestored(ctx context.Context, e *Entry, readyToken st
 // authorized by the token the agent was checkpointed with). Until then
 // the restored agent accepts only the source's token, which the server
 // never shows to clients of the restored sandbox.
-func (s *Service) rotateToken(ctx context.Context, id, old, token string) error {
+func (e *Entry) rotateToken(ctx context.Context, old string) error {
+	s, id, token := e.svc, e.sb.ID, e.sb.AgentToken
 	ep, err := s.deps.Runtime.Endpoint(ctx, id, agentproto.Port)
 	if err == nil {
-		err = s.agent().RotateToken(ctx, ep, old, token)
+		err = agentClient(s.deps).RotateToken(ctx, ep, old, token)
 	}
 	if err != nil {
 		return fmt.Errorf("rotate token of %s: %w", id, err)

@@ -315,10 +315,10 @@ func FormatEvents(evs []Event) string {
 const MaxLogBytes = 8 << 20
 
 // trimLogs asks the runtime to bound its console logs.
-func (s *Service) trimLogs(ctx context.Context) {
-	if t, ok := s.deps.Runtime.(runtime.LogTrimmer); ok {
+func trimLogs(ctx context.Context, rt runtime.Runtime, log *slog.Logger) {
+	if t, ok := rt.(runtime.LogTrimmer); ok {
 		if err := t.TrimLogs(ctx, MaxLogBytes); err != nil {
-			s.log.Warn("trim sandbox logs", "err", err)
+			log.Warn("trim sandbox logs", "err", err)
 		}
 	}
 }

@@ -102,12 +102,6 @@ type CredentialProxies interface {
 // Use plugs features into the service. Call it once, before Recover.
 func (s *Service) Use(f Features) { s.features = f }
 
-// Validate checks a create request as Create does and returns the record
-// the sandbox would get (not yet owned: see Own).
-func (s *Service) Validate(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	return s.validate(ctx, req)
-}
-
 // WithLock runs fn with sandbox id locked, if ctx's tenant scope sees it
 // (an idle pool sandbox is not found).
 func (s *Service) WithLock(ctx context.Context, id string, fn func(e *Entry) error) error {
@@ -204,7 +198,7 @@ func (e *Entry) SetValue(key, v any) {
 // every runtime resource is released and e is left Failed. The caller
 // holds e's lock.
 func (e *Entry) Provision(ctx context.Context, auth *image.Auth) error {
-	return e.svc.provision(ctx, e, auth)
+	return e.provision(ctx, auth)
 }
 
 // Forget removes e from the table without touching the runtime (a warm
@@ -221,7 +215,7 @@ func (e *Entry) Forget() {
 // Delete stops the sandbox and frees everything it holds (reason "":
 // a delete request). The caller holds e's lock.
 func (e *Entry) Delete(ctx context.Context, reason string) error {
-	return e.svc.deleteLocked(ctx, e, reason)
+	return e.delete(ctx, reason)
 }
 
 // Persist writes e's record to the store. The caller holds e's lock.

@@ -150,7 +150,7 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 		s.log.Warn("orphans: list runtime", "err", err)
 		return
 	}
-	now := s.now()
+	now := s.Now()
 	for _, st := range live {
 		if st.CreatedAt.IsZero() || now.Sub(st.CreatedAt) < s.cfg.OrphanGrace {
 			continue

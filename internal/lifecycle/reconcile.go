@@ -40,7 +40,17 @@ func (s *Service) Recover(ctx context.Context) error {
 			return err
 		}
 	}
-	n.orphans = s.deleteOrphans(ctx, byID)
+	for id := range byID {
+		if s.shared() {
+			// Another replica may be creating it (it records a sandbox
+			// once it runs): the leader's sweep deletes real orphans.
+			continue
+		}
+		if err := s.deps.Runtime.Delete(ctx, id); err != nil {
+			s.log.Error("recover: delete orphan sandbox", "id", id, "err", err)
+		}
+		n.orphans++
+	}
 	if s.features.Pools != nil {
 		if err := s.features.Pools.Recover(ctx); err != nil {
 			return err
@@ -66,8 +76,8 @@ func (s *Service) recoverOne(ctx context.Context, sb Sandbox, byID map[string]ru
 	e.stored = true
 	rst, ok := byID[sb.ID]
 	delete(byID, sb.ID)
-	if sb.ExpiresAt != nil && !sb.ExpiresAt.After(s.now()) && s.leader() {
-		if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
+	if sb.ExpiresAt != nil && !sb.ExpiresAt.After(s.Now()) && s.leader() {
+		if err := e.delete(ctx, ReasonExpired); err != nil {
 			s.log.Error("recover: delete expired sandbox", "id", sb.ID, "err", err)
 			s.put(e)
 		}
@@ -79,7 +89,7 @@ func (s *Service) recoverOne(ctx context.Context, sb Sandbox, byID map[string]ru
 			e.mustTransition(StateFailed, ReasonLost, "the sandbox was lost while the server was down")
 			n.lost++
 		}
-	} else if s.adopt(ctx, e, rst) {
+	} else if e.adopt(ctx, rst) {
 		n.adopted++
 	} else {
 		n.lost++
@@ -115,7 +125,8 @@ func (s *Service) recoverOne(ctx context.Context, sb Sandbox, byID map[string]ru
 
 // adopt brings recovered e to the state the runtime reports (rst) and
 // reports whether the sandbox lives on; one whose agent exited is Failed.
-func (s *Service) adopt(ctx context.Context, e *Entry, rst runtime.Status) bool {
+func (e *Entry) adopt(ctx context.Context, rst runtime.Status) bool {
+	s := e.svc
 	id, recorded := e.sb.ID, e.sb.Status.State
 	switch rst.State {
 	case runtime.StateRunning:
@@ -144,28 +155,10 @@ func (s *Service) adopt(ctx context.Context, e *Entry, rst runtime.Status) bool 
 		// destroy a sandbox on a non-answer.
 		s.log.Warn("recover: runtime cannot tell the state of a sandbox; keeping it", "id", id, "msg", rst.Message)
 	default:
-		s.markExited(ctx, e, rst)
+		e.markExited(ctx, rst)
 		return false
 	}
 	return true
-}
-
-// deleteOrphans deletes the runtime's sandboxes that have no record
-// (byID: a create cut short by the crash) and returns how many.
-func (s *Service) deleteOrphans(ctx context.Context, byID map[string]runtime.Status) int {
-	n := 0
-	for id := range byID {
-		if s.shared() {
-			// Another replica may be creating it (it records a sandbox
-			// once it runs): the leader's sweep deletes real orphans.
-			continue
-		}
-		if err := s.deps.Runtime.Delete(ctx, id); err != nil {
-			s.log.Error("recover: delete orphan sandbox", "id", id, "err", err)
-		}
-		n++
-	}
-	return n
 }
 
 func (s *Service) put(e *Entry) {
@@ -176,7 +169,8 @@ func (s *Service) put(e *Entry) {
 
 // markExited records that the agent of a sandbox is gone and frees the
 // runtime resources; the caller holds e.mu.
-func (s *Service) markExited(ctx context.Context, e *Entry, rst runtime.Status) {
+func (e *Entry) markExited(ctx context.Context, rst runtime.Status) {
+	s := e.svc
 	msg := fmt.Sprintf("the sandbox agent exited (code %d)", rst.ExitCode)
 	switch {
 	case rst.State == runtime.StateUnknown && rst.Message != "":
@@ -219,7 +213,7 @@ func (s *Service) Run(ctx context.Context) {
 			s.sweepOrphans(ctx)
 		}
 		if n%30 == 0 {
-			s.trimLogs(ctx)
+			trimLogs(ctx, s.deps.Runtime, s.log)
 		}
 	}
 }
@@ -228,7 +222,7 @@ func (s *Service) Run(ctx context.Context) {
 func (s *Service) ReapOnce(ctx context.Context) { s.reap(ctx) }
 
 func (s *Service) reap(ctx context.Context) {
-	now := s.now()
+	now := s.Now()
 	s.mu.RLock()
 	var due []*Entry
 	for _, e := range s.sandboxes {
@@ -249,7 +243,7 @@ func (s *Service) reap(ctx context.Context) {
 			}
 		case e.sb.ExpiresAt != nil && !e.sb.ExpiresAt.After(now) && e.sb.Status.State != StatePending && s.leader():
 			s.log.Info("sandbox expired", "id", e.sb.ID)
-			if err := s.deleteLocked(ctx, e, ReasonExpired); err != nil {
+			if err := e.delete(ctx, ReasonExpired); err != nil {
 				s.log.Error("delete expired sandbox", "id", e.sb.ID, "err", err)
 			}
 		}
@@ -294,7 +288,7 @@ func (s *Service) checkLiveness(ctx context.Context) {
 				e.mustTransition(StateFailed, ReasonLost, "the sandbox disappeared from the runtime")
 				e.persist()
 			} else if rst.State == runtime.StateStopped {
-				s.markExited(ctx, e, rst)
+				e.markExited(ctx, rst)
 				e.persist()
 			} else if rst.State == runtime.StateUnknown {
 				// A non-answer (the runtime's CLI failed): look again on

@@ -132,13 +132,6 @@ type Metrics interface {
 	ObservePoolClaim(hits, misses int)
 }
 
-// observeCreate reports a Create that started at start, if it succeeded.
-func (s *Service) observeCreate(start time.Time, err *error) {
-	if s.deps.Metrics != nil && *err == nil {
-		s.deps.Metrics.ObserveCreate(time.Since(start))
-	}
-}
-
 // Entry is one sandbox of the table with its lock. The lock serializes
 // operations on the sandbox; Service.mu only guards the map. Features get
 // entries from the core (hooks, WithLock, Each, Insert) and call the
@@ -216,7 +209,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, deps: deps, log: deps.Log, sandboxes: map[string]*Entry{},
 		closing: make(chan struct{}), quota: newLedger(deps.Quotas)}
-	s.events = newEventLog(deps.Events, s.now, deps.Log)
+	s.events = newEventLog(deps.Events, s.Now, deps.Log)
 	return s, nil
 }
 
@@ -227,11 +220,6 @@ func (s *Service) Close() {
 	s.wg.Wait()
 	s.events.flush()
 }
-
-// Runtime returns the backend the service drives.
-func (s *Service) Runtime() runtime.Runtime { return s.deps.Runtime }
-
-func (s *Service) now() time.Time { return s.deps.Now().UTC() }
 
 // newEntry wraps a sandbox record.
 func newEntry(s *Service, sb Sandbox) *Entry {
@@ -294,7 +282,11 @@ func (s *Service) shared() bool {
 // Create provisions a sandbox and returns once it is Running (its agent
 // answers /ping), matching OpenSandbox's synchronous create.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
-	defer s.observeCreate(time.Now(), &err)
+	defer func(start time.Time) {
+		if s.deps.Metrics != nil && err == nil {
+			s.deps.Metrics.ObserveCreate(time.Since(start))
+		}
+	}(time.Now())
 	if name := req.Extensions[ExtPoolRef]; name != "" {
 		if len(req.Volumes) > 0 || req.HasVolumes {
 			return Sandbox{}, errdefs.Invalid(CodeInvalidVolume, "volumes cannot be added to a pooled sandbox")
@@ -305,12 +297,12 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 		}
 		return sbs[0], nil
 	}
-	sb, err := s.validate(ctx, req)
+	sb, err := s.Validate(ctx, req)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	Own(&sb, OwnerOf(ctx))
-	if err := s.admitEntry(&sb); err != nil {
+	if err := s.quota.Admit(sb.Tenant, []string{sb.ID}, sb.Resources.CPUMillis, sb.Resources.MemoryBytes); err != nil {
 		return Sandbox{}, err
 	}
 	e := s.Insert(sb)
@@ -319,7 +311,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err
 	// Provisioning continues even if the client goes away, so that it ends
 	// in a definite state instead of a half-made sandbox.
 	ctx = context.WithoutCancel(ctx)
-	if err := s.provision(ctx, e, req.ImageAuth); err != nil {
+	if err := e.provision(ctx, req.ImageAuth); err != nil {
 		return e.sb.clone(), err
 	}
 	return e.sb.clone(), nil
@@ -349,7 +341,8 @@ func attachEgress(ctx context.Context, eg Egress, id, ipStr string, p policy.Net
 	return eg.Attach(ctx, id, ip, p)
 }
 
-func (s *Service) cleanupFailed(ctx context.Context, id string) {
+func (e *Entry) cleanupFailed(ctx context.Context) {
+	s, id := e.svc, e.sb.ID
 	// Cleanup must run even when the create was cancelled (e.g. a pool
 	// deleted mid-fill), or the half-made sandbox would leak.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -364,28 +357,29 @@ func (s *Service) cleanupFailed(ctx context.Context, id string) {
 
 func (e *Entry) fail(reason, msg string) {
 	e.mustTransition(StateFailed, reason, msg)
-	e.failedAt = e.svc.now()
+	e.failedAt = e.svc.Now()
 }
 
 // waitAgent polls the agent's /ping until it answers 200 (within
 // AgentReadyTimeout). Agents of every protocol version since
 // agentproto.MinVersion are accepted: a sandbox whose agent came from an
 // older moat is driven as before.
-func (s *Service) waitAgent(ctx context.Context, id, token string) error {
+func (e *Entry) waitAgent(ctx context.Context, token string) error {
+	s, id := e.svc, e.sb.ID
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.AgentReadyTimeout)
 	defer cancel()
 	ep, err := s.deps.Runtime.Endpoint(ctx, id, agentproto.Port)
 	if err != nil {
 		return err
 	}
-	if _, err := s.agent().WaitReady(ctx, ep, token); err != nil {
+	if _, err := agentClient(s.deps).WaitReady(ctx, ep, token); err != nil {
 		return fmt.Errorf("agent of %s: %w", id, err)
 	}
 	return nil
 }
 
-// agent is the client of the sandbox agents.
-func (s *Service) agent() *agentproto.Client { return &agentproto.Client{HTTP: s.deps.HTTP} }
+// agentClient is the client of the sandbox agents.
+func agentClient(d Deps) *agentproto.Client { return &agentproto.Client{HTTP: d.HTTP} }
 
 // Get returns one sandbox.
 func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
@@ -476,11 +470,12 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	if gone {
 		return notFound(id)
 	}
-	return s.deleteLocked(context.WithoutCancel(ctx), e, "")
+	return e.delete(context.WithoutCancel(ctx), "")
 }
 
-// deleteLocked removes e; the caller holds e.mu.
-func (s *Service) deleteLocked(ctx context.Context, e *Entry, reason string) error {
+// delete removes e; the caller holds e.mu.
+func (e *Entry) delete(ctx context.Context, reason string) error {
+	s := e.svc
 	id := e.sb.ID
 	prev := e.sb.Status
 	if reason == "" {
@@ -561,12 +556,13 @@ func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return s.renewLocked(e, at)
+	return e.renew(at)
 }
 
-func (s *Service) renewLocked(e *Entry, at time.Time) (time.Time, error) {
+func (e *Entry) renew(at time.Time) (time.Time, error) {
+	s := e.svc
 	at = at.UTC()
-	now := s.now()
+	now := s.Now()
 	if err := admit(e.sb.ID, e.sb.Status.State, opRenew); err != nil {
 		return time.Time{}, err
 	}
@@ -605,12 +601,12 @@ func (s *Service) Touch(ctx context.Context, id string) {
 	if e.sb.RenewOnAccess == 0 || e.sb.ExpiresAt == nil {
 		return
 	}
-	want := s.now().Add(time.Duration(e.sb.RenewOnAccess) * time.Second)
+	want := s.Now().Add(time.Duration(e.sb.RenewOnAccess) * time.Second)
 	// Write at most once a minute per sandbox.
 	if want.Sub(*e.sb.ExpiresAt) < time.Minute {
 		return
 	}
-	if _, err := s.renewLocked(e, want); err != nil {
+	if _, err := e.renew(want); err != nil {
 		s.log.Debug("renew on access", "id", id, "err", err)
 	}
 }

@@ -105,7 +105,7 @@ func (e *Entry) transition(to State, reason, msg string) error {
 		}
 		return transitionError(e.sb.ID, from, to, code)
 	}
-	e.applyState(Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.now()}, true)
+	e.applyState(Status{State: to, Reason: reason, Message: msg, LastTransitionAt: s.Now()}, true)
 	return nil
 }
 

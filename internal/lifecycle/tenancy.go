@@ -156,11 +156,6 @@ func (l *Ledger) usage(owner string) tenant.Usage {
 	return l.used[tenant.Normalize(owner)]
 }
 
-// admitEntry charges one new sandbox record against its owner's quota.
-func (s *Service) admitEntry(sb *Sandbox) error {
-	return s.quota.Admit(sb.Tenant, []string{sb.ID}, sb.Resources.CPUMillis, sb.Resources.MemoryBytes)
-}
-
 // TenantUsage returns what a tenant's live sandboxes hold (quota usage).
 func (s *Service) TenantUsage(name string) tenant.Usage { return s.quota.usage(name) }
 
