@@ -430,8 +430,33 @@ func (s *Pools) refill(ctx context.Context, pl *pool) {
 		pl.mu.Unlock()
 		return
 	}
+	stale := pl.takeStaleLocked()
+	need := s.planLocked(pl)
 	def := pl.def
-	// Idle sandboxes of an old template revision are replaced.
+	pl.creating += need
+	// Counted under pl.mu, where DeletePool sets deleted before it waits:
+	// the work started here is either seen by its Wait or not started.
+	pl.inflight.Add(need + 1)
+	pl.mu.Unlock()
+
+	for _, e := range stale {
+		e.Lock()
+		if err := e.Delete(ctx, lifecycle.ReasonStopping); err != nil {
+			s.log.Error("delete stale pool sandbox", "pool", def.Name, "id", e.ID(), "err", err)
+		}
+		e.Unlock()
+	}
+	pl.inflight.Done()
+	for i := 0; i < need; i++ {
+		go s.warm(ctx, pl, def)
+	}
+}
+
+// takeStaleLocked takes out of pl's idle buffer the sandboxes to replace:
+// those of an old template revision (or no longer Running), and those
+// above BufferMax (after a capacity update). The caller holds pl.mu.
+func (pl *pool) takeStaleLocked() []*lifecycle.Entry {
+	def := pl.def
 	var stale []*lifecycle.Entry
 	keep := pl.idle[:0]
 	for _, e := range pl.idle {
@@ -449,11 +474,17 @@ func (s *Pools) refill(ctx context.Context, pl *pool) {
 		}
 	}
 	pl.idle = keep
-	// Trim an idle buffer above BufferMax (after a capacity update).
 	for len(pl.idle) > def.Capacity.BufferMax {
 		stale = append(stale, pl.idle[len(pl.idle)-1])
 		pl.idle = pl.idle[:len(pl.idle)-1]
 	}
+	return stale
+}
+
+// planLocked decides whether a refill of pl is under way (recorded) and
+// returns how many warm creates to start now. The caller holds pl.mu.
+func (s *Pools) planLocked(pl *pool) int {
+	def := pl.def
 	st := pl.statusLocked()
 	avail := st.Available + pl.creating
 	// Hysteresis: a refill starts when the buffer drops below BufferMin
@@ -471,58 +502,46 @@ func (s *Pools) refill(ctx context.Context, pl *pool) {
 	}
 	s.setRefillingLocked(pl, filling)
 	def = pl.def
-	need = max(0, min(need, def.Capacity.PoolMax-st.Total, warmConcurrency-pl.creating))
-	pl.creating += need
-	// Counted under pl.mu, where DeletePool sets deleted before it waits:
-	// the work started here is either seen by its Wait or not started.
-	pl.inflight.Add(need + 1)
-	pl.mu.Unlock()
+	return max(0, min(need, def.Capacity.PoolMax-st.Total, warmConcurrency-pl.creating))
+}
 
-	for _, e := range stale {
-		e.Lock()
-		if err := e.Delete(ctx, lifecycle.ReasonStopping); err != nil {
-			s.log.Error("delete stale pool sandbox", "pool", def.Name, "id", e.ID(), "err", err)
+// warm creates one idle sandbox of pl (counted in pl.creating and
+// pl.inflight by refill) and hands it to the pool, or removes it if the
+// pool went away meanwhile.
+func (s *Pools) warm(ctx context.Context, pl *pool, def Pool) {
+	defer pl.inflight.Done()
+	e, err := s.createWarm(ctx, def)
+	pl.mu.Lock()
+	pl.creating--
+	if err == nil {
+		if pl.deleted || ctx.Err() != nil {
+			err = errPoolGone
+		} else {
+			pl.idle = append(pl.idle, e)
+			// The refill ends when its last sandbox lands, not at the
+			// next pass: a claim in between must not restart a finished
+			// refill.
+			if pl.def.Refilling && pl.refilledLocked() {
+				s.setRefillingLocked(pl, false)
+			}
 		}
-		e.Unlock()
 	}
-	pl.inflight.Done()
-	for i := 0; i < need; i++ {
-		go func() {
-			defer pl.inflight.Done()
-			e, err := s.createWarm(ctx, def)
-			pl.mu.Lock()
-			pl.creating--
-			if err == nil {
-				if pl.deleted || ctx.Err() != nil {
-					err = errPoolGone
-				} else {
-					pl.idle = append(pl.idle, e)
-					// The refill ends when its last sandbox lands,
-					// not at the next pass: a claim in between must
-					// not restart a finished refill.
-					if pl.def.Refilling && pl.refilledLocked() {
-						s.setRefillingLocked(pl, false)
-					}
-				}
+	pl.mu.Unlock()
+	if err != nil {
+		if e != nil {
+			e.Lock()
+			e.Delete(context.Background(), lifecycle.ReasonStopping)
+			e.Unlock()
+		}
+		if err != errPoolGone {
+			s.log.Warn("warm pool create failed", "pool", def.Name, "err", err)
+			select { // back off before retrying
+			case <-ctx.Done():
+			case <-time.After(time.Second):
 			}
-			pl.mu.Unlock()
-			if err != nil {
-				if e != nil {
-					e.Lock()
-					e.Delete(context.Background(), lifecycle.ReasonStopping)
-					e.Unlock()
-				}
-				if err != errPoolGone {
-					s.log.Warn("warm pool create failed", "pool", def.Name, "err", err)
-					select { // back off before retrying
-					case <-ctx.Done():
-					case <-time.After(time.Second):
-					}
-				}
-			}
-			pl.poke()
-		}()
+		}
 	}
+	pl.poke()
 }
 
 // refilledLocked tells whether a refill of pl is complete: BufferMax
