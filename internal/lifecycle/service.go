@@ -1,7 +1,10 @@
-// Package lifecycle is the sandbox domain service behind the Lifecycle API:
-// the state machine, create/get/list/delete, pause/resume, expiry (the TTL
-// reaper), metadata, endpoints, and re-adoption of sandboxes after a server
-// restart. It knows nothing about HTTP.
+// Package lifecycle is the sandbox core behind the Lifecycle API: the
+// sandbox table, the state machine, create/get/list/delete, pause/resume,
+// expiry (the TTL reaper), metadata, endpoints, events, the quota ledger
+// and re-adoption of sandboxes after a server restart. It knows nothing
+// about HTTP. Pools, snapshots, named volumes and the Credential Vault are
+// feature packages beneath it that plug in through Features (feature.go);
+// internal/sandbox wires them.
 //
 // Persistence: the service keeps every sandbox in memory and writes a record
 // through to the store when a sandbox becomes Running and on every later

@@ -79,11 +79,6 @@ func (h *harness) newService(t *testing.T) *sandbox.Service {
 	return svc
 }
 
-func testPool(name string, bmin, bmax, pmax int) pool.Pool {
-	return pool.Pool{Name: name, Template: pool.PoolTemplate{Image: "busybox", Entrypoint: []string{"tail", "-f", "/dev/null"},
-		Env: map[string]string{"A": "1"}}, Capacity: pool.Capacity{BufferMin: bmin, BufferMax: bmax, PoolMax: pmax}}
-}
-
 // waitIdle waits until the pool has want idle sandboxes and nothing in
 // flight (Total counts the creates in flight).
 func waitIdle(t *testing.T, svc interface {
