@@ -83,7 +83,7 @@ func eventTypes(evs []wire.Event) string {
 func TestJupyterKernelContext(t *testing.T) {
 	e := kernelEnv(t)
 	id := e.createContext("python")
-	c, err := e.svc.getContext(id)
+	c, err := e.svc.contexts.Get(id)
 	if _, ok := c.backend.(*kernelClient); err != nil || !ok {
 		t.Fatalf("context is not kernel-backed: %v", err)
 	}
@@ -276,7 +276,7 @@ func TestJupyterKernelStartFailure(t *testing.T) {
 	// python has no kernel in KernelDirs: the built-in driver is used.
 	if _, err := os.Stat("/usr/bin/python3"); err == nil {
 		id := e.createContext("python")
-		if c, _ := e.svc.getContext(id); isKernel(c) {
+		if c, _ := e.svc.contexts.Get(id); isKernel(c) {
 			t.Fatal("python context uses a kernel that KernelDirs does not list")
 		}
 	}
@@ -328,7 +328,7 @@ func TestJupyterMessageInterrupt(t *testing.T) {
 	}
 	e := newTestEnv(t, func(o *Options) { o.KernelDirs = []string{dir} })
 	id := e.createContext("python")
-	c, _ := e.svc.getContext(id)
+	c, _ := e.svc.contexts.Get(id)
 	if k, ok := c.backend.(*kernelClient); !ok || k.interruptMode != "message" {
 		t.Fatal("context does not use the message-interrupt kernel")
 	}
@@ -503,7 +503,7 @@ func TestKernelExitedBetweenCells(t *testing.T) {
 	if evs := e.runCode(id, "import sys; print('hi', file=sys.stderr)"); evs[len(evs)-1].Type != wire.EvExecutionComplete {
 		t.Fatalf("first cell: %s", eventTypes(evs))
 	}
-	c, err := e.svc.getContext(id)
+	c, err := e.svc.contexts.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,6 @@ type codeContext struct {
 	id, language, cwd string
 	key               string // languageKey(language)
 	dir               string // private files (cells, connection file, logs)
-	seq               uint64 // creation order
 	backend           backend
 
 	mu   sync.Mutex

@@ -73,7 +73,7 @@ func TestBuiltinDrivers(t *testing.T) {
 // as the init event has arrived: the cell must end with an error.
 func interruptAfterInit(t *testing.T, e *testEnv, id string) {
 	t.Helper()
-	c, err := e.svc.getContext(id)
+	c, err := e.svc.contexts.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}

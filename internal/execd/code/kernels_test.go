@@ -41,7 +41,7 @@ func TestKernelForAnyLanguage(t *testing.T) {
 	e := newTestEnv(t, func(o *Options) { o.KernelDirs = []string{dir} })
 	for _, lang := range []string{"klingon", "KLINGON"} {
 		id := e.createContext(lang)
-		c, _ := e.svc.getContext(id)
+		c, _ := e.svc.contexts.Get(id)
 		if !isKernel(c) {
 			t.Fatalf("%s: the context is not kernel-backed", lang)
 		}

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -47,9 +46,7 @@ type Service struct {
 	opts  Options
 	ports *portPool
 
-	mu       sync.Mutex
-	contexts map[string]*codeContext // guarded by mu
-	seq      uint64                  // creation order of contexts (guarded by mu)
+	contexts *proc.Registry[*codeContext]
 
 	defaultMu sync.Mutex // serializes lazy creation of default contexts
 
@@ -62,7 +59,7 @@ type Service struct {
 func New(run *proc.Runner, shell ScriptRunner, opts Options) *Service {
 	return &Service{
 		run: run, shell: shell, opts: opts, ports: newPortPool(),
-		contexts: make(map[string]*codeContext),
+		contexts: proc.NewRegistry[*codeContext](run, "context"),
 		kernels:  make(map[string]*KernelSpec),
 	}
 }
@@ -106,11 +103,10 @@ func (s *Service) createContext(ctx context.Context, language, cwd string) (*cod
 		os.RemoveAll(c.dir)
 		return nil, err
 	}
-	s.mu.Lock()
-	s.seq++
-	c.seq = s.seq
-	s.contexts[c.id] = c
-	s.mu.Unlock()
+	if err := s.contexts.Add(c.id, c); err != nil {
+		c.close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -136,17 +132,11 @@ func (s *Service) CreateContext(w http.ResponseWriter, r *http.Request) error {
 // listContexts returns the contexts of language ("" = all) in creation
 // order.
 func (s *Service) listContexts(language string) []*codeContext {
-	key := languageKey(language)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*codeContext
-	for _, c := range s.contexts {
-		if language == "" || c.key == key {
-			out = append(out, c)
-		}
+	if language == "" {
+		return s.contexts.List(nil)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
-	return out
+	key := languageKey(language)
+	return s.contexts.List(func(c *codeContext) bool { return c.key == key })
 }
 
 // ListContexts serves GET /code/contexts[?language=].
@@ -158,13 +148,15 @@ func (s *Service) ListContexts(w http.ResponseWriter, r *http.Request) error {
 	return wire.WriteJSON(w, out)
 }
 
-// removeContext unregisters c, kills its interpreter and removes its
-// files.
-func (s *Service) removeContext(c *codeContext) {
-	s.mu.Lock()
-	delete(s.contexts, c.id)
-	s.mu.Unlock()
+// removeContext unregisters the context id, kills its interpreter and
+// removes its files.
+func (s *Service) removeContext(id string) error {
+	c, err := s.contexts.Remove(id)
+	if err != nil {
+		return err
+	}
 	c.close()
+	return nil
 }
 
 // DeleteContexts serves DELETE /code/contexts?language=: it deletes every
@@ -175,25 +167,15 @@ func (s *Service) DeleteContexts(w http.ResponseWriter, r *http.Request) error {
 		return wire.MissingQuery("language")
 	}
 	for _, c := range s.listContexts(lang) {
-		s.removeContext(c)
+		s.removeContext(c.id) // one deleted meanwhile is gone already
 	}
 	w.WriteHeader(http.StatusOK)
 	return nil
 }
 
-func (s *Service) getContext(id string) (*codeContext, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.contexts[id]
-	if !ok {
-		return nil, wire.ContextNotFound("context", id)
-	}
-	return c, nil
-}
-
 // GetContext serves GET /code/contexts/{id}.
 func (s *Service) GetContext(w http.ResponseWriter, r *http.Request) error {
-	c, err := s.getContext(r.PathValue("id"))
+	c, err := s.contexts.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -203,11 +185,9 @@ func (s *Service) GetContext(w http.ResponseWriter, r *http.Request) error {
 // DeleteContext serves DELETE /code/contexts/{id}: it kills the
 // interpreter.
 func (s *Service) DeleteContext(w http.ResponseWriter, r *http.Request) error {
-	c, err := s.getContext(r.PathValue("id"))
-	if err != nil {
+	if err := s.removeContext(r.PathValue("id")); err != nil {
 		return err
 	}
-	s.removeContext(c)
 	w.WriteHeader(http.StatusOK)
 	return nil
 }
@@ -220,7 +200,7 @@ func (s *Service) Interrupt(w http.ResponseWriter, r *http.Request) error {
 	if id == "" {
 		return wire.MissingQuery("id")
 	}
-	c, err := s.getContext(id)
+	c, err := s.contexts.Get(id)
 	if err != nil {
 		return err
 	}
@@ -267,7 +247,7 @@ func (s *Service) Run(w http.ResponseWriter, r *http.Request) error {
 	var err error
 	switch {
 	case req.Context != nil && req.Context.ID != "":
-		c, err = s.getContext(req.Context.ID)
+		c, err = s.contexts.Get(req.Context.ID)
 	case req.Context != nil && req.Context.Language != "" && req.Context.Language != "command":
 		c, err = s.defaultContext(r.Context(), req.Context.Language)
 	default:

@@ -38,9 +38,8 @@ type Service struct {
 	grace     time.Duration
 	killGrace time.Duration
 
-	mu       sync.Mutex
-	commands map[string]*command // guarded by mu
-	sessions map[string]*session // guarded by mu
+	commands *proc.Registry[*command]
+	sessions *proc.Registry[*session]
 }
 
 // New returns a Service that starts its processes through run.
@@ -50,8 +49,8 @@ func New(run *proc.Runner, opts Options) *Service {
 	}
 	return &Service{
 		run: run, log: run.Log(), grace: opts.Grace, killGrace: opts.KillGrace,
-		commands: make(map[string]*command),
-		sessions: make(map[string]*session),
+		commands: proc.NewRegistry[*command](run, "command"),
+		sessions: proc.NewRegistry[*session](run, "session"),
 	}
 }
 
@@ -155,26 +154,6 @@ func credential(uid, gid *uint32) *syscall.Credential {
 	return cred
 }
 
-func (s *Service) addCommand(c *command) error {
-	if s.run.Closed() {
-		return wire.Unavailable()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.commands[c.id] = c
-	return nil
-}
-
-func (s *Service) getCommand(id string) (*command, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.commands[id]
-	if !ok {
-		return nil, wire.ContextNotFound("command", id)
-	}
-	return c, nil
-}
-
 // startError is the event sent after init when a command cannot start:
 // upstream puts the error text in evalue.
 func startError(err error) wire.Event {
@@ -234,7 +213,7 @@ func (s *Service) runBackground(w http.ResponseWriter, c *command, logf *os.File
 		return wire.Runtime(err, "")
 	}
 	defer devnull.Close()
-	if err := s.addCommand(c); err != nil {
+	if err := s.commands.Add(c.id, c); err != nil {
 		return err
 	}
 	spec, err := s.run.ShellSpec(c.content, cwd, env, cred, []*os.File{devnull, logf, logf})
@@ -313,7 +292,7 @@ func (s *Service) runForeground(w http.ResponseWriter, r *http.Request, c *comma
 		outW.Close()
 		return wire.Runtime(err, "")
 	}
-	if err := s.addCommand(c); err != nil {
+	if err := s.commands.Add(c.id, c); err != nil {
 		outR.Close()
 		outW.Close()
 		errR.Close()
@@ -406,7 +385,7 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleCommandStatus(w http.ResponseWriter, r *http.Request, id string) error {
-	c, err := s.getCommand(id)
+	c, err := s.commands.Get(id)
 	if err != nil {
 		return err
 	}
@@ -417,7 +396,7 @@ func (s *Service) handleCommandStatus(w http.ResponseWriter, r *http.Request, id
 // the current end, and the new end offset in EXECD-COMMANDS-TAIL-CURSOR (as
 // upstream does: a cursor beyond the end is clamped to it).
 func (s *Service) handleCommandLogs(w http.ResponseWriter, r *http.Request, id string) error {
-	c, err := s.getCommand(id)
+	c, err := s.commands.Get(id)
 	if err != nil {
 		return err
 	}
@@ -454,7 +433,7 @@ func (s *Service) Interrupt(w http.ResponseWriter, r *http.Request) error {
 	if id == "" {
 		return wire.MissingQuery("id")
 	}
-	c, err := s.getCommand(id)
+	c, err := s.commands.Get(id)
 	if err != nil {
 		return err
 	}

@@ -62,35 +62,18 @@ func (s *Service) CreateSession(w http.ResponseWriter, r *http.Request) error {
 	if cwd != "" {
 		os.WriteFile(filepath.Join(ss.dir, "cwd"), []byte(cwd), 0o600)
 	}
-	if s.run.Closed() {
+	if err := s.sessions.Add(ss.id, ss); err != nil {
 		os.RemoveAll(ss.dir)
-		return wire.Unavailable()
+		return err
 	}
-	s.mu.Lock()
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
 	return wire.WriteJSON(w, map[string]string{"session_id": ss.id})
-}
-
-func (s *Service) getSession(id string) (*session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ss, ok := s.sessions[id]
-	if !ok {
-		return nil, wire.ContextNotFound("session", id)
-	}
-	return ss, nil
 }
 
 // DeleteSession serves DELETE /session/{id}: it kills a running command.
 func (s *Service) DeleteSession(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	s.mu.Lock()
-	ss, ok := s.sessions[id]
-	delete(s.sessions, id)
-	s.mu.Unlock()
-	if !ok {
-		return wire.ContextNotFound("session", id)
+	ss, err := s.sessions.Remove(r.PathValue("id"))
+	if err != nil {
+		return err
 	}
 	if p := ss.current(); p != nil {
 		p.Signal(syscall.SIGKILL)
@@ -122,7 +105,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 // RunSession serves POST /session/{id}/run.
 func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
-	ss, err := s.getSession(r.PathValue("id"))
+	ss, err := s.sessions.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,8 @@
 // process, collects exit statuses (as PID 1 it reaps every orphan too), and
 // holds what all services share about children: the shell, the base
 // environment (extended by POST /moat/v1/env), path expansion, the private
-// state directory and the shutdown that kills every process group.
+// state directory, the shutdown that kills every process group, and the
+// Registry each service keeps its live commands, sessions or contexts in.
 package proc
 
 import (

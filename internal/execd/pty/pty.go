@@ -51,15 +51,13 @@ const (
 
 // Service serves /pty.
 type Service struct {
-	run *proc.Runner
-
-	mu       sync.Mutex
-	sessions map[string]*ptySession // guarded by mu
+	run      *proc.Runner
+	sessions *proc.Registry[*ptySession]
 }
 
 // New returns a Service that starts its shells through run.
 func New(run *proc.Runner) *Service {
-	return &Service{run: run, sessions: make(map[string]*ptySession)}
+	return &Service{run: run, sessions: proc.NewRegistry[*ptySession](run, "pty session")}
 }
 
 // ptySession is an interactive shell driven over one WebSocket at a time.
@@ -119,26 +117,16 @@ func (s *Service) Create(w http.ResponseWriter, r *http.Request) error {
 			return wire.BadBody("cwd %s is not a directory", p.cwd)
 		}
 	}
-	s.mu.Lock()
-	s.sessions[p.id] = p
-	s.mu.Unlock()
+	if err := s.sessions.Add(p.id, p); err != nil {
+		return err
+	}
 	web.WriteJSON(w, http.StatusCreated, map[string]string{"session_id": p.id})
 	return nil
 }
 
-func (s *Service) get(id string) (*ptySession, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p, ok := s.sessions[id]
-	if !ok {
-		return nil, wire.ContextNotFound("pty session", id)
-	}
-	return p, nil
-}
-
 // Get serves GET /pty/{id}: whether the shell runs and the output offset.
 func (s *Service) Get(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.get(r.PathValue("id"))
+	p, err := s.sessions.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -149,13 +137,9 @@ func (s *Service) Get(w http.ResponseWriter, r *http.Request) error {
 
 // Delete serves DELETE /pty/{id}: it kills the shell and closes the socket.
 func (s *Service) Delete(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	s.mu.Lock()
-	p, ok := s.sessions[id]
-	delete(s.sessions, id)
-	s.mu.Unlock()
-	if !ok {
-		return wire.ContextNotFound("pty session", id)
+	p, err := s.sessions.Remove(r.PathValue("id"))
+	if err != nil {
+		return err
 	}
 	p.mu.Lock()
 	pr, conn, started := p.proc, p.conn, p.started
@@ -295,7 +279,7 @@ type ptyError struct {
 
 // Attach serves GET /pty/{id}/ws, the WebSocket (protocol §2.5).
 func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.get(r.PathValue("id"))
+	p, err := s.sessions.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
