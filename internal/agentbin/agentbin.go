@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -67,7 +68,7 @@ func install(dir string, data []byte) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("agent: %w", err)
 	}
-	if err := writeAtomic(path, data, 0o555); err != nil {
+	if err := atomicfile.WriteFile(path, data, 0o555); err != nil {
 		return "", fmt.Errorf("agent: %w", err)
 	}
 	return path, nil
@@ -80,27 +81,5 @@ func WriteTo(path string) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, data, 0o755)
-}
-
-// writeAtomic writes data to a temporary file next to path and renames it
-// to path, so path is either absent or complete.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), ".moat-agent-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return atomicfile.WriteFile(path, data, 0o755)
 }

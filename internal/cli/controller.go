@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/go-logr/logr"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/moat-sandbox/moat/config/crd"
 	"github.com/moat-sandbox/moat/internal/agentbin"
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 )
@@ -128,23 +127,7 @@ func copySelf(dest string) error {
 		return err
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dest), ".moat-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, src); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dest)
+	return atomicfile.WriteFrom(dest, src, 0o755)
 }
 
 // applyCRDs creates moat's CRDs, or updates them to this binary's version.

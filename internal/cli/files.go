@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -124,32 +125,9 @@ is written next to its destination and renamed into place when complete.`,
 				_, err := io.Copy(cmd.OutOrStdout(), rc)
 				return err
 			}
-			return writeFileAtomic(local, rc)
+			return atomicfile.WriteFrom(local, rc, 0o644)
 		},
 	}
-}
-
-// writeFileAtomic copies r into a temporary file next to dst and renames
-// it over dst, so a failed download leaves no partial file.
-func writeFileAtomic(dst string, r io.Reader) error {
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".moat-*")
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(tmp, r)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dst)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }
 
 func newFilesListCommand(af *agentFlags) *cobra.Command {

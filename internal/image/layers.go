@@ -16,6 +16,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -117,7 +118,7 @@ func (s *Store) writeBlob(data []byte) (string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
-	if err := writeFileAtomic(p, data, 0o644); err != nil {
+	if err := atomicfile.WriteFileSync(p, data, 0o644); err != nil {
 		return "", fmt.Errorf("write blob %s: %w", d, err)
 	}
 	return d, nil

@@ -19,6 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -174,7 +175,7 @@ func (s *Store) update(fn func(*indexFile) error) error {
 	if err != nil {
 		return fmt.Errorf("encode image index: %w", err)
 	}
-	return writeFileAtomic(s.indexPath(), data, 0o600)
+	return atomicfile.WriteFileSync(s.indexPath(), data, 0o600)
 }
 
 // flock takes lock (LOCK_SH or LOCK_EX, optionally |LOCK_NB) on the lock
@@ -204,33 +205,6 @@ func (s *Store) flock(name string, how int) (func(), error) {
 // writerLock is held by every operation that creates layers or blobs not
 // yet referenced from the index, so GC cannot collect them mid-flight.
 func (s *Store) writerLock() (func(), error) { return s.flock("gc.lock", unix.LOCK_SH) }
-
-// writeFileAtomic writes data to path via a temporary file in the same
-// directory, fsynced and renamed over path.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
 
 func randomSuffix() string {
 	var b [8]byte

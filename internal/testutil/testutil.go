@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
@@ -223,19 +224,7 @@ func installPayload(src, dst string) error {
 	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	f, err := os.CreateTemp(filepath.Dir(dst), ".moat-agent-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), dst)
+	return atomicfile.WriteFile(dst, data, 0o600)
 }
 
 // BusyboxRootfs returns a rootfs directory built from the host's

@@ -55,6 +55,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -546,7 +547,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err != nil {
 		return runtime.Status{}, err
 	}
-	if err := writeFileAtomic(r.agentConfPath(id), agentConf, 0o600); err != nil {
+	if err := atomicfile.WriteFile(r.agentConfPath(id), agentConf, 0o600); err != nil {
 		return runtime.Status{}, fmt.Errorf("docker: %w", err)
 	}
 
@@ -602,7 +603,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	if r.cfg.GatewayDNS {
 		conf := "nameserver " + r.net.gateway.String() + "\n"
-		if err := writeFileAtomic(r.resolvConfPath(id), []byte(conf), 0o644); err != nil {
+		if err := atomicfile.WriteFile(r.resolvConfPath(id), []byte(conf), 0o644); err != nil {
 			return runtime.Status{}, fmt.Errorf("docker: %w", err)
 		}
 		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeBind, Source: r.resolvConfPath(id), Target: "/etc/resolv.conf", ReadOnly: true})
@@ -693,18 +694,6 @@ func envList(env map[string]string) []string {
 		out = append(out, k+"="+env[k])
 	}
 	return out
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, perm); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }
 
 // status converts an inspected container.

@@ -16,6 +16,7 @@ import (
 	gorunc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -146,7 +147,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, name string) (err error) {
 		return fmt.Errorf("oci: checkpoint %s: %w: %w", id, err, errdefs.ErrInternal)
 	}
 	// meta.json last: a checkpoint without it is incomplete.
-	if err := writeFileAtomic(filepath.Join(dir, "meta.json"), meta, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "meta.json"), meta, 0o600); err != nil {
 		return fmt.Errorf("oci: %w", err)
 	}
 	r.log.Debug("oci: checkpointed", "id", id, "checkpoint", name, "took", time.Since(t0))

@@ -13,6 +13,7 @@ import (
 
 	gorunc "github.com/containerd/go-runc"
 
+	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -86,24 +87,12 @@ func (r *Runtime) readRecord(id string) (record, error) {
 	return rec, nil
 }
 
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, perm); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
 func (r *Runtime) writeRecord(id string, rec record) error {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(r.sandboxDir(id), "state.json"), data, 0o600)
+	return atomicfile.WriteFile(filepath.Join(r.sandboxDir(id), "state.json"), data, 0o600)
 }
 
 // containerState asks the OCI runtime about id; ok is false if the runtime
