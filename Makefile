@@ -7,7 +7,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -120,6 +120,9 @@ deps-docker: ## Install and start dockerd for the docker backend tests (root, id
 deps-images: ## Build the debootstrap test image (Jupyter kernels, JDK, node) into the cache (a few minutes once, then instant)
 	@bash scripts/build-test-images.sh debian-kernels >/dev/null
 
+deps-guest: ## Build the stock Debian 12 guest (QEMU, Debian's kernel, cgroup v2) the guest tests boot (test/guest; a few minutes once, then instant)
+	@bash scripts/build-guest.sh
+
 deps-npm: ## Install the locked npm packages of the JS SDK compatibility test (test/compat/js)
 	@bash scripts/npm-ci.sh test/compat/js
 
@@ -132,7 +135,7 @@ deps-npm: ## Install the locked npm packages of the JS SDK compatibility test (t
 # GNU make 4.3 locks stdout for it, and hangs when that is /dev/null and
 # another process holds a lock on it.)
 test-setup: deps deps-browser deps-docker ## Everything `make test` needs before the tests run (root, idempotent)
-	@$(MAKE) --no-print-directory -j deps-runsc deps-k8s deps-images deps-npm test-build
+	@$(MAKE) --no-print-directory -j deps-runsc deps-k8s deps-images deps-guest deps-npm test-build
 
 # build, then lint one step at a time: its generators (check-generated,
 # check-generated-k8s) rewrite files that vet, staticcheck and the builds
@@ -147,7 +150,7 @@ test: test-setup ## Run every test (as root: includes the runtime and end-to-end
 	@# cgroup or process behind (see internal/testutil/leakcheck).
 	@run=$$(mktemp -d /tmp/mtr.XXXXXX) && \
 	$(GO) run ./internal/testutil/leakcheck snapshot $$run && \
-	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
+	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_REQUIRE_GUEST=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
 		$(GO) test $(TESTFLAGS) -p 1 ./... && (cd client && $(GO) test -count=1 ./...); rc=$$?; } ; \
 	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
 	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc

@@ -25,9 +25,10 @@ fi
 # python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests;
 # default-jdk-headless and node-typescript: the agent's built-in Java
 # (jshell) and TypeScript drivers, tested on the host (internal/execd/code).
-# debootstrap: scripts/build-test-images.sh (installed here so that no apt
-# runs while `make test-setup` builds its stages at once).
-pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap)
+# debootstrap: scripts/build-test-images.sh, and with QEMU
+# scripts/build-guest.sh (installed here so that no apt runs while
+# `make test-setup` builds its stages at once).
+pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap qemu-system-x86 qemu-utils)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -54,14 +55,60 @@ elif ! command -v npm >/dev/null 2>&1 && ! dpkg-query -W -f='${Status}' nodejs 2
 	apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-	if [ -x /usr/local/go/bin/go ]; then
-		export PATH=/usr/local/go/bin:$PATH
-	else
-		echo "install-deps: Go toolchain not found (expected /usr/local/go)" >&2
-		exit 1
+# The Go toolchain go.mod asks for, at /usr/local/go (the Makefile puts
+# /usr/local/go/bin first on PATH). A machine without one gets Debian's
+# golang-go (1.19), which only serves to fetch the toolchain module
+# golang.org/toolchain from the module proxy (checked against the checksum
+# database): Go 1.19 predates GOTOOLCHAIN, so it is unpacked here, into
+# the cache, and linked as /usr/local/go. A /usr/local/go of our own
+# making is moved on to a newer toolchain; any other one is left alone.
+GO_VERSION=${GO_VERSION:-1.26.8} # at least go.mod's go line
+ensure_go() {
+	local here want have go dir tmp
+	here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+	want=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")
+	[ "$(printf '%s\n' "$want" "$GO_VERSION" | sort -V | tail -1)" = "$want" ] || want=$GO_VERSION
+	go=/usr/local/go/bin/go
+	[ -x "$go" ] || go=$(command -v go || true)
+	have=$([ -n "$go" ] && "$go" env GOVERSION 2>/dev/null | sed 's/^go//' || true)
+	if [ -n "$have" ] && [ "$(printf '%s\n' "$want" "$have" | sort -V | head -1)" = "$want" ]; then
+		return 0
 	fi
-fi
+	if [ -e /usr/local/go ] && [ ! -L /usr/local/go ]; then
+		echo "install-deps: /usr/local/go is Go $have; moat needs $want or newer (GOTOOLCHAIN=auto fetches it from Go 1.21 on)" >&2
+		return 0
+	fi
+	if [ -z "$go" ]; then
+		echo "install-deps: installing golang-go (to fetch Go $want)"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+		go=$(command -v go)
+	fi
+	dir=${MOAT_CACHE:-/var/cache/moat}/go/go$want
+	if [ ! -x "$dir/bin/go" ]; then
+		echo "install-deps: fetching Go $want (golang.org/toolchain) from the module proxy"
+		mkdir -p "$(dirname "$dir")"
+		tmp=$(mktemp -d "$dir.tmp.XXXXXX")
+		# An empty module directory, so that no go.mod around is read.
+		(cd "$tmp" && GOFLAGS=-modcacherw GOMODCACHE="$tmp/mod" GO111MODULE=on GOTOOLCHAIN=local \
+			"$go" mod download "golang.org/toolchain@v0.0.1-go$want.linux-$("$go" env GOARCH)") || {
+			rm -rf "$tmp"
+			echo "install-deps: could not fetch Go $want from the module proxy" >&2
+			exit 1
+		}
+		mv "$tmp"/mod/golang.org/toolchain@* "$tmp/go"
+		chmod -R u+w "$tmp/go"
+		chmod +x "$tmp"/go/bin/* "$tmp"/go/pkg/tool/*/*
+		rm -rf "$dir"
+		mv "$tmp/go" "$dir"
+		rm -rf "$tmp"
+	fi
+	ln -sfn "$dir" /usr/local/go
+	echo "install-deps: /usr/local/go is Go $want ($dir)"
+}
+ensure_go
+export PATH=/usr/local/go/bin:$PATH
 
 # Kernel features the native runtime uses.
 modprobe overlay 2>/dev/null || true

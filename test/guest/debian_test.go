@@ -1,0 +1,209 @@
+// Package guest runs moat on a stock Debian 12 host, booted under QEMU
+// (internal/testutil/guest): cgroup v2 unified under systemd and Debian's
+// 6.1 kernel, a host the CI machine (cgroup v1) cannot be turned into.
+package guest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/guest"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+const (
+	apiPort = 8080
+	apiKey  = "guest-key-0123456789"
+)
+
+// TestStockDebianHost starts moat under systemd in the guest, creates a
+// sandbox with resource limits with each of crun and runc, and checks the
+// limits in the sandbox's cgroup v2 files, a command run in it,
+// pause/resume through cgroup.freeze, and that a delete leaves no cgroup,
+// runtime state or process behind. A boot and each create are slow under
+// software emulation, so the slice stays short.
+func TestStockDebianHost(t *testing.T) {
+	bin := testutil.MoatBinary(t)
+	rootfs := testutil.BusyboxRootfs(t)
+	vm := guest.Boot(t, guest.Options{Forward: []int{apiPort}})
+	vm.CopyIn(t, bin, "moat")
+	vm.CopyIn(t, rootfs, "busybox")
+
+	if fs := strings.TrimSpace(vm.MustRun(t, time.Minute, "stat -f -c %T /sys/fs/cgroup")); fs != "cgroup2fs" {
+		t.Fatalf("/sys/fs/cgroup is %q, want cgroup2fs (a unified cgroup v2 host)", fs)
+	}
+	vm.MustRun(t, 3*time.Minute, `set -e
+install -m 0755 /mnt/host/moat /usr/local/bin/moat
+moat image import --root /var/lib/moat local/busybox /mnt/host/busybox >/dev/null
+systemd-run --unit moat-serve -E MOAT_API_KEY=`+apiKey+` \
+	/usr/local/bin/moat serve --runtime oci --allow-registry loopback --root /var/lib/moat --listen 0.0.0.0:8080`)
+	t.Cleanup(func() {
+		if t.Failed() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			r, _ := vm.Run(ctx, "journalctl -u moat-serve --no-pager | tail -60")
+			t.Logf("moat serve's journal:\n%s", r.Stdout)
+		}
+	})
+	api := &client{t: t, base: "http://" + vm.Addr(apiPort)}
+	api.waitHealthy(3 * time.Minute)
+
+	for _, class := range []string{"crun", "runc"} {
+		t.Run(class, func(t *testing.T) {
+			api := &client{t: t, base: api.base}
+			var sb struct {
+				ID     string
+				Status struct{ State, Message string }
+			}
+			api.json(202, "POST", "/v1/sandboxes", map[string]any{
+				"image":          map[string]any{"uri": "local/busybox"},
+				"entrypoint":     []string{"tail", "-f", "/dev/null"},
+				"timeout":        600,
+				"resourceLimits": map[string]string{"cpu": "500m", "memory": "256Mi"},
+				"extensions":     map[string]string{"moat.runtime": class},
+			}, &sb)
+			if sb.Status.State != "Running" {
+				t.Fatalf("create: %+v", sb)
+			}
+			id := sb.ID
+			t.Cleanup(func() { api.do("DELETE", "/v1/sandboxes/"+id, nil) })
+
+			if out := api.command(id, "echo hello $((6*7)) $(cat /proc/self/cgroup)"); out != "hello 42 0::/" {
+				t.Fatalf("command output %q", out)
+			}
+			// The sandbox's own cgroup (<parent>/<id>) holds the limits.
+			cg := fmt.Sprintf(`cg=$(find /sys/fs/cgroup -mindepth 1 -maxdepth 3 -type d -name '*%s*' | head -1); [ -n "$cg" ] || { echo no cgroup >&2; exit 1; }`, id)
+			limits := strings.Fields(vm.MustRun(t, time.Minute, cg+`; cat $cg/memory.max $cg/pids.max $cg/cpu.max`))
+			if want := []string{"268435456", "4096", "50000", "100000"}; strings.Join(limits, " ") != strings.Join(want, " ") {
+				t.Fatalf("memory.max, pids.max, cpu.max: %q, want %q", limits, want)
+			}
+
+			api.json(202, "POST", "/v1/sandboxes/"+id+"/pause", nil, nil)
+			if f := strings.TrimSpace(vm.MustRun(t, time.Minute, cg+`; cat $cg/cgroup.freeze; grep frozen $cg/cgroup.events`)); f != "1\nfrozen 1" {
+				t.Fatalf("paused sandbox: cgroup.freeze, events %q", f)
+			}
+			api.json(202, "POST", "/v1/sandboxes/"+id+"/resume", nil, nil)
+			if f := strings.TrimSpace(vm.MustRun(t, time.Minute, cg+`; cat $cg/cgroup.freeze`)); f != "0" {
+				t.Fatalf("resumed sandbox: cgroup.freeze %q", f)
+			}
+			if out := api.command(id, "echo resumed"); out != "resumed" {
+				t.Fatalf("command after resume: %q", out)
+			}
+
+			if code, body := api.do("DELETE", "/v1/sandboxes/"+id, nil); code != 204 {
+				t.Fatalf("delete: %d %s", code, body)
+			}
+			// No cgroup, runtime state or process of the sandbox is left.
+			left := vm.MustRun(t, time.Minute, fmt.Sprintf(`find /sys/fs/cgroup /run/crun /run/runc -name '*%s*' 2>/dev/null; ps -eo args | grep -F %s | grep -v grep; true`, id, id))
+			if strings.TrimSpace(left) != "" {
+				t.Fatalf("left behind by the delete:\n%s", left)
+			}
+		})
+	}
+}
+
+// client calls the API of the guest's moat through the forwarded port.
+type client struct {
+	t    *testing.T
+	base string
+}
+
+func (c *client) do(method, path string, body any) (int, []byte) {
+	c.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, c.base+path, r)
+	req.Header.Set("OPEN-SANDBOX-API-KEY", apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	hc := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := hc.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+func (c *client) json(code int, method, path string, body, into any) {
+	c.t.Helper()
+	got, out := c.do(method, path, body)
+	if got != code {
+		c.t.Fatalf("%s %s: status %d, want %d: %s", method, path, got, code, out)
+	}
+	if into != nil {
+		if err := json.Unmarshal(out, into); err != nil {
+			c.t.Fatalf("%s %s: decode %s: %v", method, path, out, err)
+		}
+	}
+}
+
+func (c *client) waitHealthy(timeout time.Duration) {
+	c.t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := hc.Get(c.base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("moat serve in the guest not healthy within %s: %v", timeout, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// command runs command in sandbox id through the server's proxy to its
+// agent and returns its standard output.
+func (c *client) command(id, command string) string {
+	c.t.Helper()
+	body, _ := json.Marshal(map[string]any{"command": command})
+	req, _ := http.NewRequest("POST", c.base+"/sandboxes/"+id+"/proxy/44772/command", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-EXECD-ACCESS-TOKEN", apiKey)
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+	if err != nil {
+		c.t.Fatalf("command: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		c.t.Fatalf("command: status %d: %s", resp.StatusCode, b)
+	}
+	var out []string
+	var done bool
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var e struct{ Type, Text string }
+		if json.Unmarshal([]byte(strings.TrimPrefix(sc.Text(), "data: ")), &e) != nil {
+			continue
+		}
+		switch e.Type {
+		case "stdout":
+			out = append(out, e.Text)
+		case "execution_complete":
+			done = true
+		}
+	}
+	if !done {
+		c.t.Fatalf("command %q: stream ended without execution_complete (stdout %q)", command, out)
+	}
+	return strings.Join(out, "\n")
+}
