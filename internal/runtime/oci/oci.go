@@ -393,10 +393,3 @@ func (r *Runtime) runc(class string) *gorunc.Runc {
 	}
 	return rc
 }
-
-// hybridWithV2Controllers reports a cgroup v1 host whose unified (v2)
-// hierarchy still owns controllers, a setup crun rejects.
-func hybridWithV2Controllers() bool {
-	data, err := os.ReadFile("/sys/fs/cgroup/unified/cgroup.controllers")
-	return err == nil && strings.TrimSpace(string(data)) != ""
-}
