@@ -186,6 +186,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if res.PidsLimit == 0 {
 		res.PidsLimit = r.cfg.Resources.PidsLimit
 	}
+	if r.kinds[spec.Class] == runscKind && res.PidsLimit > 0 {
+		res.PidsLimit += runscPidsHeadroom
+	}
 	cwd := spec.WorkingDir
 	if cwd == "" {
 		cwd = img.Config.WorkingDir
