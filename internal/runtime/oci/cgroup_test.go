@@ -26,9 +26,18 @@ func cgroupMounts(t *testing.T, f func(tmpfs, cg2 string)) {
 	go func() {
 		goruntime.LockOSThread() // never unlocked: see the doc comment
 		errc <- func() error {
+			host, err := os.Open("/proc/thread-self/ns/mnt")
+			if err != nil {
+				return err
+			}
+			defer host.Close()
 			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
 				return err
 			}
+			// Back to the host's namespace at the end: a locked main
+			// thread is parked, not ended, and other tests check that
+			// every thread is in the host's mount namespace.
+			defer unix.Setns(int(host.Fd()), unix.CLONE_NEWNS)
 			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 				return err
 			}
