@@ -4,6 +4,40 @@
 # Go modules.
 set -euo pipefail
 
+# cgroup_v2 ROOT: whether ROOT is a cgroup v2 filesystem (the unified
+# hierarchy). statfs is the kernel's own answer (CGROUP2_SUPER_MAGIC prints
+# as cgroup2fs); a v1 or hybrid host has a tmpfs there.
+cgroup_v2() {
+	[ "$(stat -f -c %T "$1" 2>/dev/null)" = cgroup2fs ]
+}
+
+# cgroup_v1_missing ROOT CGROUPS: the enabled controllers that no v1
+# hierarchy holds (hierarchy 0 in /proc/cgroups), on a v1 or hybrid host
+# only; nothing on a v2 host, whose layout set-up must never change. The
+# file is read whole first: mounting changes it while it is read.
+cgroup_v1_missing() {
+	cgroup_v2 "$1" && return 0
+	[ -d "$1" ] || return 0
+	local lines line name hier enabled
+	mapfile -t lines <"$2"
+	for line in "${lines[@]}"; do
+		read -r name hier _ enabled <<<"$line"
+		[ "$name" = "#subsys_name" ] && continue
+		[ "$enabled" = 1 ] && [ "$hier" = 0 ] && echo "$name"
+	done
+	return 0
+}
+
+cgroup_root=${MOAT_CGROUP_ROOT:-/sys/fs/cgroup}
+cgroups_file=${MOAT_PROC_CGROUPS:-/proc/cgroups}
+
+# --cgroup-plan: print the controllers set-up would mount, and nothing else
+# (the tests run it against cgroup filesystems of their own).
+if [ "${1:-}" = "--cgroup-plan" ]; then
+	cgroup_v1_missing "$cgroup_root" "$cgroups_file"
+	exit 0
+fi
+
 # --browser: only Debian's chromium (and a font), for the web console's
 # browser test (test/e2e TestConsoleBrowser drives it with playwright-core;
 # no browser is ever downloaded).
@@ -117,14 +151,9 @@ modprobe veth 2>/dev/null || true
 
 # crun refuses a cgroup v1 host whose hybrid v2 tree still holds a v1
 # controller that is not mounted (here: hugetlb). Mount every v1 controller
-# the kernel has that is not yet mounted (idempotent; not kept across reboots).
-if [ -d /sys/fs/cgroup ] && ! grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mountinfo; then
-	while read -r name _ _ enabled; do
-		[ "$name" = "#subsys_name" ] && continue
-		[ "$enabled" = 1 ] || continue
-		if ! grep -qE " /sys/fs/cgroup/[^ ]*${name}[^ ]* " /proc/self/mountinfo; then
-			mkdir -p "/sys/fs/cgroup/$name"
-			mount -t cgroup -o "$name" cgroup "/sys/fs/cgroup/$name" 2>/dev/null || echo "install-deps: could not mount cgroup $name" >&2
-		fi
-	done < /proc/cgroups
-fi
+# the kernel has that no hierarchy holds yet (idempotent; not kept across
+# reboots). A cgroup v2 host is left alone.
+for name in $(cgroup_v1_missing "$cgroup_root" "$cgroups_file"); do
+	mkdir -p "$cgroup_root/$name"
+	mount -t cgroup -o "$name" cgroup "$cgroup_root/$name" 2>/dev/null || echo "install-deps: could not mount cgroup $name" >&2
+done

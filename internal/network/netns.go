@@ -46,26 +46,46 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) (int, error) {
 	if err := netlink.LinkSetIsolated(veth, true); err != nil {
 		return 0, fmt.Errorf("network: isolate bridge port %s: %w", a.HostVeth, err)
 	}
+	eth, err := configureSandboxEnd(a, ns, br.Attrs().HardwareAddr)
+	if err != nil {
+		return 0, err
+	}
+	// The host's static neighbor entries (see permanentNeighbor).
+	for _, ip := range []netip.Addr{a.IP, a.IP6} {
+		if !ip.IsValid() {
+			continue
+		}
+		if err := netlink.NeighSet(permanentNeighbor(br.Attrs().Index, ip, eth.Attrs().HardwareAddr)); err != nil {
+			return 0, fmt.Errorf("network: static neighbor entry for %s on %s: %w", ip, m.cfg.Bridge, err)
+		}
+	}
+	return veth.Attrs().Index, nil
+}
 
+// configureSandboxEnd configures the sandbox's side in namespace ns: lo
+// up, eth0's addresses (IPv6 turned off without one), default routes and
+// a static neighbor entry for the gateway (the bridge, MAC gwMAC). It
+// returns eth0.
+func configureSandboxEnd(a Attachment, ns netns.NsHandle, gwMAC net.HardwareAddr) (netlink.Link, error) {
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return 0, fmt.Errorf("network: netlink in sandbox netns: %w", err)
+		return nil, fmt.Errorf("network: netlink in sandbox netns: %w", err)
 	}
 	defer h.Close()
 	lo, err := h.LinkByName("lo")
 	if err != nil {
-		return 0, fmt.Errorf("network: sandbox lo: %w", err)
+		return nil, fmt.Errorf("network: sandbox lo: %w", err)
 	}
 	if err := h.LinkSetUp(lo); err != nil {
-		return 0, fmt.Errorf("network: bring up lo: %w", err)
+		return nil, fmt.Errorf("network: bring up lo: %w", err)
 	}
 	eth, err := h.LinkByName(sandboxIfName)
 	if err != nil {
-		return 0, fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
+		return nil, fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP.AsSlice(), Mask: net.CIDRMask(a.PrefixLen, 32)}}
 	if err := h.AddrAdd(eth, addr); err != nil {
-		return 0, fmt.Errorf("network: address %s: %w", sandboxIfName, err)
+		return nil, fmt.Errorf("network: address %s: %w", sandboxIfName, err)
 	}
 	// Before eth0 comes up, so no IPv6 packet (not even a link-local
 	// router solicitation) ever leaves a sandbox without IPv6.
@@ -76,16 +96,16 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) (int, error) {
 	if err := inNetns(ns, func() error {
 		return writeSysctl("/proc/sys/net/ipv6/conf/"+sandboxIfName+"/disable_ipv6", ipv6Off)
 	}); err != nil {
-		return 0, fmt.Errorf("network: sandbox IPv6 setting: %w", err)
+		return nil, fmt.Errorf("network: sandbox IPv6 setting: %w", err)
 	}
 	if a.IP6.IsValid() {
 		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD}
 		if err := h.AddrAdd(eth, addr6); err != nil {
-			return 0, fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
+			return nil, fmt.Errorf("network: IPv6 address %s: %w", sandboxIfName, err)
 		}
 	}
 	if err := h.LinkSetUp(eth); err != nil {
-		return 0, fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
+		return nil, fmt.Errorf("network: bring up %s: %w", sandboxIfName, err)
 	}
 	route := &netlink.Route{
 		LinkIndex: eth.Attrs().Index,
@@ -93,7 +113,7 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) (int, error) {
 		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
 	}
 	if err := h.RouteAdd(route); err != nil {
-		return 0, fmt.Errorf("network: default route: %w", err)
+		return nil, fmt.Errorf("network: default route: %w", err)
 	}
 	if a.IP6.IsValid() {
 		route6 := &netlink.Route{
@@ -102,28 +122,19 @@ func (m *Manager) plumb(a Attachment, ns netns.NsHandle) (int, error) {
 			Dst:       &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
 		}
 		if err := h.RouteAdd(route6); err != nil {
-			return 0, fmt.Errorf("network: IPv6 default route: %w", err)
+			return nil, fmt.Errorf("network: IPv6 default route: %w", err)
 		}
 	}
 	// Static neighbor entries both ways (see permanentNeighbor).
-	gwMAC := br.Attrs().HardwareAddr
 	for _, gw := range []netip.Addr{a.Gateway, a.Gateway6} {
 		if !gw.IsValid() {
 			continue
 		}
 		if err := h.NeighSet(permanentNeighbor(eth.Attrs().Index, gw, gwMAC)); err != nil {
-			return 0, fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
+			return nil, fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
 		}
 	}
-	for _, ip := range []netip.Addr{a.IP, a.IP6} {
-		if !ip.IsValid() {
-			continue
-		}
-		if err := netlink.NeighSet(permanentNeighbor(br.Attrs().Index, ip, eth.Attrs().HardwareAddr)); err != nil {
-			return 0, fmt.Errorf("network: static neighbor entry for %s on %s: %w", ip, m.cfg.Bridge, err)
-		}
-	}
-	return veth.Attrs().Index, nil
+	return eth, nil
 }
 
 // permanentNeighbor is a NUD_PERMANENT neighbor entry ip -> mac on link.

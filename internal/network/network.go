@@ -474,7 +474,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return err
 		}
 	}
-	// Bridge ports that belong to no attachment (the record was lost).
+	return m.removeOrphanedPorts()
+}
+
+// removeOrphanedPorts removes the bridge ports that belong to no
+// attachment (the record was lost), isolates the others, and sweeps the
+// bridge's neighbor table.
+func (m *Manager) removeOrphanedPorts() error {
 	want := map[string]bool{}
 	for id := range m.byID {
 		want[HostVethName(id)] = true

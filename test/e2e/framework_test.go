@@ -21,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/egress/nft"
 	"github.com/moat-sandbox/moat/internal/localregistry"
+	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime/docker"
 	moatserver "github.com/moat-sandbox/moat/internal/server"
 	"github.com/moat-sandbox/moat/internal/testutil"
@@ -372,7 +373,7 @@ type outside struct {
 
 // outsideHost makes an outside host with addresses from n's outside
 // ranges (see testnet.Net.Outside). With dual it is also reachable over
-// IPv6: the host end forwards IPv6 (force_forwarding) so NAT66 replies are
+// IPv6: the host end forwards IPv6 (network.EnableForwarding6) so NAT66 replies are
 // routed back to the bridge, the part of an uplink's configuration moat
 // leaves to the operator.
 func outsideHost(t *testing.T, n *testnet.Net, dual bool) outside {
@@ -404,8 +405,10 @@ func outsideHost(t *testing.T, n *testnet.Net, dual bool) outside {
 		h6 := p6.Addr().Next()
 		o.a6, o.b6 = h6.Next().String(), h6.Next().Next().String()
 		run("-6", "addr", "add", h6.String()+"/64", "dev", veth, "nodad")
-		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+veth+"/force_forwarding", []byte("1"), 0o644); err != nil {
+		if fallback, err := network.EnableForwarding6(network.SysctlRoot, veth); err != nil {
 			t.Fatalf("forwarding on the outside link: %v", err)
+		} else if fallback {
+			t.Logf("no force_forwarding on this kernel: net.ipv6.conf.all.forwarding turned on")
 		}
 		run("-n", name, "-6", "addr", "add", o.a6+"/64", "dev", "eth0", "nodad")
 		run("-n", name, "-6", "addr", "add", o.b6+"/64", "dev", "eth0", "nodad")

@@ -22,8 +22,8 @@ type HostConfig struct {
 	// (53, udp and tcp) on the host.
 	Gateway netip.Addr
 	// Subnet6 is the sandbox IPv6 range (optional). When set it is
-	// masqueraded like Subnet, and IPv6 forwarding is enabled for packets
-	// arriving on the bridge only (force_forwarding, Linux 6.17+).
+	// masqueraded like Subnet. IPv6 forwarding for the bridge is the
+	// network package's (network.EnableForwarding6, at bridge set-up).
 	Subnet6 netip.Prefix
 }
 
@@ -45,8 +45,8 @@ func HostTable(bridge string) string { return "moat-host-" + bridge }
 // advertisements) from the bridge is accepted so dual-stack sandboxes can
 // find their gateway; router advertisements and redirects are not.
 //
-// It also enables IPv4 forwarding and, with Subnet6, IPv6 forwarding for
-// the bridge (see EnableForwarding6). Per-sandbox egress policy is enforced
+// It also enables IPv4 forwarding (IPv6 forwarding for the bridge is
+// network.EnableForwarding6's). Per-sandbox egress policy is enforced
 // inside each sandbox netns (Firewall), before packets reach the host.
 func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	if cfg.Bridge == "" || !cfg.Subnet.IsValid() || !cfg.Gateway.Is4() {
@@ -54,11 +54,6 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
 		return fmt.Errorf("nft: enable ip_forward: %w", err)
-	}
-	if cfg.Subnet6.IsValid() {
-		if err := EnableForwarding6(cfg.Bridge); err != nil {
-			return err
-		}
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -145,24 +140,6 @@ func RemoveHost(ctx context.Context, bridge string) error {
 }
 
 func nativeU32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
-
-// EnableForwarding6 lets the host route IPv6 packets that arrive on bridge
-// (net.ipv6.conf.<bridge>.force_forwarding, Linux 6.17+) without turning
-// on forwarding globally, which would make every interface stop accepting
-// router advertisements. Replies entering through the uplink are routed
-// only if the uplink forwards too (all.forwarding or its own
-// force_forwarding): that stays the operator's choice. On kernels without
-// force_forwarding it succeeds only if all.forwarding is already on.
-func EnableForwarding6(bridge string) error {
-	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+bridge+"/force_forwarding", []byte("1\n"), 0o644)
-	if err == nil {
-		return nil
-	}
-	if b, rerr := os.ReadFile("/proc/sys/net/ipv6/conf/all/forwarding"); rerr == nil && len(b) > 0 && b[0] == '1' {
-		return nil
-	}
-	return fmt.Errorf("nft: enable IPv6 forwarding on %s (needs Linux 6.17+ force_forwarding, or net.ipv6.conf.all.forwarding=1): %w", bridge, err)
-}
 
 // saddrIn matches packets whose source address is in p (the family is
 // checked first: the inet table sees both).

@@ -81,10 +81,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			r.log.Debug("oci: created", append([]any{"id", id, "class", spec.Class}, phases...)...)
 		}
 	}()
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return runtime.Status{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrAlreadyExists)
-		}
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, os.ErrExist) {
+		return runtime.Status{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrAlreadyExists)
+	} else if err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
 	defer func() {
@@ -108,121 +107,20 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		att, netErr = r.net.Setup(ctx, id)
 	}()
 	defer func() { <-netDone }()
-	img, err := r.images.Rootfs(ctx, id, spec.Image)
-	if err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: image %q: %w", spec.Image, err)
-	}
-	disk := spec.Resources.DiskBytes
-	if disk == 0 {
-		disk = r.cfg.Resources.DiskBytes
-	}
-	dirs := []string{"rootfs", "bundle", "files"}
-	if disk == 0 {
-		dirs = append(dirs, "upper", "work")
-	}
-	for _, d := range dirs {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			return runtime.Status{}, fmt.Errorf("oci: %w", err)
-		}
-	}
-	if disk > 0 {
-		if err := setupDisk(ctx, dir, disk); err != nil {
-			return runtime.Status{}, err
-		}
-		phase("disk")
-	} else if err := os.Chmod(filepath.Join(dir, "upper"), 0o755); err != nil {
-		// The container root must be traversable by non-root users.
-		return runtime.Status{}, fmt.Errorf("oci: %w", err)
-	}
-	rootfs := filepath.Join(dir, "rootfs")
-	upper, work := writableDirs(dir)
-	if err := image.MountRootfs(img.Layers, upper, work, rootfs); err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: %w", err)
-	}
-	// Private, so that the host's copy can be dropped after the start
-	// (Runtime.dropRootfs) without the unmount reaching the sandbox's copy.
-	if err := unix.Mount("", rootfs, "", unix.MS_PRIVATE, ""); err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: make %s private: %w", rootfs, err)
-	}
-	volumes, err := prepareVolumes(dir, spec.Mounts, func(name string) (string, error) { return r.vols.Acquire(ctx, name, id) })
+	root, err := r.prepareRoot(ctx, spec, phase)
 	if err != nil {
 		return runtime.Status{}, err
 	}
-	phase("mount")
-	rec.Layers = img.Layers
-
+	rec.Layers = root.img.Layers
 	// Everything but the hosts file (the sandbox's address) is written
 	// while the network is still being set up.
-	files := filepath.Join(dir, "files")
-	hostname := id
-	if len(hostname) > 12 {
-		hostname = strings.TrimRight(hostname[:12], "-")
-	}
-	agentConf, err := json.Marshal(agentproto.Config{Token: spec.AgentToken, Port: agentproto.Port})
+	hostname, err := r.writeFiles(spec)
 	if err != nil {
 		return runtime.Status{}, err
 	}
-	for name, content := range map[string][]byte{
-		"agent.json":  agentConf,
-		"hostname":    []byte(hostname + "\n"),
-		"resolv.conf": r.resolvConf(),
-	} {
-		perm := os.FileMode(0o644)
-		if name == "agent.json" {
-			perm = 0o600
-		}
-		if err := os.WriteFile(filepath.Join(files, name), content, perm); err != nil {
-			return runtime.Status{}, fmt.Errorf("oci: %w", err)
-		}
-	}
-
-	res := spec.Resources
-	if res.CPUMillis == 0 {
-		res.CPUMillis = r.cfg.Resources.CPUMillis
-	}
-	if res.MemoryBytes == 0 {
-		res.MemoryBytes = r.cfg.Resources.MemoryBytes
-	}
-	if res.PidsLimit == 0 {
-		res.PidsLimit = r.cfg.Resources.PidsLimit
-	}
-	cwd := spec.WorkingDir
-	if cwd == "" {
-		cwd = img.Config.WorkingDir
-	}
-	if cwd == "" {
-		cwd = "/"
-	}
-	netnsPath := r.net.NetnsPath(id)
-	ociSpec := buildSpec(bundleInput{
-		ID:           id,
-		Hostname:     hostname,
-		Rootfs:       rootfs,
-		Args:         processArgs(spec, img.Config),
-		Env:          processEnv(img.Config.Env, spec.Env),
-		Cwd:          cwd,
-		AgentBin:     r.cfg.AgentPath,
-		AgentConf:    filepath.Join(files, "agent.json"),
-		HostsFile:    filepath.Join(files, "hosts"),
-		HostnameFile: filepath.Join(files, "hostname"),
-		ResolvConf:   filepath.Join(files, "resolv.conf"),
-		NetnsPath:    netnsPath,
-		CgroupsPath:  r.cgroupPath(id),
-		Resources:    res,
-		Volumes:      volumes,
-	})
-	if spec.Checkpoint != "" {
-		if err := r.restoreProcess(spec.Checkpoint, ociSpec.Process); err != nil {
-			return runtime.Status{}, err
-		}
-	}
-	data, err := json.Marshal(ociSpec)
+	bundle, netnsPath, err := r.writeBundle(spec, hostname, root)
 	if err != nil {
 		return runtime.Status{}, err
-	}
-	bundle := filepath.Join(dir, "bundle")
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
 	phase("bundle")
 
@@ -235,14 +133,188 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	phase("network")
 	rec.IP = att.IP.String()
-	hosts := fmt.Appendf(nil, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", att.IP, hostname)
-	if err := os.WriteFile(filepath.Join(files, "hosts"), hosts, 0o644); err != nil {
+	if err := writeHosts(dir, att, hostname); err != nil {
+		return runtime.Status{}, err
+	}
+	pid, err := r.start(ctx, spec, bundle, att.NetnsPath)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	phase("run")
+	if r.kinds[spec.Class] != runscKind {
+		r.dropRootfs(root.rootfs)
+		phase("drop")
+	}
+	r.track(pid, id)
+	r.trackHelpers(spec.Class, id, pid)
+	rec.Complete = true
+	if err := r.writeRecord(id, rec); err != nil {
 		return runtime.Status{}, fmt.Errorf("oci: %w", err)
 	}
+	return runtime.Status{ID: id, State: runtime.StateRunning, Pid: pid, IP: rec.IP,
+		Class: rec.Class, CreatedAt: rec.CreatedAt, Labels: spec.Labels}, nil
+}
 
+// writeHosts writes the sandbox's /etc/hosts, which names its address.
+func writeHosts(dir string, att network.Attachment, hostname string) error {
+	hosts := fmt.Appendf(nil, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", att.IP, hostname)
+	if err := os.WriteFile(filepath.Join(dir, "files", "hosts"), hosts, 0o644); err != nil {
+		return fmt.Errorf("oci: %w", err)
+	}
+	return nil
+}
+
+// preparedRoot is the container root prepareRoot mounted.
+type preparedRoot struct {
+	img     Rootfs
+	rootfs  string          // the overlay mount point
+	volumes []runtime.Mount // host binds of spec.Mounts (prepareVolumes)
+}
+
+// prepareRoot makes the sandbox's directories, the quota filesystem if
+// there is a disk limit, the overlay root over the image layers, and the
+// host side of its volumes.
+func (r *Runtime) prepareRoot(ctx context.Context, spec runtime.Spec, phase func(string)) (preparedRoot, error) {
+	id, dir := spec.ID, r.sandboxDir(spec.ID)
+	img, err := r.images.Rootfs(ctx, id, spec.Image)
+	if err != nil {
+		return preparedRoot{}, fmt.Errorf("oci: image %q: %w", spec.Image, err)
+	}
+	disk := spec.Resources.DiskBytes
+	if disk == 0 {
+		disk = r.cfg.Resources.DiskBytes
+	}
+	dirs := []string{"rootfs", "bundle", "files"}
+	if disk == 0 {
+		dirs = append(dirs, "upper", "work")
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return preparedRoot{}, fmt.Errorf("oci: %w", err)
+		}
+	}
+	if disk > 0 {
+		if err := setupDisk(ctx, dir, disk); err != nil {
+			return preparedRoot{}, err
+		}
+		phase("disk")
+	} else if err := os.Chmod(filepath.Join(dir, "upper"), 0o755); err != nil {
+		// The container root must be traversable by non-root users.
+		return preparedRoot{}, fmt.Errorf("oci: %w", err)
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	upper, work := writableDirs(dir)
+	if err := image.MountRootfs(img.Layers, upper, work, rootfs); err != nil {
+		return preparedRoot{}, fmt.Errorf("oci: %w", err)
+	}
+	// Private, so that the host's copy can be dropped after the start
+	// (Runtime.dropRootfs) without the unmount reaching the sandbox's copy.
+	if err := unix.Mount("", rootfs, "", unix.MS_PRIVATE, ""); err != nil {
+		return preparedRoot{}, fmt.Errorf("oci: make %s private: %w", rootfs, err)
+	}
+	volumes, err := prepareVolumes(dir, spec.Mounts, func(name string) (string, error) { return r.vols.Acquire(ctx, name, id) })
+	if err != nil {
+		return preparedRoot{}, err
+	}
+	phase("mount")
+	return preparedRoot{img: img, rootfs: rootfs, volumes: volumes}, nil
+}
+
+// writeFiles writes the sandbox's agent.json, hostname and resolv.conf
+// and returns its hostname.
+func (r *Runtime) writeFiles(spec runtime.Spec) (string, error) {
+	files := filepath.Join(r.sandboxDir(spec.ID), "files")
+	hostname := spec.ID
+	if len(hostname) > 12 {
+		hostname = strings.TrimRight(hostname[:12], "-")
+	}
+	agentConf, err := json.Marshal(agentproto.Config{Token: spec.AgentToken, Port: agentproto.Port})
+	if err != nil {
+		return "", err
+	}
+	for name, content := range map[string][]byte{
+		"agent.json":  agentConf,
+		"hostname":    []byte(hostname + "\n"),
+		"resolv.conf": r.resolvConf(),
+	} {
+		perm := os.FileMode(0o644)
+		if name == "agent.json" {
+			perm = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(files, name), content, perm); err != nil {
+			return "", fmt.Errorf("oci: %w", err)
+		}
+	}
+	return hostname, nil
+}
+
+// writeBundle writes the OCI bundle's config.json and returns the bundle
+// directory and the network namespace path the config names.
+func (r *Runtime) writeBundle(spec runtime.Spec, hostname string, root preparedRoot) (bundle, netnsPath string, err error) {
+	id, dir := spec.ID, r.sandboxDir(spec.ID)
+	files := filepath.Join(dir, "files")
+	res := spec.Resources
+	if res.CPUMillis == 0 {
+		res.CPUMillis = r.cfg.Resources.CPUMillis
+	}
+	if res.MemoryBytes == 0 {
+		res.MemoryBytes = r.cfg.Resources.MemoryBytes
+	}
+	if res.PidsLimit == 0 {
+		res.PidsLimit = r.cfg.Resources.PidsLimit
+	}
+	if r.kinds[spec.Class] == runscKind && res.PidsLimit > 0 {
+		res.PidsLimit += runscPidsHeadroom
+	}
+	cwd := spec.WorkingDir
+	if cwd == "" {
+		cwd = root.img.Config.WorkingDir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	netnsPath = r.net.NetnsPath(id)
+	ociSpec := buildSpec(bundleInput{
+		ID:           id,
+		Hostname:     hostname,
+		Rootfs:       root.rootfs,
+		Args:         processArgs(spec, root.img.Config),
+		Env:          processEnv(root.img.Config.Env, spec.Env),
+		Cwd:          cwd,
+		AgentBin:     r.cfg.AgentPath,
+		AgentConf:    filepath.Join(files, "agent.json"),
+		HostsFile:    filepath.Join(files, "hosts"),
+		HostnameFile: filepath.Join(files, "hostname"),
+		ResolvConf:   filepath.Join(files, "resolv.conf"),
+		NetnsPath:    netnsPath,
+		CgroupsPath:  r.cgroupPath(id),
+		Resources:    res,
+		Volumes:      root.volumes,
+	})
+	if spec.Checkpoint != "" {
+		if err := r.restoreProcess(spec.Checkpoint, ociSpec.Process); err != nil {
+			return "", "", err
+		}
+	}
+	data, err := json.Marshal(ociSpec)
+	if err != nil {
+		return "", "", err
+	}
+	bundle = filepath.Join(dir, "bundle")
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600); err != nil {
+		return "", "", fmt.Errorf("oci: %w", err)
+	}
+	return bundle, netnsPath, nil
+}
+
+// start runs the container (`run --detach`, or a restore from
+// spec.Checkpoint) with its output appended to agent.log, and returns the
+// PID of its init.
+func (r *Runtime) start(ctx context.Context, spec runtime.Spec, bundle, netnsPath string) (int, error) {
+	id, dir := spec.ID, r.sandboxDir(spec.ID)
 	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: %w", err)
+		return 0, fmt.Errorf("oci: %w", err)
 	}
 	defer logf.Close()
 	pidFile := filepath.Join(dir, "pid")
@@ -261,37 +333,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		return err
 	}
 	if r.kinds[spec.Class] == runscKind {
-		err = runscStart(att.NetnsPath, run)
+		err = runscStart(netnsPath, run)
 	} else {
 		err = run()
 	}
 	if err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: start %s: %w: %s: %w", spec.Class, err, tail(filepath.Join(dir, "agent.log")), errdefs.ErrInternal)
+		return 0, fmt.Errorf("oci: start %s: %w: %s: %w", spec.Class, err, tail(filepath.Join(dir, "agent.log")), errdefs.ErrInternal)
 	}
-	phase("run")
-	pid, err := readPid(pidFile)
-	if err != nil {
-		return runtime.Status{}, err
-	}
-	if r.kinds[spec.Class] != runscKind {
-		r.dropRootfs(rootfs)
-		phase("drop")
-	}
-	r.track(pid, id)
-	r.trackHelpers(spec.Class, id, pid)
-	rec.Complete = true
-	if err := r.writeRecord(id, rec); err != nil {
-		return runtime.Status{}, fmt.Errorf("oci: %w", err)
-	}
-	return runtime.Status{
-		ID:        id,
-		State:     runtime.StateRunning,
-		Pid:       pid,
-		IP:        rec.IP,
-		Class:     rec.Class,
-		CreatedAt: rec.CreatedAt,
-		Labels:    spec.Labels,
-	}, nil
+	return readPid(pidFile)
 }
 
 // resolvConf is the content of every sandbox's /etc/resolv.conf.

@@ -284,41 +284,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
-	classes := cfg.Classes
-	if classes == nil {
-		classes = map[string]string{}
-		for _, c := range KnownClasses() {
-			classes[c] = c
-		}
-	}
-	for class, bin := range classes {
-		p, err := exec.LookPath(bin)
-		if err != nil {
-			continue
-		}
-		if filepath.Base(p) == "crun" && hybridWithV2Controllers() {
-			r.log.Warn("oci: crun refuses cgroup hybrid mode with controllers on the v2 hierarchy; "+
-				"mount the remaining controllers as v1 (e.g. hugetlb) to enable it", "class", class)
-			continue
-		}
-		r.classes[class] = p
-		kind := p
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			kind = real
-		}
-		r.kinds[class] = filepath.Base(kind)
-		if r.kinds[class] == runscKind && runscCanCheckpoint(ctx, p) {
-			r.checkpointable[class] = true
-		}
-	}
-	for class, p := range r.classes {
-		target := filepath.Join(cfg.RunRoot, "bin", class)
-		if err := bindReadOnly(p, target); err != nil {
-			r.log.Warn("oci: cannot bind the runtime binary read-only; using it directly", "class", class, "err", err)
-			continue
-		}
-		r.classes[class] = target
-	}
+	r.findClasses(ctx)
 	if _, ok := r.classes[cfg.DefaultClass]; !ok {
 		return nil, fmt.Errorf("oci: default class %q is not installed: %w", cfg.DefaultClass, errdefs.ErrFailedPrecondition)
 	}
@@ -351,6 +317,48 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// findClasses fills r.classes and r.kinds with the OCI runtimes that are
+// installed (Config.Classes, or KnownClasses on PATH), each bound
+// read-only under RunRoot/bin when it can be, and marks the runsc ones
+// that can checkpoint.
+func (r *Runtime) findClasses(ctx context.Context) {
+	classes := r.cfg.Classes
+	if classes == nil {
+		classes = map[string]string{}
+		for _, c := range KnownClasses() {
+			classes[c] = c
+		}
+	}
+	for class, bin := range classes {
+		p, err := exec.LookPath(bin)
+		if err != nil {
+			continue
+		}
+		if filepath.Base(p) == "crun" && hybridWithV2Controllers() {
+			r.log.Warn("oci: crun refuses cgroup hybrid mode with controllers on the v2 hierarchy; "+
+				"mount the remaining controllers as v1 (e.g. hugetlb) to enable it", "class", class)
+			continue
+		}
+		r.classes[class] = p
+		kind := p
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			kind = real
+		}
+		r.kinds[class] = filepath.Base(kind)
+		if r.kinds[class] == runscKind && runscCanCheckpoint(ctx, p) {
+			r.checkpointable[class] = true
+		}
+	}
+	for class, p := range r.classes {
+		target := filepath.Join(r.cfg.RunRoot, "bin", class)
+		if err := bindReadOnly(p, target); err != nil {
+			r.log.Warn("oci: cannot bind the runtime binary read-only; using it directly", "class", class, "err", err)
+			continue
+		}
+		r.classes[class] = target
+	}
 }
 
 // Close stops background work and unmounts the read-only runtime binary
@@ -392,11 +400,4 @@ func (r *Runtime) runc(class string) *gorunc.Runc {
 		rc.ExtraArgs = runscArgs
 	}
 	return rc
-}
-
-// hybridWithV2Controllers reports a cgroup v1 host whose unified (v2)
-// hierarchy still owns controllers, a setup crun rejects.
-func hybridWithV2Controllers() bool {
-	data, err := os.ReadFile("/sys/fs/cgroup/unified/cgroup.controllers")
-	return err == nil && strings.TrimSpace(string(data)) != ""
 }

@@ -233,11 +233,15 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 			}
 			runtimetest.WaitAgent(t, ctx, r, id, 10*time.Second)
 			cg := r.cgroupPath(id)
+			pids := "128"
+			if r.kinds[class] == runscKind {
+				pids = strconv.Itoa(128 + runscPidsHeadroom) // the Sentry's own threads
+			}
 			for file, want := range map[string]string{
 				"cpu" + cg + "/cpu.cfs_quota_us":         "50000",
 				"cpu" + cg + "/cpu.cfs_period_us":        "100000",
 				"memory" + cg + "/memory.limit_in_bytes": "268435456",
-				"pids" + cg + "/pids.max":                "128",
+				"pids" + cg + "/pids.max":                pids,
 			} {
 				data, err := os.ReadFile("/sys/fs/cgroup/" + file)
 				if err != nil {

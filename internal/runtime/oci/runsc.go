@@ -46,6 +46,16 @@ const runscKind = "runsc"
 //     so the CPU, memory and pids limits hold for the whole sandbox.
 var runscArgs = []string{"--network=sandbox", "--gso=false", "--oci-seccomp"}
 
+// runscPidsHeadroom is added to a runsc sandbox's pids limit. The host's
+// pids cgroup holds the Sentry and the gofer too, and their own threads
+// count against it: 63 when idle and about 90 after one exec (runsc
+// 20221219), growing with the Go runtime's threads under load, so the
+// limit passed unchanged killed sandboxes of pids=128 within a minute
+// ("fork rejected by pids controller"). That runsc release enforces no
+// pids limit inside the sandbox, so the host's limit stays the one that
+// stops a fork bomb, raised by this margin for the Sentry's threads.
+const runscPidsHeadroom = 256
+
 // runscProcNetCore is the directory whose contents older runsc releases
 // use to detect the host's root network namespace.
 const runscProcNetCore = "/proc/sys/net/core"
