@@ -325,3 +325,31 @@ func TestPoolsAndBatch(t *testing.T) {
 		t.Fatalf("claimed sandboxes after pool delete: %v", m)
 	}
 }
+
+// A list filter naming a state moat never reports (upstream's Kubernetes
+// providers report Allocated; the Python SDK's pool filters on it) matches
+// nothing and is no error; known states still match case-insensitively.
+func TestListStateFilterUnknownStates(t *testing.T) {
+	srv := newAPI(t)
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes", createBody); code != 202 {
+		t.Fatalf("create: %d %v", code, m)
+	}
+	for i, c := range []struct {
+		query string
+		want  float64
+	}{
+		{"state=Pending&state=Allocated&state=Running", 1},
+		{"state=Allocated", 0},
+		{"state=allocated,Sleepy", 0},
+		{"state=Allocated,running", 1},
+		{"state=Paused", 0},
+	} {
+		code, m, _ := call(t, srv, "GET", "/v1/sandboxes?"+c.query, "")
+		if code != 200 {
+			t.Fatalf("%d. %s: %d %v", i, c.query, code, m)
+		}
+		if got := m["pagination"].(map[string]any)["totalItems"].(float64); got != c.want {
+			t.Errorf("%d. %s: %v items, want %v", i, c.query, got, c.want)
+		}
+	}
+}
