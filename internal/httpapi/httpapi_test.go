@@ -353,3 +353,25 @@ func TestListStateFilterUnknownStates(t *testing.T) {
 		}
 	}
 }
+
+// null is the empty list (and map) wherever an empty one is valid, as
+// upstream's servers decode it: SDKs without omitempty send null.
+func TestNullListsAreEmpty(t *testing.T) {
+	srv := newAPI(t)
+	const nulls = `"volumes":null,"env":null,"metadata":null,"extensions":null,"resourceLimits":null,"platform":null,"networkPolicy":null,"credentialProxy":null`
+	code, m, _ := call(t, srv, "POST", "/v1/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":["sh"],"timeout":60,`+nulls+`}`)
+	if code != 202 {
+		t.Fatalf("create with null lists: %d %v", code, m)
+	}
+	pool := `{"name":"p","template":{"image":{"uri":"busybox"},"entrypoint":["sh"],"env":null,"resourceLimits":null,"extensions":null,"volumes":null},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMin":0,"poolMax":2}}`
+	if code, m, _ := call(t, srv, "POST", "/v1/pools", pool); code != 201 {
+		t.Fatalf("pool with null lists: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/batch", `{"count":1,"image":{"uri":"busybox"},"entrypoint":["sh"],"timeout":60,`+nulls+`}`); code != 202 {
+		t.Fatalf("batch with null lists: %d %v", code, m)
+	}
+	// An empty list is not valid for entrypoint: null is refused as [] is.
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":null,"timeout":60}`); code != 400 {
+		t.Fatalf("null entrypoint: %d %v", code, m)
+	}
+}

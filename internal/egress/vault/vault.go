@@ -250,14 +250,28 @@ type BindingList struct {
 }
 
 // DecodeCreate parses a POST body strictly (unknown fields are errors, as
-// upstream). Errors never quote credential values.
+// upstream). Both lists must be present; null is the empty list, as
+// upstream's server takes it (the Go SDK sends null for an empty vault).
+// Errors never quote credential values.
 func DecodeCreate(body []byte) (CreateRequest, error) {
 	var req CreateRequest
 	if err := decodeStrict(body, &req); err != nil {
 		return CreateRequest{}, err
 	}
-	if req.Credentials == nil || req.Bindings == nil {
-		return CreateRequest{}, invalid("credentials and bindings are required (use [] for none)")
+	// A json.RawMessage field is set even by a JSON null, so it tells an
+	// absent list from a null one.
+	var present struct {
+		Credentials json.RawMessage `json:"credentials"`
+		Bindings    json.RawMessage `json:"bindings"`
+	}
+	if err := json.Unmarshal(body, &present); err != nil || present.Credentials == nil || present.Bindings == nil {
+		return CreateRequest{}, invalid("credentials and bindings are required (use [] or null for none)")
+	}
+	if req.Credentials == nil {
+		req.Credentials = []Credential{}
+	}
+	if req.Bindings == nil {
+		req.Bindings = []Binding{}
 	}
 	return req, nil
 }

@@ -284,7 +284,8 @@ type CredentialMutationSet struct {
 	Replace *[]Credential `json:"replace,omitempty"`
 }
 
-// CredentialVaultCreateRequest defines model for CredentialVaultCreateRequest.
+// CredentialVaultCreateRequest Both lists are required; `null` is the empty list (as upstream's server takes it), and so it is for every
+// optional list of the vault API (`match.schemes`, `ports`, `methods`, `paths`, the mutation sets).
 type CredentialVaultCreateRequest struct {
 	Bindings    []CredentialBinding `json:"bindings"`
 	Credentials []Credential        `json:"credentials"`
