@@ -360,7 +360,8 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 		return
 	}
 	if f.cl.resolved == nil || !f.cl.resolved(host, f.dst.Addr().Unmap()) {
-		f.p.log.Warn("credential proxy: destination is not an address the sandbox resolved for the host; no credential injected",
+		f.p.log.Warn("credential proxy: destination is not an address moat's DNS resolved for the host; no credential injected "+
+			"(reach bound hosts by name through the sandbox's resolver, not by an address set with curl --resolve or /etc/hosts; see docs/COMPATIBILITY.md)",
 			"sandbox", f.cl.id, "host", host, "dst", f.dst, "binding", inj.Binding)
 		return
 	}
