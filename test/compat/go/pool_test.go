@@ -11,6 +11,8 @@ import (
 	"time"
 
 	opensandbox "github.com/alibaba/OpenSandbox/sdks/sandbox/go"
+	"github.com/alibaba/OpenSandbox/sdks/sandbox/go/poolredis"
+	"github.com/redis/go-redis/v9"
 )
 
 // conn returns the SDK's connection to the server under test.
@@ -27,16 +29,38 @@ func conn(t *testing.T) (opensandbox.ConnectionConfig, string) {
 	return opensandbox.ConnectionConfig{Domain: u.Host, Protocol: u.Scheme, APIKey: key, RequestTimeout: time.Minute}, img
 }
 
-// TestPoolAcquire runs the SDK's client-side pool (OSEP-0005) end to end:
-// warm-up creates idle sandboxes with a long timeout, acquire renews the
-// borrowed one to the caller's shorter timeout, then it runs a command.
+// TestPoolAcquire runs the SDK's client-side pool (OSEP-0005) end to end
+// with its in-memory state store: warm-up creates idle sandboxes with a
+// long timeout, acquire renews the borrowed one to the caller's shorter
+// timeout, then it runs a command.
 func TestPoolAcquire(t *testing.T) {
+	testPoolAcquire(t, "compat-go-memory", opensandbox.NewInMemoryPoolStateStore())
+}
+
+// TestPoolAcquireRedis is TestPoolAcquire with the SDK's Redis state store
+// against the redis-server at MOAT_REDIS_ADDR (test/e2e starts one on
+// loopback).
+func TestPoolAcquireRedis(t *testing.T) {
+	addr := os.Getenv("MOAT_REDIS_ADDR")
+	if addr == "" {
+		t.Skip("MOAT_REDIS_ADDR is not set (test/e2e TestCompatGoSDK starts a redis-server)")
+	}
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	store, err := poolredis.NewRedisPoolStateStore(poolredis.RedisPoolStateStoreConfig{Client: rc, KeyPrefix: "compat-go"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testPoolAcquire(t, "compat-go-redis", store)
+}
+
+func testPoolAcquire(t *testing.T, name string, store opensandbox.PoolStateStore) {
 	cfg, img := conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	pool, err := opensandbox.NewSandboxPoolBuilder().
-		PoolName("compat-go").OwnerID("t").MaxIdle(1).
-		StateStore(opensandbox.NewInMemoryPoolStateStore()).
+		PoolName(name).OwnerID("t").MaxIdle(1).
+		StateStore(store).
 		ConnectionConfig(cfg).
 		CreationSpec(opensandbox.PoolCreationSpec{Image: img, Entrypoint: []string{"tail", "-f", "/dev/null"}}).
 		IdleTimeout(time.Hour).ReconcileInterval(500 * time.Millisecond).
