@@ -139,12 +139,20 @@ type Binding struct {
 // [GET,POST,PUT,PATCH,DELETE] and paths ["/*"]. A host is a DNS name or
 // "*.suffix" (subdomains only, not the apex); a path pattern starts with
 // "/" and "*" matches any run of characters, "/" included.
+//
+// TrustedCIDRs (moat) opts the binding out of the resolved-address rule
+// for those destinations: a credential normally goes only to an address
+// moat's DNS resolved for the host, so that a sandbox cannot send a bound
+// Host header to an address of its choosing; a request to an address in
+// one of these prefixes (reached with curl --resolve or /etc/hosts, say)
+// gets it too.
 type Match struct {
-	Schemes []string `json:"schemes,omitempty"`
-	Ports   []int    `json:"ports,omitempty"`
-	Hosts   []string `json:"hosts"`
-	Methods []string `json:"methods,omitempty"`
-	Paths   []string `json:"paths,omitempty"`
+	Schemes      []string `json:"schemes,omitempty"`
+	Ports        []int    `json:"ports,omitempty"`
+	Hosts        []string `json:"hosts"`
+	Methods      []string `json:"methods,omitempty"`
+	Paths        []string `json:"paths,omitempty"`
+	TrustedCIDRs []string `json:"trustedCidrs,omitempty"`
 }
 
 // Auth types.

@@ -148,6 +148,9 @@ func TestBadInputIsRefusedWithoutLeaking(t *testing.T) {
 		{binding(`{"hosts":["api.test"],"paths":["v1/*"]}`, bearer), "must start with /"},
 		{binding(`{"hosts":["api.test"],"paths":["/v1?x"]}`, bearer), "may not contain"},
 		{binding(`{"hosts":["api.test"],"methods":["GE T"]}`, bearer), "invalid method"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["10.0.0.1"]}`, bearer), "not a CIDR prefix"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["0.0.0.0/0"]}`, bearer), "trusts every address"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["::/0"]}`, bearer), "trusts every address"},
 		{`{"credentials":[` + cred + `],"bindings":[{"name":"a","match":{"hosts":["api.test"]},"auth":` + bearer + `},{"name":"b","match":{"hosts":["api.test"],"paths":["/v1/*"]},"auth":` + bearer + `}]}`, "can match the same request"},
 		{`{"credentials":[` + cred + `],"bindings":[{"name":"a","match":{"hosts":["*.a.test"]},"auth":` + bearer + `},{"name":"b","match":{"hosts":["*.x.a.test"]},"auth":` + bearer + `}]}`, "can match the same request"},
 	} {
