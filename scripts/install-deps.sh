@@ -62,7 +62,8 @@ fi
 # debootstrap: scripts/build-test-images.sh, and with QEMU
 # scripts/build-guest.sh (installed here so that no apt runs while
 # `make test-setup` builds its stages at once).
-pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap qemu-system-x86 qemu-utils)
+# redis-server: the Go SDK pool's Redis state store (test/compat/go).
+pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap qemu-system-x86 qemu-utils redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

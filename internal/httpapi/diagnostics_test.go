@@ -71,12 +71,18 @@ func TestDiagnostics(t *testing.T) {
 	if code != 200 || lg["kind"] != "logs" || !strings.Contains(lg["content"].(string), "fake agent of "+id) {
 		t.Fatalf("logs descriptor %d %v", code, lg)
 	}
+	// A scope moat does not know answers nothing, with a warning.
+	for _, kind := range []string{"logs", "events"} {
+		code, d, _ := call(t, srv, "GET", "/v1/sandboxes/"+id+"/diagnostics/"+kind+"?scope=Kubelet", "")
+		if code != 200 || d["content"] != "" || d["scope"] != "kubelet" || d["warnings"] == nil {
+			t.Errorf("unknown %s scope: %d %v", kind, code, d)
+		}
+	}
 	// Bad and missing things.
 	for _, tc := range []struct {
 		path, code string
 		status     int
 	}{
-		{"/v1/sandboxes/" + id + "/diagnostics/logs?scope=bogus", "SANDBOX::INVALID_PARAMETER", 400},
 		{"/v1/sandboxes/" + id + "/diagnostics/events?scope=", "SANDBOX::INVALID_PARAMETER", 400},
 		{"/v1/sandboxes/nope/diagnostics/logs?scope=all", "SANDBOX::NOT_FOUND", 404},
 		{"/v1/sandboxes/nope/diagnostics/events", "SANDBOX::NOT_FOUND", 404},

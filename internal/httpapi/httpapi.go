@@ -333,19 +333,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "malformed query string")
 	}
-	var f lifecycle.ListFilter
-	for _, v := range q["state"] {
-		for _, part := range strings.Split(v, ",") {
-			if part = strings.TrimSpace(part); part == "" {
-				continue
-			}
-			st, err := lifecycle.ParseState(part)
-			if err != nil {
-				return err
-			}
-			f.States = append(f.States, st)
-		}
-	}
+	f := lifecycle.ListFilter{States: filterStates(q, lifecycle.ParseState)}
 	if m := q["metadata"]; len(m) > 0 {
 		f.Metadata = map[string]string{}
 		for _, raw := range m {
@@ -372,6 +360,29 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	resp.Pagination = pagination(page, size, total)
 	web.WriteJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// filterStates reads the state filter of a list query: repeated values,
+// each maybe a comma-separated list, matched case-insensitively by parse.
+// A value parse does not know is kept as given and so matches nothing:
+// upstream's spec says new states may appear and clients must handle them
+// (its Kubernetes providers report Allocated), so filtering on one is no
+// error.
+func filterStates[S ~string](q url.Values, parse func(string) (S, error)) []S {
+	var out []S
+	for _, v := range q["state"] {
+		for _, part := range strings.Split(v, ",") {
+			if part = strings.TrimSpace(part); part == "" {
+				continue
+			}
+			st, err := parse(part)
+			if err != nil {
+				st = S(part)
+			}
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // pageParams reads the page (1-based, default 1) and pageSize (default

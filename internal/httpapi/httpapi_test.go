@@ -326,3 +326,53 @@ func TestPoolsAndBatch(t *testing.T) {
 		t.Fatalf("claimed sandboxes after pool delete: %v", m)
 	}
 }
+
+// A list filter naming a state moat never reports (upstream's Kubernetes
+// providers report Allocated; the Python SDK's pool filters on it) matches
+// nothing and is no error; known states still match case-insensitively.
+func TestListStateFilterUnknownStates(t *testing.T) {
+	srv := newAPI(t)
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes", createBody); code != 202 {
+		t.Fatalf("create: %d %v", code, m)
+	}
+	for i, c := range []struct {
+		query string
+		want  float64
+	}{
+		{"state=Pending&state=Allocated&state=Running", 1},
+		{"state=Allocated", 0},
+		{"state=allocated,Sleepy", 0},
+		{"state=Allocated,running", 1},
+		{"state=Paused", 0},
+	} {
+		code, m, _ := call(t, srv, "GET", "/v1/sandboxes?"+c.query, "")
+		if code != 200 {
+			t.Fatalf("%d. %s: %d %v", i, c.query, code, m)
+		}
+		if got := m["pagination"].(map[string]any)["totalItems"].(float64); got != c.want {
+			t.Errorf("%d. %s: %v items, want %v", i, c.query, got, c.want)
+		}
+	}
+}
+
+// null is the empty list (and map) wherever an empty one is valid, as
+// upstream's servers decode it: SDKs without omitempty send null.
+func TestNullListsAreEmpty(t *testing.T) {
+	srv := newAPI(t)
+	const nulls = `"volumes":null,"env":null,"metadata":null,"extensions":null,"resourceLimits":null,"platform":null,"networkPolicy":null,"credentialProxy":null`
+	code, m, _ := call(t, srv, "POST", "/v1/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":["sh"],"timeout":60,`+nulls+`}`)
+	if code != 202 {
+		t.Fatalf("create with null lists: %d %v", code, m)
+	}
+	pool := `{"name":"p","template":{"image":{"uri":"busybox"},"entrypoint":["sh"],"env":null,"resourceLimits":null,"extensions":null,"volumes":null},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMin":0,"poolMax":2}}`
+	if code, m, _ := call(t, srv, "POST", "/v1/pools", pool); code != 201 {
+		t.Fatalf("pool with null lists: %d %v", code, m)
+	}
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes/batch", `{"count":1,"image":{"uri":"busybox"},"entrypoint":["sh"],"timeout":60,`+nulls+`}`); code != 202 {
+		t.Fatalf("batch with null lists: %d %v", code, m)
+	}
+	// An empty list is not valid for entrypoint: null is refused as [] is.
+	if code, m, _ := call(t, srv, "POST", "/v1/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":null,"timeout":60}`); code != 400 {
+		t.Fatalf("null entrypoint: %d %v", code, m)
+	}
+}

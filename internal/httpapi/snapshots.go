@@ -3,7 +3,6 @@ package httpapi
 import (
 	"net/http"
 	"net/url"
-	"strings"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
@@ -59,19 +58,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "malformed query string")
 	}
-	f := snapshot.SnapshotFilter{SandboxID: q.Get("sandboxId")}
-	for _, v := range q["state"] {
-		for _, part := range strings.Split(v, ",") {
-			if part = strings.TrimSpace(part); part == "" {
-				continue
-			}
-			st, err := snapshot.ParseSnapshotState(part)
-			if err != nil {
-				return err
-			}
-			f.States = append(f.States, st)
-		}
-	}
+	f := snapshot.SnapshotFilter{SandboxID: q.Get("sandboxId"), States: filterStates(q, snapshot.ParseSnapshotState)}
 	page, size, err := pageParams(q)
 	if err != nil {
 		return err

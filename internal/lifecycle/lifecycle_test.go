@@ -316,8 +316,13 @@ func TestRenewAndExpiry(t *testing.T) {
 	if _, err := h.svc.Renew(ctx, sb.ID, now.Add(-time.Second)); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("renew to the past: %v", err)
 	}
-	if _, err := h.svc.Renew(ctx, sb.ID, now.Add(time.Minute)); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("renew earlier than current: %v", err)
+	// Earlier than the current expiry is allowed (a client-side pool shortens
+	// a borrowed sandbox's long idle timeout to the borrower's).
+	if at, err := h.svc.Renew(ctx, sb.ID, now.Add(time.Minute)); err != nil || !at.Equal(now.Add(time.Minute)) {
+		t.Fatalf("renew earlier than current: %v %v", at, err)
+	}
+	if got, _ := h.svc.Get(ctx, sb.ID); got.ExpiresAt == nil || !got.ExpiresAt.Equal(now.Add(time.Minute)) {
+		t.Fatalf("expiry after shortening: %v", got.ExpiresAt)
 	}
 	if _, err := h.svc.Renew(ctx, sb.ID, now.Add(48*time.Hour)); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("renew beyond max: %v", err)
@@ -344,6 +349,35 @@ func TestRenewAndExpiry(t *testing.T) {
 	}
 	if _, err := h.svc.Get(ctx, manual.ID); err != nil {
 		t.Fatalf("manual-cleanup sandbox reaped: %v", err)
+	}
+}
+
+// A sandbox renewed to an earlier time than its expiry is reaped at that
+// time, and renew-on-access never shortens an expiry.
+func TestRenewShortensExpiry(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req(time.Hour)
+	r.Extensions = map[string]string{ExtRenewOnAccess: "300"}
+	sb, err := h.svc.Create(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.svc.Renew(ctx, sb.ID, h.clk.Now().Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	h.svc.Touch(ctx, sb.ID) // +300 s beats +2 min: extends again
+	got, _ := h.svc.Get(ctx, sb.ID)
+	if !got.ExpiresAt.Equal(h.clk.Now().Add(5 * time.Minute)) {
+		t.Fatalf("expiry after access %v", got.ExpiresAt)
+	}
+	if _, err := h.svc.Renew(ctx, sb.ID, h.clk.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Add(2 * time.Minute)
+	h.svc.ReapOnce(ctx)
+	if _, err := h.svc.Get(ctx, sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("not reaped at the shortened expiry: %v", err)
 	}
 }
 

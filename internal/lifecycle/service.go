@@ -551,7 +551,10 @@ func (s *Service) freeze(ctx context.Context, id, verb string, passing, resting 
 }
 
 // Renew moves the expiry of a sandbox to at, which must be in the future
-// and later than the current expiry.
+// and within the server maximum. An earlier time than the current expiry is
+// allowed, as upstream's server and spec allow it: a client-side pool makes
+// idle sandboxes with a long timeout and renews the borrowed one to now plus
+// the borrower's timeout.
 func (s *Service) Renew(ctx context.Context, id string, at time.Time) (time.Time, error) {
 	e, err := s.get(ctx, id)
 	if err != nil {
@@ -577,9 +580,6 @@ func (e *Entry) renew(at time.Time) (time.Time, error) {
 	}
 	if s.cfg.MaxTimeout > 0 && at.Sub(now) > s.cfg.MaxTimeout {
 		return time.Time{}, errdefs.Invalid("SANDBOX::INVALID_EXPIRATION", fmt.Sprintf("expiresAt exceeds the server maximum of %d seconds from now", int(s.cfg.MaxTimeout.Seconds())))
-	}
-	if !at.After(*e.sb.ExpiresAt) {
-		return time.Time{}, errdefs.Invalid("SANDBOX::INVALID_EXPIRATION", "expiresAt must be later than the current expiration")
 	}
 	prev := e.sb.ExpiresAt
 	e.sb.ExpiresAt = &at

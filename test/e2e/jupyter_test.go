@@ -338,7 +338,7 @@ func TestCodeLanguagesInSandbox(t *testing.T) {
 		{name: "typescript", kernel: "tslab", define: "let x: number = 41", use: "console.log(x + 1)",
 			fail: "throw new RangeError(\"no\")", ename: "Error", loop: "while (true) {}"},
 		{name: "java", define: "int x = 41;", use: "System.out.println(x + 1);\nx + 1", result: "42",
-			fail: "Object o = null;\no.hashCode();", ename: "java.lang.NullPointerException", loop: "while (true) {}"},
+			fail: "Object o = null;\no.hashCode();", ename: "EvalException", loop: "while (true) {}"},
 		{name: "javascript", define: "var x = 41", use: "console.log(x + 1); x + 1", result: "42",
 			fail: "null.f()", ename: "TypeError", loop: "for (;;) {}"},
 		{name: "bash", define: "x=41", use: "echo $((x+1))", loop: "while :; do :; done"},

@@ -359,8 +359,10 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 	if inj == nil {
 		return
 	}
-	if f.cl.resolved == nil || !f.cl.resolved(host, f.dst.Addr().Unmap()) {
-		f.p.log.Warn("credential proxy: destination is not an address the sandbox resolved for the host; no credential injected",
+	dst := f.dst.Addr().Unmap()
+	if (f.cl.resolved == nil || !f.cl.resolved(host, dst)) && !inj.Trusts(dst) {
+		f.p.log.Warn("credential proxy: destination is not an address moat's DNS resolved for the host; no credential injected "+
+			"(reach bound hosts by name through the sandbox's resolver, or name the address in the binding's match.trustedCidrs; see docs/COMPATIBILITY.md)",
 			"sandbox", f.cl.id, "host", host, "dst", f.dst, "binding", inj.Binding)
 		return
 	}

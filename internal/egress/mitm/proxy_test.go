@@ -287,6 +287,30 @@ func TestNoInjectionToAnAddressTheSandboxDidNotResolve(t *testing.T) {
 	}
 }
 
+// A binding's match.trustedCidrs opts those destinations out of the
+// resolved-address rule: an address the sandbox chose itself gets the
+// credential when a trusted prefix holds it, and not otherwise.
+func TestTrustedCIDRsGetTheCredentialUnresolved(t *testing.T) {
+	r := newRig(t)
+	r.cl.SetRules(rules(t, `{"credentials":[{"name":"t","source":{"value":"`+secret+`"}}],
+	 "bindings":[{"name":"api","match":{"hosts":["api.test"],"trustedCidrs":["10.9.1.0/24"]},"auth":{"type":"bearer","credential":"t"}}]}`))
+	up := startUpstream(t, r.pubCA, "api.test")
+	for i, c := range []struct {
+		dst, want string
+	}{
+		{"10.9.1.7:443", "Bearer " + secret}, // in the trusted prefix, never resolved
+		{"10.9.2.7:443", ""},                 // outside it, never resolved
+	} {
+		via := r.route(c.dst, up)
+		if resp, body := get(t, sandboxClient(via, pool(r.sbCA)), "https://api.test/x", nil); resp.StatusCode != 200 {
+			t.Fatalf("%d. status %d %s", i, resp.StatusCode, body)
+		}
+		if a := up.last(t).Header.Get("Authorization"); a != c.want {
+			t.Fatalf("%d. %s: Authorization %q, want %q", i, c.dst, a, c.want)
+		}
+	}
+}
+
 func TestLiveRuleChangesApplyToTheNextRequest(t *testing.T) {
 	r := newRig(t)
 	r.cl.SetRules(rules(t, `{"credentials":[{"name":"t","source":{"value":"`+secret+`"}}],

@@ -2,6 +2,7 @@ package vault
 
 import (
 	"net/http"
+	"net/netip"
 	"net/url"
 	"path"
 	"slices"
@@ -39,6 +40,20 @@ type Injection struct {
 	Binding string
 	headers []injected
 	query   []injected
+	trusted []netip.Prefix // the binding's match.trustedCidrs
+}
+
+// Trusts reports whether the binding names addr as a trusted destination
+// (match.trustedCidrs), which may get the credential although moat's DNS
+// did not resolve it for the host.
+func (i *Injection) Trusts(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	for _, p := range i.trusted {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
 }
 
 type injected struct {
@@ -65,6 +80,11 @@ func (s *State) Compile() *Rules {
 	for _, b := range s.Bindings {
 		ru := &rule{name: b.Name, schemes: b.Match.Schemes, ports: b.Match.Ports, methods: b.Match.Methods,
 			paths: b.Match.Paths, inject: Injection{Binding: b.Name}}
+		for _, c := range b.Match.TrustedCIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				ru.inject.trusted = append(ru.inject.trusted, p)
+			}
+		}
 		val := func(name string) Secret { return s.Credentials[name].Value }
 		switch b.Auth.Type {
 		case AuthBearer:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -204,6 +205,19 @@ func normalizeMatch(m Match) (Match, error) {
 			return Match{}, fmt.Errorf("match.paths: pattern %q may not contain spaces, control characters, ? or #", p)
 		}
 		out.Paths = appendUnique(out.Paths, p)
+	}
+	if len(m.TrustedCIDRs) > MaxPatterns {
+		return Match{}, fmt.Errorf("at most %d entries per match list", MaxPatterns)
+	}
+	for _, c := range m.TrustedCIDRs {
+		pfx, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			return Match{}, fmt.Errorf("match.trustedCidrs: %q is not a CIDR prefix (e.g. 10.0.0.0/24)", c)
+		}
+		if pfx.Bits() == 0 {
+			return Match{}, fmt.Errorf("match.trustedCidrs: %q trusts every address; name the destinations", c)
+		}
+		out.TrustedCIDRs = appendUnique(out.TrustedCIDRs, pfx.Masked().String())
 	}
 	return out, nil
 }

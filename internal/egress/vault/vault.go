@@ -139,12 +139,20 @@ type Binding struct {
 // [GET,POST,PUT,PATCH,DELETE] and paths ["/*"]. A host is a DNS name or
 // "*.suffix" (subdomains only, not the apex); a path pattern starts with
 // "/" and "*" matches any run of characters, "/" included.
+//
+// TrustedCIDRs (moat) opts the binding out of the resolved-address rule
+// for those destinations: a credential normally goes only to an address
+// moat's DNS resolved for the host, so that a sandbox cannot send a bound
+// Host header to an address of its choosing; a request to an address in
+// one of these prefixes (reached with curl --resolve or /etc/hosts, say)
+// gets it too.
 type Match struct {
-	Schemes []string `json:"schemes,omitempty"`
-	Ports   []int    `json:"ports,omitempty"`
-	Hosts   []string `json:"hosts"`
-	Methods []string `json:"methods,omitempty"`
-	Paths   []string `json:"paths,omitempty"`
+	Schemes      []string `json:"schemes,omitempty"`
+	Ports        []int    `json:"ports,omitempty"`
+	Hosts        []string `json:"hosts"`
+	Methods      []string `json:"methods,omitempty"`
+	Paths        []string `json:"paths,omitempty"`
+	TrustedCIDRs []string `json:"trustedCidrs,omitempty"`
 }
 
 // Auth types.
@@ -250,14 +258,28 @@ type BindingList struct {
 }
 
 // DecodeCreate parses a POST body strictly (unknown fields are errors, as
-// upstream). Errors never quote credential values.
+// upstream). Both lists must be present; null is the empty list, as
+// upstream's server takes it (the Go SDK sends null for an empty vault).
+// Errors never quote credential values.
 func DecodeCreate(body []byte) (CreateRequest, error) {
 	var req CreateRequest
 	if err := decodeStrict(body, &req); err != nil {
 		return CreateRequest{}, err
 	}
-	if req.Credentials == nil || req.Bindings == nil {
-		return CreateRequest{}, invalid("credentials and bindings are required (use [] for none)")
+	// A json.RawMessage field is set even by a JSON null, so it tells an
+	// absent list from a null one.
+	var present struct {
+		Credentials json.RawMessage `json:"credentials"`
+		Bindings    json.RawMessage `json:"bindings"`
+	}
+	if err := json.Unmarshal(body, &present); err != nil || present.Credentials == nil || present.Bindings == nil {
+		return CreateRequest{}, invalid("credentials and bindings are required (use [] or null for none)")
+	}
+	if req.Credentials == nil {
+		req.Credentials = []Credential{}
+	}
+	if req.Bindings == nil {
+		req.Bindings = []Binding{}
 	}
 	return req, nil
 }

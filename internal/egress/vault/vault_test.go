@@ -118,6 +118,7 @@ func TestBadInputIsRefusedWithoutLeaking(t *testing.T) {
 		{`{"credentials":[],"bindings":[]]`, "syntax error at byte"},
 		{`{"credentials":[],"bindings":[],"extra":1}`, "unknown field"},
 		{`{"credentials":[]}`, "required"},
+		{`{"bindings":null}`, "required"},
 		{`{"credentials":[{"name":"c","source":{"value":12}}],"bindings":[]}`, "JSON string"},
 		{`{"credentials":[{"name":"c","source":{"type":"vault","value":"` + secretValue + `"}}],"bindings":[]}`, "source type"},
 		{`{"credentials":[{"name":"c","source":{"value":""}}],"bindings":[]}`, "empty"},
@@ -147,6 +148,9 @@ func TestBadInputIsRefusedWithoutLeaking(t *testing.T) {
 		{binding(`{"hosts":["api.test"],"paths":["v1/*"]}`, bearer), "must start with /"},
 		{binding(`{"hosts":["api.test"],"paths":["/v1?x"]}`, bearer), "may not contain"},
 		{binding(`{"hosts":["api.test"],"methods":["GE T"]}`, bearer), "invalid method"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["10.0.0.1"]}`, bearer), "not a CIDR prefix"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["0.0.0.0/0"]}`, bearer), "trusts every address"},
+		{binding(`{"hosts":["api.test"],"trustedCidrs":["::/0"]}`, bearer), "trusts every address"},
 		{`{"credentials":[` + cred + `],"bindings":[{"name":"a","match":{"hosts":["api.test"]},"auth":` + bearer + `},{"name":"b","match":{"hosts":["api.test"],"paths":["/v1/*"]},"auth":` + bearer + `}]}`, "can match the same request"},
 		{`{"credentials":[` + cred + `],"bindings":[{"name":"a","match":{"hosts":["*.a.test"]},"auth":` + bearer + `},{"name":"b","match":{"hosts":["*.x.a.test"]},"auth":` + bearer + `}]}`, "can match the same request"},
 	} {
@@ -431,5 +435,33 @@ func TestLoadOrCreateKey(t *testing.T) {
 	}
 	if _, err := ParseKey("zz"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("bad key: %v", err)
+	}
+}
+
+// null is the empty list wherever an empty list is valid (the Go SDK sends
+// {"credentials":null,"bindings":null} for an empty vault, with
+// null match lists and mutation sets), as upstream's server takes it.
+func TestNullListsAreEmpty(t *testing.T) {
+	for i, body := range []string{
+		`{"credentials":null,"bindings":null}`,
+		`{"credentials":[{"name":"c","source":{"type":"inline","value":"v"}}],"bindings":[{"name":"b","match":{"hosts":["api.test"],"schemes":null,"ports":null,"methods":null,"paths":null},"auth":{"type":"bearer","credential":"c"}}]}`,
+	} {
+		req, err := DecodeCreate([]byte(body))
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		if req.Credentials == nil || req.Bindings == nil {
+			t.Fatalf("%d: nil lists after decode", i)
+		}
+		if _, err := New(req, nil); err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+	}
+	patch, err := DecodePatch([]byte(`{"credentials":{"add":null,"replace":null,"delete":null},"bindings":{"add":null,"replace":null,"delete":null}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if patch.Credentials == nil || patch.Bindings == nil || patch.Credentials.Add != nil {
+		t.Fatalf("patch %+v", patch)
 	}
 }

@@ -353,12 +353,16 @@ public class MoatJShell {
             for (SnippetEvent ev : evs) {
                 if (ev.causeSnippet() != null) continue;
                 if (ev.exception() != null) {
+                    // IJava's shape, which clients branch on: ename is the
+                    // JShell wrapper (EvalException), evalue and the first
+                    // traceback line name the thrown class and its message.
                     Exception ex = ev.exception();
-                    String name = ex instanceof EvalException ? ((EvalException) ex).getExceptionClassName() : ex.getClass().getSimpleName();
+                    String cls = ex instanceof EvalException ? ((EvalException) ex).getExceptionClassName() : ex.getClass().getName();
+                    String value = ex.getMessage() == null ? cls : cls + ": " + ex.getMessage();
                     List<String> tb = new ArrayList<>();
-                    tb.add(name + ": " + ex.getMessage());
+                    tb.add(value);
                     for (StackTraceElement el : ex.getStackTrace()) tb.add("\tat " + el);
-                    error(name, String.valueOf(ex.getMessage()), tb);
+                    error(ex.getClass().getSimpleName(), value, tb);
                     return;
                 }
                 if (ev.status() == Snippet.Status.REJECTED) {

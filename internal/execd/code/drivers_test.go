@@ -14,16 +14,16 @@ import (
 
 // driverCells are, per language, cells that define state, use it (printing
 // 42 and, except bash, having the value 42), fail with an error whose
-// ename is given, and loop until interrupted.
+// ename (and, where set, evalue) is given, and loop until interrupted.
 var driverCells = map[string]struct {
 	bin                      string
 	define, use, fail, ename string
-	loop                     string
+	evalue, loop             string
 }{
 	"python":     {bin: "python3", define: "x = 41", use: "print(x + 1)\nx + 1", fail: "1/0", ename: "ZeroDivisionError", loop: "while True:\n    pass"},
 	"javascript": {bin: "node", define: "var x = 41", use: "console.log(x + 1); x + 1", fail: "null.f()", ename: "TypeError", loop: "for (;;) {}"},
 	"typescript": {bin: "node", define: "let x: number = 41\ninterface P { n: number }\nfunction mk(n: number): P { return {n} }", use: "console.log(mk(x + 1).n); mk(x + 1).n", fail: "throw new RangeError('no')", ename: "RangeError", loop: "while (true) {}"},
-	"java":       {bin: "jshell", define: "int x = 41;", use: "System.out.println(x + 1);\nx + 1", fail: "int[] a = new int[1];\na[2] = 1;", ename: "java.lang.ArrayIndexOutOfBoundsException", loop: "while (true) {}"},
+	"java":       {bin: "jshell", define: "int x = 41;", use: "System.out.println(x + 1);\nx + 1", fail: "int z = 10 / 0;", ename: "EvalException", evalue: "java.lang.ArithmeticException: / by zero", loop: "while (true) {}"},
 	"bash":       {bin: "bash", define: "x=41", use: "echo $((x+1))", fail: "", loop: "while :; do :; done"},
 }
 
@@ -58,6 +58,9 @@ func TestBuiltinDrivers(t *testing.T) {
 				last := evs[len(evs)-1]
 				if last.Type != wire.EvError || last.Error.EName != c.ename || evs[len(evs)-2].Type != wire.EvStatus {
 					t.Fatalf("error: %+v", evs)
+				}
+				if c.evalue != "" && (last.Error.EValue != c.evalue || len(last.Error.Traceback) == 0 || last.Error.Traceback[0] != c.evalue) {
+					t.Fatalf("error value and traceback: %+v", last.Error)
 				}
 			}
 			interruptAfterInit(t, e, id)

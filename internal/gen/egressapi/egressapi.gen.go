@@ -260,6 +260,12 @@ type CredentialMatch struct {
 	// Ports Defaults to the schemes' ports (https 443, http 80); only the intercepted ports are accepted.
 	Ports   *[]CredentialMatchPorts   `json:"ports,omitempty"`
 	Schemes *[]CredentialMatchSchemes `json:"schemes,omitempty"`
+
+	// TrustedCidrs moat extension. A credential goes only to an address moat's DNS resolved for the host, so that a
+	// sandbox cannot send a bound `Host` to an address of its choosing. Destinations in these CIDR prefixes
+	// (e.g. `10.0.0.0/24`; not `/0`) get it too, however the sandbox reached them (`curl --resolve`,
+	// `/etc/hosts`). Trust only addresses you control.
+	TrustedCidrs *[]string `json:"trustedCidrs,omitempty"`
 }
 
 // CredentialMatchPorts defines model for CredentialMatch.Ports.
@@ -284,7 +290,8 @@ type CredentialMutationSet struct {
 	Replace *[]Credential `json:"replace,omitempty"`
 }
 
-// CredentialVaultCreateRequest defines model for CredentialVaultCreateRequest.
+// CredentialVaultCreateRequest Both lists are required; `null` is the empty list (as upstream's server takes it), and so it is for every
+// optional list of the vault API (`match.schemes`, `ports`, `methods`, `paths`, the mutation sets).
 type CredentialVaultCreateRequest struct {
 	Bindings    []CredentialBinding `json:"bindings"`
 	Credentials []Credential        `json:"credentials"`

@@ -1001,7 +1001,8 @@ type ReportMetricsEventJSONBody struct {
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {
 	// State Filter by state. Repeatable; values are ORed and matched case-insensitively. moat also accepts a
-	// comma-separated list in one value.
+	// comma-separated list in one value. A state moat never reports (new states may be added, e.g. the
+	// `Allocated` of upstream's Kubernetes providers) matches nothing; it is not an error.
 	State *[]string `form:"state,omitempty" json:"state,omitempty"`
 
 	// Metadata Metadata filter, itself URL-encoded as `k=v&k2=v2`; all pairs must match (AND).
@@ -1015,14 +1016,16 @@ type ListSandboxesParams struct {
 // GetDiagnosticEventsParams defines parameters for GetDiagnosticEvents.
 type GetDiagnosticEventsParams struct {
 	// Scope `container`, `lifecycle`, `runtime`, `network`, `process` or `all` (case-insensitive). Omitted → the legacy
-	// plain-text form. Anything else → 400 `SANDBOX::INVALID_PARAMETER`.
+	// plain-text form. Empty → 400 `SANDBOX::INVALID_PARAMETER`. A scope this server does not record (including
+	// one it does not know) → empty content with a warning.
 	Scope *DiagnosticScope `form:"scope,omitempty" json:"scope,omitempty"`
 }
 
 // GetDiagnosticLogsParams defines parameters for GetDiagnosticLogs.
 type GetDiagnosticLogsParams struct {
 	// Scope `container`, `lifecycle`, `runtime`, `network`, `process` or `all` (case-insensitive). Omitted → the legacy
-	// plain-text form. Anything else → 400 `SANDBOX::INVALID_PARAMETER`.
+	// plain-text form. Empty → 400 `SANDBOX::INVALID_PARAMETER`. A scope this server does not record (including
+	// one it does not know) → empty content with a warning.
 	Scope *DiagnosticScope `form:"scope,omitempty" json:"scope,omitempty"`
 }
 
@@ -1036,10 +1039,13 @@ type GetSandboxEndpointParams struct {
 
 // ListSnapshotsParams defines parameters for ListSnapshots.
 type ListSnapshotsParams struct {
-	SandboxID *string          `form:"sandboxId,omitempty" json:"sandboxId,omitempty"`
-	State     *[]SnapshotState `form:"state,omitempty" json:"state,omitempty"`
-	Page      *int             `form:"page,omitempty" json:"page,omitempty"`
-	PageSize  *int             `form:"pageSize,omitempty" json:"pageSize,omitempty"`
+	SandboxID *string `form:"sandboxId,omitempty" json:"sandboxId,omitempty"`
+
+	// State Filter by state (a `SnapshotState`). Repeatable and comma-separated; values are ORed and matched
+	// case-insensitively. A state moat never reports matches nothing; it is not an error.
+	State    *[]string `form:"state,omitempty" json:"state,omitempty"`
+	Page     *int      `form:"page,omitempty" json:"page,omitempty"`
+	PageSize *int      `form:"pageSize,omitempty" json:"pageSize,omitempty"`
 }
 
 // CreateKeyJSONRequestBody defines body for CreateKey for application/json ContentType.

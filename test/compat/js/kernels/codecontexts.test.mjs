@@ -60,7 +60,7 @@ const result = (evs) => evs.find((e) => e.type === "result")?.results?.text ?? "
 // after the init event.
 const LANGS = [
   { language: "java", define: "int x = 41;", use: "System.out.println(x + 1);\nx + 1", result: "42",
-    fail: "Object o = null;\no.hashCode();", ename: "java.lang.NullPointerException", loop: "while (true) {}" },
+    fail: "Object o = null;\no.hashCode();", ename: "EvalException", loop: "while (true) {}" },
   { language: "typescript", define: "let x: number = 41", use: "console.log(x + 1)", result: "",
     fail: "throw new RangeError(\"no\")", ename: "Error", loop: "while (true) {}" },
   { language: "r", define: "x <- 41", use: "cat(x + 1, \"\\n\", sep = \"\")\nx + 1", result: "42",
