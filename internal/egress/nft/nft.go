@@ -402,6 +402,20 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	}
 	chain := c.AddChain(ch)
 
+	sets, err := addSets(c, t, cfg, dyn, now)
+	if err != nil {
+		return err
+	}
+	for _, exprs := range chainRules(cfg, sets, netdev, verdict) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	}
+	return nil
+}
+
+// addSets adds the table's address sets: the interval sets of the static
+// policy (with the blocked ranges in the deny sets) and the timeout sets
+// of the resolved addresses in dyn, which expire at their times.
+func addSets(c *nftables.Conn, t *nftables.Table, cfg Config, dyn map[netip.Addr]time.Time, now time.Time) (map[string]*nftables.Set, error) {
 	static := cfg.Policy.StaticSets()
 	blocked4, blocked6 := blockedRanges(cfg.Blocked)
 	contents := map[string][]policy.Range{
@@ -414,10 +428,10 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	for _, name := range []string{setDeny4, setDeny6, setAllow4, setAllow6} {
 		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), Interval: true}
 		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("nft: encode set %s: %w", name, err)
+			return nil, fmt.Errorf("nft: encode set %s: %w", name, err)
 		}
 		if err := addChunked(c, s, intervalElements(contents[name], name == setDeny6 || name == setAllow6)); err != nil {
-			return err
+			return nil, err
 		}
 		sets[name] = s
 	}
@@ -433,63 +447,26 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	for name, els := range map[string][]nftables.SetElement{setDyn4: d4, setDyn6: d6} {
 		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), HasTimeout: true, Size: dynSetSize}
 		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("nft: encode set %s: %w", name, err)
+			return nil, fmt.Errorf("nft: encode set %s: %w", name, err)
 		}
 		if err := addChunked(c, s, els); err != nil {
-			return err
+			return nil, err
 		}
 		sets[name] = s
 	}
+	return sets, nil
+}
 
+// chainRules is the filter chain, in order: the hook's own rules, then
+// neighbour discovery, DNS to the proxy only, the sets, and the default.
+func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict expr.VerdictKind) [][]expr.Any {
 	fam := familyOf(netdev)
+	dnsIP := cfg.DNS.Addr().Unmap()
 	var rules [][]expr.Any
 	if netdev {
-		rules = append(rules,
-			// Packets of the kernel's own stack were filtered on the output
-			// hook, which marked them; only unmarked ones (AF_PACKET) go on.
-			[]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
-				accept(),
-			})
+		rules = netdevRules(fam, dnsIP)
 	} else {
-		rules = append(rules,
-			// meta mark set <outputMark>: seen by the output hook (the
-			// netdev twin lets these through).
-			[]expr.Any{
-				&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
-				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-			},
-			// ct state established,related accept
-			[]expr.Any{
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-					Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-					Xor:  binaryutil.NativeEndian.PutUint32(0)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
-				accept(),
-			})
-	}
-	dnsIP := cfg.DNS.Addr().Unmap()
-	if netdev {
-		rules = append(rules,
-			// ARP is the IPv4 neighbour discovery.
-			[]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
-				accept(),
-			},
-			// Untracked replies of the sandbox's own servers go to the
-			// gateway (ingress, agent); the host's table filters them.
-			concat(fam.daddrEq(dnsIP), []expr.Any{accept()}),
-		)
-	} else {
-		// oifname "lo" accept
-		rules = append(rules, []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
-			accept(),
-		})
+		rules = outputRules()
 	}
 	rules = append(rules,
 		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;
@@ -518,11 +495,56 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 			concat(fam.daddr(false), []expr.Any{lookup(sets[sv.v4]), &expr.Verdict{Kind: sv.v}}),
 			concat(fam.daddr(true), []expr.Any{lookup(sets[sv.v6]), &expr.Verdict{Kind: sv.v}}))
 	}
-	rules = append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
-	for _, exprs := range rules {
-		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	return append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
+}
+
+// outputRules open the output hook's chain.
+func outputRules() [][]expr.Any {
+	return [][]expr.Any{
+		// meta mark set <outputMark>: seen by the output hook (the
+		// netdev twin lets these through).
+		{
+			&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		},
+		// ct state established,related accept
+		{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+				Xor:  binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			accept(),
+		},
+		// oifname "lo" accept
+		{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
+			accept(),
+		},
 	}
-	return nil
+}
+
+// netdevRules open the netdev egress hook's chain.
+func netdevRules(fam family, dnsIP netip.Addr) [][]expr.Any {
+	return [][]expr.Any{
+		// Packets of the kernel's own stack were filtered on the output
+		// hook, which marked them; only unmarked ones (AF_PACKET) go on.
+		{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+			accept(),
+		},
+		// ARP is the IPv4 neighbour discovery.
+		{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
+			accept(),
+		},
+		// Untracked replies of the sandbox's own servers go to the
+		// gateway (ingress, agent); the host's table filters them.
+		concat(fam.daddrEq(dnsIP), []expr.Any{accept()}),
+	}
 }
 
 // family builds the address-family checks of one table: the inet table
