@@ -36,7 +36,10 @@ const (
 // climb out with ".." are rejected outright. So no entry can write,
 // chmod, chown or link anything outside the directory.
 type extractor struct {
-	root     *os.Root
+	root *os.Root
+	// rootless skips owners and char/block devices and marks opaque dirs
+	// with user.overlay.opaque (for "userxattr" mounts in a user
+	// namespace); whiteouts work (kernels >= 5.8 allow 0:0 nodes).
 	rootless bool
 
 	// parent caches the most recently opened parent directory; entries
@@ -359,7 +362,7 @@ func (e *extractor) device(pfd int, name string, hdr *tar.Header) error {
 		typ = unix.S_IFIFO
 	}
 	if e.rootless && typ != unix.S_IFIFO {
-		return nil // needs CAP_MKNOD; see the package doc
+		return nil // needs CAP_MKNOD; see extractor.rootless
 	}
 	_, base := splitName(name)
 	mode := uint32(hdr.Mode) & 0o7777

@@ -24,22 +24,12 @@ import (
 // pullJobs bounds concurrent layer downloads per image.
 const pullJobs = 3
 
-// Pull fetches ref from its registry (platform per WithPlatform, default
-// linux/GOARCH) and stores it under its normalized name, replacing what
-// the name pointed to before. Layers already extracted are not fetched.
-//
-// Registries on localhost, loopback and RFC 1918 addresses are spoken to
-// over plain HTTP (go-containerregistry's rule); all others over HTTPS.
-// auth may be nil for anonymous access; credentials are never read from
-// the host's docker config.
-//
-// Concurrent pulls of one reference with the same credentials share one
-// download; only the caller that started it receives progress reports.
-// progress may be nil.
-//
-// Errors: a malformed ref is ErrInvalidArgument, an unknown repository,
-// tag or platform ErrNotFound, rejected credentials ErrPermissionDenied,
-// an unreachable or failing registry ErrUnavailable.
+// Pull fetches ref (platform per WithPlatform) and stores it under its
+// normalized name; extracted layers are not fetched again. Loopback and
+// RFC 1918 registries are spoken to over HTTP, others over HTTPS, and
+// the host's docker config is never read. Concurrent pulls of one ref
+// with the same auth share one download (progress, which may be nil, goes
+// to the first caller). Errors carry errdefs classes.
 func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, progress func(Progress)) (Image, error) {
 	r, err := parseRef(ref)
 	if err != nil {

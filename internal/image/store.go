@@ -62,8 +62,11 @@ func WithPlatform(p v1.Platform) Option {
 	return func(o *options) { o.platform = p }
 }
 
-// Store is the local image store. See the package doc for the layout and
-// the concurrency and GC contract. The zero value is not usable; use Open.
+// Store is the local image store, safe for concurrent use. Under its root:
+// blobs/sha256 (configs, manifests), layers/sha256/<diffid> (trees),
+// index.json (names to images, changed under index.lock) and tmp/. gc.lock
+// is shared by writers of new layers and taken exclusively by GC, so GC
+// never collects a layer not yet in the index. Use Open.
 type Store struct {
 	root string
 	opts options
@@ -213,8 +216,10 @@ func randomSuffix() string {
 }
 
 // NormalizeName turns a user-supplied reference into the form images are
-// stored under (see the package doc). A malformed reference is
-// ErrInvalidArgument.
+// stored under, go-containerregistry's ("busybox" becomes
+// "index.docker.io/library/busybox:latest"), for pulls and imports alike:
+// an imported "busybox" satisfies Ensure("busybox") offline. A malformed
+// reference is ErrInvalidArgument.
 func NormalizeName(ref string) (string, error) {
 	r, err := parseRef(ref)
 	if err != nil {

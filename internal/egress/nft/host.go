@@ -31,23 +31,12 @@ type HostConfig struct {
 // servers on different bridges do not disturb each other).
 func HostTable(bridge string) string { return "moat-host-" + bridge }
 
-// ApplyHost installs (atomically replacing) the host table for cfg.Bridge:
-//   - input: from the bridge only replies, DNS to the gateway and
-//     connections the intercept table redirected (InterceptMark) are
-//     accepted, so sandboxes cannot reach host services (the moat API
-//     included) through the bridge address or any other host address;
-//   - forward: sandbox traffic may leave, replies may come back; nothing is
-//     routed from the bridge back into the bridge (sandbox to sandbox);
-//   - postrouting: traffic from the subnet(s) leaving through another
-//     interface is masqueraded (outbound NAT, NAT66 for Subnet6).
-//
-// IPv6 neighbour discovery (router and neighbour solicitations, neighbour
-// advertisements) from the bridge is accepted so dual-stack sandboxes can
-// find their gateway; router advertisements and redirects are not.
-//
-// It also enables IPv4 forwarding and, with Subnet6, IPv6 forwarding for
-// the bridge (see EnableForwarding6). Per-sandbox egress policy is enforced
-// inside each sandbox netns (Firewall), before packets reach the host.
+// ApplyHost installs (atomically replacing) cfg.Bridge's host table, so
+// sandboxes reach no host service but DNS on the gateway and the
+// connections the intercept table redirected, cannot reach each other, and
+// leave masqueraded; IPv6 solicitations get in, router advertisements and
+// redirects do not. It enables forwarding for the bridge; the per-sandbox
+// policy is enforced in each netns (Firewall).
 func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	if cfg.Bridge == "" || !cfg.Subnet.IsValid() || !cfg.Gateway.Is4() {
 		return fmt.Errorf("nft: host rules need a bridge, subnet and IPv4 gateway")

@@ -1,41 +1,11 @@
 //go:build linux
 
 // Package nft enforces an egress policy with nftables inside one network
-// namespace, over netlink (github.com/google/nftables; no nft binary).
-//
-// The ruleset is table "inet moat", chain "output" (filter, hook output,
-// priority 0, policy = the policy's default action):
-//
-//	meta mark set 0x6d6f6174
-//	ct state established,related accept
-//	oifname "lo" accept
-//	icmpv6 type 133-136 accept                          # neighbour discovery
-//	ip[6] daddr <dns> udp|tcp dport <dns port> accept   # the moat DNS proxy only
-//	udp|tcp dport {53, 853} drop                       # other DNS, DoT, DoQ
-//	ip daddr @deny4 drop; ip6 daddr @deny6 drop         # static deny + Blocked
-//	ip daddr @allow4 accept; ip6 daddr @allow6 accept   # static allow (IP/CIDR rules)
-//	ip daddr @dyn4 accept; ip6 daddr @dyn6 accept       # resolved names, with timeouts
-//	counter <default action>
-//
-// The output hook sees only packets of the kernel's own IP stack. Frames
-// written to an AF_PACKET socket skip it: gVisor's netstack (runsc) sends
-// everything that way. So the same sets and rules are also installed as
-// table "netdev moat" on the egress hook of the sandbox interface (eth0),
-// stateless (netdev has no conntrack): the output chain marks what it
-// lets through (meta mark 0x6d6f6174) and the netdev chain accepts marked
-// packets first, then ARP and anything to the gateway (replies of the
-// sandbox's servers; the host's own table filters those), then the policy.
-// For such senders established connections do not survive a policy change.
-//
-// Static sets are interval sets holding the policy's IP/CIDR rules
-// flattened so that first-match-by-index is preserved (policy.StaticSets).
-// Deny is evaluated before the dynamic sets, so an allowed name resolving
-// into a denied or Blocked range stays unreachable.
-//
-// Apply replaces the whole table in one netlink batch (add table, delete
-// table, add table, ...), which the kernel commits atomically: there is no
-// instant with a partial or empty ruleset. AllowResolved adds dynamic
-// elements in one batch. Established connections survive both (conntrack).
+// namespace, over netlink (no nft binary): table "inet moat" on the output
+// hook and its stateless twin "netdev moat" on eth0's egress hook, for
+// senders that skip the IP stack (gVisor). Each change is one netlink
+// batch, which the kernel commits atomically: no instant has a partial or
+// empty ruleset, and conntrack keeps established connections.
 package nft
 
 import (
@@ -458,7 +428,9 @@ func addSets(c *nftables.Conn, t *nftables.Table, cfg Config, dyn map[netip.Addr
 }
 
 // chainRules is the filter chain, in order: the hook's own rules, then
-// neighbour discovery, DNS to the proxy only, the sets, and the default.
+// neighbour discovery, DNS to the proxy only (other DNS, DoT and DoQ
+// dropped), the sets, and the default. Deny comes before the dynamic set,
+// so an allowed name resolving into a denied or Blocked range stays shut.
 func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict expr.VerdictKind) [][]expr.Any {
 	fam := familyOf(netdev)
 	dnsIP := cfg.DNS.Addr().Unmap()
@@ -525,7 +497,8 @@ func outputRules() [][]expr.Any {
 	}
 }
 
-// netdevRules open the netdev egress hook's chain.
+// netdevRules open the netdev egress hook's chain. Without conntrack, its
+// senders' established connections do not survive a policy change.
 func netdevRules(fam family, dnsIP netip.Addr) [][]expr.Any {
 	return [][]expr.Any{
 		// Packets of the kernel's own stack were filtered on the output

@@ -1,32 +1,9 @@
-// Package docker is the sandbox backend that runs each sandbox as a Docker
-// container through the Docker Engine API (API version 1.41 or newer, i.e.
-// Docker 20.10+; the client negotiates the version down).
-//
-// A sandbox is the container "moat-<id>" on one user-defined bridge network
-// (Config.Network). Its entrypoint is the moat agent (cmd/moat-agent),
-// bind-mounted read-only at /.moat/moat-agent and started as
-// `/.moat/moat-agent --config /.moat/agent.json -- <user command>`, so the
-// agent is PID 1 (Docker's init is disabled). agent.json, which holds the
-// agent token, lives in Config.StateDir on the host and is bind-mounted
-// read-only; the token is never stored in the container's config or labels.
-//
-// Everything needed to re-adopt a sandbox after a server restart is kept in
-// container labels (see the label constants), so the Docker daemon is the
-// only source of truth: List and Status read it back, and a new Runtime over
-// the same daemon and Config.Scope sees every sandbox the old one created.
-//
-// The network moat creates is "internal", without masquerading, on a host
-// bridge named BridgeName(network); the host reaches each sandbox at its
-// bridge address (Endpoint). Docker itself does not enforce "internal"
-// when it runs with --iptables=false (as scripts/docker-setup.sh starts
-// it): the server firewalls the bridge as it does the native one (egress
-// through its NAT, policy enforced in each container's netns, found by
-// NetnsPath), and the script's nft table inet moat-docker keeps the host
-// closed to BridgePrefix* bridges but for DNS and the credential proxy.
-// Like native sandboxes, sandboxes are isolated bridge ports (they cannot
-// reach each other), have no IPv6 unless the network is dual-stack
-// (Config.Subnet6), and resolve through the gateway (Config.GatewayDNS).
-// There is no disk quota (Resources.DiskBytes is refused).
+// Package docker runs each sandbox as the Docker container "moat-<id>"
+// (Engine API 1.41+), the agent bind-mounted as PID 1 with its token in a
+// host file, never in the container's config. Labels hold all that a new
+// Runtime needs to re-adopt sandboxes, so the daemon is the one source of
+// truth. The daemon runs with --iptables=false, so the server firewalls
+// the bridge as it does the native one (see BridgePrefix).
 package docker
 
 import (
