@@ -101,45 +101,82 @@ func runShell(parent context.Context, h *client.SandboxHandle, o shellOptions, s
 	}
 	defer conn.Close()
 
-	localTTY := isTerminal(stdin)
-	if localTTY && o.tty {
-		fd := int(stdin.(*os.File).Fd())
-		old, err := term.MakeRaw(fd)
+	raw := isTerminal(stdin) && o.tty
+	if raw {
+		restore, err := rawTerminal(ctx, conn, stdin, stdout)
 		if err != nil {
-			return fmt.Errorf("raw terminal: %w", err)
+			return err
 		}
-		defer term.Restore(fd, old)
-		var lastCols, lastRows int
-		resize := func() { // sends the size when it changed
-			if cols, rows, err := termSize(stdin, stdout); err == nil && (cols != lastCols || rows != lastRows) {
-				lastCols, lastRows = cols, rows
-				conn.Resize(ctx, cols, rows)
-			}
-		}
-		resize()
-		defer watchResize(ctx, resize)()
+		defer restore()
 	}
-	// SIGTERM (and SIGINT on a raw terminal, where Ctrl-C is a byte sent
-	// to the remote side) ends moat: the session is deleted, which kills
-	// its process. Without a raw terminal, Ctrl-C is forwarded as SIGINT.
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM)
+	stopped, stopSignals := relaySignals(ctx, cancel, conn, raw)
+	defer stopSignals()
+
+	go pumpStdin(ctx, conn, stdin, endOfInput(o))
+
+	exitCode, err := relayOutput(ctx, conn, stdout, stderr, raw)
+	if err != nil {
+		select {
+		case <-stopped:
+			return &ExitError{Code: 128 + int(syscall.SIGTERM)}
+		default:
+		}
+		return err
+	}
+	switch {
+	case exitCode < 0:
+		return fmt.Errorf("pty session %s: connection closed before the shell exited: %w", sid, errdefs.ErrUnavailable)
+	case exitCode > 0:
+		return &ExitError{Code: min(exitCode, 255)}
+	}
+	return nil
+}
+
+// rawTerminal puts the local terminal stdin in raw mode and makes the
+// remote terminal follow its size; restore undoes both.
+func rawTerminal(ctx context.Context, conn *client.PTYConn, stdin io.Reader, stdout io.Writer) (restore func(), err error) {
+	fd := int(stdin.(*os.File).Fd())
+	old, err := term.MakeRaw(fd)
+	if err != nil {
+		return nil, fmt.Errorf("raw terminal: %w", err)
+	}
+	var lastCols, lastRows int
+	resize := func() { // sends the size when it changed
+		if cols, rows, err := termSize(stdin, stdout); err == nil && (cols != lastCols || rows != lastRows) {
+			lastCols, lastRows = cols, rows
+			conn.Resize(ctx, cols, rows)
+		}
+	}
+	resize()
+	stopResize := watchResize(ctx, resize)
+	return func() {
+		stopResize()
+		term.Restore(fd, old)
+	}, nil
+}
+
+// relaySignals handles the signals for the session: SIGTERM (and SIGINT
+// on a raw terminal, where Ctrl-C is a byte sent to the remote side) ends
+// moat: the session is deleted, which kills its process. Without a raw
+// terminal, Ctrl-C is forwarded as SIGINT. stopped is closed when a
+// signal cancelled ctx.
+func relaySignals(ctx context.Context, cancel context.CancelFunc, conn *client.PTYConn, raw bool) (stopped <-chan struct{}, stop func()) {
+	quit := make(chan os.Signal, 1)
+	signal.Notify(quit, syscall.SIGTERM)
 	intr := make(chan os.Signal, 1)
-	if localTTY && o.tty {
-		signal.Notify(stop, os.Interrupt)
+	if raw {
+		signal.Notify(quit, os.Interrupt)
 	} else {
 		signal.Notify(intr, os.Interrupt)
 	}
-	defer signal.Stop(stop)
-	defer signal.Stop(intr)
-	stopped := make(chan struct{})
+	done := make(chan struct{})
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-stop:
-				close(stopped)
+			case <-quit:
+				close(done)
 				cancel()
 				return
 			case <-intr:
@@ -147,22 +184,23 @@ func runShell(parent context.Context, h *client.SandboxHandle, o shellOptions, s
 			}
 		}
 	}()
+	return done, func() {
+		signal.Stop(intr)
+		signal.Stop(quit)
+	}
+}
 
-	go pumpStdin(ctx, conn, stdin, endOfInput(o))
-
+// relayOutput copies the session's output to stdout and stderr until
+// the connection ends, and returns the exit code (-1 if none came).
+func relayOutput(ctx context.Context, conn *client.PTYConn, stdout, stderr io.Writer, raw bool) (int, error) {
 	exitCode := -1
 	for {
 		ev, err := conn.Next(ctx)
 		if errors.Is(err, io.EOF) {
-			break
+			return exitCode, nil
 		}
 		if err != nil {
-			select {
-			case <-stopped:
-				return &ExitError{Code: 128 + int(syscall.SIGTERM)}
-			default:
-			}
-			return err
+			return exitCode, err
 		}
 		switch ev.Type {
 		case client.PTYStdout, client.PTYReplay:
@@ -172,20 +210,13 @@ func runShell(parent context.Context, h *client.SandboxHandle, o shellOptions, s
 		case client.PTYExit:
 			exitCode = ev.ExitCode
 		case client.PTYError:
-			if localTTY && o.tty {
+			if raw {
 				fmt.Fprintf(stderr, "\r\nmoat: shell: %s: %s\r\n", ev.Code, ev.Message)
 			} else {
 				fmt.Fprintf(stderr, "moat: shell: %s: %s\n", ev.Code, ev.Message)
 			}
 		}
 	}
-	switch {
-	case exitCode < 0:
-		return fmt.Errorf("pty session %s: connection closed before the shell exited: %w", sid, errdefs.ErrUnavailable)
-	case exitCode > 0:
-		return &ExitError{Code: min(exitCode, 255)}
-	}
-	return nil
 }
 
 // endOfInput is what is sent when stdin ends: a terminal's EOF (^D) in PTY

@@ -36,7 +36,10 @@ const (
 // climb out with ".." are rejected outright. So no entry can write,
 // chmod, chown or link anything outside the directory.
 type extractor struct {
-	root     *os.Root
+	root *os.Root
+	// rootless skips owners and char/block devices and marks opaque dirs
+	// with user.overlay.opaque (for "userxattr" mounts in a user
+	// namespace); whiteouts work (kernels >= 5.8 allow 0:0 nodes).
 	rootless bool
 
 	// parent caches the most recently opened parent directory; entries
@@ -199,158 +202,182 @@ func (e *extractor) entry(hdr *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	mode := uint32(hdr.Mode) & 0o7777
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		exists, err := e.removeExisting(pfd, name, base, true)
-		if err != nil {
-			return err
-		}
-		if !exists {
-			// 0o700 until finishDirs, so a read-only dir can still be filled.
-			if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-				return err
-			}
-		}
-		if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-		if len(hdr.PAXRecords) > 0 {
-			fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			err = e.xattrs(fd, hdr)
-			unix.Close(fd)
-			if err != nil {
-				return err
-			}
-		}
-		e.dirs = append(e.dirs, dirMeta{name: name, mode: mode, atime: hdr.AccessTime, mtime: hdr.ModTime})
-		return nil
-
+		return e.dir(pfd, name, base, hdr)
 	case tar.TypeReg, tar.TypeGNUSparse: // archive/tar reads the old TypeRegA as TypeReg
 		if hdr.Typeflag == tar.TypeGNUSparse {
 			return fmt.Errorf("GNU sparse files are not supported: %w", errdefs.ErrInvalidArgument)
 		}
-		if _, err := e.removeExisting(pfd, name, base, false); err != nil {
-			return err
-		}
-		if pfd, err = e.openParent(parent, true); err != nil {
-			return err
-		}
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return err
-		}
-		f := os.NewFile(uintptr(fd), name)
-		if _, err := io.Copy(f, r); err != nil {
-			f.Close()
-			return fmt.Errorf("write: %w", err)
-		}
-		if err := e.chown(fd, "", hdr, unix.AT_EMPTY_PATH); err != nil {
-			f.Close()
-			return err
-		}
-		if err := unix.Fchmod(fd, mode); err != nil {
-			f.Close()
-			return err
-		}
-		if err := e.xattrs(fd, hdr); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-		return setTimes(pfd, base, hdr)
-
+		return e.regular(pfd, name, hdr, r)
 	case tar.TypeSymlink:
-		if _, err := e.removeExisting(pfd, name, base, false); err != nil {
-			return err
-		}
-		if pfd, err = e.openParent(parent, true); err != nil {
-			return err
-		}
-		// The target is stored verbatim: it is only ever resolved inside
-		// the sandbox's mount namespace, never by the extractor (os.Root
-		// refuses to follow escaping links).
-		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-			return err
-		}
-		if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-		return setTimes(pfd, base, hdr)
-
+		return e.symlink(pfd, name, hdr)
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil {
-			return err
-		}
-		if target == "." {
-			return fmt.Errorf("hard link to the layer root: %w", errdefs.ErrInvalidArgument)
-		}
-		if _, err := e.removeExisting(pfd, name, base, false); err != nil {
-			return err
-		}
-		// Open the target's parent separately (it may differ from ours).
-		tparent, tbase := splitName(target)
-		tf, err := e.root.Open(tparent)
-		if err != nil {
-			return fmt.Errorf("hard link target %q: %v: %w", hdr.Linkname, err, errdefs.ErrInvalidArgument)
-		}
-		defer tf.Close()
-		if pfd, err = e.openParent(parent, true); err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(int(tf.Fd()), tbase, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("hard link target %q: %v: %w", hdr.Linkname, err, errdefs.ErrInvalidArgument)
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			return fmt.Errorf("hard link to directory %q: %w", hdr.Linkname, errdefs.ErrInvalidArgument)
-		}
-		// flags 0: linkat does not follow a symlink target.
-		return unix.Linkat(int(tf.Fd()), tbase, pfd, base, 0)
-
+		return e.hardlink(pfd, name, hdr)
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		if _, err := e.removeExisting(pfd, name, base, false); err != nil {
-			return err
-		}
-		if pfd, err = e.openParent(parent, true); err != nil {
-			return err
-		}
-		var typ uint32
-		switch hdr.Typeflag {
-		case tar.TypeChar:
-			typ = unix.S_IFCHR
-		case tar.TypeBlock:
-			typ = unix.S_IFBLK
-		default:
-			typ = unix.S_IFIFO
-		}
-		if e.rootless && typ != unix.S_IFIFO {
-			return nil // needs CAP_MKNOD; see the package doc
-		}
-		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-		if err := unix.Mknodat(pfd, base, typ|mode, int(dev)); err != nil {
-			return err
-		}
-		if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-		// Mknod applied the umask; chown may have cleared set-id bits.
-		if err := unix.Fchmodat(pfd, base, mode, 0); err != nil {
-			return err
-		}
-		return setTimes(pfd, base, hdr)
-
+		return e.device(pfd, name, hdr)
 	case tar.TypeXGlobalHeader:
 		return nil
 	default:
 		return fmt.Errorf("unsupported tar entry type %q: %w", hdr.Typeflag, errdefs.ErrInvalidArgument)
 	}
+}
+
+// replace removes whatever is at name (base in pfd) and returns the
+// parent's fd again, since a removal drops the cached parent.
+func (e *extractor) replace(pfd int, name string) (int, error) {
+	parent, base := splitName(name)
+	if _, err := e.removeExisting(pfd, name, base, false); err != nil {
+		return -1, err
+	}
+	return e.openParent(parent, true)
+}
+
+func (e *extractor) dir(pfd int, name, base string, hdr *tar.Header) error {
+	exists, err := e.removeExisting(pfd, name, base, true)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		// 0o700 until finishDirs, so a read-only dir can still be filled.
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if len(hdr.PAXRecords) > 0 {
+		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		err = e.xattrs(fd, hdr)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	e.dirs = append(e.dirs, dirMeta{name: name, mode: uint32(hdr.Mode) & 0o7777, atime: hdr.AccessTime, mtime: hdr.ModTime})
+	return nil
+}
+
+func (e *extractor) regular(pfd int, name string, hdr *tar.Header, r io.Reader) error {
+	pfd, err := e.replace(pfd, name)
+	if err != nil {
+		return err
+	}
+	_, base := splitName(name)
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := e.fill(f, hdr, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return setTimes(pfd, base, hdr)
+}
+
+// fill copies a regular file's content into f and applies its owner,
+// mode and xattrs (in that order: chown clears set-id bits).
+func (e *extractor) fill(f *os.File, hdr *tar.Header, r io.Reader) error {
+	if _, err := io.Copy(f, r); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	fd := int(f.Fd())
+	if err := e.chown(fd, "", hdr, unix.AT_EMPTY_PATH); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o7777); err != nil {
+		return err
+	}
+	return e.xattrs(fd, hdr)
+}
+
+func (e *extractor) symlink(pfd int, name string, hdr *tar.Header) error {
+	pfd, err := e.replace(pfd, name)
+	if err != nil {
+		return err
+	}
+	_, base := splitName(name)
+	// The target is stored verbatim: it is only ever resolved inside
+	// the sandbox's mount namespace, never by the extractor (os.Root
+	// refuses to follow escaping links).
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
+		return err
+	}
+	if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	return setTimes(pfd, base, hdr)
+}
+
+func (e *extractor) hardlink(pfd int, name string, hdr *tar.Header) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil {
+		return err
+	}
+	if target == "." {
+		return fmt.Errorf("hard link to the layer root: %w", errdefs.ErrInvalidArgument)
+	}
+	if pfd, err = e.replace(pfd, name); err != nil {
+		return err
+	}
+	// Open the target's parent separately (it may differ from ours).
+	tparent, tbase := splitName(target)
+	tf, err := e.root.Open(tparent)
+	if err != nil {
+		return fmt.Errorf("hard link target %q: %v: %w", hdr.Linkname, err, errdefs.ErrInvalidArgument)
+	}
+	defer tf.Close()
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(tf.Fd()), tbase, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("hard link target %q: %v: %w", hdr.Linkname, err, errdefs.ErrInvalidArgument)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return fmt.Errorf("hard link to directory %q: %w", hdr.Linkname, errdefs.ErrInvalidArgument)
+	}
+	_, base := splitName(name)
+	// flags 0: linkat does not follow a symlink target.
+	return unix.Linkat(int(tf.Fd()), tbase, pfd, base, 0)
+}
+
+func (e *extractor) device(pfd int, name string, hdr *tar.Header) error {
+	pfd, err := e.replace(pfd, name)
+	if err != nil {
+		return err
+	}
+	var typ uint32
+	switch hdr.Typeflag {
+	case tar.TypeChar:
+		typ = unix.S_IFCHR
+	case tar.TypeBlock:
+		typ = unix.S_IFBLK
+	default:
+		typ = unix.S_IFIFO
+	}
+	if e.rootless && typ != unix.S_IFIFO {
+		return nil // needs CAP_MKNOD; see extractor.rootless
+	}
+	_, base := splitName(name)
+	mode := uint32(hdr.Mode) & 0o7777
+	dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+	if err := unix.Mknodat(pfd, base, typ|mode, int(dev)); err != nil {
+		return err
+	}
+	if err := e.chown(pfd, base, hdr, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	// Mknod applied the umask; chown may have cleared set-id bits.
+	if err := unix.Fchmodat(pfd, base, mode, 0); err != nil {
+		return err
+	}
+	return setTimes(pfd, base, hdr)
 }
 
 func (e *extractor) rootFd() int {

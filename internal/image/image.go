@@ -1,59 +1,9 @@
-// Package image is moat's local image store: a content-addressed layer store
-// on disk, filled by pulling from OCI registries (go-containerregistry) or by
-// importing a rootfs directory, a rootfs tarball, a `docker save` tarball or
-// an OCI image layout, with layers extracted once and shared read-only by
-// every sandbox through overlayfs.
-//
-// # On-disk layout
-//
-// Under the store root:
-//
-//	blobs/sha256/<hex>         image configs and manifests (as pulled or built)
-//	layers/sha256/<diffid>/    extracted layer trees, overlayfs-ready (whiteouts converted)
-//	index.json                 name -> image record, plus per-layer metadata
-//	index.lock                 flock(2) serialising index read-modify-write across processes
-//	gc.lock                    flock(2): shared by writers of new layers, exclusive for GC
-//	tmp/                       staging; cleaned on Open
-//
-// Compressed layer blobs are not retained: a layer is streamed from the
-// registry, decompressed, hashed and extracted in one pass, so the extracted
-// tree is the only copy. A layer directory exists under layers/ only once it
-// is complete and its content matched its diff ID (it is extracted into tmp/
-// and renamed into place), so its presence is the "already extracted" test.
-//
-// # Names
-//
-// Image names are registry references normalized by go-containerregistry:
-// "busybox" and "busybox:latest" both become "index.docker.io/library/busybox:latest",
-// "127.0.0.1:5000/x" becomes "127.0.0.1:5000/x:latest". Import uses the same
-// rule, so an imported "busybox:latest" satisfies a later Ensure("busybox")
-// without touching the network. Get and Remove also accept an image ID
-// ("sha256:<hex>") or an unambiguous prefix of at least 6 hex digits.
-//
-// # Concurrency and garbage collection
-//
-// A Store is safe for concurrent use, and several processes (the server and
-// the CLI) may share one root: index updates are atomic (write tmp + rename)
-// under index.lock. Concurrent pulls of one reference, and concurrent fetches
-// of one layer, are collapsed into one download; a waiter that gives up
-// (context cancelled) does not cancel the download for the others, and the
-// download is cancelled only when every waiter has gone.
-//
-// Remove deletes a name and then collects layers no longer referenced by any
-// image. A layer is never collected while it is in use: the runtime either
-// holds a Lease (Acquire ... Release) for as long as a sandbox mounts the
-// layers, or supplies Options.InUse, which is consulted for every candidate
-// layer (this covers sandboxes re-adopted after a restart, when in-memory
-// leases are gone). Collection is skipped, and retried by the next GC,
-// Remove or Open, while any pull, import or commit is in progress (gc.lock).
-//
-// # Privileges
-//
-// Faithful extraction (ownership, device nodes, trusted.overlay.* xattrs for
-// opaque directories, security.* xattrs) needs root. Without root, ownership
-// and block/char devices are skipped, opaque directories are marked with
-// user.overlay.opaque (mount overlay with "userxattr" in a user namespace),
-// and whiteouts still work (kernels >= 5.8 allow unprivileged 0:0 nodes).
+// Package image is moat's local image store. Layers, pulled or imported,
+// are extracted once into overlayfs-ready trees (layers/sha256/<diffid>)
+// that every sandbox shares read-only; compressed blobs are not kept, as
+// a layer is hashed and extracted in one pass. A tree appears under its
+// name only complete and checked (extracted in tmp/, then renamed), so its
+// presence is the cache test. Several processes may share one root.
 package image
 
 import (
@@ -92,7 +42,7 @@ type Config struct {
 type Image struct {
 	// Name is the normalized reference the image is stored under
 	// (e.g. "127.0.0.1:5000/busybox:latest" or
-	// "index.docker.io/library/busybox:latest"); see the package doc.
+	// "index.docker.io/library/busybox:latest"); see NormalizeName.
 	Name string `json:"name"`
 	// ID is the image config digest ("sha256:...").
 	ID string `json:"id"`

@@ -24,21 +24,10 @@ import (
 // DefaultPath is the PATH given to images built from a bare rootfs.
 const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Import stores the image found at p under name (normalized as a
-// reference; see the package doc). p may be:
-//
-//   - an OCI image layout directory (it has an "oci-layout" file): the
-//     manifest for the store's platform (or the only one) is imported;
-//   - any other directory: a rootfs, archived deterministically into one
-//     layer;
-//   - a `docker save` tarball (an uncompressed tar with a top-level
-//     manifest.json holding exactly one image);
-//   - any other tar, gzip- or zstd-compressed or not: a rootfs layer, whose
-//     diff ID is the sha256 of the uncompressed tar.
-//
-// Rootfs imports get a config with only Env=[DefaultPath], no creation
-// time and the host's architecture, so importing the same tree twice
-// yields the same image ID.
+// Import stores the image at p under name: an OCI layout directory, a
+// rootfs directory, a `docker save` tarball (one image), or a rootfs tar,
+// compressed or not. A rootfs gets a config with only Env=[DefaultPath]
+// and no creation time, so importing one tree twice yields one image ID.
 func (s *Store) Import(ctx context.Context, name, p string) (Image, error) {
 	n, err := NormalizeName(name)
 	if err != nil {

@@ -12,25 +12,12 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
-// MountRootfs is the one overlay mount of moat: the native runtime mounts
-// every sandbox root with it, and snapshots commit its upper dir.
-//
-// MountRootfs mounts an overlayfs at target with lowers (bottom first, as
-// LayerPaths returns them) below upper, using work as the overlay work
-// dir (same filesystem as upper, empty). With upper == "" the mount is
-// read-only (and a single lower is bind-mounted read-only instead).
-//
-// Redirects, metacopy and the inode index are switched off, so the upper
-// dir stays committable with CommitLayer and layers never gain overlay
-// metadata beyond whiteouts and opaque markers.
-//
-// The mount(2) option string is limited to one page. When the plain
-// lowerdir list would not fit, the lowers are opened O_PATH and passed as
-// short /proc/self/fd/N paths (the kernel resolves them at mount time;
-// the descriptors are closed afterwards), which fits ~200 layers; more is
-// ErrInvalidArgument. Paths containing ',' or ':' are ErrInvalidArgument
-// (overlayfs would misparse them); a lower that is not a directory is
-// ErrFailedPrecondition.
+// MountRootfs mounts lowers (bottom first) below upper at target, the one
+// overlay mount of moat (read-only if upper is ""). Redirects, metacopy
+// and the index are off so that CommitLayer can commit the upper dir. A
+// lowerdir list over mount(2)'s one page goes as /proc/self/fd/N paths of
+// O_PATH descriptors (~200 layers fit). Paths with ',' or ':' are
+// ErrInvalidArgument: overlayfs would misparse them.
 func MountRootfs(lowers []string, upper, work, target string) error {
 	if len(lowers) == 0 {
 		return fmt.Errorf("overlay mount %s: no lower dirs: %w", target, errdefs.ErrInvalidArgument)

@@ -24,22 +24,12 @@ import (
 // pullJobs bounds concurrent layer downloads per image.
 const pullJobs = 3
 
-// Pull fetches ref from its registry (platform per WithPlatform, default
-// linux/GOARCH) and stores it under its normalized name, replacing what
-// the name pointed to before. Layers already extracted are not fetched.
-//
-// Registries on localhost, loopback and RFC 1918 addresses are spoken to
-// over plain HTTP (go-containerregistry's rule); all others over HTTPS.
-// auth may be nil for anonymous access; credentials are never read from
-// the host's docker config.
-//
-// Concurrent pulls of one reference with the same credentials share one
-// download; only the caller that started it receives progress reports.
-// progress may be nil.
-//
-// Errors: a malformed ref is ErrInvalidArgument, an unknown repository,
-// tag or platform ErrNotFound, rejected credentials ErrPermissionDenied,
-// an unreachable or failing registry ErrUnavailable.
+// Pull fetches ref (platform per WithPlatform) and stores it under its
+// normalized name; extracted layers are not fetched again. Loopback and
+// RFC 1918 registries are spoken to over HTTP, others over HTTPS, and
+// the host's docker config is never read. Concurrent pulls of one ref
+// with the same auth share one download (progress, which may be nil, goes
+// to the first caller). Errors carry errdefs classes.
 func (s *Store) Pull(ctx context.Context, ref string, auth *Auth, progress func(Progress)) (Image, error) {
 	r, err := parseRef(ref)
 	if err != nil {
@@ -103,33 +93,80 @@ func (s *Store) storeImage(ctx context.Context, name string, src v1.Image, fromR
 	}
 	defer unlock()
 
-	rawConfig, err := src.RawConfigFile()
-	if err != nil {
-		return Image{}, fmt.Errorf("image config: %w", err)
-	}
-	cf, err := src.ConfigFile()
-	if err != nil {
-		return Image{}, fmt.Errorf("image config: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	layers, err := src.Layers()
-	if err != nil {
-		return Image{}, fmt.Errorf("image layers: %w", err)
-	}
-	if len(layers) != len(cf.RootFS.DiffIDs) {
-		return Image{}, fmt.Errorf("image has %d layers but %d diff IDs: %w", len(layers), len(cf.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
-	}
-	var rawManifest []byte
-	var manifestDigest string
-	if m, err := src.RawManifest(); err == nil {
-		rawManifest = m
-		if d, err := src.Digest(); err == nil {
-			manifestDigest = d.String()
-		}
-	}
-
-	idx, err := s.load()
+	in, err := readSource(src)
 	if err != nil {
 		return Image{}, err
+	}
+	diffIDs := in.config.RootFS.DiffIDs
+	sizes, err := s.fetchLayers(ctx, in.layers, diffIDs, fromRegistry, progress)
+	if err != nil {
+		return Image{}, err
+	}
+	id, err := s.writeBlob(in.rawConfig)
+	if err != nil {
+		return Image{}, err
+	}
+	if in.rawManifest != nil {
+		if _, err := s.writeBlob(in.rawManifest); err != nil {
+			return Image{}, err
+		}
+	}
+	img := Image{
+		Name:      name,
+		ID:        id,
+		Digest:    in.manifestDigest,
+		Config:    configOf(in.config),
+		CreatedAt: time.Now().UTC(),
+	}
+	for i, d := range diffIDs {
+		img.Layers = append(img.Layers, d.String())
+		img.Size += sizes[i]
+	}
+	if err := s.record(img, diffIDs, sizes); err != nil {
+		return Image{}, err
+	}
+	return img, nil
+}
+
+// source is what storeImage reads of an image before fetching its layers.
+type source struct {
+	rawConfig      []byte
+	config         *v1.ConfigFile
+	layers         []v1.Layer
+	rawManifest    []byte // nil if the source has none
+	manifestDigest string
+}
+
+func readSource(src v1.Image) (source, error) {
+	var in source
+	var err error
+	if in.rawConfig, err = src.RawConfigFile(); err != nil {
+		return source{}, fmt.Errorf("image config: %w", err)
+	}
+	if in.config, err = src.ConfigFile(); err != nil {
+		return source{}, fmt.Errorf("image config: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if in.layers, err = src.Layers(); err != nil {
+		return source{}, fmt.Errorf("image layers: %w", err)
+	}
+	if len(in.layers) != len(in.config.RootFS.DiffIDs) {
+		return source{}, fmt.Errorf("image has %d layers but %d diff IDs: %w", len(in.layers), len(in.config.RootFS.DiffIDs), errdefs.ErrInvalidArgument)
+	}
+	if m, err := src.RawManifest(); err == nil {
+		in.rawManifest = m
+		if d, err := src.Digest(); err == nil {
+			in.manifestDigest = d.String()
+		}
+	}
+	return in, nil
+}
+
+// fetchLayers extracts the layers not yet present, pullJobs at a time,
+// and returns every layer's size. Preconditions: the writer lock is held.
+func (s *Store) fetchLayers(ctx context.Context, layers []v1.Layer, diffIDs []v1.Hash, fromRegistry bool, progress func(Progress)) ([]int64, error) {
+	idx, err := s.load()
+	if err != nil {
+		return nil, err
 	}
 	sizes := make([]int64, len(layers))
 	var report func(Progress)
@@ -140,7 +177,7 @@ func (s *Store) storeImage(ctx context.Context, name string, src v1.Image, fromR
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(pullJobs)
 	for i, l := range layers {
-		diffID := cf.RootFS.DiffIDs[i].String()
+		diffID := diffIDs[i].String()
 		if s.hasLayer(diffID) {
 			sizes[i] = idx.Layers[diffID].Size
 			if report != nil {
@@ -166,33 +203,9 @@ func (s *Store) storeImage(ctx context.Context, name string, src v1.Image, fromR
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return Image{}, err
+		return nil, err
 	}
-
-	id, err := s.writeBlob(rawConfig)
-	if err != nil {
-		return Image{}, err
-	}
-	if rawManifest != nil {
-		if _, err := s.writeBlob(rawManifest); err != nil {
-			return Image{}, err
-		}
-	}
-	img := Image{
-		Name:      name,
-		ID:        id,
-		Digest:    manifestDigest,
-		Config:    configOf(cf),
-		CreatedAt: time.Now().UTC(),
-	}
-	for i, d := range cf.RootFS.DiffIDs {
-		img.Layers = append(img.Layers, d.String())
-		img.Size += sizes[i]
-	}
-	if err := s.record(img, cf.RootFS.DiffIDs, sizes); err != nil {
-		return Image{}, err
-	}
-	return img, nil
+	return sizes, nil
 }
 
 // record writes img and its layer sizes to the index.

@@ -62,8 +62,11 @@ func WithPlatform(p v1.Platform) Option {
 	return func(o *options) { o.platform = p }
 }
 
-// Store is the local image store. See the package doc for the layout and
-// the concurrency and GC contract. The zero value is not usable; use Open.
+// Store is the local image store, safe for concurrent use. Under its root:
+// blobs/sha256 (configs, manifests), layers/sha256/<diffid> (trees),
+// index.json (names to images, changed under index.lock) and tmp/. gc.lock
+// is shared by writers of new layers and taken exclusively by GC, so GC
+// never collects a layer not yet in the index. Use Open.
 type Store struct {
 	root string
 	opts options
@@ -213,8 +216,10 @@ func randomSuffix() string {
 }
 
 // NormalizeName turns a user-supplied reference into the form images are
-// stored under (see the package doc). A malformed reference is
-// ErrInvalidArgument.
+// stored under, go-containerregistry's ("busybox" becomes
+// "index.docker.io/library/busybox:latest"), for pulls and imports alike:
+// an imported "busybox" satisfies Ensure("busybox") offline. A malformed
+// reference is ErrInvalidArgument.
 func NormalizeName(ref string) (string, error) {
 	r, err := parseRef(ref)
 	if err != nil {
@@ -463,83 +468,23 @@ func (s *Store) gc(ctx context.Context, cleanTmp bool) error {
 	}
 	defer unlock()
 
-	tmp := filepath.Join(s.root, "tmp")
 	if cleanTmp {
-		// No writer holds gc.lock, so nothing in tmp/ is live.
-		ents, _ := os.ReadDir(tmp)
-		for _, e := range ents {
-			if err := removeAllTree(filepath.Join(tmp, e.Name())); err != nil {
-				return fmt.Errorf("clean %s: %w", tmp, err)
-			}
+		if err := s.cleanTmp(); err != nil {
+			return err
 		}
 	}
-
 	idx, err := s.load()
 	if err != nil {
 		return err
 	}
-	keepLayers := map[string]bool{}
-	keepBlobs := map[string]bool{}
-	for _, img := range idx.Images {
-		for _, l := range img.Layers {
-			keepLayers[strings.TrimPrefix(l, "sha256:")] = true
-		}
-		keepBlobs[strings.TrimPrefix(img.ID, "sha256:")] = true
-		if img.Digest != "" {
-			keepBlobs[strings.TrimPrefix(img.Digest, "sha256:")] = true
-		}
-	}
-
-	var removed []string
-	mounted := s.mountedLayers()
-	layersDir := filepath.Join(s.root, "layers", "sha256")
-	ents, err := os.ReadDir(layersDir)
+	keepLayers, keepBlobs := referenced(idx)
+	removed, err := s.collectLayers(ctx, keepLayers)
 	if err != nil {
-		return fmt.Errorf("image gc: %w", err)
+		return err
 	}
-	for _, e := range ents {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		h := e.Name()
-		if keepLayers[h] || mounted["sha256:"+h] || (s.opts.inUse != nil && s.opts.inUse("sha256:"+h)) {
-			continue
-		}
-		dir := filepath.Join(layersDir, h)
-		f, err := lockDir(dir, unix.LOCK_EX|unix.LOCK_NB)
-		if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
-			continue // leased, or already gone
-		}
-		if err != nil {
-			return fmt.Errorf("image gc: %w", err)
-		}
-		// Rename while holding the lock: a concurrent Acquire that opened
-		// the old path sees the inode change and fails instead of leasing
-		// a dying tree.
-		dead := filepath.Join(tmp, "gc-"+h+"-"+randomSuffix())
-		err = os.Rename(dir, dead)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("image gc: %w", err)
-		}
-		if err := removeAllTree(dead); err != nil {
-			return fmt.Errorf("image gc: %w", err)
-		}
-		removed = append(removed, "sha256:"+h)
+	if err := s.collectBlobs(keepBlobs); err != nil {
+		return err
 	}
-
-	blobs, err := os.ReadDir(filepath.Join(s.root, "blobs", "sha256"))
-	if err != nil {
-		return fmt.Errorf("image gc: %w", err)
-	}
-	for _, e := range blobs {
-		if !keepBlobs[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
-			if err := os.Remove(filepath.Join(s.root, "blobs", "sha256", e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("image gc: %w", err)
-			}
-		}
-	}
-
 	return s.update(func(idx *indexFile) error {
 		for _, l := range removed {
 			delete(idx.Layers, l)
@@ -551,6 +496,104 @@ func (s *Store) gc(ctx context.Context, cleanTmp bool) error {
 		}
 		return nil
 	})
+}
+
+// cleanTmp empties tmp/. Preconditions: gc.lock held exclusively, so no
+// writer is running and nothing in tmp/ is live.
+func (s *Store) cleanTmp() error {
+	tmp := filepath.Join(s.root, "tmp")
+	ents, _ := os.ReadDir(tmp)
+	for _, e := range ents {
+		if err := removeAllTree(filepath.Join(tmp, e.Name())); err != nil {
+			return fmt.Errorf("clean %s: %w", tmp, err)
+		}
+	}
+	return nil
+}
+
+// referenced returns the hex digests of the layers and blobs (configs and
+// manifests) that the images in idx refer to.
+func referenced(idx *indexFile) (layers, blobs map[string]bool) {
+	layers, blobs = map[string]bool{}, map[string]bool{}
+	for _, img := range idx.Images {
+		for _, l := range img.Layers {
+			layers[strings.TrimPrefix(l, "sha256:")] = true
+		}
+		blobs[strings.TrimPrefix(img.ID, "sha256:")] = true
+		if img.Digest != "" {
+			blobs[strings.TrimPrefix(img.Digest, "sha256:")] = true
+		}
+	}
+	return layers, blobs
+}
+
+// collectLayers deletes the layer trees not in keep and not in use, and
+// returns the diff IDs it deleted.
+func (s *Store) collectLayers(ctx context.Context, keep map[string]bool) ([]string, error) {
+	var removed []string
+	mounted := s.mountedLayers()
+	layersDir := filepath.Join(s.root, "layers", "sha256")
+	ents, err := os.ReadDir(layersDir)
+	if err != nil {
+		return nil, fmt.Errorf("image gc: %w", err)
+	}
+	for _, e := range ents {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		h := e.Name()
+		if keep[h] || mounted["sha256:"+h] || (s.opts.inUse != nil && s.opts.inUse("sha256:"+h)) {
+			continue
+		}
+		ok, err := s.removeLayer(filepath.Join(layersDir, h), h)
+		if err != nil {
+			return nil, fmt.Errorf("image gc: %w", err)
+		}
+		if ok {
+			removed = append(removed, "sha256:"+h)
+		}
+	}
+	return removed, nil
+}
+
+// removeLayer deletes the layer tree dir unless it is leased; ok reports
+// whether it did.
+func (s *Store) removeLayer(dir, h string) (ok bool, err error) {
+	f, err := lockDir(dir, unix.LOCK_EX|unix.LOCK_NB)
+	if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+		return false, nil // leased, or already gone
+	}
+	if err != nil {
+		return false, err
+	}
+	// Rename while holding the lock: a concurrent Acquire that opened
+	// the old path sees the inode change and fails instead of leasing
+	// a dying tree.
+	dead := filepath.Join(s.root, "tmp", "gc-"+h+"-"+randomSuffix())
+	err = os.Rename(dir, dead)
+	f.Close()
+	if err != nil {
+		return false, err
+	}
+	return true, removeAllTree(dead)
+}
+
+// collectBlobs deletes the blobs not in keep, sparing hidden files (the
+// temporary files of writes in progress).
+func (s *Store) collectBlobs(keep map[string]bool) error {
+	dir := filepath.Join(s.root, "blobs", "sha256")
+	blobs, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("image gc: %w", err)
+	}
+	for _, e := range blobs {
+		if !keep[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("image gc: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // removeAllTree is os.RemoveAll that, if that fails (without root, on

@@ -31,10 +31,8 @@ type tarOptions struct {
 // are numeric only, access and change times are omitted, and hard links
 // are emitted as links to the first path seen.
 func writeTar(ctx context.Context, w io.Writer, dir string, opts tarOptions) error {
-	tw := tar.NewWriter(w)
-	type inode struct{ dev, ino uint64 }
-	links := map[inode]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	t := &tarWriter{tw: tar.NewWriter(w), opts: opts, links: map[inode]string{}}
+	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -48,90 +46,122 @@ func writeTar(ctx context.Context, w io.Writer, dir string, opts tarOptions) err
 		if rel == "." {
 			return nil
 		}
-		rel = filepath.ToSlash(rel)
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		hdr := &tar.Header{
-			Name:    rel,
-			Mode:    int64(st.Mode & 0o7777),
-			Uid:     int(st.Uid),
-			Gid:     int(st.Gid),
-			ModTime: time.Unix(st.Mtim.Unix()).UTC(),
-			Format:  tar.FormatPAX,
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			hdr.Typeflag = tar.TypeDir
-			hdr.Name += "/"
-		case unix.S_IFREG:
-			hdr.Typeflag = tar.TypeReg
-			hdr.Size = st.Size
-			if st.Nlink > 1 {
-				key := inode{uint64(st.Dev), st.Ino}
-				if first, ok := links[key]; ok {
-					hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-				} else {
-					links[key] = rel
-				}
-			}
-		case unix.S_IFLNK:
-			hdr.Typeflag = tar.TypeSymlink
-			if hdr.Linkname, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case unix.S_IFCHR, unix.S_IFBLK:
-			major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev)
-			if opts.overlayUpper && st.Mode&unix.S_IFMT == unix.S_IFCHR && major == 0 && minor == 0 {
-				parent, base := filepath.Split(rel)
-				wh := &tar.Header{Name: parent + whiteoutPrefix + base, Typeflag: tar.TypeReg,
-					ModTime: hdr.ModTime, Format: tar.FormatPAX}
-				return tw.WriteHeader(wh)
-			}
-			hdr.Typeflag = tar.TypeChar
-			if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-				hdr.Typeflag = tar.TypeBlock
-			}
-			hdr.Devmajor, hdr.Devminor = int64(major), int64(minor)
-		case unix.S_IFIFO:
-			hdr.Typeflag = tar.TypeFifo
-		default:
-			return nil // sockets cannot be archived
-		}
-		opaque := false
-		if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeDir {
-			if opaque, err = readXattrs(p, hdr, opts); err != nil {
-				return err
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-			f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
-			f.Close()
-			if err != nil {
-				return err
-			}
-			if n != hdr.Size {
-				return fmt.Errorf("%s changed size while archiving", p)
-			}
-		}
-		if opaque {
-			return tw.WriteHeader(&tar.Header{Name: rel + "/" + whiteoutOpaque, Typeflag: tar.TypeReg,
-				ModTime: hdr.ModTime, Format: tar.FormatPAX})
-		}
-		return nil
+		return t.entry(p, filepath.ToSlash(rel))
 	})
 	if err != nil {
 		return err
 	}
-	return tw.Close()
+	return t.tw.Close()
+}
+
+type inode struct{ dev, ino uint64 }
+
+// tarWriter is writeTar's state: the archive and, for hard links, the
+// first path seen of each inode with more than one link.
+type tarWriter struct {
+	tw    *tar.Writer
+	opts  tarOptions
+	links map[inode]string
+}
+
+// entry archives the file at p under the name rel.
+func (t *tarWriter) entry(p, rel string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return err
+	}
+	mtime := time.Unix(st.Mtim.Unix()).UTC()
+	if t.opts.overlayUpper && st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == 0 && unix.Minor(st.Rdev) == 0 {
+		parent, base := filepath.Split(rel)
+		return t.tw.WriteHeader(&tar.Header{Name: parent + whiteoutPrefix + base, Typeflag: tar.TypeReg,
+			ModTime: mtime, Format: tar.FormatPAX})
+	}
+	hdr, err := t.header(p, rel, &st)
+	if err != nil || hdr == nil {
+		return err
+	}
+	opaque := false
+	if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeDir {
+		if opaque, err = readXattrs(p, hdr, t.opts); err != nil {
+			return err
+		}
+	}
+	if err := t.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
+		if err := t.content(p, hdr.Size); err != nil {
+			return err
+		}
+	}
+	if opaque {
+		return t.tw.WriteHeader(&tar.Header{Name: rel + "/" + whiteoutOpaque, Typeflag: tar.TypeReg,
+			ModTime: mtime, Format: tar.FormatPAX})
+	}
+	return nil
+}
+
+// header describes the file at p, or returns nil for a socket (which
+// cannot be archived).
+func (t *tarWriter) header(p, rel string, st *unix.Stat_t) (*tar.Header, error) {
+	hdr := &tar.Header{
+		Name:    rel,
+		Mode:    int64(st.Mode & 0o7777),
+		Uid:     int(st.Uid),
+		Gid:     int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Unix()).UTC(),
+		Format:  tar.FormatPAX,
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		hdr.Typeflag = tar.TypeDir
+		hdr.Name += "/"
+	case unix.S_IFREG:
+		hdr.Typeflag = tar.TypeReg
+		hdr.Size = st.Size
+		if st.Nlink > 1 {
+			key := inode{uint64(st.Dev), st.Ino}
+			if first, ok := t.links[key]; ok {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				t.links[key] = rel
+			}
+		}
+	case unix.S_IFLNK:
+		hdr.Typeflag = tar.TypeSymlink
+		var err error
+		if hdr.Linkname, err = os.Readlink(p); err != nil {
+			return nil, err
+		}
+	case unix.S_IFCHR, unix.S_IFBLK:
+		hdr.Typeflag = tar.TypeChar
+		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			hdr.Typeflag = tar.TypeBlock
+		}
+		hdr.Devmajor, hdr.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+	default:
+		return nil, nil
+	}
+	return hdr, nil
+}
+
+// content copies size bytes of the regular file at p into the archive.
+func (t *tarWriter) content(p string, size int64) error {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(t.tw, io.LimitReader(f, size))
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("%s changed size while archiving", p)
+	}
+	return nil
 }
 
 // readXattrs copies the archivable xattrs of p into hdr and, for overlay

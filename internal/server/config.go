@@ -219,6 +219,18 @@ func Default() Config {
 // Validate checks the configuration and fills derived defaults.
 func (c *Config) Validate() error {
 	var errs []error
+	errs = append(errs, c.validateHost()...)
+	errs = append(errs, c.validateNetwork()...)
+	errs = append(errs, c.validateSettings()...)
+	errs = append(errs, c.validateIngress()...)
+	errs = append(errs, c.validateFiles()...)
+	return errors.Join(errs...)
+}
+
+// validateHost checks where the server listens and keeps its state, and
+// which runtime it runs.
+func (c *Config) validateHost() []error {
+	var errs []error
 	if c.Listen == "" {
 		errs = append(errs, errors.New("listen address is empty"))
 	}
@@ -237,6 +249,12 @@ func (c *Config) Validate() error {
 	if classes := RuntimeClasses(); c.Runtime == "oci" && !slices.Contains(classes, c.RuntimeClass) {
 		errs = append(errs, fmt.Errorf("runtime-class %q: want one of %s", c.RuntimeClass, strings.Join(classes, ", ")))
 	}
+	return errs
+}
+
+// validateNetwork checks the sandbox network's subnets and bridge.
+func (c *Config) validateNetwork() []error {
+	var errs []error
 	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 28 || p.Bits() < 8 {
 		errs = append(errs, fmt.Errorf("subnet %q: want an IPv4 prefix between /8 and /28", c.Subnet))
 	}
@@ -248,6 +266,13 @@ func (c *Config) Validate() error {
 	if c.Bridge == "" || len(c.Bridge) > 15 {
 		errs = append(errs, fmt.Errorf("bridge %q: want 1-15 characters", c.Bridge))
 	}
+	return errs
+}
+
+// validateSettings checks the limits, the log level, the DNS upstreams
+// and the allow lists.
+func (c *Config) validateSettings() []error {
+	var errs []error
 	if c.MaxTimeout < 0 {
 		errs = append(errs, errors.New("max-timeout must not be negative"))
 	}
@@ -280,7 +305,13 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("allow-registry: %v", err))
 		}
 	}
-	errs = append(errs, c.validateIngress()...)
+	return errs
+}
+
+// validateFiles fills the default paths of the key, vault and audit
+// files under Root and checks the ones given.
+func (c *Config) validateFiles() []error {
+	var errs []error
 	if c.APIKeyFile == "" {
 		c.APIKeyFile = filepath.Join(c.Root, "api-key")
 	}
@@ -300,7 +331,7 @@ func (c *Config) Validate() error {
 	} else if c.AuditLog != "off" && !filepath.IsAbs(c.AuditLog) {
 		errs = append(errs, fmt.Errorf("audit-log %q must be an absolute path or \"off\"", c.AuditLog))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // resolveAPIKey returns the API key to enforce ("" when auth is off). A

@@ -69,43 +69,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 			s.Close()
 		}
 	}()
-	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
+	be, err := s.openBackend(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images"), image.WithAllowedRegistries(cfg.AllowedRegistries)); err != nil {
-		return nil, fmt.Errorf("image store: %w", err)
-	}
-	factory, ok := backends()[cfg.Runtime]
-	if !ok {
-		return nil, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
-	}
-	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	be, err := factory(ctx, s.runCtx, cfg, deps{log: log, images: s.images})
-	if err != nil {
-		return nil, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
-	}
-	s.rt, s.closeRT = be.rt, be.close
-	// The records: the backend's store (shared by replicas), else this
-	// server's own bbolt file.
-	if be.store != nil {
-		s.db = be.store
-	} else {
-		db, err := store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second)
-		if err != nil {
-			return nil, err
-		}
-		s.db, s.closeDB = db, db.Close
-	}
-	key, generated, err := s.apiKeyOf(ctx, be)
-	if err != nil {
-		return nil, fmt.Errorf("api key: %w", err)
-	}
-	s.apiKey = key
-	switch {
-	case cfg.NoAuth:
-		log.Warn("API-key authentication is DISABLED (--insecure-no-auth)")
-	case generated:
-		log.Info("generated an API key", "file", cfg.APIKeyFile)
+	if err := s.setAPIKey(ctx, be); err != nil {
+		return nil, err
 	}
 	// GET /metrics (behind the API key); moat_sandboxes is counted at
 	// scrape time, when s.svc is set.
@@ -114,17 +83,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err != nil {
 		return nil, fmt.Errorf("vault key: %w", err)
 	}
-	// Tenants, API keys and quotas (nil without auth: one anonymous admin).
-	var quotas lifecycle.Quotas
-	if !cfg.NoAuth {
-		secret, err := s.keySecretOf(ctx, be)
-		if err != nil {
-			return nil, fmt.Errorf("key secret: %w", err)
-		}
-		if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: key, Secret: secret}); err != nil {
-			return nil, err
-		}
-		quotas = s.tenants
+	quotas, err := s.openTenants(ctx, be)
+	if err != nil {
+		return nil, err
 	}
 	s.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "",
 		OrphanGrace: cfg.Kubernetes.OrphanGrace}, AllowedHostPaths: cfg.AllowedHostPaths}, sandbox.Deps{Deps: lifecycle.Deps{
@@ -137,16 +98,93 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
+	if err := s.buildAPI(reg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openBackend opens the image store, the runtime backend and the
+// records: the backend's store (shared by replicas), else this server's
+// own bbolt file.
+func (s *Server) openBackend(ctx context.Context) (backend, error) {
+	cfg := s.cfg
+	if err := os.MkdirAll(cfg.Root, 0o711); err != nil {
+		return backend{}, err
+	}
+	var err error
+	if s.images, err = image.Open(ctx, filepath.Join(cfg.Root, "images"), image.WithAllowedRegistries(cfg.AllowedRegistries)); err != nil {
+		return backend{}, fmt.Errorf("image store: %w", err)
+	}
+	factory, ok := backends()[cfg.Runtime]
+	if !ok {
+		return backend{}, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
+	}
+	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
+	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images})
+	if err != nil {
+		return backend{}, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
+	}
+	s.rt, s.closeRT = be.rt, be.close
+	if be.store != nil {
+		s.db = be.store
+		return be, nil
+	}
+	db, err := store.Open(ctx, filepath.Join(cfg.Root, "state.db"), 5*time.Second)
+	if err != nil {
+		return backend{}, err
+	}
+	s.db, s.closeDB = db, db.Close
+	return be, nil
+}
+
+// setAPIKey resolves the API key (see apiKeyOf) and says where it is.
+func (s *Server) setAPIKey(ctx context.Context, be backend) error {
+	key, generated, err := s.apiKeyOf(ctx, be)
+	if err != nil {
+		return fmt.Errorf("api key: %w", err)
+	}
+	s.apiKey = key
+	switch {
+	case s.cfg.NoAuth:
+		s.log.Warn("API-key authentication is DISABLED (--insecure-no-auth)")
+	case generated:
+		s.log.Info("generated an API key", "file", s.cfg.APIKeyFile)
+	}
+	return nil
+}
+
+// openTenants opens the tenants, API keys and quotas; without auth there
+// are none (one anonymous admin) and the quotas are nil.
+func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas, error) {
+	if s.cfg.NoAuth {
+		return nil, nil
+	}
+	secret, err := s.keySecretOf(ctx, be)
+	if err != nil {
+		return nil, fmt.Errorf("key secret: %w", err)
+	}
+	if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: s.apiKey, Secret: secret}); err != nil {
+		return nil, err
+	}
+	return s.tenants, nil
+}
+
+// buildAPI builds the HTTP API over s.svc, with ingress signing, the
+// audit log and the console's sessions as configured.
+func (s *Server) buildAPI(reg *metrics.Registry) error {
+	cfg := s.cfg
 	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites}
 	if s.tenants != nil {
 		apiCfg.Auth = s.tenants
 	}
+	var err error
 	if s.signer, apiCfg.Ingress, err = ingressSetup(cfg); err != nil {
-		return nil, err
+		return err
 	}
 	if cfg.AuditLog != "" && cfg.AuditLog != "off" {
 		if s.audit, err = audit.Open(cfg.AuditLog, audit.Options{}); err != nil {
-			return nil, err
+			return err
 		}
 		apiCfg.Audit = s.audit
 	}
@@ -160,11 +198,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 		sessions = console.NewSessions(opt)
 		apiCfg.Sessions = sessions
 	}
-	s.api = httpapi.New(apiCfg, s.svc, log)
-	if s.handler, err = s.withConsole(s.api.Handler(), sessions); err != nil {
-		return nil, err
-	}
-	return s, nil
+	s.api = httpapi.New(apiCfg, s.svc, s.log)
+	s.handler, err = s.withConsole(s.api.Handler(), sessions)
+	return err
 }
 
 // apiKeyOf resolves the server's API key: the flag, else the key file;

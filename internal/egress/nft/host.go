@@ -31,23 +31,13 @@ type HostConfig struct {
 // servers on different bridges do not disturb each other).
 func HostTable(bridge string) string { return "moat-host-" + bridge }
 
-// ApplyHost installs (atomically replacing) the host table for cfg.Bridge:
-//   - input: from the bridge only replies, DNS to the gateway and
-//     connections the intercept table redirected (InterceptMark) are
-//     accepted, so sandboxes cannot reach host services (the moat API
-//     included) through the bridge address or any other host address;
-//   - forward: sandbox traffic may leave, replies may come back; nothing is
-//     routed from the bridge back into the bridge (sandbox to sandbox);
-//   - postrouting: traffic from the subnet(s) leaving through another
-//     interface is masqueraded (outbound NAT, NAT66 for Subnet6).
-//
-// IPv6 neighbour discovery (router and neighbour solicitations, neighbour
-// advertisements) from the bridge is accepted so dual-stack sandboxes can
-// find their gateway; router advertisements and redirects are not.
-//
-// It also enables IPv4 forwarding (IPv6 forwarding for the bridge is
-// network.EnableForwarding6's). Per-sandbox egress policy is enforced
-// inside each sandbox netns (Firewall), before packets reach the host.
+// ApplyHost installs (atomically replacing) cfg.Bridge's host table, so
+// sandboxes reach no host service but DNS on the gateway and the
+// connections the intercept table redirected, cannot reach each other, and
+// leave masqueraded; IPv6 solicitations get in, router advertisements and
+// redirects do not. It enables IPv4 forwarding (IPv6 forwarding for the
+// bridge is network.EnableForwarding6's); the per-sandbox policy is
+// enforced in each netns (Firewall).
 func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	if cfg.Bridge == "" || !cfg.Subnet.IsValid() || !cfg.Gateway.Is4() {
 		return fmt.Errorf("nft: host rules need a bridge, subnet and IPv4 gateway")
@@ -60,9 +50,18 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("nft: netlink: %w", err)
 	}
 	defer c.CloseLasting()
+	addHostTable(c, cfg)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nft: install host table %s: %w", HostTable(cfg.Bridge), err)
+	}
+	return nil
+}
+
+// addHostTable queues cfg.Bridge's host table on c. It replaces the old
+// one atomically: add+delete the old table, then build the new one, all
+// in one batch.
+func addHostTable(c *nftables.Conn, cfg HostConfig) {
 	name := HostTable(cfg.Bridge)
-	// Replace atomically: add+delete the old table, then build the new one,
-	// all in one batch.
 	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
 	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
@@ -75,41 +74,28 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policyAccept})
 
-	fromBridge := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+	m := hostMatches{
+		fromBridge: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+		},
+		toBridge: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+		},
+		established: []expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: nativeU32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: nativeU32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+		},
 	}
-	established := []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: nativeU32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: nativeU32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
-	}
-	for _, r := range [][]expr.Any{
-		concat(fromBridge, established, []expr.Any{accept()}),
-		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_UDP, 53), []expr.Any{accept()}),
-		concat(fromBridge, daddrEq(cfg.Gateway), l4Port(unix.IPPROTO_TCP, 53), []expr.Any{accept()}),
-		// Connections the intercept table redirected to the credential proxy.
-		concat(fromBridge, []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: nativeU32(InterceptMark)},
-			accept(),
-		}),
-		concat(fromBridge, icmp6Type(133), []expr.Any{accept()}), // router solicitation
-		concat(fromBridge, icmp6Type(135), []expr.Any{accept()}), // neighbour solicitation
-		concat(fromBridge, icmp6Type(136), []expr.Any{accept()}), // neighbour advertisement
-		concat(fromBridge, []expr.Any{&expr.Counter{}, drop()}),
-	} {
+	for _, r := range m.inputRules(cfg.Gateway) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: r})
 	}
-	toBridge := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Bridge)},
+	for _, r := range m.forwardRules() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: r})
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(fromBridge, toBridge, []expr.Any{&expr.Counter{}, drop()})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(fromBridge, []expr.Any{accept()})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: concat(toBridge, established, []expr.Any{accept()})})
-
 	for _, sub := range []netip.Prefix{cfg.Subnet, cfg.Subnet6} {
 		if !sub.IsValid() {
 			continue
@@ -120,10 +106,42 @@ func ApplyHost(ctx context.Context, cfg HostConfig) error {
 			&expr.Masq{},
 		})})
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nft: install host table %s: %w", name, err)
+}
+
+// hostMatches are the matches the host table's rules share.
+type hostMatches struct {
+	fromBridge, toBridge, established []expr.Any
+}
+
+// inputRules let from the bridge only replies, DNS to the gateway,
+// redirected connections and neighbour discovery reach the host.
+func (m hostMatches) inputRules(gateway netip.Addr) [][]expr.Any {
+	from := m.fromBridge
+	return [][]expr.Any{
+		concat(from, m.established, []expr.Any{accept()}),
+		concat(from, daddrEq(gateway), l4Port(unix.IPPROTO_UDP, 53), []expr.Any{accept()}),
+		concat(from, daddrEq(gateway), l4Port(unix.IPPROTO_TCP, 53), []expr.Any{accept()}),
+		// Connections the intercept table redirected to the credential proxy.
+		concat(from, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: nativeU32(InterceptMark)},
+			accept(),
+		}),
+		concat(from, icmp6Type(133), []expr.Any{accept()}), // router solicitation
+		concat(from, icmp6Type(135), []expr.Any{accept()}), // neighbour solicitation
+		concat(from, icmp6Type(136), []expr.Any{accept()}), // neighbour advertisement
+		concat(from, []expr.Any{&expr.Counter{}, drop()}),
 	}
-	return nil
+}
+
+// forwardRules let sandbox traffic leave and replies come back, but
+// route nothing from the bridge back into it (sandbox to sandbox).
+func (m hostMatches) forwardRules() [][]expr.Any {
+	return [][]expr.Any{
+		concat(m.fromBridge, m.toBridge, []expr.Any{&expr.Counter{}, drop()}),
+		concat(m.fromBridge, []expr.Any{accept()}),
+		concat(m.toBridge, m.established, []expr.Any{accept()}),
+	}
 }
 
 // RemoveHost deletes the host table of a bridge (idempotent).

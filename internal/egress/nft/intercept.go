@@ -46,19 +46,10 @@ type InterceptConfig struct {
 }
 
 // ApplyIntercept installs (atomically replacing) the intercept table of
-// cfg.Bridge in the current network namespace:
-//
-//	table inet moat-vault-<bridge>
-//	  set clients4 { type ipv4_addr }; set clients6 { type ipv6_addr }
-//	  chain prerouting { type nat hook prerouting priority dstnat
-//	    iifname <bridge> ip saddr @clients4 tcp dport <port> meta mark set InterceptMark dnat ip to <Proxy>
-//	    iifname <bridge> ip6 saddr @clients6 tcp dport <port> meta mark set InterceptMark dnat ip6 to <Proxy6> }
-//
-// Redirection happens on the host, after the packet has passed the
-// sandbox's own egress rules (its output chain, or for gVisor the netdev
-// chain on eth0), so a redirected connection is one the policy allowed
-// anyway, whatever the runtime. The client sets start empty; add
-// sandboxes with AddInterceptClient.
+// cfg.Bridge: TCP to Ports from the addresses in its client sets (empty
+// at first, see AddInterceptClient) is marked and DNATed to the proxy.
+// It runs on the host, after the sandbox's own egress rules, so what it
+// redirects is a connection the policy allowed anyway, on any runtime.
 func ApplyIntercept(ctx context.Context, cfg InterceptConfig) error {
 	if cfg.Bridge == "" || !cfg.Proxy.Addr().Is4() || cfg.Proxy.Port() == 0 {
 		return fmt.Errorf("nft: intercept needs a bridge and an IPv4 proxy address")

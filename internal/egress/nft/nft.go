@@ -1,41 +1,11 @@
 //go:build linux
 
 // Package nft enforces an egress policy with nftables inside one network
-// namespace, over netlink (github.com/google/nftables; no nft binary).
-//
-// The ruleset is table "inet moat", chain "output" (filter, hook output,
-// priority 0, policy = the policy's default action):
-//
-//	meta mark set 0x6d6f6174
-//	ct state established,related accept
-//	oifname "lo" accept
-//	icmpv6 type 133-136 accept                          # neighbour discovery
-//	ip[6] daddr <dns> udp|tcp dport <dns port> accept   # the moat DNS proxy only
-//	udp|tcp dport {53, 853} drop                       # other DNS, DoT, DoQ
-//	ip daddr @deny4 drop; ip6 daddr @deny6 drop         # static deny + Blocked
-//	ip daddr @allow4 accept; ip6 daddr @allow6 accept   # static allow (IP/CIDR rules)
-//	ip daddr @dyn4 accept; ip6 daddr @dyn6 accept       # resolved names, with timeouts
-//	counter <default action>
-//
-// The output hook sees only packets of the kernel's own IP stack. Frames
-// written to an AF_PACKET socket skip it: gVisor's netstack (runsc) sends
-// everything that way. So the same sets and rules are also installed as
-// table "netdev moat" on the egress hook of the sandbox interface (eth0),
-// stateless (netdev has no conntrack): the output chain marks what it
-// lets through (meta mark 0x6d6f6174) and the netdev chain accepts marked
-// packets first, then ARP and anything to the gateway (replies of the
-// sandbox's servers; the host's own table filters those), then the policy.
-// For such senders established connections do not survive a policy change.
-//
-// Static sets are interval sets holding the policy's IP/CIDR rules
-// flattened so that first-match-by-index is preserved (policy.StaticSets).
-// Deny is evaluated before the dynamic sets, so an allowed name resolving
-// into a denied or Blocked range stays unreachable.
-//
-// Apply replaces the whole table in one netlink batch (add table, delete
-// table, add table, ...), which the kernel commits atomically: there is no
-// instant with a partial or empty ruleset. AllowResolved adds dynamic
-// elements in one batch. Established connections survive both (conntrack).
+// namespace, over netlink (no nft binary): table "inet moat" on the output
+// hook and its stateless twin "netdev moat" on eth0's egress hook, for
+// senders that skip the IP stack (gVisor). Each change is one netlink
+// batch, which the kernel commits atomically: no instant has a partial or
+// empty ruleset, and conntrack keeps established connections.
 package nft
 
 import (
@@ -402,6 +372,20 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	}
 	chain := c.AddChain(ch)
 
+	sets, err := addSets(c, t, cfg, dyn, now)
+	if err != nil {
+		return err
+	}
+	for _, exprs := range chainRules(cfg, sets, netdev, verdict) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	}
+	return nil
+}
+
+// addSets adds the table's address sets: the interval sets of the static
+// policy (with the blocked ranges in the deny sets) and the timeout sets
+// of the resolved addresses in dyn, which expire at their times.
+func addSets(c *nftables.Conn, t *nftables.Table, cfg Config, dyn map[netip.Addr]time.Time, now time.Time) (map[string]*nftables.Set, error) {
 	static := cfg.Policy.StaticSets()
 	blocked4, blocked6 := blockedRanges(cfg.Blocked)
 	contents := map[string][]policy.Range{
@@ -414,10 +398,10 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	for _, name := range []string{setDeny4, setDeny6, setAllow4, setAllow6} {
 		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), Interval: true}
 		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("nft: encode set %s: %w", name, err)
+			return nil, fmt.Errorf("nft: encode set %s: %w", name, err)
 		}
 		if err := addChunked(c, s, intervalElements(contents[name], name == setDeny6 || name == setAllow6)); err != nil {
-			return err
+			return nil, err
 		}
 		sets[name] = s
 	}
@@ -433,63 +417,28 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 	for name, els := range map[string][]nftables.SetElement{setDyn4: d4, setDyn6: d6} {
 		s := &nftables.Set{Table: t, Name: name, KeyType: keyType(name), HasTimeout: true, Size: dynSetSize}
 		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("nft: encode set %s: %w", name, err)
+			return nil, fmt.Errorf("nft: encode set %s: %w", name, err)
 		}
 		if err := addChunked(c, s, els); err != nil {
-			return err
+			return nil, err
 		}
 		sets[name] = s
 	}
+	return sets, nil
+}
 
+// chainRules is the filter chain, in order: the hook's own rules, then
+// neighbour discovery, DNS to the proxy only (other DNS, DoT and DoQ
+// dropped), the sets, and the default. Deny comes before the dynamic set,
+// so an allowed name resolving into a denied or Blocked range stays shut.
+func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict expr.VerdictKind) [][]expr.Any {
 	fam := familyOf(netdev)
+	dnsIP := cfg.DNS.Addr().Unmap()
 	var rules [][]expr.Any
 	if netdev {
-		rules = append(rules,
-			// Packets of the kernel's own stack were filtered on the output
-			// hook, which marked them; only unmarked ones (AF_PACKET) go on.
-			[]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
-				accept(),
-			})
+		rules = netdevRules(fam, dnsIP)
 	} else {
-		rules = append(rules,
-			// meta mark set <outputMark>: seen by the output hook (the
-			// netdev twin lets these through).
-			[]expr.Any{
-				&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
-				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-			},
-			// ct state established,related accept
-			[]expr.Any{
-				&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-					Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-					Xor:  binaryutil.NativeEndian.PutUint32(0)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
-				accept(),
-			})
-	}
-	dnsIP := cfg.DNS.Addr().Unmap()
-	if netdev {
-		rules = append(rules,
-			// ARP is the IPv4 neighbour discovery.
-			[]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
-				accept(),
-			},
-			// Untracked replies of the sandbox's own servers go to the
-			// gateway (ingress, agent); the host's table filters them.
-			concat(fam.daddrEq(dnsIP), []expr.Any{accept()}),
-		)
-	} else {
-		// oifname "lo" accept
-		rules = append(rules, []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
-			accept(),
-		})
+		rules = outputRules()
 	}
 	rules = append(rules,
 		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;
@@ -518,11 +467,57 @@ func (f *Firewall) buildTableLocked(cfg Config, dyn map[netip.Addr]time.Time, no
 			concat(fam.daddr(false), []expr.Any{lookup(sets[sv.v4]), &expr.Verdict{Kind: sv.v}}),
 			concat(fam.daddr(true), []expr.Any{lookup(sets[sv.v6]), &expr.Verdict{Kind: sv.v}}))
 	}
-	rules = append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
-	for _, exprs := range rules {
-		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: exprs})
+	return append(rules, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: verdict}})
+}
+
+// outputRules open the output hook's chain.
+func outputRules() [][]expr.Any {
+	return [][]expr.Any{
+		// meta mark set <outputMark>: seen by the output hook (the
+		// netdev twin lets these through).
+		{
+			&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		},
+		// ct state established,related accept
+		{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+				Xor:  binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			accept(),
+		},
+		// oifname "lo" accept
+		{
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
+			accept(),
+		},
 	}
-	return nil
+}
+
+// netdevRules open the netdev egress hook's chain. Without conntrack, its
+// senders' established connections do not survive a policy change.
+func netdevRules(fam family, dnsIP netip.Addr) [][]expr.Any {
+	return [][]expr.Any{
+		// Packets of the kernel's own stack were filtered on the output
+		// hook, which marked them; only unmarked ones (AF_PACKET) go on.
+		{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(outputMark)},
+			accept(),
+		},
+		// ARP is the IPv4 neighbour discovery.
+		{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
+			accept(),
+		},
+		// Untracked replies of the sandbox's own servers go to the
+		// gateway (ingress, agent); the host's table filters them.
+		concat(fam.daddrEq(dnsIP), []expr.Any{accept()}),
+	}
 }
 
 // family builds the address-family checks of one table: the inet table

@@ -78,107 +78,123 @@ func (s *State) Apply(req PatchRequest, allowed HostCheck) (*State, error) {
 	}
 	next := &State{Revision: s.Revision + 1, Credentials: maps.Clone(s.Credentials), Bindings: maps.Clone(s.Bindings)}
 	if ops := req.Credentials; ops != nil {
-		mentioned := map[string]bool{}
-		mention := func(name string) error {
-			if mentioned[name] {
-				return invalid("credential %q appears in more than one operation", name)
-			}
-			mentioned[name] = true
-			return nil
-		}
-		for _, raw := range ops.Delete {
-			name, err := checkName("credential", raw)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Credentials[name]; !ok {
-				return nil, invalid("credentials.delete: credential %q does not exist", name)
-			}
-			delete(next.Credentials, name)
-		}
-		for _, c := range ops.Replace {
-			sc, err := normalizeCredential(c, next.Revision)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(sc.Name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Credentials[sc.Name]; !ok {
-				return nil, invalid("credentials.replace: credential %q does not exist", sc.Name)
-			}
-			next.Credentials[sc.Name] = sc
-		}
-		for _, c := range ops.Add {
-			sc, err := normalizeCredential(c, next.Revision)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(sc.Name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Credentials[sc.Name]; ok {
-				return nil, invalid("credentials.add: credential %q already exists (use replace)", sc.Name)
-			}
-			next.Credentials[sc.Name] = sc
+		if err := next.applyCredentials(ops); err != nil {
+			return nil, err
 		}
 	}
 	if ops := req.Bindings; ops != nil {
-		mentioned := map[string]bool{}
-		mention := func(name string) error {
-			if mentioned[name] {
-				return invalid("binding %q appears in more than one operation", name)
-			}
-			mentioned[name] = true
-			return nil
-		}
-		for _, raw := range ops.Delete {
-			name, err := checkName("binding", raw)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Bindings[name]; !ok {
-				return nil, invalid("bindings.delete: binding %q does not exist", name)
-			}
-			delete(next.Bindings, name)
-		}
-		for _, b := range ops.Replace {
-			nb, err := normalizeBinding(b)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(nb.Name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Bindings[nb.Name]; !ok {
-				return nil, invalid("bindings.replace: binding %q does not exist", nb.Name)
-			}
-			next.Bindings[nb.Name] = StoredBinding{Binding: nb, Revision: next.Revision}
-		}
-		for _, b := range ops.Add {
-			nb, err := normalizeBinding(b)
-			if err != nil {
-				return nil, err
-			}
-			if err := mention(nb.Name); err != nil {
-				return nil, err
-			}
-			if _, ok := next.Bindings[nb.Name]; ok {
-				return nil, invalid("bindings.add: binding %q already exists (use replace)", nb.Name)
-			}
-			next.Bindings[nb.Name] = StoredBinding{Binding: nb, Revision: next.Revision}
+		if err := next.applyBindings(ops); err != nil {
+			return nil, err
 		}
 	}
 	if err := next.check(allowed); err != nil {
 		return nil, err
 	}
 	return next, nil
+}
+
+// applyCredentials applies ops to s, the next state Apply builds.
+func (s *State) applyCredentials(ops *CredentialOps) error {
+	mentioned := map[string]bool{}
+	mention := func(name string) error {
+		if mentioned[name] {
+			return invalid("credential %q appears in more than one operation", name)
+		}
+		mentioned[name] = true
+		return nil
+	}
+	for _, raw := range ops.Delete {
+		name, err := checkName("credential", raw)
+		if err != nil {
+			return err
+		}
+		if err := mention(name); err != nil {
+			return err
+		}
+		if _, ok := s.Credentials[name]; !ok {
+			return invalid("credentials.delete: credential %q does not exist", name)
+		}
+		delete(s.Credentials, name)
+	}
+	for _, c := range ops.Replace {
+		sc, err := normalizeCredential(c, s.Revision)
+		if err != nil {
+			return err
+		}
+		if err := mention(sc.Name); err != nil {
+			return err
+		}
+		if _, ok := s.Credentials[sc.Name]; !ok {
+			return invalid("credentials.replace: credential %q does not exist", sc.Name)
+		}
+		s.Credentials[sc.Name] = sc
+	}
+	for _, c := range ops.Add {
+		sc, err := normalizeCredential(c, s.Revision)
+		if err != nil {
+			return err
+		}
+		if err := mention(sc.Name); err != nil {
+			return err
+		}
+		if _, ok := s.Credentials[sc.Name]; ok {
+			return invalid("credentials.add: credential %q already exists (use replace)", sc.Name)
+		}
+		s.Credentials[sc.Name] = sc
+	}
+	return nil
+}
+
+// applyBindings applies ops to s, the next state Apply builds.
+func (s *State) applyBindings(ops *BindingOps) error {
+	mentioned := map[string]bool{}
+	mention := func(name string) error {
+		if mentioned[name] {
+			return invalid("binding %q appears in more than one operation", name)
+		}
+		mentioned[name] = true
+		return nil
+	}
+	for _, raw := range ops.Delete {
+		name, err := checkName("binding", raw)
+		if err != nil {
+			return err
+		}
+		if err := mention(name); err != nil {
+			return err
+		}
+		if _, ok := s.Bindings[name]; !ok {
+			return invalid("bindings.delete: binding %q does not exist", name)
+		}
+		delete(s.Bindings, name)
+	}
+	for _, b := range ops.Replace {
+		nb, err := normalizeBinding(b)
+		if err != nil {
+			return err
+		}
+		if err := mention(nb.Name); err != nil {
+			return err
+		}
+		if _, ok := s.Bindings[nb.Name]; !ok {
+			return invalid("bindings.replace: binding %q does not exist", nb.Name)
+		}
+		s.Bindings[nb.Name] = StoredBinding{Binding: nb, Revision: s.Revision}
+	}
+	for _, b := range ops.Add {
+		nb, err := normalizeBinding(b)
+		if err != nil {
+			return err
+		}
+		if err := mention(nb.Name); err != nil {
+			return err
+		}
+		if _, ok := s.Bindings[nb.Name]; ok {
+			return invalid("bindings.add: binding %q already exists (use replace)", nb.Name)
+		}
+		s.Bindings[nb.Name] = StoredBinding{Binding: nb, Revision: s.Revision}
+	}
+	return nil
 }
 
 // check validates the whole state: limits, references, policy coverage

@@ -1,18 +1,9 @@
-// Package vault is the Credential Vault of one sandbox (OpenSandbox
-// OSEP-0012): named credentials whose values are write-only, and bindings
-// that say which outbound HTTP(S) requests get which credential injected
-// (bearer, basic, apiKey in a header or the query, custom headers).
-//
-// The package is pure logic: validation and normalization of the API
-// bodies, revisions (a PATCH carrying a stale expectedRevision is a
-// conflict), sanitized views for the read routes, the compiled Rules the
-// egress proxy (package mitm) applies to requests, and sealing of the
-// state for storage (AES-256-GCM under a server key, see Sealer).
-//
-// Credential values live in Secret, which never prints, logs or
-// marshals its content: the only way out is Secret.Reveal, called where
-// a value is put on the wire to the upstream server (Rules) and where the
-// state is sealed. Error messages never quote a value.
+// Package vault is the Credential Vault of one sandbox (OSEP-0012), pure
+// logic: write-only credentials, bindings that say which outbound requests
+// get which credential injected, revisions, sanitized views, the Rules the
+// egress proxy (mitm) applies, and sealing for storage (see Sealer). Values
+// live in Secret, which never prints or marshals: Secret.Reveal is called
+// only to put a value on the wire (Rules) and to seal.
 package vault
 
 import (

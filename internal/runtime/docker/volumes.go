@@ -23,21 +23,12 @@ import (
 	vol "github.com/moat-sandbox/moat/internal/volume"
 )
 
-// Named volumes (runtime.Volumes) are Docker named volumes of the local
-// driver, named after the claim, as upstream OpenSandbox maps its pvc
-// backend. Those moat creates carry LabelScope; a volume made by hand
-// (`docker volume create`) can be mounted but is never deleted by moat.
-// The daemon's local driver enforces no size: VolumeSpec.SizeBytes is
-// kept as a label only.
-//
-// A mount of the whole volume is a Docker volume mount (no copy of the
-// image's files into it, like the other runtimes). A subPath mount needs
-// the volume's host directory (local driver on this host): moat opens the
-// subPath confined to it (volume.BindSubPath) and bind-mounts the result
-// at StateDir/<id>.volumes/<i>, which the container then binds
-// (non-recursive). Docker 20.10 (API 1.41) has no subpath option of its
-// own, and a path handed to the daemon would be resolved again, through
-// whatever symlinks the volume holds by then.
+// Named volumes are local-driver Docker volumes named after the claim;
+// moat deletes only those it made (LabelScope), and SizeBytes is a label
+// (the driver enforces none). A subPath is opened confined to the volume's
+// host dir (volume.BindSubPath) and bound at StateDir/<id>.volumes/<i>:
+// API 1.41 has no subpath option, and a path handed to the daemon would be
+// resolved again, through whatever symlinks the volume holds by then.
 
 // Labels of named volumes and of the containers that mount them.
 const (

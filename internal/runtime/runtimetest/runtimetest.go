@@ -247,23 +247,40 @@ func (s *suite) lifecycle(t *testing.T) {
 	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
 
 	if p, ok := rt.(runtime.Pauser); ok {
-		if err := p.Pause(ctx, id); err != nil {
-			t.Fatalf("Pause: %v", err)
-		}
-		WaitState(t, ctx, rt, id, runtime.StatePaused, 5*time.Second)
-		if err := p.Pause(ctx, id); !errdefs.IsFailedPrecondition(err) {
-			t.Errorf("Pause of paused = %v, want ErrFailedPrecondition", err)
-		}
-		if err := p.Resume(ctx, id); err != nil {
-			t.Fatalf("Resume: %v", err)
-		}
-		WaitState(t, ctx, rt, id, runtime.StateRunning, 5*time.Second)
-		if err := p.Resume(ctx, id); !errdefs.IsFailedPrecondition(err) {
-			t.Errorf("Resume of running = %v, want ErrFailedPrecondition", err)
-		}
-		WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
+		s.pauseResume(t, ctx, rt, p, id)
 	}
+	stopAndDelete(t, ctx, rt, id)
+	// The ID is free again.
+	s.create(t, ctx, rt, id)
+	WaitState(t, ctx, rt, id, runtime.StateRunning, 10*time.Second)
+	if err := rt.Delete(ctx, id); err != nil {
+		t.Fatalf("Delete of re-created: %v", err)
+	}
+}
 
+// pauseResume checks Pause and Resume of the running sandbox id, and
+// that each refuses the state it leaves.
+func (s *suite) pauseResume(t *testing.T, ctx context.Context, rt runtime.Runtime, p runtime.Pauser, id string) {
+	if err := p.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	WaitState(t, ctx, rt, id, runtime.StatePaused, 5*time.Second)
+	if err := p.Pause(ctx, id); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Pause of paused = %v, want ErrFailedPrecondition", err)
+	}
+	if err := p.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	WaitState(t, ctx, rt, id, runtime.StateRunning, 5*time.Second)
+	if err := p.Resume(ctx, id); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Resume of running = %v, want ErrFailedPrecondition", err)
+	}
+	WaitAgent(t, ctx, rt, id, s.opts.AgentTimeout)
+}
+
+// stopAndDelete checks that the running sandbox id stops and is deleted,
+// each twice without error, and that List follows.
+func stopAndDelete(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) {
 	if err := rt.Stop(ctx, id, 5*time.Second); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
@@ -286,12 +303,6 @@ func (s *suite) lifecycle(t *testing.T) {
 	}
 	if err := rt.Delete(ctx, id); err != nil {
 		t.Errorf("second Delete = %v, want nil", err)
-	}
-	// The ID is free again.
-	s.create(t, ctx, rt, id)
-	WaitState(t, ctx, rt, id, runtime.StateRunning, 10*time.Second)
-	if err := rt.Delete(ctx, id); err != nil {
-		t.Fatalf("Delete of re-created: %v", err)
 	}
 }
 

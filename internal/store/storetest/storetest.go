@@ -17,8 +17,18 @@ type rec struct {
 	Value int    `json:"value"`
 }
 
-// Run checks s, an empty store.
+// Run checks s, an empty store. The steps run in order on one store,
+// each starting from what the one before left.
 func Run(t *testing.T, s store.Store) {
+	t.Helper()
+	checkMissing(t, s)
+	checkPut(t, s)
+	checkPutMany(t, s)
+	checkDelete(t, s)
+}
+
+// checkMissing checks Get and Update of a record that does not exist.
+func checkMissing(t *testing.T, s store.Store) {
 	t.Helper()
 	var got rec
 	if err := s.Get("b", "missing", &got); !errdefs.IsNotFound(err) {
@@ -30,6 +40,12 @@ func Run(t *testing.T, s store.Store) {
 	if err := s.Get("b", "missing", &got); !errdefs.IsNotFound(err) {
 		t.Errorf("Update created a record: %v %+v", err, got)
 	}
+}
+
+// checkPut checks that Put replaces a record and Update changes it.
+func checkPut(t *testing.T, s store.Store) {
+	t.Helper()
+	var got rec
 	if err := s.Put("b", "one", rec{ID: "one", Value: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +58,13 @@ func Run(t *testing.T, s store.Store) {
 	if err := s.Update("b", "one", rec{ID: "one", Value: 3}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkPutMany checks PutMany over new and existing records, the listing
+// in key order, and that buckets are apart.
+func checkPutMany(t *testing.T, s store.Store) {
+	t.Helper()
+	var got rec
 	many := map[string]any{}
 	for i := range 5 {
 		k := fmt.Sprintf("m%d", i)
@@ -81,6 +104,13 @@ func Run(t *testing.T, s store.Store) {
 	if err := s.Get("b", "m3", &got); err != nil || got.Value != 3 {
 		t.Errorf("m3 changed with m2: %+v, %v", got, err)
 	}
+}
+
+// checkDelete checks Delete (of a missing key too), and that ForEach
+// returns its function's error.
+func checkDelete(t *testing.T, s store.Store) {
+	t.Helper()
+	var got rec
 	for _, k := range []string{"m2", "one", "never"} {
 		if err := s.Delete("b", k); err != nil {
 			t.Errorf("Delete %s: %v", k, err)
@@ -92,7 +122,7 @@ func Run(t *testing.T, s store.Store) {
 	if err := s.Update("b", "one", rec{ID: "one"}); !errdefs.IsNotFound(err) {
 		t.Errorf("Update of a deleted record = %v, want ErrNotFound", err)
 	}
-	keys = nil
+	var keys []string
 	s.ForEach("b", func(k string, raw []byte) error { keys = append(keys, k); return nil })
 	if want := []string{"m0", "m1", "m3", "m4"}; !slices.Equal(keys, want) {
 		t.Errorf("after deletes, keys = %v, want %v", keys, want)
