@@ -160,15 +160,15 @@ bench: build ## Print create-latency figures (moat bench create)
 	$(BIN) bench create --runtime-class runc -n 100
 
 # moat bench k8s measures a cluster that exists; these bring up throw-away
-# ones from the test harness (internal/k8s/k8stest, not linked into moat).
+# ones from the test harness (internal/testutil/k8stest, not linked into moat).
 bench-k8s: build deps-k8s ## Kubernetes batch figures on kwok's fake nodes (moat bench k8s -n 100)
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkKwok -benchtime 1x ./internal/k8s/bench/
+	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkKwok -benchtime 1x ./internal/bench/k8s/
 
 bench-k8s-claims: build deps-k8s ## Claims through the Lifecycle API at scale on kwok (moat bench k8s claims; SCALE='-scale.nodes=100 -scale.pool=1000')
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkClaims -benchtime 1x ./internal/k8s/scale/ $(SCALE)
+	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkClaims -benchtime 1x ./internal/bench/k8s/scale/ $(SCALE)
 
 bench-k8s-node: build deps-k8s ## Kubernetes sandbox figures on a real single-node cluster (root; moat bench k8s --image)
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkRealNode -benchtime 1x ./internal/k8s/bench/
+	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkRealNode -benchtime 1x ./internal/bench/k8s/
 
 fmt: ## gofmt
 	gofmt -w $$(git ls-files '*.go')

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 func helm(t *testing.T) string {

@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/egress/nft"
-	"github.com/moat-sandbox/moat/internal/localregistry"
-	"github.com/moat-sandbox/moat/internal/rootfs"
 	"github.com/moat-sandbox/moat/internal/server"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
+	"github.com/moat-sandbox/moat/internal/testutil/rootfs"
 )
 
 // CreateBenchOptions configure `moat bench create`.

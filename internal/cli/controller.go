@@ -21,7 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/config/crd"
 	"github.com/moat-sandbox/moat/internal/agentbin"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // serviceAccountNamespace holds the namespace of the pod a process runs in.
@@ -54,7 +54,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 				return fmt.Errorf("log-level %q: %w", logLevel, err)
 			}
 			ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
-			cfg, err := kubeconfig.Load(kc)
+			cfg, err := kclient.Load(kc)
 			if err != nil {
 				return err
 			}

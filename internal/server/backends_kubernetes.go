@@ -8,8 +8,8 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 	"github.com/moat-sandbox/moat/internal/k8s/lease"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
@@ -51,7 +51,7 @@ type KubernetesConfig struct {
 // policy support here (that is the cluster's NetworkPolicy's job), and the
 // server must run where pod IPs are reachable (in the cluster).
 func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error) {
-	rc, err := kubeconfig.Load(cfg.Kubernetes.Kubeconfig)
+	rc, err := kclient.Load(cfg.Kubernetes.Kubeconfig)
 	if err != nil {
 		return backend{}, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
 	}

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/moat-sandbox/moat/internal/rootfs"
+	"github.com/moat-sandbox/moat/internal/testutil/rootfs"
 )
 
 // RequiresRoot skips t unless the test runs as root. Under CI (CI=true) it

@@ -15,8 +15,8 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // kubeStack is a real single-node cluster with `moat controller` running

@@ -19,7 +19,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env

@@ -15,9 +15,9 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/store/storetest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env

@@ -1,7 +1,7 @@
 // Package fake is an in-memory sandbox backend for unit tests of the
 // lifecycle service. It starts no processes: each running sandbox is an
 // httptest server on loopback that answers the agent protocol (package
-// agentproto, served by agenttest.Agent), so
+// agentproto, served by fakeagent.Agent), so
 // Endpoint(id, agentproto.Port) behaves like a real agent endpoint.
 //
 // It passes the runtimetest conformance suite. Tests can inject failures
@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
-	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/fake/fakeagent"
 )
 
 // Class is the only Spec.Class the fake accepts (besides "").
@@ -62,7 +62,7 @@ type sandbox struct {
 	upper   string // SnapshotDir, made on first use
 	status  runtime.Status
 	srv     *httptest.Server
-	agent   *agenttest.Agent
+	agent   *fakeagent.Agent
 	paused  bool
 	created time.Time
 }
@@ -231,7 +231,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status
 		}
 		token = tok
 	}
-	agent := agenttest.New(token)
+	agent := fakeagent.New(token)
 	agent.Version = r.st.agentVersion
 	srv := httptest.NewServer(agent)
 	sb := &sandbox{spec: spec, srv: srv, agent: agent, created: time.Now().UTC()}

@@ -17,10 +17,10 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env

@@ -15,11 +15,11 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // nodeFixture is what the real-node tests share: the node, its images and

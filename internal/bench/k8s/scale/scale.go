@@ -43,10 +43,10 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // Options size the scenario.
@@ -235,7 +235,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		return Result{}, err
 	}
 	res.Options = o
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	cfg, err := kclient.Load(o.Kubeconfig)
 	if err != nil {
 		return res, err
 	}

@@ -1,16 +1,16 @@
-package cli
+package benchcli
 
 import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/moat-sandbox/moat/internal/k8s/bench"
-	"github.com/moat-sandbox/moat/internal/k8s/scale"
+	"github.com/moat-sandbox/moat/internal/bench/k8s"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/scale"
 )
 
 func newBenchK8sCommand() *cobra.Command {
-	var o bench.Options
+	var o k8s.Options
 	cmd := &cobra.Command{
 		Use:   "k8s",
 		Short: "moat's Kubernetes path on a cluster: pool fill, warm and cold batches (wall, API writes); create -> first command",
@@ -34,7 +34,7 @@ fake nodes; a real single-node cluster) and run it. moat bench k8s claims
 measures claims through the Lifecycle API at cluster scale.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runK8sBench(func() error { _, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
+			return runK8sBench(func() error { _, err := k8s.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
 		},
 	}
 	f := cmd.Flags()

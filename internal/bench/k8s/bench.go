@@ -14,9 +14,9 @@
 //
 // Everything runs in a namespace of its own, deleted at the end. The
 // throw-away clusters of `make bench-k8s` and `make bench-k8s-node` come
-// from the test harness (internal/k8s/k8stest), which this package does
+// from the test harness (internal/testutil/k8stest), which this package does
 // not link.
-package bench
+package k8s
 
 import (
 	"bytes"
@@ -47,10 +47,10 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	sandboxbench "github.com/moat-sandbox/moat/internal/bench"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 )
@@ -148,7 +148,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 			return nil, err
 		}
 	}
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	cfg, err := kclient.Load(o.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}

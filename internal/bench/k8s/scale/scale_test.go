@@ -13,8 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var (

@@ -1,4 +1,4 @@
-package cli
+package benchcli
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/bench"
 )
 
-func newBenchCommand() *cobra.Command {
+func NewCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure moat (prints figures)"}
 	var o bench.CreateBenchOptions
 	var classes string

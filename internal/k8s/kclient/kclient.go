@@ -1,7 +1,7 @@
-// Package kubeconfig finds the Kubernetes client configuration of moat's
+// Package kclient finds the Kubernetes client configuration of moat's
 // Kubernetes verbs: an explicit file, else $KUBECONFIG or ~/.kube/config,
 // else the in-cluster service account.
-package kubeconfig
+package kclient
 
 import (
 	"fmt"

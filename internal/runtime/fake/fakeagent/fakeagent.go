@@ -3,7 +3,7 @@
 // the real token check, and records what it was told. The fake runtime,
 // the Kubernetes test agents and the stub agent binary serve it, so that
 // every test double speaks the protocol the same way.
-package agenttest
+package fakeagent
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package bench
+package k8s
 
 import (
 	"bytes"
@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // TestRun: against a throw-away control plane with kwok's fake nodes,
