@@ -2,15 +2,13 @@ package cli
 
 import (
 	"github.com/spf13/cobra"
-
-	"github.com/moat-sandbox/moat/internal/bench/benchcli"
 )
 
 // platformCommands are the verbs that run the server side, which is
 // Linux only: the server, the agent, the local image store and the
 // benchmarks.
 func platformCommands() []*cobra.Command {
-	return []*cobra.Command{newServeCommand(), newExecdCommand(), newImageCommand(), benchcli.NewCommand()}
+	return []*cobra.Command{newServeCommand(), newExecdCommand(), newImageCommand(), newBenchCommand()}
 }
 
 // FastPath runs the verbs that bypass cobra (the agent alias `moat

@@ -200,6 +200,17 @@ func MoatBinary(t testing.TB) string {
 	return Build(t, "./cmd/moat")
 }
 
+// BenchBinary builds moat-bench (the benchmarks' binary) once per test
+// process and returns its path. Set MOAT_BENCH_BIN to use a prebuilt one.
+func BenchBinary(t testing.TB) string {
+	t.Helper()
+	SkipShort(t, "runs moat-bench")
+	if p := os.Getenv("MOAT_BENCH_BIN"); p != "" {
+		return p
+	}
+	return Build(t, "./cmd/moat-bench")
+}
+
 // GoBuild builds pkg statically (CGO_ENABLED=0, -trimpath) into out.
 func GoBuild(dir, out, pkg string, flags ...string) error {
 	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", out, pkg)

@@ -1,3 +1,6 @@
+// Package benchcli is the command tree of moat-bench (cmd/moat-bench):
+// the benchmarks and scale drivers, kept out of the moat binary users
+// install. `moat bench ARGS` runs `moat-bench ARGS` (internal/cli).
 package benchcli
 
 import (
@@ -13,8 +16,16 @@ import (
 	"github.com/moat-sandbox/moat/internal/bench"
 )
 
+// NewCommand builds the moat-bench command tree.
 func NewCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "bench", Short: "Measure moat (prints figures)"}
+	cmd := &cobra.Command{
+		Use:           "moat-bench",
+		Short:         "Measure moat (prints figures); also run as moat bench",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		// moat-bench is run by hand and by make; no shell completion.
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
 	var o bench.CreateBenchOptions
 	var classes string
 	create := &cobra.Command{

@@ -1,4 +1,4 @@
-// Package bench is `moat bench k8s`: figures of moat's Kubernetes path on a
+// Package k8s is `moat-bench k8s`: figures of moat's Kubernetes path on a
 // cluster that exists (its kubeconfig; moat's CRDs installed), with `moat
 // controller` as its own process at its default flags, behind a loopback
 // proxy that counts its API writes, so the figures are what users get.
@@ -75,7 +75,7 @@ type Options struct {
 	// Timeout bounds each phase (default 5m).
 	Timeout time.Duration
 	// Moat is the moat binary whose `controller` verb is measured
-	// (default: this executable).
+	// (required).
 	Moat string
 	// ControllerArgs are extra flags for `moat controller`.
 	ControllerArgs []string
@@ -144,9 +144,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		return nil, errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
 	}
 	if o.Moat == "" {
-		if o.Moat, err = os.Executable(); err != nil {
-			return nil, err
-		}
+		return nil, errors.New("bench k8s: no moat binary to run (Options.Moat)")
 	}
 	cfg, err := kclient.Load(o.Kubeconfig)
 	if err != nil {

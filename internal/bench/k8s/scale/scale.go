@@ -1,5 +1,5 @@
 // Package scale is the cluster-scale scenario of the Lifecycle API's claim
-// path on Kubernetes (issue #19), behind `moat bench k8s claims`: on the
+// path on Kubernetes (issue #19), behind `moat-bench k8s claims`: on the
 // cluster of a kubeconfig (fake nodes such as kwok's suit it: the pods'
 // agents are never called), in a namespace of its own, `moat controller`
 // and R replicas of `moat serve --runtime kubernetes` as processes at
@@ -72,7 +72,7 @@ type Options struct {
 	Replicas int
 	// Workers is the number of concurrent clients (default 16).
 	Workers int
-	// Moat is the moat binary to run (default: this executable).
+	// Moat is the moat binary to run as controller and servers (required).
 	Moat string
 	// Timeout bounds the pool fill (default 10 minutes).
 	Timeout time.Duration
@@ -174,11 +174,7 @@ func (o *Options) defaults() error {
 		o.Timeout = 10 * time.Minute
 	}
 	if o.Moat == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		o.Moat = exe
+		return errors.New("no moat binary to run (Options.Moat)")
 	}
 	return nil
 }
