@@ -49,7 +49,6 @@ import (
 	sandboxbench "github.com/moat-sandbox/moat/internal/bench"
 	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
@@ -150,8 +149,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 	if err != nil {
 		return nil, err
 	}
-	cfg = controller.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
+	cfg = kclient.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return nil, err
 	}

@@ -19,9 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -39,6 +37,7 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
@@ -79,41 +78,6 @@ type Options struct {
 	Isolation Isolation
 }
 
-// Client rate limits of `moat controller` (--kube-api-qps,
-// --kube-api-burst): a pool of 100 fills in about a second on kwok, and a
-// burst of pod creates does not starve the status writes.
-const (
-	DefaultQPS   = 200
-	DefaultBurst = 400
-)
-
-// RateLimited returns a copy of cfg with the QPS and burst of opts (or the
-// defaults) applied.
-func RateLimited(cfg *rest.Config, qps float32, burst int) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	if qps <= 0 {
-		qps = DefaultQPS
-	}
-	if burst <= 0 {
-		burst = DefaultBurst
-	}
-	c.QPS, c.Burst = qps, burst
-	c.RateLimiter = nil
-	return c
-}
-
-// Scheme returns a scheme with the core types and moat's.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err) // static registration; cannot fail
-	}
-	if err := sbv1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
 // New builds a controller manager with the Pool and BatchSandbox
 // reconcilers; run it with Start.
 func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
@@ -126,7 +90,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if opts.BatchWorkers <= 0 {
 		opts.BatchWorkers = 4
 	}
-	cfg = RateLimited(cfg, opts.QPS, opts.Burst)
+	cfg = kclient.RateLimited(cfg, opts.QPS, opts.Burst)
 	managed := labels.SelectorFromSet(labels.Set{sbv1.LabelManaged: sbv1.ManagedBy})
 	tables := labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})
 	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}, &corev1.Secret{}: {Label: tables}}}
@@ -146,7 +110,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	skipNameValidation := true
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: Scheme(),
+		Scheme: kclient.Scheme(),
 		Cache:  copts,
 		// The pools' token Secrets are read from the API server: through
 		// the cache, the first read started an informer over every Secret

@@ -45,7 +45,6 @@ import (
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
@@ -235,8 +234,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	if err != nil {
 		return res, err
 	}
-	cfg = controller.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
+	cfg = kclient.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return res, err
 	}
@@ -623,7 +622,7 @@ func check(ctx context.Context, c client.Client, ns, scope string, ids []string,
 // o.Workers clients, each timed from its create until the batch shows its
 // pod ready, and checks that each got one pod of the table.
 func crdClaims(ctx context.Context, cfg *rest.Config, ns string, o Options, res *Result) error {
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: controller.Scheme()})
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return err
 	}
