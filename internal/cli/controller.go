@@ -87,8 +87,14 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics here (default off)")
 	f.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz and /readyz here (default off)")
 	f.IntVar(&opts.CreateConcurrency, "create-concurrency", 32, "pod creates/deletes in flight per reconcile")
-	f.Float32Var(&opts.QPS, "kube-api-qps", kclient.DefaultQPS, "API requests per second (client-side rate limit)")
-	f.IntVar(&opts.Burst, "kube-api-burst", kclient.DefaultBurst, "API request burst (client-side rate limit)")
+	f.Float32Var(&opts.QPS, "k8s-api-qps", kclient.DefaultQPS, "API requests per second (client-side rate limit)")
+	f.IntVar(&opts.Burst, "k8s-api-burst", kclient.DefaultBurst, "API request burst (client-side rate limit)")
+	// The spelling of moat serve's flags; the old one stays, hidden, for
+	// deployments that still pass it.
+	f.Float32Var(&opts.QPS, "kube-api-qps", kclient.DefaultQPS, "")
+	f.IntVar(&opts.Burst, "kube-api-burst", kclient.DefaultBurst, "")
+	f.MarkDeprecated("kube-api-qps", "use --k8s-api-qps")
+	f.MarkDeprecated("kube-api-burst", "use --k8s-api-burst")
 	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
 	f.BoolVar(&policy, "sandbox-network-policy", true, "keep a NetworkPolicy ("+controller.IsolationPolicyName+") in every sandbox namespace that denies ingress to sandbox pods except from the node, --sandbox-ingress-namespace and --sandbox-ingress-cidr (needs a CNI that enforces NetworkPolicy)")
 	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")

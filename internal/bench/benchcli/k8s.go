@@ -50,7 +50,7 @@ measures claims through the Lifecycle API at cluster scale.`,
 	f.IntVar(&o.Creates, "creates", 10, "single sandboxes to time (with --image)")
 	f.IntVar(&o.Warm, "warm", 10, "size of the warm batch of real sandboxes (with --image)")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of each phase (default 5m)")
-	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--kube-api-qps=5")
+	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--k8s-api-qps=5")
 	cmd.AddCommand(newBenchK8sClaimsCommand())
 	return cmd
 }
