@@ -127,38 +127,12 @@ type run struct {
 
 // Run measures the figures o asks for and prints one line each.
 func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) {
-	if o.Creates <= 0 {
-		o.Creates = 10
-	}
-	if o.Warm <= 0 {
-		o.Warm = 10
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 5 * time.Minute
-	}
-	if o.AgentImage == "" {
-		o.AgentImage = "moat:bench"
-	}
-	if o.N <= 0 && o.Image == "" {
-		return nil, errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
-	}
-	if o.Moat == "" {
-		return nil, errors.New("bench k8s: no moat binary to run (Options.Moat)")
-	}
-	cfg, err := kclient.Load(o.Kubeconfig)
-	if err != nil {
+	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	cfg = kclient.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
+	cfg, c, err := connect(ctx, o.Kubeconfig)
 	if err != nil {
 		return nil, err
-	}
-	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
-		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
-			return nil, errors.New("bench k8s: moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
-		}
-		return nil, fmt.Errorf("bench k8s: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "moat-bench-k8s-")
 	if err != nil {
@@ -182,34 +156,106 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 	if err := r.waitServiceAccount(ctx); err != nil {
 		return nil, err
 	}
+	ctl, err := r.startController(ctx, proxy.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = ctl.stop(ctx, err) }()
+	if err := r.waitController(ctx, ctl.health); err != nil {
+		return nil, err
+	}
+	return r.measure(ctx)
+}
 
+func (o *Options) defaults() error {
+	if o.Creates <= 0 {
+		o.Creates = 10
+	}
+	if o.Warm <= 0 {
+		o.Warm = 10
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.AgentImage == "" {
+		o.AgentImage = "moat:bench"
+	}
+	if o.N <= 0 && o.Image == "" {
+		return errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
+	}
+	if o.Moat == "" {
+		return errors.New("bench k8s: no moat binary to run (Options.Moat)")
+	}
+	return nil
+}
+
+// connect loads the kubeconfig and checks that moat's CRDs are installed.
+func connect(ctx context.Context, kubeconfig string) (*rest.Config, client.Client, error) {
+	cfg, err := kclient.Load(kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg = kclient.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil, errors.New("bench k8s: moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
+		}
+		return nil, nil, fmt.Errorf("bench k8s: %w", err)
+	}
+	return cfg, c, nil
+}
+
+// controllerProc is the `moat controller` process of a run.
+type controllerProc struct {
+	r      *run
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	logs   bytes.Buffer
+	health string // its /healthz and /readyz address
+}
+
+// startController starts `moat controller` on the run's namespace,
+// through the API server at kubeconfig (the counting proxy).
+func (r *run) startController(ctx context.Context, kubeconfig string) (*controllerProc, error) {
 	health, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	var logs bytes.Buffer
-	cctx, stop := context.WithCancel(ctx)
-	cmd := exec.CommandContext(cctx, o.Moat, append([]string{"controller", "--kubeconfig", proxy.Kubeconfig,
-		"--agent-image", o.AgentImage, "--namespace", r.ns, "--log-level", "error", "--health-addr", health}, o.ControllerArgs...)...)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		stop()
+	p := &controllerProc{r: r, health: health}
+	cctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	p.cmd = exec.CommandContext(cctx, r.o.Moat, append([]string{"controller", "--kubeconfig", kubeconfig,
+		"--agent-image", r.o.AgentImage, "--namespace", r.ns, "--log-level", "error", "--health-addr", health}, r.o.ControllerArgs...)...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	if err := p.cmd.Start(); err != nil {
+		cancel()
 		return nil, fmt.Errorf("start moat controller: %w", err)
 	}
-	defer func() {
-		// The controller releases what the benchmark made (finalizers)
-		// before it stops.
-		if cerr := r.cleanUp(context.WithoutCancel(ctx)); err == nil {
-			err = cerr
-		}
-		stop()
-		cmd.Wait()
-		if err != nil && logs.Len() > 0 {
-			err = fmt.Errorf("%w\ncontroller output:\n%s", err, logs.String())
-		}
-	}()
+	return p, nil
+}
 
-	// The figures start once the controller serves (not its start-up).
+// stop lets the controller release what the benchmark made (finalizers),
+// then stops it; err is the run's error, returned with the controller's
+// output appended (or the clean-up's error when the run had none).
+func (p *controllerProc) stop(ctx context.Context, err error) error {
+	if cerr := p.r.cleanUp(context.WithoutCancel(ctx)); err == nil {
+		err = cerr
+	}
+	p.cancel()
+	p.cmd.Wait()
+	if err != nil && p.logs.Len() > 0 {
+		err = fmt.Errorf("%w\ncontroller output:\n%s", err, p.logs.String())
+	}
+	return err
+}
+
+// waitController returns once the controller reconciles: the figures
+// start then, not with its start-up.
+func (r *run) waitController(ctx context.Context, health string) error {
 	if err := waitFor(ctx, time.Minute, func() (bool, error) {
 		res, err := http.Get("http://" + health + "/readyz")
 		if err != nil {
@@ -218,32 +264,36 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		res.Body.Close()
 		return res.StatusCode == http.StatusOK, fmt.Errorf("readyz: %s", res.Status)
 	}); err != nil {
-		return nil, fmt.Errorf("moat controller not ready: %w", err)
+		return fmt.Errorf("moat controller not ready: %w", err)
 	}
 	// /readyz answers once the process serves; its workers start after
 	// their caches synced (over a second on a busy host): a Pool of none,
 	// reconciled, says they run.
 	probe := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "probe"},
 		Spec: sbv1.PoolSpec{Template: &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "busybox:bench"}}}}}}
-	if err := c.Create(ctx, probe); err != nil {
-		return nil, err
+	if err := r.c.Create(ctx, probe); err != nil {
+		return err
 	}
 	if err := waitFor(ctx, time.Minute, func() (bool, error) {
-		err := c.Get(ctx, client.ObjectKeyFromObject(probe), probe)
+		err := r.c.Get(ctx, client.ObjectKeyFromObject(probe), probe)
 		return err == nil && probe.Status.ObservedGeneration == probe.Generation, err
 	}); err != nil {
-		return nil, fmt.Errorf("moat controller does not reconcile: %w", err)
+		return fmt.Errorf("moat controller does not reconcile: %w", err)
 	}
+	return nil
+}
 
+// measure takes the figures the options ask for.
+func (r *run) measure(ctx context.Context) ([]Result, error) {
 	var results []Result
-	if o.N > 0 {
+	if r.o.N > 0 {
 		res, err := r.batches(ctx)
 		results = append(results, res...)
 		if err != nil {
 			return results, err
 		}
 	}
-	if o.Image != "" {
+	if r.o.Image != "" {
 		res, err := r.sandboxes(ctx)
 		results = append(results, res...)
 		if err != nil {
