@@ -440,7 +440,34 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 	defer rt.Close()
 	agent := &sandboxbench.Client{HTTP: &http.Client{Timeout: time.Minute}}
 	var results []Result
+	single, err := r.singleCreates(ctx, rt, agent)
+	if err != nil {
+		return results, err
+	}
+	results = append(results, single)
+	fmt.Fprintln(r.out, single)
 
+	// A warm batch: fill a Pool of Warm, then one BatchSandbox of Warm
+	// from it; the wall time ends when every sandbox answered a command.
+	fill, err := r.fillWarm(ctx)
+	if err != nil {
+		return results, err
+	}
+	fmt.Fprintln(r.out, fill)
+	results = append(results, fill)
+	time.Sleep(time.Second)
+	warm, err := r.warmBatch(ctx, agent)
+	if err != nil {
+		return results, err
+	}
+	results = append(results, warm)
+	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
+	return results, nil
+}
+
+// singleCreates times create -> Running -> first command of Creates
+// sandboxes, one at a time, through the kubernetes runtime.
+func (r *run) singleCreates(ctx context.Context, rt *kubernetes.Runtime, agent *sandboxbench.Client) (Result, error) {
 	var lat []time.Duration
 	before := r.writes.Snapshot()
 	for i := range r.o.Creates {
@@ -449,7 +476,7 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 		start := time.Now()
 		st, err := rt.Create(ctx, runtime.Spec{ID: id, Image: r.o.Image, AgentToken: tok, Entrypoint: []string{"tail", "-f", "/dev/null"}})
 		if err != nil {
-			return results, fmt.Errorf("create %s: %w", id, err)
+			return Result{}, fmt.Errorf("create %s: %w", id, err)
 		}
 		err = firstCommand(ctx, agent, st.IP, tok, r.o.Timeout)
 		lat = append(lat, time.Since(start))
@@ -457,51 +484,52 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 			err = derr
 		}
 		if err != nil {
-			return results, fmt.Errorf("sandbox %s: %w", id, err)
+			return Result{}, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
 	p := sandboxbench.Summarize(lat)
-	single := Result{Mode: "create", N: len(lat), Latency: &p, Writes: r.writes.Since(before)}
-	results = append(results, single)
-	fmt.Fprintln(r.out, single)
+	return Result{Mode: "create", N: len(lat), Latency: &p, Writes: r.writes.Since(before)}, nil
+}
 
-	// A warm batch: fill a Pool of Warm, then one BatchSandbox of Warm
-	// from it; the wall time ends when every sandbox answered a command.
+// fillWarm times the fill of the Pool node-warm of Warm real pods.
+func (r *run) fillWarm(ctx context.Context) (Result, error) {
 	n := int32(r.o.Warm)
-	before = r.writes.Snapshot()
+	before := r.writes.Snapshot()
 	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "sandbox", Image: r.o.Image, Command: []string{"tail", "-f", "/dev/null"},
 	}}}}
 	start := time.Now()
 	if err := r.c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-warm"},
 		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: n, PoolMax: n}}}); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	if err := r.waitPool(ctx, "node-warm", n); err != nil {
-		return results, fmt.Errorf("warming the pool: %w", err)
+		return Result{}, fmt.Errorf("warming the pool: %w", err)
 	}
-	fill := Result{Mode: "fill", N: r.o.Warm, Wall: time.Since(start), Writes: r.writes.Since(before)}
-	fmt.Fprintln(r.out, fill)
-	results = append(results, fill)
-	time.Sleep(time.Second)
+	return Result{Mode: "fill", N: r.o.Warm, Wall: time.Since(start), Writes: r.writes.Since(before)}, nil
+}
 
+// warmBatch times one BatchSandbox of Warm from the Pool node-warm until
+// each of its sandboxes answered a command.
+func (r *run) warmBatch(ctx context.Context, agent *sandboxbench.Client) (Result, error) {
+	n := int32(r.o.Warm)
 	b := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-batch"},
 		Spec: sbv1.BatchSandboxSpec{Replicas: &n, PoolRef: "node-warm"}}
-	before = r.writes.Snapshot()
-	start = time.Now()
+	before := r.writes.Snapshot()
+	start := time.Now()
 	if err := r.c.Create(ctx, b); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	if err := r.waitBatch(ctx, b, n); err != nil {
-		return results, fmt.Errorf("warm batch: %w", err)
+		return Result{}, fmt.Errorf("warm batch: %w", err)
 	}
 	var toks corev1.Secret
 	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.ns, Name: alloc.TokenSecretName("node-warm")}, &toks); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	pods, ips := b.AllocatedPods(), b.Endpoints()
 	if len(pods) != int(n) || len(ips) != int(n) {
-		return results, fmt.Errorf("warm batch: pods %v, endpoints %v", pods, ips)
+		return Result{}, fmt.Errorf("warm batch: pods %v, endpoints %v", pods, ips)
 	}
 	per := make([]time.Duration, n)
 	errs := make([]error, n)
@@ -514,13 +542,10 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return results, fmt.Errorf("warm batch: %w", err)
+		return Result{}, fmt.Errorf("warm batch: %w", err)
 	}
 	wp := sandboxbench.Summarize(per)
-	warm := Result{Mode: "warm", N: int(n), Wall: slices.Max(per), Latency: &wp, Writes: r.writes.Since(before), ClientWrites: 1}
-	results = append(results, warm)
-	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
-	return results, nil
+	return Result{Mode: "warm", N: int(n), Wall: slices.Max(per), Latency: &wp, Writes: r.writes.Since(before), ClientWrites: 1}, nil
 }
 
 // freeAddr returns a free loopback address.
