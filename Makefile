@@ -3,6 +3,8 @@ SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 BIN := bin/moat
+# The benchmarks and scale drivers are their own binary (`moat bench` runs it).
+BENCH_BIN := bin/moat-bench
 ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
@@ -15,8 +17,9 @@ help: ## List targets
 deps: ## Install the Debian packages moat needs (root, idempotent)
 	@bash scripts/install-deps.sh
 
-build: console agent ## Build the static moat binary into bin/moat (with the web console and the agent)
+build: console agent ## Build the static moat binary into bin/moat (with the web console and the agent), and bin/moat-bench
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/moat
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BENCH_BIN) ./cmd/moat-bench
 
 # The in-sandbox agent is its own lean artifact; moat embeds it from
 # internal/agentbin/payload, so it is built first.
@@ -150,7 +153,7 @@ test: test-setup ## Run every test (as root: includes the runtime and end-to-end
 	@# cgroup or process behind (see internal/testutil/leakcheck).
 	@run=$$(mktemp -d /tmp/mtr.XXXXXX) && \
 	$(GO) run ./internal/testutil/leakcheck snapshot $$run && \
-	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_REQUIRE_GUEST=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
+	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_REQUIRE_GUEST=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
 		$(GO) test $(TESTFLAGS) -p 1 ./... && (cd client && $(GO) test -count=1 ./...); rc=$$?; } ; \
 	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
 	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc
@@ -158,20 +161,20 @@ test: test-setup ## Run every test (as root: includes the runtime and end-to-end
 test-short: ## Unit tests only: -short skips every root, runtime and end-to-end test, even as root
 	$(GO) test -short -count=1 ./...
 
-bench: build ## Print create-latency figures (moat bench create)
-	$(BIN) bench create --runtime-class crun -n 100
-	$(BIN) bench create --runtime-class runc -n 100
+bench: build ## Print create-latency figures (moat-bench create)
+	$(BENCH_BIN) create --runtime-class crun -n 100
+	$(BENCH_BIN) create --runtime-class runc -n 100
 
-# moat bench k8s measures a cluster that exists; these bring up throw-away
-# ones from the test harness (internal/k8s/k8stest, not linked into moat).
-bench-k8s: build deps-k8s ## Kubernetes batch figures on kwok's fake nodes (moat bench k8s -n 100)
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkKwok -benchtime 1x ./internal/k8s/bench/
+# moat-bench k8s measures a cluster that exists; these bring up throw-away
+# ones from the test harness (internal/testutil/k8stest, linked into neither binary).
+bench-k8s: build deps-k8s ## Kubernetes batch figures on kwok's fake nodes (moat-bench k8s -n 100)
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkKwok -benchtime 1x ./internal/bench/k8s/
 
-bench-k8s-claims: build deps-k8s ## Claims through the Lifecycle API at scale on kwok (moat bench k8s claims; SCALE='-scale.nodes=100 -scale.pool=1000')
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkClaims -benchtime 1x ./internal/k8s/scale/ $(SCALE)
+bench-k8s-claims: build deps-k8s ## Claims through the Lifecycle API at scale on kwok (moat-bench k8s claims; SCALE='-scale.nodes=100 -scale.pool=1000')
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkClaims -benchtime 1x ./internal/bench/k8s/scale/ $(SCALE)
 
-bench-k8s-node: build deps-k8s ## Kubernetes sandbox figures on a real single-node cluster (root; moat bench k8s --image)
-	MOAT_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkRealNode -benchtime 1x ./internal/k8s/bench/
+bench-k8s-node: build deps-k8s ## Kubernetes sandbox figures on a real single-node cluster (root; moat-bench k8s --image)
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkRealNode -benchtime 1x ./internal/bench/k8s/
 
 fmt: ## gofmt
 	gofmt -w $$(git ls-files '*.go')

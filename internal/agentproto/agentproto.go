@@ -3,7 +3,7 @@
 // in-sandbox paths and command line, the agent's config file, the moat
 // extension routes (/moat/v1/*) and the protocol version. Client is the
 // server's side of it; the agent (internal/execd) serves it; the test
-// doubles of package agenttest answer it. Everything that speaks to an
+// doubles serve package fakeagent for it. Everything that speaks to an
 // agent uses this package, so the protocol lives in one place.
 //
 // The OpenSandbox execd API (commands, files, ...) is the agent's public

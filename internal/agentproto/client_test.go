@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
-	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/execd"
 	"github.com/moat-sandbox/moat/internal/gen/execdapi"
 	"github.com/moat-sandbox/moat/internal/gen/wirecheck"
+	"github.com/moat-sandbox/moat/internal/runtime/fake/fakeagent"
 )
 
 const token = "0123456789abcdef-token"
@@ -26,7 +26,7 @@ func endpoint(srv *httptest.Server) string { return strings.TrimPrefix(srv.URL, 
 // future one, through every call the server makes.
 func TestClientDrivesEveryVersion(t *testing.T) {
 	for _, v := range []int{1, agentproto.Version, agentproto.Version + 1} {
-		a := agenttest.New(token)
+		a := fakeagent.New(token)
 		a.Version = v
 		srv := httptest.NewServer(a)
 		ctx := context.Background()
@@ -112,7 +112,7 @@ func TestParseVersion(t *testing.T) {
 
 func TestWaitReady(t *testing.T) {
 	// Refuses connections until the agent starts serving.
-	a := agenttest.New(token)
+	a := fakeagent.New(token)
 	srv := httptest.NewUnstartedServer(a)
 	ep := srv.Listener.Addr().String()
 	go func() {

@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/egress/nft"
-	"github.com/moat-sandbox/moat/internal/localregistry"
-	"github.com/moat-sandbox/moat/internal/rootfs"
 	"github.com/moat-sandbox/moat/internal/server"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
+	"github.com/moat-sandbox/moat/internal/testutil/rootfs"
 )
 
 // CreateBenchOptions configure `moat bench create`.
@@ -188,71 +188,88 @@ func RunCreate(ctx context.Context, o CreateBenchOptions, w io.Writer, log *slog
 
 	fmt.Fprintf(w, "moat bench create: %d sandboxes per runtime, concurrency %d, image %s\n", o.N, o.Concurrency, image)
 	for _, class := range o.Classes {
-		var mu sync.Mutex
-		var total, create, first, del []time.Duration
-		var ids []string
-		var firstErr error
-		sem := make(chan struct{}, o.Concurrency)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i := 0; i < o.N; i++ {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				t0 := time.Now()
-				id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: class, Entrypoint: []string{"tail", "-f", "/dev/null"}})
-				t1 := time.Now()
-				var out string
-				if err == nil {
-					mu.Lock()
-					ids = append(ids, id)
-					mu.Unlock()
-					var ep Endpoint
-					if ep, err = c.AgentEndpoint(ctx, id); err == nil {
-						out, err = c.Run(ctx, ep, "echo ok")
-						if err == nil && out != "ok" {
-							err = fmt.Errorf("first command printed %q", out)
-						}
-					}
-				}
-				t2 := time.Now()
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					return
-				}
-				create = append(create, t1.Sub(t0))
-				first = append(first, t2.Sub(t1))
-				total = append(total, t2.Sub(t0))
-			}()
-		}
-		wg.Wait()
-		wall := time.Since(start)
-		for _, id := range ids {
-			t0 := time.Now()
-			if err := c.Delete(ctx, id); err == nil {
-				del = append(del, time.Since(t0))
-			} else if firstErr == nil {
-				firstErr = err
-			}
-		}
-		name := class
-		if name == "" {
-			name = "default"
-		}
-		fmt.Fprintf(w, "runtime=%s ok=%d/%d wall=%s\n", name, len(total), o.N, wall.Round(time.Millisecond))
-		fmt.Fprintf(w, "  create->Running->first command: %s\n", Summarize(total))
-		fmt.Fprintf(w, "  create (POST until Running):    %s\n", Summarize(create))
-		fmt.Fprintf(w, "  first command (endpoint+exec):  %s\n", Summarize(first))
-		fmt.Fprintf(w, "  delete:                         %s\n", Summarize(del))
-		if firstErr != nil {
-			return fmt.Errorf("runtime %s: %w", name, firstErr)
+		if err := runCreateClass(ctx, c, o, image, class, w); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// runCreateClass times o.N creates of one runtime class, o.Concurrency at
+// once, then their deletes, and prints the figures.
+func runCreateClass(ctx context.Context, c *Client, o CreateBenchOptions, image, class string, w io.Writer) error {
+	var mu sync.Mutex
+	var total, create, first, del []time.Duration
+	var ids []string
+	var firstErr error
+	sem := make(chan struct{}, o.Concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < o.N; i++ {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			id, tc, tf, err := createOne(ctx, c, image, class)
+			mu.Lock()
+			defer mu.Unlock()
+			if id != "" {
+				ids = append(ids, id)
+			}
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			create = append(create, tc)
+			first = append(first, tf)
+			total = append(total, tc+tf)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	for _, id := range ids {
+		t0 := time.Now()
+		if err := c.Delete(ctx, id); err == nil {
+			del = append(del, time.Since(t0))
+		} else if firstErr == nil {
+			firstErr = err
+		}
+	}
+	name := class
+	if name == "" {
+		name = "default"
+	}
+	fmt.Fprintf(w, "runtime=%s ok=%d/%d wall=%s\n", name, len(total), o.N, wall.Round(time.Millisecond))
+	fmt.Fprintf(w, "  create->Running->first command: %s\n", Summarize(total))
+	fmt.Fprintf(w, "  create (POST until Running):    %s\n", Summarize(create))
+	fmt.Fprintf(w, "  first command (endpoint+exec):  %s\n", Summarize(first))
+	fmt.Fprintf(w, "  delete:                         %s\n", Summarize(del))
+	if firstErr != nil {
+		return fmt.Errorf("runtime %s: %w", name, firstErr)
+	}
+	return nil
+}
+
+// createOne creates one sandbox and runs its first command: the time
+// until Running and the time of the first command. id is the sandbox's
+// (to delete) whenever the create succeeded, even if the command failed.
+func createOne(ctx context.Context, c *Client, image, class string) (id string, create, first time.Duration, err error) {
+	t0 := time.Now()
+	id, err = c.Create(ctx, CreateOptions{Image: image, RuntimeClass: class, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+	t1 := time.Now()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	var ep Endpoint
+	if ep, err = c.AgentEndpoint(ctx, id); err == nil {
+		var out string
+		out, err = c.Run(ctx, ep, "echo ok")
+		if err == nil && out != "ok" {
+			err = fmt.Errorf("first command printed %q", out)
+		}
+	}
+	return id, t1.Sub(t0), time.Since(t1), err
 }

@@ -30,121 +30,169 @@ func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Log
 		return err
 	}
 	defer stop()
-	var all []string
-	cleanup := func() {
-		for _, id := range all {
-			c.Delete(context.WithoutCancel(ctx), id)
-		}
-		all = nil
-	}
-	defer cleanup()
+	f := &forkRun{c: c, o: o, w: w, ext: map[string]string{}}
+	defer f.cleanup(ctx)
 	fmt.Fprintf(w, "moat bench fork: image %s, runtime %q, N=%d\n", image, o.RuntimeClass, o.N)
-
-	src, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: []string{"tail", "-f", "/dev/null"}})
-	if src != "" {
-		all = append(all, src)
-	}
-	if err != nil {
-		return fmt.Errorf("source sandbox: %w", err)
-	}
-	ep, err := c.AgentEndpoint(ctx, src)
-	if err != nil {
+	if err := f.source(ctx, image); err != nil {
 		return err
 	}
-	if _, err := c.Run(ctx, ep, "echo forked-"+src+" > /marker"); err != nil {
-		return fmt.Errorf("write marker: %w", err)
+	if err := f.snapshot(ctx); err != nil {
+		return err
 	}
-	// An idle background process: a memory snapshot (gVisor) keeps it
-	// running in the forks, a filesystem snapshot does not. (A busy one
-	// would load every fork and measure the CPU, not the fork.)
-	if _, err := c.Run(ctx, ep, "sleep 86399 </dev/null >/dev/null 2>&1 &"); err != nil {
-		return fmt.Errorf("start background process: %w", err)
-	}
-	t0 := time.Now()
-	var sn struct {
-		ID     string
-		Status struct{ Message string }
-	}
-	if _, err := c.do(ctx, "POST", "/v1/sandboxes/"+src+"/snapshots", map[string]string{"name": "bench-fork"}, &sn); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	memory := strings.Contains(sn.Status.Message, "memory")
-	kind := "filesystem"
-	if memory {
-		kind = "memory + filesystem"
-	}
-	fmt.Fprintf(w, "  snapshot (%s) of a running sandbox: %s\n", kind, time.Since(t0).Round(100*time.Microsecond))
-	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/snapshots/"+sn.ID, nil, nil)
-	ext := map[string]string{}
+	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/snapshots/"+f.snap, nil, nil)
 	if o.RuntimeClass != "" {
-		ext["moat.runtime"] = o.RuntimeClass
+		f.ext["moat.runtime"] = o.RuntimeClass
 	}
-	check := func(ids []string) error {
-		if len(ids) != o.N {
-			return fmt.Errorf("got %d forks, want %d", len(ids), o.N)
-		}
-		ep, err := c.AgentEndpoint(ctx, ids[len(ids)-1])
-		if err != nil {
-			return err
-		}
-		out, err := c.Run(ctx, ep, "cat /marker")
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(out) != "forked-"+src {
-			return fmt.Errorf("fork %s sees marker %q", ids[len(ids)-1], out)
-		}
-		if memory {
-			out, err := c.Run(ctx, ep, "ps -o args | grep -c '^sleep 86399'")
-			if err != nil || strings.TrimSpace(out) != "1" {
-				return fmt.Errorf("fork %s: the source's background process is not running: %q %v", ids[len(ids)-1], out, err)
-			}
-		}
-		return nil
-	}
-
 	if !o.SkipCold {
-		t0 = time.Now()
-		ids, err := c.batch(ctx, map[string]any{"count": o.N, "snapshotId": sn.ID, "extensions": ext})
-		d := time.Since(t0)
-		all = append(all, ids...)
-		if err != nil {
-			return fmt.Errorf("cold fork: %w", err)
+		if err := f.cold(ctx); err != nil {
+			return err
 		}
-		if err := check(ids); err != nil {
-			return fmt.Errorf("cold fork: %w", err)
-		}
-		fmt.Fprintf(w, "  fork %d cold (one batch with snapshotId, %d cores): %s\n", len(ids), nproc(), d.Round(time.Millisecond))
-		for _, id := range ids {
-			c.Delete(ctx, id)
-		}
-		all = all[:1]
 	}
-
 	pool := map[string]any{"name": "bench-fork",
-		"template":     map[string]any{"snapshotId": sn.ID, "extensions": ext},
+		"template":     map[string]any{"snapshotId": f.snap, "extensions": f.ext},
 		"capacitySpec": map[string]int{"bufferMin": o.N, "bufferMax": o.N, "poolMax": 2 * o.N}}
 	if _, err := c.do(ctx, "POST", "/v1/pools", pool, nil); err != nil {
 		return fmt.Errorf("fork pool: %w", err)
 	}
 	defer c.do(context.WithoutCancel(ctx), "DELETE", "/v1/pools/bench-fork", nil, nil)
-	t0 = time.Now()
-	if err := c.waitAvailable(ctx, "bench-fork", o.N, 15*time.Minute); err != nil {
+	if err := f.warm(ctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "  fork pool warm fill of %d: %s\n", o.N, time.Since(t0).Round(time.Millisecond))
-	t0 = time.Now()
-	ids, err := c.batch(ctx, map[string]any{"count": o.N, "snapshotId": sn.ID, "extensions": map[string]string{"poolRef": "bench-fork"}})
+	// Forks must be gone before the pool and the snapshot can go.
+	f.cleanup(ctx)
+	return nil
+}
+
+// forkRun is one run of RunFork.
+type forkRun struct {
+	c      *Client
+	o      ForkBenchOptions
+	w      io.Writer
+	ext    map[string]string // the forks' extensions
+	all    []string          // sandboxes to delete: the source first
+	src    string            // the source sandbox
+	snap   string            // its snapshot
+	memory bool              // the snapshot holds memory (gVisor)
+}
+
+// cleanup deletes every sandbox of the run.
+func (f *forkRun) cleanup(ctx context.Context) {
+	for _, id := range f.all {
+		f.c.Delete(context.WithoutCancel(ctx), id)
+	}
+	f.all = nil
+}
+
+// source creates the sandbox to fork, with a marker file and an idle
+// background process: a memory snapshot (gVisor) keeps it running in the
+// forks, a filesystem snapshot does not. (A busy one would load every
+// fork and measure the CPU, not the fork.)
+func (f *forkRun) source(ctx context.Context, image string) error {
+	src, err := f.c.Create(ctx, CreateOptions{Image: image, RuntimeClass: f.o.RuntimeClass, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+	if src != "" {
+		f.all = append(f.all, src)
+	}
+	if err != nil {
+		return fmt.Errorf("source sandbox: %w", err)
+	}
+	f.src = src
+	ep, err := f.c.AgentEndpoint(ctx, src)
+	if err != nil {
+		return err
+	}
+	if _, err := f.c.Run(ctx, ep, "echo forked-"+src+" > /marker"); err != nil {
+		return fmt.Errorf("write marker: %w", err)
+	}
+	if _, err := f.c.Run(ctx, ep, "sleep 86399 </dev/null >/dev/null 2>&1 &"); err != nil {
+		return fmt.Errorf("start background process: %w", err)
+	}
+	return nil
+}
+
+// snapshot snapshots the running source and prints the time it took.
+func (f *forkRun) snapshot(ctx context.Context) error {
+	t0 := time.Now()
+	var sn struct {
+		ID     string
+		Status struct{ Message string }
+	}
+	if _, err := f.c.do(ctx, "POST", "/v1/sandboxes/"+f.src+"/snapshots", map[string]string{"name": "bench-fork"}, &sn); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	f.snap = sn.ID
+	f.memory = strings.Contains(sn.Status.Message, "memory")
+	kind := "filesystem"
+	if f.memory {
+		kind = "memory + filesystem"
+	}
+	fmt.Fprintf(f.w, "  snapshot (%s) of a running sandbox: %s\n", kind, time.Since(t0).Round(100*time.Microsecond))
+	return nil
+}
+
+// check: there are N forks, and the last sees the source's marker (and,
+// from a memory snapshot, its background process).
+func (f *forkRun) check(ctx context.Context, ids []string) error {
+	if len(ids) != f.o.N {
+		return fmt.Errorf("got %d forks, want %d", len(ids), f.o.N)
+	}
+	ep, err := f.c.AgentEndpoint(ctx, ids[len(ids)-1])
+	if err != nil {
+		return err
+	}
+	out, err := f.c.Run(ctx, ep, "cat /marker")
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(out) != "forked-"+f.src {
+		return fmt.Errorf("fork %s sees marker %q", ids[len(ids)-1], out)
+	}
+	if f.memory {
+		out, err := f.c.Run(ctx, ep, "ps -o args | grep -c '^sleep 86399'")
+		if err != nil || strings.TrimSpace(out) != "1" {
+			return fmt.Errorf("fork %s: the source's background process is not running: %q %v", ids[len(ids)-1], out, err)
+		}
+	}
+	return nil
+}
+
+// cold times N forks in one batch with snapshotId, then deletes them.
+func (f *forkRun) cold(ctx context.Context) error {
+	t0 := time.Now()
+	ids, err := f.c.batch(ctx, map[string]any{"count": f.o.N, "snapshotId": f.snap, "extensions": f.ext})
 	d := time.Since(t0)
-	all = append(all, ids...)
+	f.all = append(f.all, ids...)
+	if err != nil {
+		return fmt.Errorf("cold fork: %w", err)
+	}
+	if err := f.check(ctx, ids); err != nil {
+		return fmt.Errorf("cold fork: %w", err)
+	}
+	fmt.Fprintf(f.w, "  fork %d cold (one batch with snapshotId, %d cores): %s\n", len(ids), nproc(), d.Round(time.Millisecond))
+	for _, id := range ids {
+		f.c.Delete(ctx, id)
+	}
+	f.all = f.all[:1]
+	return nil
+}
+
+// warm times the fill of the fork pool bench-fork, then a batch claim of
+// N from it.
+func (f *forkRun) warm(ctx context.Context) error {
+	t0 := time.Now()
+	if err := f.c.waitAvailable(ctx, "bench-fork", f.o.N, 15*time.Minute); err != nil {
+		return err
+	}
+	fmt.Fprintf(f.w, "  fork pool warm fill of %d: %s\n", f.o.N, time.Since(t0).Round(time.Millisecond))
+	t0 = time.Now()
+	ids, err := f.c.batch(ctx, map[string]any{"count": f.o.N, "snapshotId": f.snap, "extensions": map[string]string{"poolRef": "bench-fork"}})
+	d := time.Since(t0)
+	f.all = append(f.all, ids...)
 	if err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
-	if err := check(ids); err != nil {
+	if err := f.check(ctx, ids); err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
-	fmt.Fprintf(w, "  fork %d from a warm fork pool (one batch claim): %s\n", len(ids), d.Round(10*time.Microsecond))
-	// Forks must be gone before the pool and the snapshot can go.
-	cleanup()
+	fmt.Fprintf(f.w, "  fork %d from a warm fork pool (one batch claim): %s\n", len(ids), d.Round(10*time.Microsecond))
 	return nil
 }

@@ -101,45 +101,17 @@ func RunPool(ctx context.Context, o PoolBenchOptions, w io.Writer, log *slog.Log
 		}
 	}()
 	fmt.Fprintf(w, "moat bench pool: image %s, runtime %q\n", image, o.RuntimeClass)
-
-	if o.Claims > 0 {
-		if err := c.createPool(ctx, "bench-claim", image, o.RuntimeClass, o.Claims); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		if err := c.waitAvailable(ctx, "bench-claim", o.Claims, 10*time.Minute); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "  warm fill of %d: %s\n", o.Claims, time.Since(t0).Round(time.Millisecond))
-		var lat []time.Duration
-		for i := 0; i < o.Claims; i++ {
-			t0 := time.Now()
-			id, err := c.Create(ctx, CreateOptions{Image: "", RuntimeClass: "", Entrypoint: nil, poolRef: "bench-claim"})
+	for _, phase := range []struct {
+		n   int
+		run func(context.Context, *Client, PoolBenchOptions, string, io.Writer) ([]string, error)
+	}{{o.Claims, warmClaims}, {o.Batch, warmBatch}} {
+		if phase.n > 0 {
+			ids, err := phase.run(ctx, c, o, image, w)
+			all = append(all, ids...)
 			if err != nil {
-				return fmt.Errorf("claim %d: %w", i, err)
+				return err
 			}
-			lat = append(lat, time.Since(t0))
-			all = append(all, id)
 		}
-		fmt.Fprintf(w, "  warm claim over HTTP (POST /v1/sandboxes with poolRef): %s\n", Summarize(lat))
-		c.do(ctx, "DELETE", "/v1/pools/bench-claim", nil, nil)
-	}
-	if o.Batch > 0 {
-		if err := c.createPool(ctx, "bench-batch", image, o.RuntimeClass, o.Batch); err != nil {
-			return err
-		}
-		if err := c.waitAvailable(ctx, "bench-batch", o.Batch, 10*time.Minute); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		ids, err := c.batch(ctx, map[string]any{"count": o.Batch, "extensions": map[string]string{"poolRef": "bench-batch"}})
-		if err != nil {
-			return err
-		}
-		d := time.Since(t0)
-		all = append(all, ids...)
-		fmt.Fprintf(w, "  batch of %d from a warm pool (one POST /v1/sandboxes/batch): %s\n", len(ids), d.Round(10*time.Microsecond))
-		c.do(ctx, "DELETE", "/v1/pools/bench-batch", nil, nil)
 	}
 	if o.Cold > 0 {
 		// Free what the earlier phases made, so memory is measured cleanly.
@@ -147,28 +119,82 @@ func RunPool(ctx context.Context, o PoolBenchOptions, w io.Writer, log *slog.Log
 			c.Delete(ctx, id)
 		}
 		all = nil
-		before, err := memAvailable()
-		if err != nil {
-			return err
-		}
-		body := map[string]any{"count": o.Cold, "image": map[string]string{"uri": image}, "entrypoint": []string{"tail", "-f", "/dev/null"}}
-		if o.RuntimeClass != "" {
-			body["extensions"] = map[string]string{"moat.runtime": o.RuntimeClass}
-		}
-		t0 := time.Now()
-		ids, err := c.batch(ctx, body)
-		if err != nil {
-			return fmt.Errorf("cold batch: %w", err)
-		}
-		d := time.Since(t0)
+		ids, err := coldBatch(ctx, c, o, image, w)
 		all = append(all, ids...)
-		time.Sleep(2 * time.Second) // let page cache and agents settle
-		after, err := memAvailable()
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "  %d sandboxes cold (one batch, %d cores): %s (%.1f/s)\n", len(ids), nproc(), d.Round(time.Millisecond), float64(len(ids))/d.Seconds())
-		fmt.Fprintf(w, "  idle host memory per sandbox (MemAvailable drop / %d): %.1f MiB\n", len(ids), float64(before-after)/float64(len(ids))/(1<<20))
+		return err
 	}
 	return nil
+}
+
+// warmClaims times the fill of a pool of o.Claims and the single claims
+// of all of them; it returns the claimed sandboxes.
+func warmClaims(ctx context.Context, c *Client, o PoolBenchOptions, image string, w io.Writer) (all []string, _ error) {
+	if err := c.createPool(ctx, "bench-claim", image, o.RuntimeClass, o.Claims); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	if err := c.waitAvailable(ctx, "bench-claim", o.Claims, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "  warm fill of %d: %s\n", o.Claims, time.Since(t0).Round(time.Millisecond))
+	var lat []time.Duration
+	for i := 0; i < o.Claims; i++ {
+		t0 := time.Now()
+		id, err := c.Create(ctx, CreateOptions{Image: "", RuntimeClass: "", Entrypoint: nil, poolRef: "bench-claim"})
+		if err != nil {
+			return all, fmt.Errorf("claim %d: %w", i, err)
+		}
+		lat = append(lat, time.Since(t0))
+		all = append(all, id)
+	}
+	fmt.Fprintf(w, "  warm claim over HTTP (POST /v1/sandboxes with poolRef): %s\n", Summarize(lat))
+	c.do(ctx, "DELETE", "/v1/pools/bench-claim", nil, nil)
+	return all, nil
+}
+
+// warmBatch times one batch of o.Batch from a warm pool; it returns the
+// batch's sandboxes.
+func warmBatch(ctx context.Context, c *Client, o PoolBenchOptions, image string, w io.Writer) ([]string, error) {
+	if err := c.createPool(ctx, "bench-batch", image, o.RuntimeClass, o.Batch); err != nil {
+		return nil, err
+	}
+	if err := c.waitAvailable(ctx, "bench-batch", o.Batch, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	ids, err := c.batch(ctx, map[string]any{"count": o.Batch, "extensions": map[string]string{"poolRef": "bench-batch"}})
+	if err != nil {
+		return nil, err
+	}
+	d := time.Since(t0)
+	fmt.Fprintf(w, "  batch of %d from a warm pool (one POST /v1/sandboxes/batch): %s\n", len(ids), d.Round(10*time.Microsecond))
+	c.do(ctx, "DELETE", "/v1/pools/bench-batch", nil, nil)
+	return ids, nil
+}
+
+// coldBatch times one cold batch of o.Cold and the host memory each of
+// its sandboxes takes; it returns the batch's sandboxes.
+func coldBatch(ctx context.Context, c *Client, o PoolBenchOptions, image string, w io.Writer) ([]string, error) {
+	before, err := memAvailable()
+	if err != nil {
+		return nil, err
+	}
+	body := map[string]any{"count": o.Cold, "image": map[string]string{"uri": image}, "entrypoint": []string{"tail", "-f", "/dev/null"}}
+	if o.RuntimeClass != "" {
+		body["extensions"] = map[string]string{"moat.runtime": o.RuntimeClass}
+	}
+	t0 := time.Now()
+	ids, err := c.batch(ctx, body)
+	if err != nil {
+		return nil, fmt.Errorf("cold batch: %w", err)
+	}
+	d := time.Since(t0)
+	time.Sleep(2 * time.Second) // let page cache and agents settle
+	after, err := memAvailable()
+	if err != nil {
+		return ids, err
+	}
+	fmt.Fprintf(w, "  %d sandboxes cold (one batch, %d cores): %s (%.1f/s)\n", len(ids), nproc(), d.Round(time.Millisecond), float64(len(ids))/d.Seconds())
+	fmt.Fprintf(w, "  idle host memory per sandbox (MemAvailable drop / %d): %.1f MiB\n", len(ids), float64(before-after)/float64(len(ids))/(1<<20))
+	return ids, nil
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/agentbin"
 	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // serviceAccountNamespace holds the namespace of the pod a process runs in.
@@ -53,7 +53,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 				return fmt.Errorf("log-level %q: %w", logLevel, err)
 			}
 			ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
-			cfg, err := kubeconfig.Load(kc)
+			cfg, err := kclient.Load(kc)
 			if err != nil {
 				return err
 			}
@@ -86,8 +86,14 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics here (default off)")
 	f.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz and /readyz here (default off)")
 	f.IntVar(&opts.CreateConcurrency, "create-concurrency", 32, "pod creates/deletes in flight per reconcile")
-	f.Float32Var(&opts.QPS, "kube-api-qps", controller.DefaultQPS, "API requests per second (client-side rate limit)")
-	f.IntVar(&opts.Burst, "kube-api-burst", controller.DefaultBurst, "API request burst (client-side rate limit)")
+	f.Float32Var(&opts.QPS, "k8s-api-qps", kclient.DefaultQPS, "API requests per second (client-side rate limit)")
+	f.IntVar(&opts.Burst, "k8s-api-burst", kclient.DefaultBurst, "API request burst (client-side rate limit)")
+	// The spelling of moat serve's flags; the old one stays, hidden, for
+	// deployments that still pass it.
+	f.Float32Var(&opts.QPS, "kube-api-qps", kclient.DefaultQPS, "")
+	f.IntVar(&opts.Burst, "kube-api-burst", kclient.DefaultBurst, "")
+	f.MarkDeprecated("kube-api-qps", "use --k8s-api-qps")
+	f.MarkDeprecated("kube-api-burst", "use --k8s-api-burst")
 	f.BoolVar(&installCRDs, "install-crds", false, "create or update the CRDs before starting")
 	f.BoolVar(&policy, "sandbox-network-policy", true, "keep a NetworkPolicy ("+controller.IsolationPolicyName+") in every sandbox namespace that denies ingress to sandbox pods except from the node, --sandbox-ingress-namespace and --sandbox-ingress-cidr (needs a CNI that enforces NetworkPolicy)")
 	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")
@@ -136,7 +142,7 @@ func applyCRDs(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	scheme := controller.Scheme()
+	scheme := kclient.Scheme()
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		return err
 	}

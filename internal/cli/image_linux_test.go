@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/image"
-	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 )
 
 func runCLI(t *testing.T, args ...string) (string, string, int) {

@@ -7,9 +7,8 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
 	"github.com/moat-sandbox/moat/internal/k8s/lease"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
@@ -32,7 +31,7 @@ type KubernetesConfig struct {
 	// (0 = requests equal limits).
 	RequestFraction float64
 	// QPS and Burst are the client-side rate limit of the server's API
-	// clients (default controller.DefaultQPS and DefaultBurst, as `moat
+	// clients (default kclient.DefaultQPS and DefaultBurst, as `moat
 	// controller`: client-go's own 5/s held each replica to a few claims
 	// per second).
 	QPS   float32
@@ -51,16 +50,16 @@ type KubernetesConfig struct {
 // policy support here (that is the cluster's NetworkPolicy's job), and the
 // server must run where pod IPs are reachable (in the cluster).
 func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error) {
-	rc, err := kubeconfig.Load(cfg.Kubernetes.Kubeconfig)
+	rc, err := kclient.Load(cfg.Kubernetes.Kubeconfig)
 	if err != nil {
 		return backend{}, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
 	}
 	rc.QPS, rc.Burst = cfg.Kubernetes.QPS, cfg.Kubernetes.Burst
 	if rc.QPS <= 0 {
-		rc.QPS = controller.DefaultQPS
+		rc.QPS = kclient.DefaultQPS
 	}
 	if rc.Burst <= 0 {
-		rc.Burst = controller.DefaultBurst
+		rc.Burst = kclient.DefaultBurst
 	}
 	rt, err := kubernetes.New(rc, kubernetes.Config{
 		Namespace:  cfg.Kubernetes.Namespace,

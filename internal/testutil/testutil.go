@@ -17,7 +17,7 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/atomicfile"
-	"github.com/moat-sandbox/moat/internal/rootfs"
+	"github.com/moat-sandbox/moat/internal/testutil/rootfs"
 )
 
 // RequiresRoot skips t unless the test runs as root. Under CI (CI=true) it
@@ -199,6 +199,17 @@ func MoatBinary(t testing.TB) string {
 		t.Fatalf("agent payload: %v", err)
 	}
 	return Build(t, "./cmd/moat")
+}
+
+// BenchBinary builds moat-bench (the benchmarks' binary) once per test
+// process and returns its path. Set MOAT_BENCH_BIN to use a prebuilt one.
+func BenchBinary(t testing.TB) string {
+	t.Helper()
+	SkipShort(t, "runs moat-bench")
+	if p := os.Getenv("MOAT_BENCH_BIN"); p != "" {
+		return p
+	}
+	return Build(t, "./cmd/moat-bench")
 }
 
 // GoBuild builds pkg statically (CGO_ENABLED=0, -trimpath) into out.

@@ -20,11 +20,11 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/egress/nft"
-	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime/docker"
 	moatserver "github.com/moat-sandbox/moat/internal/server"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 )
 
 // TestImageGC: an image's layers go when its last sandbox does, and not

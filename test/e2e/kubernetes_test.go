@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // kubeStack is a real single-node cluster with `moat controller` running
@@ -42,7 +42,7 @@ func startKubeStack(t *testing.T) *kubeStack {
 	if k.agentImage, err = node.PushAgentImage(ctx, bin); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(node.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(node.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

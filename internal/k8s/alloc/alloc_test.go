@@ -18,8 +18,8 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env
@@ -40,7 +40,7 @@ func newProcess(t *testing.T, ns string) *process {
 	t.Helper()
 	w := &k8stest.WriteCounter{}
 	cfg := w.Wrap(env.Config)
-	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func newCache(t *testing.T, cfg *rest.Config, ns string) cache.Cache {
 	t.Helper()
 	hasPool, _ := labels.Parse(sbv1.LabelPool)
 	inf, err := cache.New(cfg, cache.Options{
-		Scheme:            controller.Scheme(),
+		Scheme:            kclient.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:    {Label: hasPool},
@@ -79,7 +79,7 @@ func newCache(t *testing.T, cfg *rest.Config, ns string) cache.Cache {
 // poolPods makes n running pods of pool in a new namespace.
 func poolPods(t *testing.T, pool string, n int) (string, client.Client) {
 	t.Helper()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -928,55 +928,8 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 	for s := range free {
 		avail[s] = len(free[s])
 	}
-	// The whole group from one shard when one can serve it.
-	total := 0
-	for i, w := range want {
-		if w > 0 && group[i].ch.Owner != "" {
-			total += w
-		}
-	}
-	if total > 0 && avail[ps.cursor] < total {
-		for d := range count {
-			if s := (ps.cursor + d) % count; avail[s] >= total {
-				ps.cursor = s
-				break
-			}
-		}
-	}
-	wants := make([]map[int]int, count)
-	for i, w := range want {
-		if w <= 0 || group[i].ch.Owner == "" {
-			continue
-		}
-		take := func(s, k int) {
-			if wants[s] == nil {
-				wants[s] = map[int]int{}
-			}
-			wants[s][i] += k
-			avail[s] -= k
-			w -= k
-		}
-		for d := range count {
-			if s := (ps.cursor + d) % count; avail[s] >= w {
-				take(s, w)
-				ps.cursor = s
-				break
-			}
-		}
-		for d := 0; d < count && w > 0; d++ {
-			if s := (ps.cursor + d) % count; avail[s] > 0 {
-				take(s, min(w, avail[s]))
-			}
-		}
-	}
-	if avail[ps.cursor] == 0 {
-		for d := range count {
-			if s := (ps.cursor + d) % count; avail[s] > 0 {
-				ps.cursor = s
-				break
-			}
-		}
-	}
+	var wants []map[int]int
+	wants, ps.cursor = spread(avail, ps.cursor, group, want)
 	pods := ps.pods
 	gone := func(p string) bool { _, ok := pods[p]; return !ok }
 	state := func(p string) PodState { return pods[p] }
@@ -1015,6 +968,66 @@ func (a *Allocator) plan(pool types.NamespacedName, ps *poolState, group []*requ
 		work = append(work, w)
 	}
 	return work, nil
+}
+
+// spread decides how many free pods each claim of group (want[i] of
+// them) takes from which shard, given the free pods of each shard
+// (avail, used up as it goes) and the shard to start at (cursor): the
+// whole group from one shard when one can serve it, else each claim
+// from one shard when one can serve it, else from several. It returns,
+// per shard, the pods each claim takes, and the cursor for the next
+// plan (a shard with free pods left).
+func spread(avail []int, cursor int, group []*request, want []int) ([]map[int]int, int) {
+	count := len(avail)
+	total := 0
+	for i, w := range want {
+		if w > 0 && group[i].ch.Owner != "" {
+			total += w
+		}
+	}
+	if total > 0 && avail[cursor] < total {
+		for d := range count {
+			if s := (cursor + d) % count; avail[s] >= total {
+				cursor = s
+				break
+			}
+		}
+	}
+	wants := make([]map[int]int, count)
+	for i, w := range want {
+		if w <= 0 || group[i].ch.Owner == "" {
+			continue
+		}
+		take := func(s, k int) {
+			if wants[s] == nil {
+				wants[s] = map[int]int{}
+			}
+			wants[s][i] += k
+			avail[s] -= k
+			w -= k
+		}
+		for d := range count {
+			if s := (cursor + d) % count; avail[s] >= w {
+				take(s, w)
+				cursor = s
+				break
+			}
+		}
+		for d := 0; d < count && w > 0; d++ {
+			if s := (cursor + d) % count; avail[s] > 0 {
+				take(s, min(w, avail[s]))
+			}
+		}
+	}
+	if avail[cursor] == 0 {
+		for d := range count {
+			if s := (cursor + d) % count; avail[s] > 0 {
+				cursor = s
+				break
+			}
+		}
+	}
+	return wants, cursor
 }
 
 // Ensure creates the shards of pool's table, empty, unless they exist.

@@ -227,29 +227,13 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	next := refresh(rec, pods)
-	if len(next.Claims) > replicas {
-		// Scaled down: the claims past replicas give up their pods.
-		for _, c := range next.Claims[replicas:] {
-			if c.Pod != "" {
-				next.Released = append(next.Released, c.Pod)
-			}
-		}
-		next.Claims = next.Claims[:replicas]
-	}
-
+	next := scaleDown(refresh(rec, pods), replicas)
 	var tasks *taskReport
 	if b.Spec.TaskTemplate != nil {
 		rep := r.tasks.run(ctx, b, next, pods)
 		tasks = &rep
 		if p := b.Spec.TaskResourcePolicyWhenCompleted; p != nil && *p == sbv1.TaskRelease {
-			// A finished task's sandbox is given up at once.
-			for _, i := range rep.finished {
-				if c := &next.Claims[i]; !c.Done && c.Pod != "" {
-					c.Done = true
-					next.Released = append(next.Released, c.Pod)
-				}
-			}
+			releaseFinished(&next, rep.finished)
 		}
 	}
 
@@ -266,32 +250,8 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 		extra = slices.DeleteFunc(held, func(p string) bool { return recordHas(next, p) })
 	}
 	if needsAllocation(next, replicas) {
-		var free []string
-		if pool != nil {
-			if free, err = r.freePods(ctx, pool); err != nil {
-				return reconcile.Result{}, err
-			}
-			free = append(slices.Clone(extra), free...)
-		}
-		before := next
-		next, undo = r.ledger.allocate(key, next, replicas, free,
-			func(i int) bool { return pool != nil && !hasShardPatch(b, i) },
-			func(i int, replacement bool) string { return coldPodName(b.Name, b.UID, i, replacement) })
-		// Claims that went cold need a template; without one, serve none
-		// of them (the warm ones stay allocated) and say why.
-		for i, c := range next.Claims {
-			if c.Pool || c.Pod == "" || (i < len(before.Claims) && before.Claims[i].Pod == c.Pod) {
-				continue
-			}
-			if _, f := coldTemplate(b, pool, i); f != nil {
-				fail = f
-				next.Claims[i].Pod = ""
-			}
-		}
-		// Warm pods run already: their addresses go into the same write.
-		if refreshed, err := r.batchPods(ctx, b, next); err == nil {
-			next = refresh(next, refreshed)
-			pods = refreshed
+		if next, pods, undo, fail, err = r.allocate(ctx, b, pool, next, pods, extra); err != nil {
+			return reconcile.Result{}, err
 		}
 	}
 	if b.Spec.PoolRef != "" {
@@ -331,6 +291,71 @@ func (r *batchReconciler) sync(ctx context.Context, b *sbv1.BatchSandbox, rec re
 			r.pokePool(b.Namespace, b.Spec.PoolRef)
 		}
 	}
+	return r.converge(ctx, b, pool, next, pods, fail, tasks)
+}
+
+// scaleDown gives up the pods of the claims past replicas.
+func scaleDown(next record, replicas int) record {
+	if len(next.Claims) <= replicas {
+		return next
+	}
+	for _, c := range next.Claims[replicas:] {
+		if c.Pod != "" {
+			next.Released = append(next.Released, c.Pod)
+		}
+	}
+	next.Claims = next.Claims[:replicas]
+	return next
+}
+
+// releaseFinished gives up the sandboxes of the finished tasks' claims at
+// once (TaskResourcePolicyWhenCompleted Release).
+func releaseFinished(next *record, finished []int) {
+	for _, i := range finished {
+		if c := &next.Claims[i]; !c.Done && c.Pod != "" {
+			c.Done = true
+			next.Released = append(next.Released, c.Pod)
+		}
+	}
+}
+
+// allocate serves the batch's unserved claims from the pool's free pods
+// (extra, the pods the table already gives the batch, first) or cold, in
+// the ledger; undo takes the allocation back. Claims that went cold need
+// a template: without one, none of them is served (the warm ones stay
+// allocated) and fail says why.
+func (r *batchReconciler) allocate(ctx context.Context, b *sbv1.BatchSandbox, pool *sbv1.Pool, next record, pods map[string]*corev1.Pod, extra []string) (_ record, _ map[string]*corev1.Pod, undo func(), fail *failure, err error) {
+	var free []string
+	if pool != nil {
+		if free, err = r.freePods(ctx, pool); err != nil {
+			return next, pods, func() {}, nil, err
+		}
+		free = append(slices.Clone(extra), free...)
+	}
+	before := next
+	next, undo = r.ledger.allocate(client.ObjectKeyFromObject(b), next, int(b.GetReplicas()), free,
+		func(i int) bool { return pool != nil && !hasShardPatch(b, i) },
+		func(i int, replacement bool) string { return coldPodName(b.Name, b.UID, i, replacement) })
+	for i, c := range next.Claims {
+		if c.Pool || c.Pod == "" || (i < len(before.Claims) && before.Claims[i].Pod == c.Pod) {
+			continue
+		}
+		if _, f := coldTemplate(b, pool, i); f != nil {
+			fail = f
+			next.Claims[i].Pod = ""
+		}
+	}
+	// Warm pods run already: their addresses go into the same write.
+	if refreshed, err := r.batchPods(ctx, b, next); err == nil {
+		next = refresh(next, refreshed)
+		pods = refreshed
+	}
+	return next, pods, undo, fail, nil
+}
+
+// converge creates the pods the record names, deletes the released ones
+// and writes the status; fail (or a failed create) is its condition.
+func (r *batchReconciler) converge(ctx context.Context, b *sbv1.BatchSandbox, pool *sbv1.Pool, next record, pods map[string]*corev1.Pod, fail *failure, tasks *taskReport) (reconcile.Result, error) {
 	createErr := r.createPods(ctx, b, pool, next, pods)
 	delErr := r.deleteReleased(ctx, b, next, pods)
 	if fail == nil && createErr != nil {

@@ -13,15 +13,14 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -39,6 +38,7 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
@@ -79,99 +79,87 @@ type Options struct {
 	Isolation Isolation
 }
 
-// Client rate limits of `moat controller` (--kube-api-qps,
-// --kube-api-burst): a pool of 100 fills in about a second on kwok, and a
-// burst of pod creates does not starve the status writes.
-const (
-	DefaultQPS   = 200
-	DefaultBurst = 400
-)
-
-// RateLimited returns a copy of cfg with the QPS and burst of opts (or the
-// defaults) applied.
-func RateLimited(cfg *rest.Config, qps float32, burst int) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	if qps <= 0 {
-		qps = DefaultQPS
-	}
-	if burst <= 0 {
-		burst = DefaultBurst
-	}
-	c.QPS, c.Burst = qps, burst
-	c.RateLimiter = nil
-	return c
-}
-
-// Scheme returns a scheme with the core types and moat's.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err) // static registration; cannot fail
-	}
-	if err := sbv1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
 // New builds a controller manager with the Pool and BatchSandbox
 // reconcilers; run it with Start.
 func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if opts.AgentImage == "" {
 		return nil, fmt.Errorf("controller: agent image is required")
 	}
-	if opts.CreateConcurrency <= 0 {
-		opts.CreateConcurrency = 32
+	opts = opts.withDefaults()
+	mgr, err := newManager(kclient.RateLimited(cfg, opts.QPS, opts.Burst), opts)
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
 	}
-	if opts.BatchWorkers <= 0 {
-		opts.BatchWorkers = 4
+	led := newLedger()
+	poke := make(chan event.GenericEvent, 1024)
+	tab, err := newTables(mgr, poke)
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
 	}
-	cfg = RateLimited(cfg, opts.QPS, opts.Burst)
+	iso := newIsolator(mgr.GetClient(), mgr.GetAPIReader(), opts.Isolation)
+	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
+	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso}
+	if err := register(mgr, opts, pr, br, led, poke); err != nil {
+		return nil, err
+	}
+	if opts.HealthAddr != "" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+	}
+	return mgr, nil
+}
+
+// withDefaults fills the worker counts left zero.
+func (o Options) withDefaults() Options {
+	if o.CreateConcurrency <= 0 {
+		o.CreateConcurrency = 32
+	}
+	if o.BatchWorkers <= 0 {
+		o.BatchWorkers = 4
+	}
+	return o
+}
+
+// newManager builds the manager: its cache holds only moat's pods and the
+// allocation tables' Secrets, in opts.Namespace when set.
+func newManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	managed := labels.SelectorFromSet(labels.Set{sbv1.LabelManaged: sbv1.ManagedBy})
 	tables := labels.SelectorFromSet(labels.Set{alloc.LabelTable: "true"})
 	copts := cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: managed}, &corev1.Secret{}: {Label: tables}}}
 	if opts.Namespace != "" {
 		copts.DefaultNamespaces = map[string]cache.Config{opts.Namespace: {}}
 	}
-	leNS := opts.LeaderElectionNamespace
-	if leNS == "" {
-		leNS = opts.Namespace
-	}
-	if leNS == "" {
-		leNS = "default"
-	}
-	metricsAddr := opts.MetricsAddr
-	if metricsAddr == "" {
-		metricsAddr = "0"
-	}
+	leNS := cmp.Or(opts.LeaderElectionNamespace, opts.Namespace, "default")
 	skipNameValidation := true
-	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: Scheme(),
+	return ctrl.NewManager(cfg, manager.Options{
+		Scheme: kclient.Scheme(),
 		Cache:  copts,
 		// The pools' token Secrets are read from the API server: through
 		// the cache, the first read started an informer over every Secret
 		// the controller may see (cluster-wide without --namespace) and
 		// kept them all in memory.
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                 metricsserver.Options{BindAddress: cmp.Or(opts.MetricsAddr, "0")},
 		HealthProbeBindAddress:  opts.HealthAddr,
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        "moat-controller." + sbv1.Group,
 		LeaderElectionNamespace: leNS,
-		// Tests and `moat bench k8s` run several managers in one process.
+		// Tests and `moat-bench k8s` run several managers in one process.
 		Controller: config.Controller{SkipNameValidation: &skipNameValidation},
 	})
-	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
-	}
-	led := newLedger()
-	poke := make(chan event.GenericEvent, 1024)
-	// The pools' allocation tables, shared with the moat servers that
-	// claim pool pods through the Lifecycle API: every pool pod the
-	// controller hands to a batch, releases or deletes as free goes
-	// through them, and a table changed by a server wakes the pool (to
-	// refill it).
-	tab, err := alloc.New(context.Background(), alloc.Options{
+}
+
+// newTables opens the pools' allocation tables, shared with the moat
+// servers that claim pool pods through the Lifecycle API: every pool pod
+// the controller hands to a batch, releases or deletes as free goes
+// through them, and a table changed by a server wakes the pool (to
+// refill it).
+func newTables(mgr manager.Manager, poke chan<- event.GenericEvent) (*alloc.Allocator, error) {
+	return alloc.New(context.Background(), alloc.Options{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Informers: mgr.GetCache(),
 		Changed: func(pool types.NamespacedName, _ int) { pokePool(poke, pool.Namespace, pool.Name) },
 		// A pool's table is sized for its PoolMax when it is made.
@@ -183,21 +171,19 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 			return int(p.Spec.CapacitySpec.PoolMax)
 		},
 	})
-	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
-	}
-	iso := newIsolator(mgr.GetClient(), mgr.GetAPIReader(), opts.Isolation)
-	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
-	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso}
+}
 
-	err = ctrl.NewControllerManagedBy(mgr).Named("pool").
+// register adds the Pool, BatchSandbox and SandboxSnapshot reconcilers
+// and what wakes them to mgr.
+func register(mgr manager.Manager, opts Options, pr *poolReconciler, br *batchReconciler, led *ledger, poke chan event.GenericEvent) error {
+	err := ctrl.NewControllerManagedBy(mgr).Named("pool").
 		For(&sbv1.Pool{}).
 		Watches(&corev1.Pod{}, podToPool(pokeDelay)).
 		WatchesRawSource(source.Channel(poke, pokeHandler(pokeDelay))).
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: 2}).
 		Complete(pr)
 	if err != nil {
-		return nil, fmt.Errorf("controller: pool: %w", err)
+		return fmt.Errorf("controller: pool: %w", err)
 	}
 	podToBatch := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[sbv1.LabelBatch]; name != "" {
@@ -214,23 +200,15 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		WithOptions(ctrlcontroller.Options{MaxConcurrentReconciles: opts.BatchWorkers}).
 		Complete(br)
 	if err != nil {
-		return nil, fmt.Errorf("controller: batchsandbox: %w", err)
+		return fmt.Errorf("controller: batchsandbox: %w", err)
 	}
 	err = ctrl.NewControllerManagedBy(mgr).Named("sandboxsnapshot").
 		For(&sbv1.SandboxSnapshot{}).
 		Complete(&snapshotReconciler{c: mgr.GetClient()})
 	if err != nil {
-		return nil, fmt.Errorf("controller: sandboxsnapshot: %w", err)
+		return fmt.Errorf("controller: sandboxsnapshot: %w", err)
 	}
-	if opts.HealthAddr != "" {
-		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
-		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
-	}
-	return mgr, nil
+	return nil
 }
 
 // pokeDelay is how long a poked pool waits before its reconcile: the

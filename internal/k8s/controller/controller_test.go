@@ -21,7 +21,8 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env
@@ -34,7 +35,7 @@ var nsSeq atomic.Int32
 func setup(t *testing.T) (client.Client, string) {
 	t.Helper()
 	k8stest.Require(t, env)
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 func key(name string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: name} }
@@ -105,7 +106,7 @@ func TestLedgerUndoReplaceReleaseAndReload(t *testing.T) {
 	x := &sbv1.BatchSandbox{}
 	x.Namespace, x.Name, x.Annotations = "ns", "x", map[string]string{}
 	record{Claims: []claim{{Pod: "q0", Pool: true, IP: "10.0.0.1"}, {Pod: "x-u1-1"}}, Released: []string{"q1"}}.annotate(x.Annotations)
-	r := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(x).WithStatusSubresource(x).Build()
+	r := fake.NewClientBuilder().WithScheme(kclient.Scheme()).WithObjects(x).WithStatusSubresource(x).Build()
 	l2 := newLedger()
 	if err := l2.load(context.Background(), r); err != nil {
 		t.Fatal(err)

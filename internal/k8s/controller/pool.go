@@ -52,88 +52,138 @@ type poolReconciler struct {
 const inflightTTL = time.Minute
 
 func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	lg := log.FromContext(ctx)
 	if err := r.ledger.load(ctx, r.api); err != nil {
 		return reconcile.Result{}, err
 	}
-	var pool sbv1.Pool
-	if err := r.c.Get(ctx, req.NamespacedName, &pool); err != nil {
-		if apierrors.IsNotFound(err) {
-			if err := r.deleteFree(ctx, req.NamespacedName); err != nil {
-				return reconcile.Result{}, err
-			}
-			return reconcile.Result{}, r.dropTables(ctx, req.NamespacedName)
-		}
+	pool, err := r.prepare(ctx, req.NamespacedName)
+	if err != nil || pool == nil {
 		return reconcile.Result{}, err
 	}
-	if pool.DeletionTimestamp != nil {
-		if err := r.deleteFree(ctx, req.NamespacedName); err != nil {
-			return reconcile.Result{}, err
-		}
-		if controllerutil.RemoveFinalizer(&pool, sbv1.FinalizerRelease) {
-			return reconcile.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &pool))
-		}
-		return reconcile.Result{}, nil
-	}
-	if controllerutil.AddFinalizer(&pool, sbv1.FinalizerRelease) {
-		if err := r.c.Update(ctx, &pool); err != nil {
-			return reconcile.Result{}, err
-		}
-	}
-	// The allocation table is made with the pool: a warm batch then
-	// updates it (one write) instead of creating it on delivery.
-	if err := r.tables.Ensure(ctx, req.NamespacedName); err != nil {
-		return reconcile.Result{}, err
-	}
-
 	pods, err := r.poolPods(ctx, req.NamespacedName)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	terr := checkTemplate(pool.Spec.Template)
 	hash := templateHash(pool.Spec.Template, r.opts.AgentImage)
-	seen := map[string]bool{}
-	var free, pending, stale, retired []*corev1.Pod
-	allocated, updated := 0, 0
-	for _, p := range pods {
-		seen[p.Name] = true
-		key := client.ObjectKeyFromObject(p)
-		if p.DeletionTimestamp == nil && p.Labels[sbv1.LabelPoolRevision] == hash {
-			updated++
+	c := r.census(req.NamespacedName, pods, hash)
+	c.inflight = r.pending(req.NamespacedName, c.seen)
+	errs := r.resize(ctx, pool, hash, terr, c)
+	st := poolStatus(pool, hash, c, terr, errs)
+	if !poolStatusEqual(st, pool.Status) {
+		res, err := r.writeStatus(ctx, pool, st, c, errs)
+		if err != nil {
+			errs = append(errs, err)
+		} else if res != nil {
+			return *res, nil
 		}
-		owner, named := r.tables.Owner(req.NamespacedName, p.Name)
+	}
+	if len(errs) > 0 {
+		log.FromContext(ctx).Error(errs[0], "pool reconcile", "errors", len(errs))
+		return reconcile.Result{}, errs[0]
+	}
+	if c.inflight > 0 {
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// prepare reads the pool and keeps its finalizer and allocation table. A
+// nil pool (with a nil error) means there is nothing more to do: the pool
+// is gone or going, and its free pods were deleted.
+func (r *poolReconciler) prepare(ctx context.Context, key types.NamespacedName) (*sbv1.Pool, error) {
+	var pool sbv1.Pool
+	if err := r.c.Get(ctx, key, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			if err := r.deleteFree(ctx, key); err != nil {
+				return nil, err
+			}
+			return nil, r.dropTables(ctx, key)
+		}
+		return nil, err
+	}
+	if pool.DeletionTimestamp != nil {
+		if err := r.deleteFree(ctx, key); err != nil {
+			return nil, err
+		}
+		if controllerutil.RemoveFinalizer(&pool, sbv1.FinalizerRelease) {
+			return nil, client.IgnoreNotFound(r.c.Update(ctx, &pool))
+		}
+		return nil, nil
+	}
+	if controllerutil.AddFinalizer(&pool, sbv1.FinalizerRelease) {
+		if err := r.c.Update(ctx, &pool); err != nil {
+			return nil, err
+		}
+	}
+	// The allocation table is made with the pool: a warm batch then
+	// updates it (one write) instead of creating it on delivery.
+	if err := r.tables.Ensure(ctx, key); err != nil {
+		return nil, err
+	}
+	return &pool, nil
+}
+
+// poolCensus sorts a pool's pods by what the reconcile does with them.
+type poolCensus struct {
+	free, pending, stale, retired []*corev1.Pod
+	allocated, updated            int
+	inflight                      int // creates in flight (not listed yet)
+	seen                          map[string]bool
+}
+
+// have is the pods the pool has or is getting, allocated or not.
+func (c poolCensus) have() int { return c.allocated + len(c.free) + len(c.pending) + c.inflight }
+
+// census sorts pods (the pool's, revision hash current) through the
+// ledger and the allocation table.
+func (r *poolReconciler) census(key types.NamespacedName, pods []*corev1.Pod, hash string) poolCensus {
+	c := poolCensus{seen: map[string]bool{}}
+	for _, p := range pods {
+		c.seen[p.Name] = true
+		pk := client.ObjectKeyFromObject(p)
+		if p.DeletionTimestamp == nil && p.Labels[sbv1.LabelPoolRevision] == hash {
+			c.updated++
+		}
+		owner, named := r.tables.Owner(key, p.Name)
 		switch {
 		case p.DeletionTimestamp != nil:
-		case r.ledger.taken(key):
-			if _, ok := r.ledger.owner(key); ok {
-				allocated++
+		case r.ledger.taken(pk):
+			if _, ok := r.ledger.owner(pk); ok {
+				c.allocated++
 			}
 		case named:
 			// Claimed through a moat server's Lifecycle API (or a batch
 			// this process has not loaded yet); "" is retired: released
 			// by its owner, whose delete may have failed.
 			if owner != "" {
-				allocated++
+				c.allocated++
 			} else {
-				retired = append(retired, p)
+				c.retired = append(c.retired, p)
 			}
 		case podEnded(p) || p.Labels[sbv1.LabelPoolRevision] != hash:
-			stale = append(stale, p)
+			c.stale = append(c.stale, p)
 		case podReady(p):
-			free = append(free, p)
+			c.free = append(c.free, p)
 		default:
-			pending = append(pending, p)
+			c.pending = append(c.pending, p)
 		}
 	}
-	inflight := r.pending(req.NamespacedName, seen)
-	want := poolTarget(pool.Spec.CapacitySpec, allocated, len(free)+len(pending)+inflight)
-	have := allocated + len(free) + len(pending) + inflight
+	return c
+}
+
+// resize deletes the stale and retired pods and creates or deletes pods
+// towards the pool's target (none created while the template is invalid,
+// terr).
+func (r *poolReconciler) resize(ctx context.Context, pool *sbv1.Pool, hash string, terr error, c poolCensus) []error {
+	key := client.ObjectKeyFromObject(pool)
+	want := poolTarget(pool.Spec.CapacitySpec, c.allocated, len(c.free)+len(c.pending)+c.inflight)
+	have := c.have()
 	var errs []error
-	if err := r.deletePods(ctx, req.NamespacedName, stale); err != nil {
+	if err := r.deletePods(ctx, key, c.stale); err != nil {
 		errs = append(errs, err)
 	}
-	if err := parallel(ctx, len(retired), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
-		return client.IgnoreNotFound(r.c.Delete(ctx, retired[i]))
+	if err := parallel(ctx, len(c.retired), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
+		return client.IgnoreNotFound(r.c.Delete(ctx, c.retired[i]))
 	}); err != nil {
 		errs = append(errs, err)
 	}
@@ -141,81 +191,92 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	case terr != nil:
 		// Nothing to create from; the condition says why.
 	case have < want:
-		if err := r.create(ctx, &pool, hash, want-have); err != nil {
+		if err := r.create(ctx, pool, hash, want-have); err != nil {
 			errs = append(errs, err)
 		}
-	case have > want && inflight == 0:
+	case have > want && c.inflight == 0:
 		// Shrink: pending pods first, then free ones.
 		extra := have - want
-		victims := append(pending, free...)
+		victims := append(c.pending, c.free...)
 		if extra < len(victims) {
 			victims = victims[:extra]
 		}
-		if err := r.deletePods(ctx, req.NamespacedName, victims); err != nil {
+		if err := r.deletePods(ctx, key, victims); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	return errs
+}
 
+// poolStatus is the status the pool's census gives, with its Ready
+// condition (readyCondition).
+func poolStatus(pool *sbv1.Pool, hash string, c poolCensus, terr error, errs []error) sbv1.PoolStatus {
 	st := sbv1.PoolStatus{
 		ObservedGeneration: pool.Generation,
 		Revision:           hash,
-		Total:              int32(allocated + len(free) + len(pending)),
-		Allocated:          int32(allocated),
-		Available:          int32(len(free)),
-		Updated:            int32(updated),
+		Total:              int32(c.allocated + len(c.free) + len(c.pending)),
+		Allocated:          int32(c.allocated),
+		Available:          int32(len(c.free)),
+		Updated:            int32(c.updated),
 		Conditions:         slices.Clone(pool.Status.Conditions),
 	}
-	cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Serving", ObservedGeneration: pool.Generation,
-		Message: fmt.Sprintf("%d available, %d allocated, %d starting", len(free), allocated, len(pending)+inflight)}
+	meta.SetStatusCondition(&st.Conditions, readyCondition(pool.Generation, c, terr, errs))
+	return st
+}
+
+// readyCondition: Ready is true while the pool serves; false with
+// InvalidTemplate when its template is invalid, else with CreateFailed
+// and the first error of the reconcile.
+func readyCondition(generation int64, c poolCensus, terr error, errs []error) metav1.Condition {
+	cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Serving", ObservedGeneration: generation,
+		Message: fmt.Sprintf("%d available, %d allocated, %d starting", len(c.free), c.allocated, len(c.pending)+c.inflight)}
 	if terr != nil {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, sbv1.ReasonInvalidTemplate, terr.Error()
 	} else if len(errs) > 0 {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, sbv1.ReasonCreateFailed, errs[0].Error()
 	}
-	meta.SetStatusCondition(&st.Conditions, cond)
+	return cond
+}
+
+// writeStatus writes st unless this process wrote it last (the cached
+// pool may not show it yet, and a write from that stale copy would
+// conflict) or it may wait. A non-nil result ends the reconcile with it.
+func (r *poolReconciler) writeStatus(ctx context.Context, pool *sbv1.Pool, st sbv1.PoolStatus, c poolCensus, errs []error) (*reconcile.Result, error) {
 	r.mu.Lock()
 	last, wrote := r.lastStatus[pool.UID]
 	lastAt := r.lastStatusAt[pool.UID]
 	r.mu.Unlock()
-	// Compare with what this process last wrote too: the cached pool may
-	// not show it yet, and a write from that stale copy would conflict.
-	if !poolStatusEqual(st, pool.Status) && (!wrote || !poolStatusEqual(st, last)) {
-		// While a pool fills, its pods come up one by one: their counts
-		// are coalesced into at most one status write per statusInterval
-		// (a write per pod made the fill of 100 cost ~50 status writes on
-		// the reconcile path). The write that shows no pod starting any
-		// more, and any change of revision or condition, go at once.
-		if wait := statusInterval - time.Since(lastAt); wrote && wait > 0 && len(errs) == 0 &&
-			len(pending)+inflight > 0 && onlyCounts(st, last) {
-			return reconcile.Result{RequeueAfter: wait}, nil
+	if wrote && poolStatusEqual(st, last) {
+		return nil, nil
+	}
+	// While a pool fills, its pods come up one by one: their counts
+	// are coalesced into at most one status write per statusInterval
+	// (a write per pod made the fill of 100 cost ~50 status writes on
+	// the reconcile path). The write that shows no pod starting any
+	// more, and any change of revision or condition, go at once.
+	if wait := statusInterval - time.Since(lastAt); wrote && wait > 0 && len(errs) == 0 &&
+		len(c.pending)+c.inflight > 0 && onlyCounts(st, last) {
+		return &reconcile.Result{RequeueAfter: wait}, nil
+	}
+	pool.Status = st
+	switch err := r.c.Status().Update(ctx, pool); {
+	case err == nil:
+		r.mu.Lock()
+		if r.lastStatus == nil {
+			r.lastStatus = map[types.UID]sbv1.PoolStatus{}
 		}
-		pool.Status = st
-		switch err := r.c.Status().Update(ctx, &pool); {
-		case err == nil:
-			r.mu.Lock()
-			if r.lastStatus == nil {
-				r.lastStatus = map[types.UID]sbv1.PoolStatus{}
-			}
-			r.lastStatus[pool.UID] = st
-			if r.lastStatusAt == nil {
-				r.lastStatusAt = map[types.UID]time.Time{}
-			}
-			r.lastStatusAt[pool.UID] = time.Now()
-			r.mu.Unlock()
-		case apierrors.IsConflict(err):
-			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
-		default:
-			errs = append(errs, err)
+		r.lastStatus[pool.UID] = st
+		if r.lastStatusAt == nil {
+			r.lastStatusAt = map[types.UID]time.Time{}
 		}
+		r.lastStatusAt[pool.UID] = time.Now()
+		r.mu.Unlock()
+		return nil, nil
+	case apierrors.IsConflict(err):
+		return &reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	default:
+		return nil, err
 	}
-	if len(errs) > 0 {
-		lg.Error(errs[0], "pool reconcile", "errors", len(errs))
-		return reconcile.Result{}, errs[0]
-	}
-	if inflight > 0 {
-		return reconcile.Result{RequeueAfter: time.Second}, nil
-	}
-	return reconcile.Result{}, nil
 }
 
 // poolTarget is the number of pods a pool should hold (allocated plus

@@ -17,20 +17,20 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // serverAllocator is an allocator of its own process-like kind: what a
 // moat server claims pool pods with.
 func serverAllocator(t *testing.T, ns string) *alloc.Allocator {
 	t.Helper()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hasPool, _ := labels.Parse(sbv1.LabelPool)
 	inf, err := cache.New(env.Config, cache.Options{
-		Scheme:            controller.Scheme(),
+		Scheme:            kclient.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:    {Label: hasPool},

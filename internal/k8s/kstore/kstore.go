@@ -56,7 +56,7 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/store"
 )
 
@@ -204,12 +204,12 @@ func New(rc *rest.Config, o Options) (*Store, error) {
 	if o.MoveAfter == 0 {
 		o.MoveAfter = 200 * time.Millisecond
 	}
-	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(rc, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("kstore: %w: %v", errdefs.ErrUnavailable, err)
 	}
 	inf, err := cache.New(rc, cache.Options{
-		Scheme:            controller.Scheme(),
+		Scheme:            kclient.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{LabelStore: o.Scope})},

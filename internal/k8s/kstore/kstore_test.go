@@ -14,10 +14,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/store/storetest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env
@@ -28,7 +28,7 @@ var nsSeq atomic.Int32
 
 func namespace(t *testing.T) string {
 	t.Helper()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestInlineRecords(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

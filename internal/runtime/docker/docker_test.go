@@ -24,10 +24,10 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/egresstest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
-	"github.com/moat-sandbox/moat/internal/localregistry"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 	"github.com/moat-sandbox/moat/internal/testutil/testnet"
 )
 

@@ -1,7 +1,8 @@
 // Package fake is an in-memory sandbox backend for unit tests of the
-// lifecycle service. It starts no processes: each running sandbox is an
-// httptest server on loopback that answers the agent protocol (package
-// agentproto, served by agenttest.Agent), so
+// lifecycle service and for `moat serve --runtime fake` (a server without
+// processes, for console and SDK work). It starts no processes: each
+// running sandbox is an HTTP server on loopback (agentServer) that answers
+// the agent protocol with the stand-in agent of package fakeagent, so
 // Endpoint(id, agentproto.Port) behaves like a real agent endpoint.
 //
 // It passes the runtimetest conformance suite. Tests can inject failures
@@ -12,16 +13,15 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
-	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/fake/fakeagent"
 )
 
 // Class is the only Spec.Class the fake accepts (besides "").
@@ -61,8 +61,8 @@ type sandbox struct {
 	spec    runtime.Spec
 	upper   string // SnapshotDir, made on first use
 	status  runtime.Status
-	srv     *httptest.Server
-	agent   *agenttest.Agent
+	srv     *agentServer
+	agent   *fakeagent.Agent
 	paused  bool
 	created time.Time
 }
@@ -231,9 +231,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Status
 		}
 		token = tok
 	}
-	agent := agenttest.New(token)
+	agent := fakeagent.New(token)
 	agent.Version = r.st.agentVersion
-	srv := httptest.NewServer(agent)
+	srv, err := serveAgent(agent)
+	if err != nil {
+		return runtime.Status{}, fmt.Errorf("sandbox %q: agent: %w", spec.ID, err)
+	}
 	sb := &sandbox{spec: spec, srv: srv, agent: agent, created: time.Now().UTC()}
 	sb.status = runtime.Status{
 		ID:        spec.ID,
@@ -345,7 +348,7 @@ func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, er
 		return "", err
 	}
 	if port == agentproto.Port && sb.srv != nil {
-		return sb.srv.Listener.Addr().String(), nil
+		return sb.srv.addr(), nil
 	}
 	return fmt.Sprintf("127.0.0.1:%d", port), nil
 }

@@ -35,7 +35,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -123,9 +123,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	if rc.QPS == 0 && rc.RateLimiter == nil {
 		// client-go's default (5/s, burst 10) would be shared by every
 		// request of the server: the controller's defaults instead.
-		rc = controller.RateLimited(rc, 0, 0)
+		rc = kclient.RateLimited(rc, 0, 0)
 	}
-	c, err := client.New(rc, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(rc, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}

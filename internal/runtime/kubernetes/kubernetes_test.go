@@ -17,10 +17,11 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var env *k8stest.Env
@@ -51,7 +52,7 @@ func startController(t *testing.T) {
 
 func namespace(t *testing.T) string {
 	t.Helper()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestConformance(t *testing.T) {
 
 func adminClient(t *testing.T) client.Client {
 	t.Helper()
-	c, err := client.New(env.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(env.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

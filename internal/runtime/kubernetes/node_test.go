@@ -14,12 +14,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // nodeFixture is what the real-node tests share: the node, its images and
@@ -57,7 +57,7 @@ func startRealNode(t *testing.T) *nodeFixture {
 // service account (pods are refused until the controller-manager made it).
 func nodeNamespace(t *testing.T, f *nodeFixture) string {
 	t.Helper()
-	c, err := client.New(f.node.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(f.node.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ type nodeRuntime struct {
 // the finished sandboxes' pods are deleted.
 func testNodeTasks(t *testing.T, f *nodeFixture) {
 	ns := nodeNamespace(t, f)
-	c, err := client.New(f.node.Config, client.Options{Scheme: controller.Scheme()})
+	c, err := client.New(f.node.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/kstore"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
@@ -53,7 +53,7 @@ func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
 		return nil, err
 	}
 	return cache.New(rc, cache.Options{
-		Scheme:            controller.Scheme(),
+		Scheme:            kclient.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:        {Label: hasPool},

@@ -13,8 +13,8 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/server"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // TestServerLifecycle drives the Lifecycle API of `moat serve --runtime

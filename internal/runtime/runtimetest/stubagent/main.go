@@ -3,7 +3,7 @@
 //
 //	stubagent [execd] --config /.moat/agent.json -- [cmd...]
 //
-// it serves the agent protocol's routes (agenttest.Agent: /ping and the
+// it serves the agent protocol's routes (fakeagent.Agent: /ping and the
 // /moat/v1 extensions, with the token check) on the configured port,
 // starts cmd if given, and exits on SIGTERM. Build it with CGO_ENABLED=0.
 package main
@@ -19,7 +19,7 @@ import (
 	"syscall"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
-	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
+	"github.com/moat-sandbox/moat/internal/runtime/fake/fakeagent"
 )
 
 func main() {
@@ -71,5 +71,5 @@ func main() {
 		<-sig
 		os.Exit(0)
 	}()
-	http.Serve(l, agenttest.New(cfg.Token))
+	http.Serve(l, fakeagent.New(cfg.Token))
 }

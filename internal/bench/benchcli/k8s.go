@@ -1,16 +1,21 @@
-package cli
+package benchcli
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/moat-sandbox/moat/internal/k8s/bench"
-	"github.com/moat-sandbox/moat/internal/k8s/scale"
+	"github.com/moat-sandbox/moat/internal/bench/k8s"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/scale"
 )
 
 func newBenchK8sCommand() *cobra.Command {
-	var o bench.Options
+	var o k8s.Options
 	cmd := &cobra.Command{
 		Use:   "k8s",
 		Short: "moat's Kubernetes path on a cluster: pool fill, warm and cold batches (wall, API writes); create -> first command",
@@ -30,22 +35,22 @@ own (deleted at the end). It then times:
                   holding moat, as for moat controller).
 
 make bench-k8s and make bench-k8s-node bring up throw-away clusters (kwok's
-fake nodes; a real single-node cluster) and run it. moat bench k8s claims
+fake nodes; a real single-node cluster) and run it. moat-bench k8s claims
 measures claims through the Lifecycle API at cluster scale.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runK8sBench(func() error { _, err := bench.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
+			return runK8sBench(&o.Moat, func() error { _, err := k8s.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
 		},
 	}
 	f := cmd.Flags()
-	kubeconfigFlag(cmd, &o.Kubeconfig)
+	k8sFlags(cmd, &o.Kubeconfig, &o.Moat)
 	f.IntVarP(&o.N, "count", "n", 100, "pool and batch size of the batch figures (0 = skip them)")
 	f.StringVar(&o.Image, "image", "", "an image the nodes can run (sh, echo, tail): measure real sandboxes with it")
 	f.StringVar(&o.AgentImage, "agent-image", "", "the controller's --agent-image (default moat:bench, for fake nodes)")
 	f.IntVar(&o.Creates, "creates", 10, "single sandboxes to time (with --image)")
 	f.IntVar(&o.Warm, "warm", 10, "size of the warm batch of real sandboxes (with --image)")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of each phase (default 5m)")
-	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--kube-api-qps=5")
+	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--k8s-api-qps=5")
 	cmd.AddCommand(newBenchK8sClaimsCommand())
 	return cmd
 }
@@ -72,11 +77,11 @@ is owned twice, every replica lists every sandbox. A failed check is an
 error and prints no figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runK8sBench(func() error { _, err := scale.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
+			return runK8sBench(&o.Moat, func() error { _, err := scale.Run(cmd.Context(), o, cmd.OutOrStdout()); return err })
 		},
 	}
 	f := cmd.Flags()
-	kubeconfigFlag(cmd, &o.Kubeconfig)
+	k8sFlags(cmd, &o.Kubeconfig, &o.Moat)
 	f.IntVar(&o.Pool, "pool", 1000, "warm pods in the pool")
 	f.IntVar(&o.Batch, "batch", 100, "size of a batch claim")
 	f.IntVar(&o.Batches, "batches", 1, "batch claims, one after another through the replicas in turn")
@@ -88,15 +93,50 @@ error and prints no figures.`,
 	return cmd
 }
 
-// runK8sBench runs a Kubernetes benchmark with controller-runtime's logger
-// set to discard (unset, controller-runtime prints a warning with a stack
+// runK8sBench runs a Kubernetes benchmark with the moat binary it runs
+// as processes resolved (moatBinary) and controller-runtime's logger set
+// to discard (unset, controller-runtime prints a warning with a stack
 // trace into the figures' output).
-func runK8sBench(run func() error) error {
+func runK8sBench(moat *string, run func() error) error {
+	bin, err := moatBinary(*moat)
+	if err != nil {
+		return err
+	}
+	*moat = bin
 	ctrllog.SetLogger(logr.Discard())
 	return run()
 }
 
-// kubeconfigFlag is the --kubeconfig of the Kubernetes benchmarks.
-func kubeconfigFlag(cmd *cobra.Command, p *string) {
-	cmd.Flags().StringVar(p, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+// moatBinary is the moat binary the Kubernetes benchmarks run as `moat
+// controller` and `moat serve`: --moat, else $MOAT_BIN (which `moat
+// bench` sets to itself), else the moat next to this executable (make
+// build puts both in bin/), else moat on $PATH.
+func moatBinary(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if p := os.Getenv("MOAT_BIN"); p != "" {
+		return p, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(exe), "moat"); isFile(p) {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("moat")
+	if err != nil {
+		return "", fmt.Errorf("no moat binary to run: set --moat or $MOAT_BIN, or put moat next to moat-bench or on $PATH")
+	}
+	return p, nil
+}
+
+func isFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// k8sFlags binds the flags the Kubernetes benchmarks share.
+func k8sFlags(cmd *cobra.Command, kubeconfig, moat *string) {
+	cmd.Flags().StringVar(kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	cmd.Flags().StringVar(moat, "moat", "", "the moat binary to run as controller and servers (default $MOAT_BIN, the moat next to moat-bench, or moat on $PATH)")
 }

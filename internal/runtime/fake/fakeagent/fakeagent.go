@@ -1,9 +1,10 @@
-// Package agenttest is a stand-in agent for tests of the server side: it
-// answers the agent protocol of package agentproto (ping, env, token) with
-// the real token check, and records what it was told. The fake runtime,
-// the Kubernetes test agents and the stub agent binary serve it, so that
-// every test double speaks the protocol the same way.
-package agenttest
+// Package fakeagent is a stand-in agent: it answers the agent protocol of
+// package agentproto (ping, env, token) with the real token check, and
+// records what it was told. The fake runtime serves it in each sandbox
+// (so it ships with `moat serve --runtime fake`), and the Kubernetes test
+// agents and the stub agent binary serve it too, so that every double
+// speaks the protocol the same way.
+package fakeagent
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-// Package bench is `moat bench k8s`: figures of moat's Kubernetes path on a
+// Package k8s is `moat-bench k8s`: figures of moat's Kubernetes path on a
 // cluster that exists (its kubeconfig; moat's CRDs installed), with `moat
 // controller` as its own process at its default flags, behind a loopback
 // proxy that counts its API writes, so the figures are what users get.
@@ -14,9 +14,9 @@
 //
 // Everything runs in a namespace of its own, deleted at the end. The
 // throw-away clusters of `make bench-k8s` and `make bench-k8s-node` come
-// from the test harness (internal/k8s/k8stest), which this package does
+// from the test harness (internal/testutil/k8stest), which this package does
 // not link.
-package bench
+package k8s
 
 import (
 	"bytes"
@@ -47,10 +47,9 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	sandboxbench "github.com/moat-sandbox/moat/internal/bench"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 )
@@ -75,7 +74,7 @@ type Options struct {
 	// Timeout bounds each phase (default 5m).
 	Timeout time.Duration
 	// Moat is the moat binary whose `controller` verb is measured
-	// (default: this executable).
+	// (required).
 	Moat string
 	// ControllerArgs are extra flags for `moat controller`.
 	ControllerArgs []string
@@ -128,40 +127,12 @@ type run struct {
 
 // Run measures the figures o asks for and prints one line each.
 func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) {
-	if o.Creates <= 0 {
-		o.Creates = 10
-	}
-	if o.Warm <= 0 {
-		o.Warm = 10
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 5 * time.Minute
-	}
-	if o.AgentImage == "" {
-		o.AgentImage = "moat:bench"
-	}
-	if o.N <= 0 && o.Image == "" {
-		return nil, errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
-	}
-	if o.Moat == "" {
-		if o.Moat, err = os.Executable(); err != nil {
-			return nil, err
-		}
-	}
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
-	if err != nil {
+	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	cfg = controller.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
+	cfg, c, err := connect(ctx, o.Kubeconfig)
 	if err != nil {
 		return nil, err
-	}
-	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
-		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
-			return nil, errors.New("bench k8s: moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
-		}
-		return nil, fmt.Errorf("bench k8s: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "moat-bench-k8s-")
 	if err != nil {
@@ -185,34 +156,106 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 	if err := r.waitServiceAccount(ctx); err != nil {
 		return nil, err
 	}
+	ctl, err := r.startController(ctx, proxy.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = ctl.stop(ctx, err) }()
+	if err := r.waitController(ctx, ctl.health); err != nil {
+		return nil, err
+	}
+	return r.measure(ctx)
+}
 
+func (o *Options) defaults() error {
+	if o.Creates <= 0 {
+		o.Creates = 10
+	}
+	if o.Warm <= 0 {
+		o.Warm = 10
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.AgentImage == "" {
+		o.AgentImage = "moat:bench"
+	}
+	if o.N <= 0 && o.Image == "" {
+		return errors.New("bench k8s: nothing to measure (set -n for the batch figures, --image for the sandbox figures)")
+	}
+	if o.Moat == "" {
+		return errors.New("bench k8s: no moat binary to run (Options.Moat)")
+	}
+	return nil
+}
+
+// connect loads the kubeconfig and checks that moat's CRDs are installed.
+func connect(ctx context.Context, kubeconfig string) (*rest.Config, client.Client, error) {
+	cfg, err := kclient.Load(kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg = kclient.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil, errors.New("bench k8s: moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
+		}
+		return nil, nil, fmt.Errorf("bench k8s: %w", err)
+	}
+	return cfg, c, nil
+}
+
+// controllerProc is the `moat controller` process of a run.
+type controllerProc struct {
+	r      *run
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	logs   bytes.Buffer
+	health string // its /healthz and /readyz address
+}
+
+// startController starts `moat controller` on the run's namespace,
+// through the API server at kubeconfig (the counting proxy).
+func (r *run) startController(ctx context.Context, kubeconfig string) (*controllerProc, error) {
 	health, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	var logs bytes.Buffer
-	cctx, stop := context.WithCancel(ctx)
-	cmd := exec.CommandContext(cctx, o.Moat, append([]string{"controller", "--kubeconfig", proxy.Kubeconfig,
-		"--agent-image", o.AgentImage, "--namespace", r.ns, "--log-level", "error", "--health-addr", health}, o.ControllerArgs...)...)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		stop()
+	p := &controllerProc{r: r, health: health}
+	cctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	p.cmd = exec.CommandContext(cctx, r.o.Moat, append([]string{"controller", "--kubeconfig", kubeconfig,
+		"--agent-image", r.o.AgentImage, "--namespace", r.ns, "--log-level", "error", "--health-addr", health}, r.o.ControllerArgs...)...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	if err := p.cmd.Start(); err != nil {
+		cancel()
 		return nil, fmt.Errorf("start moat controller: %w", err)
 	}
-	defer func() {
-		// The controller releases what the benchmark made (finalizers)
-		// before it stops.
-		if cerr := r.cleanUp(context.WithoutCancel(ctx)); err == nil {
-			err = cerr
-		}
-		stop()
-		cmd.Wait()
-		if err != nil && logs.Len() > 0 {
-			err = fmt.Errorf("%w\ncontroller output:\n%s", err, logs.String())
-		}
-	}()
+	return p, nil
+}
 
-	// The figures start once the controller serves (not its start-up).
+// stop lets the controller release what the benchmark made (finalizers),
+// then stops it; err is the run's error, returned with the controller's
+// output appended (or the clean-up's error when the run had none).
+func (p *controllerProc) stop(ctx context.Context, err error) error {
+	if cerr := p.r.cleanUp(context.WithoutCancel(ctx)); err == nil {
+		err = cerr
+	}
+	p.cancel()
+	p.cmd.Wait()
+	if err != nil && p.logs.Len() > 0 {
+		err = fmt.Errorf("%w\ncontroller output:\n%s", err, p.logs.String())
+	}
+	return err
+}
+
+// waitController returns once the controller reconciles: the figures
+// start then, not with its start-up.
+func (r *run) waitController(ctx context.Context, health string) error {
 	if err := waitFor(ctx, time.Minute, func() (bool, error) {
 		res, err := http.Get("http://" + health + "/readyz")
 		if err != nil {
@@ -221,32 +264,36 @@ func Run(ctx context.Context, o Options, out io.Writer) (_ []Result, err error) 
 		res.Body.Close()
 		return res.StatusCode == http.StatusOK, fmt.Errorf("readyz: %s", res.Status)
 	}); err != nil {
-		return nil, fmt.Errorf("moat controller not ready: %w", err)
+		return fmt.Errorf("moat controller not ready: %w", err)
 	}
 	// /readyz answers once the process serves; its workers start after
 	// their caches synced (over a second on a busy host): a Pool of none,
 	// reconciled, says they run.
 	probe := &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "probe"},
 		Spec: sbv1.PoolSpec{Template: &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "busybox:bench"}}}}}}
-	if err := c.Create(ctx, probe); err != nil {
-		return nil, err
+	if err := r.c.Create(ctx, probe); err != nil {
+		return err
 	}
 	if err := waitFor(ctx, time.Minute, func() (bool, error) {
-		err := c.Get(ctx, client.ObjectKeyFromObject(probe), probe)
+		err := r.c.Get(ctx, client.ObjectKeyFromObject(probe), probe)
 		return err == nil && probe.Status.ObservedGeneration == probe.Generation, err
 	}); err != nil {
-		return nil, fmt.Errorf("moat controller does not reconcile: %w", err)
+		return fmt.Errorf("moat controller does not reconcile: %w", err)
 	}
+	return nil
+}
 
+// measure takes the figures the options ask for.
+func (r *run) measure(ctx context.Context) ([]Result, error) {
 	var results []Result
-	if o.N > 0 {
+	if r.o.N > 0 {
 		res, err := r.batches(ctx)
 		results = append(results, res...)
 		if err != nil {
 			return results, err
 		}
 	}
-	if o.Image != "" {
+	if r.o.Image != "" {
 		res, err := r.sandboxes(ctx)
 		results = append(results, res...)
 		if err != nil {
@@ -393,7 +440,34 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 	defer rt.Close()
 	agent := &sandboxbench.Client{HTTP: &http.Client{Timeout: time.Minute}}
 	var results []Result
+	single, err := r.singleCreates(ctx, rt, agent)
+	if err != nil {
+		return results, err
+	}
+	results = append(results, single)
+	fmt.Fprintln(r.out, single)
 
+	// A warm batch: fill a Pool of Warm, then one BatchSandbox of Warm
+	// from it; the wall time ends when every sandbox answered a command.
+	fill, err := r.fillWarm(ctx)
+	if err != nil {
+		return results, err
+	}
+	fmt.Fprintln(r.out, fill)
+	results = append(results, fill)
+	time.Sleep(time.Second)
+	warm, err := r.warmBatch(ctx, agent)
+	if err != nil {
+		return results, err
+	}
+	results = append(results, warm)
+	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
+	return results, nil
+}
+
+// singleCreates times create -> Running -> first command of Creates
+// sandboxes, one at a time, through the kubernetes runtime.
+func (r *run) singleCreates(ctx context.Context, rt *kubernetes.Runtime, agent *sandboxbench.Client) (Result, error) {
 	var lat []time.Duration
 	before := r.writes.Snapshot()
 	for i := range r.o.Creates {
@@ -402,7 +476,7 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 		start := time.Now()
 		st, err := rt.Create(ctx, runtime.Spec{ID: id, Image: r.o.Image, AgentToken: tok, Entrypoint: []string{"tail", "-f", "/dev/null"}})
 		if err != nil {
-			return results, fmt.Errorf("create %s: %w", id, err)
+			return Result{}, fmt.Errorf("create %s: %w", id, err)
 		}
 		err = firstCommand(ctx, agent, st.IP, tok, r.o.Timeout)
 		lat = append(lat, time.Since(start))
@@ -410,51 +484,52 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 			err = derr
 		}
 		if err != nil {
-			return results, fmt.Errorf("sandbox %s: %w", id, err)
+			return Result{}, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
 	p := sandboxbench.Summarize(lat)
-	single := Result{Mode: "create", N: len(lat), Latency: &p, Writes: r.writes.Since(before)}
-	results = append(results, single)
-	fmt.Fprintln(r.out, single)
+	return Result{Mode: "create", N: len(lat), Latency: &p, Writes: r.writes.Since(before)}, nil
+}
 
-	// A warm batch: fill a Pool of Warm, then one BatchSandbox of Warm
-	// from it; the wall time ends when every sandbox answered a command.
+// fillWarm times the fill of the Pool node-warm of Warm real pods.
+func (r *run) fillWarm(ctx context.Context) (Result, error) {
 	n := int32(r.o.Warm)
-	before = r.writes.Snapshot()
+	before := r.writes.Snapshot()
 	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "sandbox", Image: r.o.Image, Command: []string{"tail", "-f", "/dev/null"},
 	}}}}
 	start := time.Now()
 	if err := r.c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-warm"},
 		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: n, PoolMax: n}}}); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	if err := r.waitPool(ctx, "node-warm", n); err != nil {
-		return results, fmt.Errorf("warming the pool: %w", err)
+		return Result{}, fmt.Errorf("warming the pool: %w", err)
 	}
-	fill := Result{Mode: "fill", N: r.o.Warm, Wall: time.Since(start), Writes: r.writes.Since(before)}
-	fmt.Fprintln(r.out, fill)
-	results = append(results, fill)
-	time.Sleep(time.Second)
+	return Result{Mode: "fill", N: r.o.Warm, Wall: time.Since(start), Writes: r.writes.Since(before)}, nil
+}
 
+// warmBatch times one BatchSandbox of Warm from the Pool node-warm until
+// each of its sandboxes answered a command.
+func (r *run) warmBatch(ctx context.Context, agent *sandboxbench.Client) (Result, error) {
+	n := int32(r.o.Warm)
 	b := &sbv1.BatchSandbox{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-batch"},
 		Spec: sbv1.BatchSandboxSpec{Replicas: &n, PoolRef: "node-warm"}}
-	before = r.writes.Snapshot()
-	start = time.Now()
+	before := r.writes.Snapshot()
+	start := time.Now()
 	if err := r.c.Create(ctx, b); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	if err := r.waitBatch(ctx, b, n); err != nil {
-		return results, fmt.Errorf("warm batch: %w", err)
+		return Result{}, fmt.Errorf("warm batch: %w", err)
 	}
 	var toks corev1.Secret
 	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.ns, Name: alloc.TokenSecretName("node-warm")}, &toks); err != nil {
-		return results, err
+		return Result{}, err
 	}
 	pods, ips := b.AllocatedPods(), b.Endpoints()
 	if len(pods) != int(n) || len(ips) != int(n) {
-		return results, fmt.Errorf("warm batch: pods %v, endpoints %v", pods, ips)
+		return Result{}, fmt.Errorf("warm batch: pods %v, endpoints %v", pods, ips)
 	}
 	per := make([]time.Duration, n)
 	errs := make([]error, n)
@@ -467,13 +542,10 @@ func (r *run) sandboxes(ctx context.Context) ([]Result, error) {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return results, fmt.Errorf("warm batch: %w", err)
+		return Result{}, fmt.Errorf("warm batch: %w", err)
 	}
 	wp := sandboxbench.Summarize(per)
-	warm := Result{Mode: "warm", N: int(n), Wall: slices.Max(per), Latency: &wp, Writes: r.writes.Since(before), ClientWrites: 1}
-	results = append(results, warm)
-	fmt.Fprintf(r.out, "%v  wall=%v\n", warm, warm.Wall.Round(time.Millisecond))
-	return results, nil
+	return Result{Mode: "warm", N: int(n), Wall: slices.Max(per), Latency: &wp, Writes: r.writes.Since(before), ClientWrites: 1}, nil
 }
 
 // freeAddr returns a free loopback address.

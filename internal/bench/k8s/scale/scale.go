@@ -1,5 +1,5 @@
 // Package scale is the cluster-scale scenario of the Lifecycle API's claim
-// path on Kubernetes (issue #19), behind `moat bench k8s claims`: on the
+// path on Kubernetes (issue #19), behind `moat-bench k8s claims`: on the
 // cluster of a kubeconfig (fake nodes such as kwok's suit it: the pods'
 // agents are never called), in a namespace of its own, `moat controller`
 // and R replicas of `moat serve --runtime kubernetes` as processes at
@@ -43,10 +43,9 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
-	"github.com/moat-sandbox/moat/internal/k8s/controller"
-	"github.com/moat-sandbox/moat/internal/k8s/kubeconfig"
+	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
 
 // Options size the scenario.
@@ -72,7 +71,7 @@ type Options struct {
 	Replicas int
 	// Workers is the number of concurrent clients (default 16).
 	Workers int
-	// Moat is the moat binary to run (default: this executable).
+	// Moat is the moat binary to run as controller and servers (required).
 	Moat string
 	// Timeout bounds the pool fill (default 10 minutes).
 	Timeout time.Duration
@@ -174,11 +173,7 @@ func (o *Options) defaults() error {
 		o.Timeout = 10 * time.Minute
 	}
 	if o.Moat == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		o.Moat = exe
+		return errors.New("no moat binary to run (Options.Moat)")
 	}
 	return nil
 }
@@ -235,12 +230,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		return Result{}, err
 	}
 	res.Options = o
-	cfg, err := kubeconfig.Load(o.Kubeconfig)
+	cfg, err := kclient.Load(o.Kubeconfig)
 	if err != nil {
 		return res, err
 	}
-	cfg = controller.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: controller.Scheme()})
+	cfg = kclient.RateLimited(cfg, 0, 0)
+	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return res, err
 	}
@@ -627,7 +622,7 @@ func check(ctx context.Context, c client.Client, ns, scope string, ids []string,
 // o.Workers clients, each timed from its create until the batch shows its
 // pod ready, and checks that each got one pod of the table.
 func crdClaims(ctx context.Context, cfg *rest.Config, ns string, o Options, res *Result) error {
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: controller.Scheme()})
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,7 @@ package k8stest
 import (
 	"k8s.io/client-go/rest"
 
-	"github.com/moat-sandbox/moat/internal/k8s/apiwrites"
+	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
 )
 
 // WriteCounter counts API writes (see apiwrites.Counter).

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
-	"github.com/moat-sandbox/moat/internal/agentproto/agenttest"
+	"github.com/moat-sandbox/moat/internal/runtime/fake/fakeagent"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -56,7 +56,7 @@ func leaseBlock() (int, *os.File, error) {
 }
 
 // agents plays the kubelet's part for the agent: for every running pod
-// with an IP it serves a stand-in of the agent (agenttest.Agent) on
+// with an IP it serves a stand-in of the agent (fakeagent.Agent) on
 // podIP:agentproto.Port that checks the token against the pod's
 // EXECD_ACCESS_TOKEN, read from its Secret like the kubelet would. It
 // stops serving when the pod goes away.
@@ -70,12 +70,12 @@ type agents struct {
 type agent struct {
 	uid   types.UID
 	srv   *http.Server
-	agent *agenttest.Agent
+	agent *fakeagent.Agent
 }
 
 // Agent returns the stand-in agent serving pod IP ip (Options.Agents), to
 // check what the server told it (its token, its environment).
-func (e *Env) Agent(ip string) (*agenttest.Agent, bool) {
+func (e *Env) Agent(ip string) (*fakeagent.Agent, bool) {
 	if e.agents == nil {
 		return nil, false
 	}
@@ -131,7 +131,7 @@ func (a *agents) sync(ctx context.Context) {
 		if err != nil {
 			continue // the previous owner of the IP is still closing
 		}
-		ag := agenttest.New(token)
+		ag := fakeagent.New(token)
 		srv := &http.Server{Handler: ag, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		a.serving[ip] = &agent{uid: p.UID, srv: srv, agent: ag}

@@ -1,4 +1,4 @@
-package bench
+package k8s
 
 import (
 	"bytes"
@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 // TestRun: against a throw-away control plane with kwok's fake nodes,
@@ -88,7 +88,7 @@ var (
 )
 
 // BenchmarkKwok brings up a control plane with kwok's fake nodes (4) and
-// runs `moat bench k8s -n N` against it, printing its figures (make
+// runs `moat-bench k8s -n N` against it, printing its figures (make
 // bench-k8s). Run it with -benchtime 1x.
 func BenchmarkKwok(b *testing.B) {
 	k8stest.RequireTools(b)
@@ -104,7 +104,7 @@ func BenchmarkKwok(b *testing.B) {
 }
 
 // BenchmarkRealNode brings up a real single-node cluster (k8stest.Node) and
-// runs `moat bench k8s --image` against it: create -> Running -> first
+// runs `moat-bench k8s --image` against it: create -> Running -> first
 // command of single sandboxes and a warm batch (make bench-k8s-node). Run
 // it with -benchtime 1x.
 func BenchmarkRealNode(b *testing.B) {
@@ -125,11 +125,12 @@ func BenchmarkRealNode(b *testing.B) {
 	}
 }
 
-// benchCommand runs `moat bench k8s args...`, its figures to stdout.
+// benchCommand runs `moat-bench k8s --moat moat args...`, its figures to
+// stdout.
 func benchCommand(b *testing.B, moat string, args ...string) {
-	cmd := exec.Command(moat, append([]string{"bench", "k8s"}, args...)...)
+	cmd := exec.Command(testutil.BenchBinary(b), append([]string{"k8s", "--moat", moat}, args...)...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
-		b.Fatalf("moat bench k8s: %v", err)
+		b.Fatalf("moat-bench k8s: %v", err)
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/moat-sandbox/moat/internal/k8s/k8stest"
 	"github.com/moat-sandbox/moat/internal/testutil"
+	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
 var (
@@ -40,13 +40,13 @@ func cluster(t testing.TB, n int) string {
 	return env.Kubeconfig
 }
 
-// BenchmarkClaims runs `moat bench k8s claims` on a throw-away control
+// BenchmarkClaims runs `moat-bench k8s claims` on a throw-away control
 // plane with -scale.nodes of kwok's fake nodes (default 100), sized by the
 // other -scale.* flags (make bench-k8s-claims). Run it with -benchtime 1x.
 func BenchmarkClaims(b *testing.B) {
 	k8stest.RequireTools(b)
 	kc := cluster(b, cmp.Or(*nodes, 100))
-	args := []string{"bench", "k8s", "claims", "--kubeconfig", kc}
+	args := []string{"k8s", "claims", "--kubeconfig", kc, "--moat", testutil.MoatBinary(b)}
 	for name, v := range map[string]int{"pool": *pool, "batch": *batch, "batches": *batches, "claims": *claims, "replicas": *replicas, "workers": *workers} {
 		if v > 0 {
 			args = append(args, "--"+name, strconv.Itoa(v))
@@ -55,12 +55,12 @@ func BenchmarkClaims(b *testing.B) {
 	if *crd >= 0 {
 		args = append(args, "--crd", strconv.Itoa(*crd))
 	}
-	moat := testutil.MoatBinary(b)
+	bench := testutil.BenchBinary(b)
 	for b.Loop() {
-		cmd := exec.Command(moat, args...)
+		cmd := exec.Command(bench, args...)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
-			b.Fatalf("moat %v: %v", args, err)
+			b.Fatalf("moat-bench %v: %v", args, err)
 		}
 	}
 }

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/moat-sandbox/moat/config/crd"
-	"github.com/moat-sandbox/moat/internal/localregistry"
+	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 )
 
 // Node is a real single-node cluster for tests and `moat bench k8s`
