@@ -775,18 +775,12 @@ func (cr *cellRun) reply(m jmsg) {
 	}
 }
 
-// kernelGate places the SIGINTs of one cell inside the kernel's
-// evaluation of it. A kernel runs its own code between publishing
-// execute_input and evaluating the cell (IRkernel: tens of milliseconds
-// of CPU, which a loaded machine stretches past any fixed wait), and a
-// SIGINT that lands there, or after the kernel has finished the cell,
-// kills IRkernel (R run non-interactively quits on SIGINT outside its
-// interrupt handler). So the gate opens on evidence from /proc that the
-// kernel is in the cell: it has used kernelInCellCPU of CPU since the
-// start or the last SIGINT, more than its own code between cells takes,
-// or, before the first SIGINT only, it has not been runnable for
-// kernelAsleepInCell (the cell sleeps or waits). It never opens once the
-// kernel has answered the cell.
+// kernelGate places a cell's SIGINTs inside the kernel's evaluation of it:
+// a SIGINT in the kernel's own code around the cell kills IRkernel, and a
+// loaded machine stretches that code past any fixed wait. So it opens on
+// /proc evidence: kernelInCellCPU used since the start or last SIGINT, or
+// (before the first SIGINT) not runnable for kernelAsleepInCell. It never
+// opens once the kernel has answered the cell.
 type kernelGate struct {
 	pgid int
 	dead <-chan struct{} // the kernel has exited
