@@ -18,17 +18,10 @@ import (
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
-// BenchmarkAgentStart starts the shipped agent artifact (MOAT_AGENT_BIN or a
-// fresh build) once per iteration on a loopback port and reports the time
-// from exec to the first 200 from /ping (start-p50-ms, start-p99-ms) and the
-// agent's proportional set size after it has idled for 300 ms (pss-KiB,
-// median; from /proc/PID/smaps_rollup: alone on the host, so its text pages
-// are not shared with other agents as they are between sandboxes).
-// "net-http-floor" measures the same for the smallest Go HTTP server
-// (testdata/floor): what any Go process with net/http costs to start on
-// the machine. With MOAT_BIN set, "moat-execd" measures the whole moat
-// binary's `moat execd` alias, the agent that sandboxes ran before
-// cmd/moat-agent.
+// BenchmarkAgentStart measures the shipped agent from exec to the first
+// /ping 200 (start-p50-ms, start-p99-ms) and its PSS after 300 ms idle
+// (pss-KiB); "net-http-floor" is the smallest Go HTTP server for scale and
+// "moat-execd" (with MOAT_BIN) the whole moat binary's agent alias.
 //
 //	go test -run='^$' -bench=AgentStart -benchtime=50x ./cmd/moat-agent/
 func BenchmarkAgentStart(b *testing.B) {

@@ -46,12 +46,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { defer close(reaperDone); reaper.Run(ctx) }()
 	defer func() { cancel(); <-reaperDone }()
 
-	// The token must not leak into children; they get the filtered env.
-	os.Unsetenv("EXECD_ACCESS_TOKEN")
-	baseEnv := proc.ChildEnv(os.Environ())
-	// A Credential Vault sandbox trusts its CA before any child starts.
-	baseEnv = installTrust("/", os.Getenv(agentproto.TrustCAEnv), baseEnv, log)
-
+	baseEnv := childEnv(log)
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
@@ -68,49 +63,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
 
-	var entry *proc.Proc
-	var entryDone <-chan struct{}
-	if len(cfg.Entrypoint) > 0 {
-		entry, err = startEntrypoint(reaper, cfg.Entrypoint, baseEnv)
-		if err != nil {
-			log.Error("entrypoint failed to start", "argv", cfg.Entrypoint, "err", err)
-		} else {
-			entryDone = entry.Done()
-			log.Info("entrypoint started", "argv", cfg.Entrypoint, "pid", entry.Pid)
-		}
-	}
-
-	terminating := false
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case err := <-serveErr:
-			if !errors.Is(err, http.ErrServerClosed) {
-				log.Error("execd server failed", "err", err)
-			}
-			break loop
-		case sig := <-sigs:
-			s := sig.(syscall.Signal)
-			if entry != nil && !entry.Exited() {
-				entry.Signal(s)
-			}
-			if s == syscall.SIGTERM || s == syscall.SIGINT {
-				terminating = true
-				if entry == nil || entry.Exited() {
-					break loop
-				}
-				log.Info("signal received; waiting for entrypoint", "signal", s.String())
-			}
-		case <-entryDone:
-			entryDone = nil
-			log.Info("entrypoint exited", "pid", entry.Pid, "status", proc.DescribeStatus(entry.Status()))
-			if terminating {
-				break loop
-			}
-		}
-	}
+	entry := runEntrypoint(reaper, cfg.Entrypoint, baseEnv, log)
+	waitForShutdown(ctx, serveErr, sigs, entry, log)
 
 	shutdownCtx, stop := context.WithTimeout(context.Background(), 3*time.Second)
 	defer stop()
@@ -121,6 +75,70 @@ loop:
 	}
 	srv.Close(shutdownCtx)
 	return nil
+}
+
+// childEnv is the environment children inherit. The token must not leak
+// into children, and a Credential Vault sandbox trusts its CA before any
+// child starts.
+func childEnv(log *slog.Logger) []string {
+	os.Unsetenv("EXECD_ACCESS_TOKEN")
+	baseEnv := proc.ChildEnv(os.Environ())
+	return installTrust("/", os.Getenv(agentproto.TrustCAEnv), baseEnv, log)
+}
+
+// runEntrypoint starts argv (if any); nil when there is none or it failed
+// to start, which the agent logs and survives.
+func runEntrypoint(r *proc.Reaper, argv, env []string, log *slog.Logger) *proc.Proc {
+	if len(argv) == 0 {
+		return nil
+	}
+	entry, err := startEntrypoint(r, argv, env)
+	if err != nil {
+		log.Error("entrypoint failed to start", "argv", argv, "err", err)
+		return nil
+	}
+	log.Info("entrypoint started", "argv", argv, "pid", entry.Pid)
+	return entry
+}
+
+// waitForShutdown forwards signals to the entrypoint until ctx is done, the
+// server fails, or a SIGTERM/SIGINT arrives with no entrypoint running (or
+// the entrypoint exits after one).
+func waitForShutdown(ctx context.Context, serveErr <-chan error, sigs <-chan os.Signal, entry *proc.Proc, log *slog.Logger) {
+	var entryDone <-chan struct{}
+	if entry != nil {
+		entryDone = entry.Done()
+	}
+	terminating := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case err := <-serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Error("execd server failed", "err", err)
+			}
+			return
+		case sig := <-sigs:
+			s := sig.(syscall.Signal)
+			if entry != nil && !entry.Exited() {
+				entry.Signal(s)
+			}
+			if s == syscall.SIGTERM || s == syscall.SIGINT {
+				terminating = true
+				if entry == nil || entry.Exited() {
+					return
+				}
+				log.Info("signal received; waiting for entrypoint", "signal", s.String())
+			}
+		case <-entryDone:
+			entryDone = nil
+			log.Info("entrypoint exited", "pid", entry.Pid, "status", proc.DescribeStatus(entry.Status()))
+			if terminating {
+				return
+			}
+		}
+	}
 }
 
 // startEntrypoint starts argv with the agent's stdio in a new process group.

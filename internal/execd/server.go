@@ -1,28 +1,10 @@
-// Package execd is moat's in-sandbox agent (`moat execd`): it runs as PID 1
-// of every sandbox, starts the user entrypoint, reaps zombies, and serves
-// the OpenSandbox execd HTTP API so that OpenSandbox SDKs work unchanged.
-//
-// The API is split by service, each a small package with its own registry
-// and handlers, over one process runner, the way e2b's envd lays out its
-// services:
-//
-//	proc      the process runner: starts and reaps children, shared env
-//	wire      error codes, request decoding, the event stream framing
-//	command   POST /command (foreground and background) and /session
-//	files     /files and /directories
-//	pty       /pty and its WebSocket
-//	code      /code contexts: Jupyter kernels or built-in drivers
-//	metrics   /metrics
-//	proxy     /proxy/{port}
-//
-// This package wires them (server.go), holds the one route table
-// (routes.go), the access token and the moat extensions (moatenv.go), and
-// the agent's main loop (agent.go).
-//
-// The wire contract is /work/shared/reference/opensandbox-protocol.md §2.
-// The agent links only the standard library, x/sys, creack/pty,
-// coder/websocket and go-zeromq/zmq4 (a pure-Go ZeroMQ, for Jupyter
-// kernels).
+// Package execd is moat's in-sandbox agent: PID 1 of every sandbox, it
+// starts the entrypoint, reaps zombies and serves the OpenSandbox execd API
+// (protocol §2) so that OpenSandbox SDKs work unchanged. The API is split by
+// service (command, files, pty, code, metrics, proxy, over the proc runner
+// and wire framing); this package wires them, holds the route table, the
+// token and moat extensions, and the main loop; cmd/moat-agent guards what
+// it links.
 package execd
 
 import (

@@ -60,6 +60,30 @@ func (s *Service) startDriver(ctx context.Context, c *codeContext, d *driver) (*
 		}
 		argv = append(argv, src)
 	}
+	dp, err := s.spawnDriver(c, d, argv)
+	if err != nil {
+		return nil, err
+	}
+	// Until the first cell, stderr is kept for a start failure's message.
+	startErr := &tailBuffer{max: 4096}
+	dp.err.setSink(startErr.write)
+	s.run.Go(dp.out.run)
+	s.run.Go(dp.err.run)
+	if err := dp.awaitReady(ctx); err != nil {
+		dp.err.barrier()
+		msg := "error starting the " + c.key + " interpreter: " + err.Error()
+		if tail := strings.TrimSpace(startErr.String()); tail != "" {
+			msg += "; output: " + tail
+		}
+		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err), wire.CodeRuntimeError, msg)
+	}
+	dp.err.setSink(nil)
+	return dp, nil
+}
+
+// spawnDriver starts argv in c's cwd with stdin /dev/null and pipes on
+// fds 1-4 (see drivers.go); the driver's ends close when it exits.
+func (s *Service) spawnDriver(c *codeContext, d *driver, argv []string) (*driverProc, error) {
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, wire.Runtime(err, "")
@@ -93,37 +117,23 @@ func (s *Service) startDriver(ctx context.Context, c *codeContext, d *driver) (*
 		d: d, dir: c.dir, p: p, req: reqW, ctl: bufio.NewReaderSize(ctlR, 64<<10),
 		out: newSyncPipe(outR), err: newSyncPipe(errR), dead: make(chan struct{}),
 	}
-	// Until the first cell, stderr is kept for a start failure's message.
-	startErr := &tailBuffer{max: 4096}
-	dp.err.setSink(startErr.write)
-	s.run.Go(dp.out.run)
-	s.run.Go(dp.err.run)
 	s.run.Go(func() {
 		<-p.Done()
 		close(dp.dead)
 		reqW.Close()
 		ctlR.Close()
 	})
+	return dp, nil
+}
+
+// awaitReady waits for the driver's "ready" message; on a failure it kills
+// the driver and returns once its message reader has ended.
+func (dp *driverProc) awaitReady(ctx context.Context) error {
 	ready := make(chan error, 1)
-	go func() {
-		for {
-			m, err := dp.next()
-			if err != nil {
-				ready <- errors.New("the interpreter exited")
-				return
-			}
-			switch m.Type {
-			case "ready":
-				ready <- nil
-				return
-			case "error":
-				ready <- errors.New(m.EName + ": " + m.EValue)
-				return
-			}
-		}
-	}()
+	go func() { ready <- dp.readyMessage() }()
 	t := time.NewTimer(driverStartTimeout)
 	defer t.Stop()
+	var err error
 	answered := false
 	select {
 	case err = <-ready:
@@ -134,20 +144,29 @@ func (s *Service) startDriver(ctx context.Context, c *codeContext, d *driver) (*
 		err = ctx.Err()
 	}
 	if err != nil {
-		p.Signal(sigKILL)
-		<-p.Done()
+		dp.p.Signal(sigKILL)
+		<-dp.p.Done()
 		if !answered {
 			<-ready // the reader ends with the pipe
 		}
-		dp.err.barrier()
-		msg := "error starting the " + c.key + " interpreter: " + err.Error()
-		if tail := strings.TrimSpace(startErr.String()); tail != "" {
-			msg += "; output: " + tail
-		}
-		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err), wire.CodeRuntimeError, msg)
 	}
-	dp.err.setSink(nil)
-	return dp, nil
+	return err
+}
+
+// readyMessage reads the driver's first "ready" or "error" message.
+func (dp *driverProc) readyMessage() error {
+	for {
+		m, err := dp.next()
+		if err != nil {
+			return errors.New("the interpreter exited")
+		}
+		switch m.Type {
+		case "ready":
+			return nil
+		case "error":
+			return errors.New(m.EName + ": " + m.EValue)
+		}
+	}
 }
 
 // next reads the driver's next message (skipping lines that are not one).

@@ -10,22 +10,10 @@ import (
 )
 
 // Built-in drivers run code when the image has no Jupyter kernel for the
-// language. Each is one long-lived interpreter per context that speaks a
-// line protocol on two extra fds:
-//
-//	fd 4 (requests): one line per cell, {"code": "..."} or, for drivers
-//	                 with cellFile, the path of a file holding the cell
-//	fd 3 (messages): {"type":"ready"} once at start (or an "error" and
-//	                 exit), then per cell {"type":"start"} when the cell
-//	                 begins running, any of {"type":"stdout"|"stderr",
-//	                 "text"}, {"type":"result","data":{"text/plain":...}},
-//	                 {"type":"error","ename","evalue","traceback"}, and
-//	                 finally {"type":"done"}
-//
-// Output written straight to fds 1 and 2 (by subprocesses) is streamed too.
-// SIGINT interrupts the running cell and is ignored between cells; the
-// agent sends it only after "start", so an interrupt that arrives before
-// the cell runs is held, not lost (execution.interrupt).
+// language: one interpreter per context, cells in on fd 4 (a JSON line or,
+// with cellFile, a cell file path), JSON messages out on fd 3 ("ready",
+// then per cell "start", stdout/stderr/result/error, "done"). SIGINT is
+// ignored between cells, so the agent sends it only after "start".
 
 // driver is a built-in interpreter for one language.
 type driver struct {

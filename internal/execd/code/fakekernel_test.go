@@ -17,22 +17,12 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// A fake Jupyter kernel whose timing the tests control: the test binary
-// itself, started by the agent from a kernelspec with MOAT_FAKE_KERNEL set
-// (see TestMain). It answers kernel_info_request and execute_request like
-// a real kernel; the cell "loop" runs until interrupted, scripted by the
-// mode, and a SIGINT that reaches the kernel outside the evaluation of a
-// cell kills it (exit 1), as it kills IRkernel, unless the mode says
-// otherwise:
-//
-//	late       publishes execute_input 400 ms after busy (a kernel on a
-//	           loaded machine), then runs 50 ms of its own code before it
-//	           evaluates the cell.
-//	slowreply  publishes no execute_input (its start is guessed); after
-//	           the interrupt it takes 900 ms to wrap up and reply.
-//	drops      tslab: no execute_input; it first compiles the cell for
-//	           600 ms of CPU and drops a SIGINT that comes then; a SIGINT
-//	           between cells is ignored.
+// A fake Jupyter kernel whose timing the tests control (the test binary,
+// run from a kernelspec with MOAT_FAKE_KERNEL set). Like IRkernel it dies
+// of a SIGINT outside a cell. Modes: late (execute_input 400 ms after busy,
+// then 50 ms of its own code), slowreply (no execute_input, 900 ms to
+// reply after an interrupt), drops (tslab: no execute_input, 600 ms CPU
+// compile that drops a SIGINT, SIGINT between cells ignored).
 const fakeKernelEnv = "MOAT_FAKE_KERNEL"
 
 // kernel states for the SIGINT handler.

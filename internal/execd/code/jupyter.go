@@ -216,26 +216,59 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	if err != nil {
 		return nil, wire.Runtime(err, "error allocating kernel ports: "+err.Error())
 	}
-	started := false
-	defer func() {
-		if !started {
-			s.ports.release(ports)
+	cf := newConnectionFile(ks.Name, ports)
+	kp, err := s.spawnKernel(c, ks, cf)
+	if err != nil {
+		s.ports.release(ports)
+		return nil, err
+	}
+	// The ports are the kernel's until it exits.
+	kctx, cancel := context.WithCancel(s.run.Context())
+	k := &kernelClient{
+		language: c.key,
+		key:      []byte(cf.Key), session: wire.NewID(), interruptMode: ks.InterruptMode, proc: kp,
+		dead: make(chan struct{}),
+		ctx:  kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
+	}
+	s.run.Go(func() {
+		<-kp.Done()
+		s.ports.release(ports)
+		close(k.dead)
+		k.close()
+	})
+	if err := s.connectKernel(ctx, k, cf); err != nil {
+		kp.Signal(syscall.SIGKILL)
+		<-kp.Done()
+		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
+		if t := kernelLogTail(c.dir, 2048); t != "" {
+			msg += "; kernel output: " + t
 		}
-	}()
+		return nil, wire.Runtime(err, msg)
+	}
+	return k, nil
+}
+
+// newConnectionFile is the connection info of a kernel on ports (shell,
+// iopub, stdin, control, heartbeat) with a fresh signing key.
+func newConnectionFile(kernelName string, ports []int) connectionFile {
 	var keyb [32]byte
 	rand.Read(keyb[:])
-	cf := connectionFile{
+	return connectionFile{
 		IP: "127.0.0.1", Transport: "tcp",
 		ShellPort: ports[0], IOPubPort: ports[1], StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4],
-		Key: hex.EncodeToString(keyb[:]), SignatureScheme: "hmac-sha256", KernelName: ks.Name,
+		Key: hex.EncodeToString(keyb[:]), SignatureScheme: "hmac-sha256", KernelName: kernelName,
 	}
+}
+
+// spawnKernel writes cf to the context's directory and starts the
+// kernelspec's argv on it, its output going to the kernel log.
+func (s *Service) spawnKernel(c *codeContext, ks *KernelSpec, cf connectionFile) (*proc.Proc, error) {
 	data, _ := json.Marshal(cf)
 	connPath := filepath.Join(c.dir, "kernel.json")
 	if err := os.WriteFile(connPath, data, 0o600); err != nil {
 		return nil, wire.Runtime(err, "")
 	}
-	logPath := filepath.Join(c.dir, kernelLogName)
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	logf, err := os.OpenFile(filepath.Join(c.dir, kernelLogName), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, wire.Runtime(err, "")
 	}
@@ -261,33 +294,17 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 	if err != nil {
 		return nil, wire.Runtime(err, "error starting the "+ks.Name+" Jupyter kernel: "+err.Error())
 	}
-	started = true // the ports are the kernel's until it exits
-	kctx, cancel := context.WithCancel(s.run.Context())
-	k := &kernelClient{
-		language: c.key,
-		key:      []byte(cf.Key), session: wire.NewID(), interruptMode: ks.InterruptMode, proc: kp,
-		dead: make(chan struct{}),
-		ctx:  kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
-	}
-	s.run.Go(func() {
-		<-kp.Done()
-		s.ports.release(ports)
-		close(k.dead)
-		k.close()
-	})
-	fail := func(err error) (*kernelClient, error) {
-		kp.Signal(syscall.SIGKILL)
-		<-kp.Done()
-		msg := "error starting the " + ks.Name + " Jupyter kernel: " + err.Error()
-		if t := kernelLogTail(c.dir, 2048); t != "" {
-			msg += "; kernel output: " + t
-		}
-		return nil, wire.Runtime(err, msg)
-	}
+	return kp, nil
+}
+
+// connectKernel dials the kernel's iopub, shell and control ports, starts
+// their readers and waits, bounded by kernelStartTimeout and ctx, until
+// the kernel is ready.
+func (s *Service) connectKernel(ctx context.Context, k *kernelClient, cf connectionFile) error {
 	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
-	k.shell = zmq4.NewDealer(kctx, sockOpts...)
-	k.control = zmq4.NewDealer(kctx, sockOpts...)
-	k.iopub = zmq4.NewSub(kctx, sockOpts...)
+	k.shell = zmq4.NewDealer(k.ctx, sockOpts...)
+	k.control = zmq4.NewDealer(k.ctx, sockOpts...)
+	k.iopub = zmq4.NewSub(k.ctx, sockOpts...)
 	startCtx, stop := context.WithTimeout(ctx, kernelStartTimeout)
 	defer stop()
 	ready := make(chan struct{})
@@ -299,7 +316,7 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		select {
 		case <-ready:
 		default:
-			cancel()
+			k.cancel()
 		}
 	}()
 	addr := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
@@ -308,25 +325,24 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		port int
 	}{{k.iopub, cf.IOPubPort}, {k.shell, cf.ShellPort}, {k.control, cf.ControlPort}} {
 		if err := d.sck.Dial(addr(d.port)); err != nil {
-			if kp.Exited() {
-				err = errors.New("the kernel exited")
-			}
-			return fail(err)
+			return k.exitedOr(err)
 		}
 	}
 	if err := k.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return fail(err)
+		return err
 	}
 	s.run.Go(func() { k.readLoop(k.shell, "shell") })
 	s.run.Go(func() { k.readLoop(k.control, "control") })
 	s.run.Go(func() { k.readLoop(k.iopub, "iopub") })
-	if err := k.waitReady(startCtx); err != nil {
-		if kp.Exited() {
-			err = errors.New("the kernel exited")
-		}
-		return fail(err)
+	return k.exitedOr(k.waitReady(startCtx))
+}
+
+// exitedOr is err, or "the kernel exited" when that is why (nil stays nil).
+func (k *kernelClient) exitedOr(err error) error {
+	if err != nil && k.proc.Exited() {
+		return errors.New("the kernel exited")
 	}
-	return k, nil
+	return err
 }
 
 // kernelLogName is the kernel's stdout and stderr, in its context's
@@ -579,150 +595,192 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 		return &wire.EventError{EName: "RuntimeError", EValue: "kernel is not running", Traceback: []string{err.Error()}}, false
 	}
 	defer k.forget(id)
-	streamed := false
-
-	var (
-		final     *wire.EventError
-		replied   bool
-		idle      bool
-		afterIdle <-chan time.Time
-		afterBusy <-chan time.Time
-		redeliver <-chan time.Time // only when the start was guessed
-		busy      bool
-	)
-	// gate places this attempt's interrupts inside the cell; it closes
-	// (no more SIGINT) once the kernel has answered the cell or the
-	// attempt is over.
-	gate := k.newGate()
-	defer gate.settle()
-	started := func() {
-		gate.start()
-		x.markStarted(gate)
-	}
-	for !(replied && idle) {
+	cr := &cellRun{k: k, x: x, stream: stream, gate: k.newGate()}
+	defer cr.gate.settle()
+	defer cr.stopRedeliver()
+	for !(cr.replied && cr.idle) {
 		select {
 		case <-wt.ready:
-		case <-afterBusy:
-			afterBusy = nil
-			started()
-			// Without execute_input the start is a guess: a kernel may
-			// still be compiling the cell (tslab drops a SIGINT then), so
-			// a delivered interrupt is repeated until the kernel answers.
-			t := time.NewTicker(kernelRedeliver)
-			defer t.Stop()
-			redeliver = t.C
+		case <-cr.afterBusy:
+			cr.guessStarted()
 			continue
-		case <-redeliver:
+		case <-cr.redeliver:
 			x.redeliver()
 			continue
-		case <-afterIdle:
-			// A kernel that never sends execute_reply; ipykernel does so
-			// when SIGINT lands in its own code before it runs the cell.
-			replied = true
-			if final == nil && x.interruptDelivered() {
-				final = &wire.EventError{EName: "KeyboardInterrupt", EValue: "interrupted before the cell ran", Traceback: []string{}}
-			}
+		case <-cr.afterIdle:
+			cr.noReply()
 			continue
 		}
 		msgs, gone := wt.take()
 		for _, m := range msgs {
-			switch m.Header.MsgType {
-			case "execute_input":
-				// The start is known: no guess, no repeat (a repeat that
-				// lands after the kernel has finished the cell kills
-				// IRkernel).
-				k.announces.Store(true)
-				afterBusy, redeliver = nil, nil
-				started()
-			case "stream":
-				started()
-				streamed = true
-				var st struct{ Name, Text string }
-				json.Unmarshal(m.Content, &st)
-				typ := wire.EvStdout
-				if st.Name == "stderr" {
-					typ = wire.EvStderr
-				}
-				stream.Send(wire.Event{Type: typ, Text: st.Text})
-			case "execute_result", "display_data":
-				var res struct {
-					ExecutionCount int            `json:"execution_count"`
-					Data           map[string]any `json:"data"`
-				}
-				json.Unmarshal(m.Content, &res)
-				results := map[string]any{}
-				for mime, v := range res.Data {
-					if mime == "text/plain" {
-						mime = "text" // upstream's rename (protocol §14.2)
-					}
-					results[mime] = v
-				}
-				streamed = true
-				if m.Header.MsgType == "execute_result" {
-					stream.Send(wire.Event{Type: wire.EvExecutionCount, ExecutionCount: res.ExecutionCount})
-				}
-				stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: res.ExecutionCount, Results: results})
-			case "error":
-				streamed = true
-				gate.settle()
-				final = kernelError(m.Content)
-			case "status":
-				var st struct {
-					ExecutionState string `json:"execution_state"`
-				}
-				json.Unmarshal(m.Content, &st)
-				if m.channel != "iopub" {
-					break
-				}
-				switch st.ExecutionState {
-				case "busy":
-					if !busy && !k.announces.Load() {
-						busy = true
-						afterBusy = time.After(kernelStartedAfterBusy)
-					}
-				case "idle":
-					idle = true
-					if !replied {
-						afterIdle = time.After(kernelReplyAfterIdle)
-					}
-				}
-			case "execute_reply":
-				replied = true
-				redeliver = nil
-				gate.settle()
-				var rep struct {
-					Status string `json:"status"`
-				}
-				json.Unmarshal(m.Content, &rep)
-				switch {
-				case rep.Status == "error" && final == nil:
-					final = kernelError(m.Content)
-				case (rep.Status == "aborted" || rep.Status == "abort") && final == nil:
-					final = &wire.EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
-					aborted = !streamed
-				}
-			}
+			cr.handle(m)
 		}
 		if gone {
-			final = &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + k.language + " Jupyter kernel exited"}}
+			final := &wire.EventError{EName: "RuntimeError", EValue: "kernel exited", Traceback: []string{"the " + k.language + " Jupyter kernel exited"}}
 			return final, false
 		}
 	}
-	return final, aborted
+	return cr.final, cr.aborted
 }
 
-// kernelGate places the SIGINTs of one cell inside the kernel's
-// evaluation of it. A kernel runs its own code between publishing
-// execute_input and evaluating the cell (IRkernel: tens of milliseconds
-// of CPU, which a loaded machine stretches past any fixed wait), and a
-// SIGINT that lands there, or after the kernel has finished the cell,
-// kills IRkernel (R run non-interactively quits on SIGINT outside its
-// interrupt handler). So the gate opens on evidence from /proc that the
-// kernel is in the cell: it has used kernelInCellCPU of CPU since the
-// start or the last SIGINT, more than its own code between cells takes,
-// or, before the first SIGINT only, it has not been runnable for
-// kernelAsleepInCell (the cell sleeps or waits). It never opens once the
-// kernel has answered the cell.
+// cellRun is one execute_request's view of the kernel: what it has said
+// about the cell so far, and the timers that stand in for what a kernel
+// may never say (execute_input, execute_reply).
+type cellRun struct {
+	k      *kernelClient
+	x      *execution
+	stream *wire.Stream
+	// gate places this attempt's interrupts inside the cell; it closes
+	// (no more SIGINT) once the kernel has answered the cell or the
+	// attempt is over.
+	gate *kernelGate
+
+	final     *wire.EventError
+	aborted   bool
+	streamed  bool // the cell produced output, a result or an error
+	replied   bool
+	idle      bool
+	busy      bool
+	afterIdle <-chan time.Time
+	afterBusy <-chan time.Time
+	redeliver <-chan time.Time // only when the start was guessed
+	ticker    *time.Ticker     // redeliver's
+}
+
+func (cr *cellRun) started() {
+	cr.gate.start()
+	cr.x.markStarted(cr.gate)
+}
+
+// guessStarted: busy without execute_input for kernelStartedAfterBusy.
+// The start is a guess: a kernel may still be compiling the cell (tslab
+// drops a SIGINT then), so a delivered interrupt is repeated until the
+// kernel answers.
+func (cr *cellRun) guessStarted() {
+	cr.afterBusy = nil
+	cr.started()
+	cr.ticker = time.NewTicker(kernelRedeliver)
+	cr.redeliver = cr.ticker.C
+}
+
+func (cr *cellRun) stopRedeliver() {
+	if cr.ticker != nil {
+		cr.ticker.Stop()
+	}
+}
+
+// noReply: idle for kernelReplyAfterIdle without execute_reply, which
+// ipykernel never sends when SIGINT lands in its own code before it runs
+// the cell.
+func (cr *cellRun) noReply() {
+	cr.replied = true
+	if cr.final == nil && cr.x.interruptDelivered() {
+		cr.final = &wire.EventError{EName: "KeyboardInterrupt", EValue: "interrupted before the cell ran", Traceback: []string{}}
+	}
+}
+
+// handle maps one message of the cell to events and state.
+func (cr *cellRun) handle(m jmsg) {
+	switch m.Header.MsgType {
+	case "execute_input":
+		// The start is known: no guess, no repeat (a repeat that lands
+		// after the kernel has finished the cell kills IRkernel).
+		cr.k.announces.Store(true)
+		cr.afterBusy, cr.redeliver = nil, nil
+		cr.started()
+	case "stream":
+		cr.started()
+		cr.streamed = true
+		var st struct{ Name, Text string }
+		json.Unmarshal(m.Content, &st)
+		typ := wire.EvStdout
+		if st.Name == "stderr" {
+			typ = wire.EvStderr
+		}
+		cr.stream.Send(wire.Event{Type: typ, Text: st.Text})
+	case "execute_result", "display_data":
+		cr.streamed = true
+		cr.sendResult(m)
+	case "error":
+		cr.streamed = true
+		cr.gate.settle()
+		cr.final = kernelError(m.Content)
+	case "status":
+		if m.channel == "iopub" {
+			cr.status(m)
+		}
+	case "execute_reply":
+		cr.reply(m)
+	}
+}
+
+// sendResult sends an execute_result (after its execution_count) or a
+// display_data as a result event, text/plain renamed to text (upstream's
+// rename, protocol §14.2).
+func (cr *cellRun) sendResult(m jmsg) {
+	var res struct {
+		ExecutionCount int            `json:"execution_count"`
+		Data           map[string]any `json:"data"`
+	}
+	json.Unmarshal(m.Content, &res)
+	results := map[string]any{}
+	for mime, v := range res.Data {
+		if mime == "text/plain" {
+			mime = "text"
+		}
+		results[mime] = v
+	}
+	if m.Header.MsgType == "execute_result" {
+		cr.stream.Send(wire.Event{Type: wire.EvExecutionCount, ExecutionCount: res.ExecutionCount})
+	}
+	cr.stream.Send(wire.Event{Type: wire.EvResult, ExecutionCount: res.ExecutionCount, Results: results})
+}
+
+// status follows the kernel's busy/idle on iopub.
+func (cr *cellRun) status(m jmsg) {
+	var st struct {
+		ExecutionState string `json:"execution_state"`
+	}
+	json.Unmarshal(m.Content, &st)
+	switch st.ExecutionState {
+	case "busy":
+		if !cr.busy && !cr.k.announces.Load() {
+			cr.busy = true
+			cr.afterBusy = time.After(kernelStartedAfterBusy)
+		}
+	case "idle":
+		cr.idle = true
+		if !cr.replied {
+			cr.afterIdle = time.After(kernelReplyAfterIdle)
+		}
+	}
+}
+
+// reply ends the cell on execute_reply; an abort of a cell that produced
+// nothing means the kernel refused it without running it.
+func (cr *cellRun) reply(m jmsg) {
+	cr.replied = true
+	cr.redeliver = nil
+	cr.gate.settle()
+	var rep struct {
+		Status string `json:"status"`
+	}
+	json.Unmarshal(m.Content, &rep)
+	switch {
+	case rep.Status == "error" && cr.final == nil:
+		cr.final = kernelError(m.Content)
+	case (rep.Status == "aborted" || rep.Status == "abort") && cr.final == nil:
+		cr.final = &wire.EventError{EName: "ExecutionAborted", EValue: "execution was aborted", Traceback: []string{}}
+		cr.aborted = !cr.streamed
+	}
+}
+
+// kernelGate places a cell's SIGINTs inside the kernel's evaluation of it:
+// a SIGINT in the kernel's own code around the cell kills IRkernel, and a
+// loaded machine stretches that code past any fixed wait. So it opens on
+// /proc evidence: kernelInCellCPU used since the start or last SIGINT, or
+// (before the first SIGINT) not runnable for kernelAsleepInCell. It never
+// opens once the kernel has answered the cell.
 type kernelGate struct {
 	pgid int
 	dead <-chan struct{} // the kernel has exited

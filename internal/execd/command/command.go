@@ -6,6 +6,7 @@
 package command
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -216,30 +217,12 @@ func (s *Service) runBackground(w http.ResponseWriter, c *command, logf *os.File
 	if err := s.commands.Add(c.id, c); err != nil {
 		return err
 	}
-	spec, err := s.run.ShellSpec(c.content, cwd, env, cred, []*os.File{devnull, logf, logf})
-	if err == nil {
-		c.proc, err = s.run.Start(spec)
-	}
-	if err != nil {
-		c.finish(255, err.Error())
-		stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
-		stream.Send(startError(err))
+	if !s.start(c, stream, cwd, env, cred, []*os.File{devnull, logf, logf}) {
 		return nil
 	}
 	p := c.proc
 	s.run.Go(func() {
-		var deadline <-chan time.Time
-		if timeout > 0 {
-			t := time.NewTimer(timeout)
-			defer t.Stop()
-			deadline = t.C
-		}
-		select {
-		case <-p.Done():
-		case <-deadline:
-			p.Signal(syscall.SIGKILL)
-			<-p.Done()
-		}
+		s.waitOrKill(context.Background(), p, timeout)
 		ws := p.Status()
 		c.finish(proc.ExitCode(ws), errText(ws))
 	})
@@ -247,6 +230,43 @@ func (s *Service) runBackground(w http.ResponseWriter, c *command, logf *os.File
 	ms := time.Since(c.startedAt).Milliseconds()
 	stream.Send(wire.Event{Type: wire.EvExecutionComplete, ExecutionTime: &ms})
 	return nil
+}
+
+// start starts c's shell on files. When it cannot start, c finishes with
+// 255, the stream gets init and the start error, and start reports false.
+func (s *Service) start(c *command, stream *wire.Stream, cwd string, env []string, cred *syscall.Credential, files []*os.File) bool {
+	spec, err := s.run.ShellSpec(c.content, cwd, env, cred, files)
+	if err == nil {
+		c.proc, err = s.run.Start(spec)
+	}
+	if err != nil {
+		c.finish(255, err.Error())
+		stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
+		stream.Send(startError(err))
+		return false
+	}
+	return true
+}
+
+// waitOrKill waits for p to exit, SIGKILLing its group after timeout (0:
+// none), when ctx is done or when the agent shuts down.
+func (s *Service) waitOrKill(ctx context.Context, p *proc.Proc, timeout time.Duration) {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	select {
+	case <-p.Done():
+	case <-deadline:
+		p.Signal(syscall.SIGKILL)
+	case <-ctx.Done():
+		p.Signal(syscall.SIGKILL)
+	case <-s.run.Context().Done():
+		p.Signal(syscall.SIGKILL)
+	}
+	<-p.Done()
 }
 
 // errText is the status "error" field: empty on success.
@@ -274,7 +294,6 @@ func (s *Service) RunScript(w http.ResponseWriter, r *http.Request, script strin
 // output is flushed. A timeout, a client disconnect or a broken stream
 // SIGKILLs the process group.
 func (s *Service) runForeground(w http.ResponseWriter, r *http.Request, c *command, logf *os.File, env []string, cred *syscall.Credential, cwd string, timeout time.Duration) error {
-	log := &outputLog{f: logf}
 	defer logf.Close()
 	stream := wire.NewStream(w)
 	devnull, err := os.Open(os.DevNull)
@@ -282,35 +301,18 @@ func (s *Service) runForeground(w http.ResponseWriter, r *http.Request, c *comma
 		return wire.Runtime(err, "")
 	}
 	defer devnull.Close()
-	outR, outW, err := os.Pipe()
+	rs, ws, err := pipes(2) // stdout, stderr
 	if err != nil {
-		return wire.Runtime(err, "")
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
 		return wire.Runtime(err, "")
 	}
 	if err := s.commands.Add(c.id, c); err != nil {
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
+		closeAll(rs, ws)
 		return err
 	}
-	spec, err := s.run.ShellSpec(c.content, cwd, env, cred, []*os.File{devnull, outW, errW})
-	if err == nil {
-		c.proc, err = s.run.Start(spec)
-	}
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
-		c.finish(255, err.Error())
-		stream.Send(wire.Event{Type: wire.EvInit, Text: c.id})
-		stream.Send(startError(err))
+	started := s.start(c, stream, cwd, env, cred, []*os.File{devnull, ws[0], ws[1]})
+	closeAll(ws)
+	if !started {
+		closeAll(rs)
 		return nil
 	}
 	p := c.proc
@@ -319,50 +321,15 @@ func (s *Service) runForeground(w http.ResponseWriter, r *http.Request, c *comma
 		p.Signal(syscall.SIGKILL)
 	}
 	stream.StartPings()
-
-	outSplit := wire.NewLineSplitter(wire.EvStdout)
-	errSplit := wire.NewLineSplitter(wire.EvStderr)
-	var outBuf, errBuf []byte
-	outPipe := newOutputPipe(outR, log, func(b []byte) {
-		outBuf = outSplit.Append(outBuf[:0], b)
-		stream.Write(outBuf)
-	})
-	errPipe := newOutputPipe(errR, log, func(b []byte) {
-		errBuf = errSplit.Append(errBuf[:0], b)
-		stream.Write(errBuf)
-	})
-	s.run.Go(outPipe.run)
-	s.run.Go(errPipe.run)
-
-	var deadline <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		deadline = t.C
-	}
-	select {
-	case <-p.Done():
-	case <-deadline:
-		p.Signal(syscall.SIGKILL)
-	case <-r.Context().Done():
-		p.Signal(syscall.SIGKILL)
-	case <-s.run.Context().Done():
-		p.Signal(syscall.SIGKILL)
-	}
-	<-p.Done()
-	outPipe.markExited()
-	errPipe.markExited()
-	<-outPipe.flushed
-	<-errPipe.flushed
-	ws := p.Status()
-	c.finish(proc.ExitCode(ws), errText(ws))
-
-	// The sinks are detached now, so the splitters are ours alone.
+	log := &outputLog{f: logf}
+	stdout := s.streamLines(rs[0], log, wire.EvStdout, stream)
+	stderr := s.streamLines(rs[1], log, wire.EvStderr, stream)
+	s.waitOrKill(r.Context(), p, timeout)
+	tail := finishLines(stdout, stderr)
+	st := p.Status()
+	c.finish(proc.ExitCode(st), errText(st))
 	stream.StopPings()
-	tail := outSplit.Flush(nil)
-	tail = errSplit.Flush(tail)
-	tail = wire.AppendEvent(tail, exitEvent(ws, c.startedAt))
-	stream.Write(tail)
+	stream.Write(wire.AppendEvent(tail, exitEvent(st, c.startedAt)))
 	if s.grace > 0 {
 		select {
 		case <-time.After(s.grace):

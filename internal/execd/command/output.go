@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/execd/proc"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // outputLog is a command's merged output file (served by /command/{id}/logs).
@@ -87,6 +88,61 @@ func (p *outputPipe) run() {
 		p.markFlushed()
 		if eof {
 			return
+		}
+	}
+}
+
+// lineOutput streams one output pipe as line events of one type.
+type lineOutput struct {
+	pipe  *outputPipe
+	split *wire.LineSplitter
+	buf   []byte // the sink's frame buffer, reused per read
+}
+
+// streamLines copies r into log and, as typ events, onto stream until the
+// process exits (see finishLines).
+func (s *Service) streamLines(r *os.File, log io.Writer, typ string, stream *wire.Stream) *lineOutput {
+	o := &lineOutput{split: wire.NewLineSplitter(typ)}
+	o.pipe = newOutputPipe(r, log, func(b []byte) {
+		o.buf = o.split.Append(o.buf[:0], b)
+		stream.Write(o.buf)
+	})
+	s.run.Go(o.pipe.run)
+	return o
+}
+
+// finishLines, once the process has been reaped, waits for every output
+// to flush and returns the splitters' last partial lines as events. The
+// sinks are detached by then, so the splitters are the caller's alone.
+func finishLines(outs ...*lineOutput) []byte {
+	for _, o := range outs {
+		o.pipe.markExited()
+	}
+	var tail []byte
+	for _, o := range outs {
+		<-o.pipe.flushed
+		tail = o.split.Flush(tail)
+	}
+	return tail
+}
+
+// pipes opens n pipes and returns their read and write ends.
+func pipes(n int) (rs, ws []*os.File, err error) {
+	for range n {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll(rs, ws)
+			return nil, nil, err
+		}
+		rs, ws = append(rs, r), append(ws, w)
+	}
+	return rs, ws, nil
+}
+
+func closeAll(lists ...[]*os.File) {
+	for _, fs := range lists {
+		for _, f := range fs {
+			f.Close()
 		}
 	}
 }

@@ -103,25 +103,59 @@ func sessionScript(dir, code, cwd string) string {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
+// sessionRun is the POST /session/{id}/run body.
+type sessionRun struct {
+	Command string `json:"command"`
+	Cwd     string `json:"cwd"`
+	Timeout int64  `json:"timeout"` // ms; 0: sessionDefaultTimeout
+}
+
+func decodeSessionRun(r *http.Request) (sessionRun, error) {
+	var req sessionRun
+	if err := wire.DecodeBody(r, &req, false); err != nil {
+		return req, err
+	}
+	if req.Command == "" {
+		return req, wire.BadBody("command is required")
+	}
+	if req.Timeout < 0 {
+		return req, wire.BadBody("timeout must be >= 1 (ms)")
+	}
+	return req, nil
+}
+
+// claim makes ss busy for one run; a session runs one command at a time.
+func (ss *session) claim() error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.busy {
+		return wire.Runtime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
+	}
+	ss.busy = true
+	return nil
+}
+
+func (ss *session) release() {
+	ss.mu.Lock()
+	ss.busy, ss.proc = false, nil
+	ss.mu.Unlock()
+}
+
+func (ss *session) setProc(p *proc.Proc) {
+	ss.mu.Lock()
+	ss.proc = p
+	ss.mu.Unlock()
+}
+
 // RunSession serves POST /session/{id}/run.
 func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
 	ss, err := s.sessions.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	var req struct {
-		Command string `json:"command"`
-		Cwd     string `json:"cwd"`
-		Timeout int64  `json:"timeout"`
-	}
-	if err := wire.DecodeBody(r, &req, false); err != nil {
+	req, err := decodeSessionRun(r)
+	if err != nil {
 		return err
-	}
-	if req.Command == "" {
-		return wire.BadBody("command is required")
-	}
-	if req.Timeout < 0 {
-		return wire.BadBody("timeout must be >= 1 (ms)")
 	}
 	timeout := sessionDefaultTimeout
 	if req.Timeout > 0 {
@@ -131,21 +165,18 @@ func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
 	if req.Cwd != "" {
 		cwd = s.run.Expand(req.Cwd)
 	}
-	ss.mu.Lock()
-	if ss.busy {
-		ss.mu.Unlock()
-		return wire.Runtime(fmt.Errorf("%w: session is busy", errdefs.ErrConflict), "session is busy")
+	if err := ss.claim(); err != nil {
+		return err
 	}
-	ss.busy = true
-	ss.mu.Unlock()
-	defer func() {
-		ss.mu.Lock()
-		ss.busy, ss.proc = false, nil
-		ss.mu.Unlock()
-	}()
+	defer ss.release()
+	return s.runInSession(w, r, ss, sessionScript(ss.dir, req.Command, cwd), timeout)
+}
 
-	script := filepath.Join(ss.dir, "run.sh")
-	if err := os.WriteFile(script, []byte(sessionScript(ss.dir, req.Command, cwd)), 0o600); err != nil {
+// runInSession runs script with the shell, its stdout and stderr merged
+// into stdout events, as a foreground command does.
+func (s *Service) runInSession(w http.ResponseWriter, r *http.Request, ss *session, script string, timeout time.Duration) error {
+	path := filepath.Join(ss.dir, "run.sh")
+	if err := os.WriteFile(path, []byte(script), 0o600); err != nil {
 		return wire.Runtime(err, "")
 	}
 	devnull, err := os.Open(os.DevNull)
@@ -157,15 +188,8 @@ func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return wire.Runtime(err, "")
 	}
-	args := []string{filepath.Base(s.run.Shell()), script}
-	if filepath.Base(s.run.Shell()) == "bash" {
-		args = []string{"bash", "--noprofile", "--norc", script}
-	}
 	started := time.Now()
-	p, err := s.run.Start(proc.Spec{
-		Path: s.run.Shell(), Args: args, Env: s.run.Env(nil),
-		Files: []*os.File{devnull, pw, pw}, Sys: &syscall.SysProcAttr{Setpgid: true},
-	})
+	p, err := s.run.Start(s.scriptSpec(path, []*os.File{devnull, pw, pw}))
 	pw.Close()
 	stream := wire.NewStream(w)
 	if err != nil {
@@ -174,35 +198,27 @@ func (s *Service) RunSession(w http.ResponseWriter, r *http.Request) error {
 		stream.Send(startError(err))
 		return nil
 	}
-	ss.mu.Lock()
-	ss.proc = p
-	ss.mu.Unlock()
+	ss.setProc(p)
 	stream.OnBroken = func() { p.Signal(syscall.SIGKILL) }
 	stream.Send(wire.Event{Type: wire.EvInit, Text: ss.id})
 	stream.StartPings()
-	split := wire.NewLineSplitter(wire.EvStdout)
-	var buf []byte
-	pipe := newOutputPipe(pr, io.Discard, func(b []byte) {
-		buf = split.Append(buf[:0], b)
-		stream.Write(buf)
-	})
-	s.run.Go(pipe.run)
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-p.Done():
-	case <-t.C:
-		p.Signal(syscall.SIGKILL)
-	case <-r.Context().Done():
-		p.Signal(syscall.SIGKILL)
-	case <-s.run.Context().Done():
-		p.Signal(syscall.SIGKILL)
-	}
-	<-p.Done()
-	pipe.markExited()
-	<-pipe.flushed
+	out := s.streamLines(pr, io.Discard, wire.EvStdout, stream)
+	s.waitOrKill(r.Context(), p, timeout)
+	tail := finishLines(out)
 	stream.StopPings()
-	tail := split.Flush(nil)
 	stream.Write(wire.AppendEvent(tail, exitEvent(p.Status(), started)))
 	return nil
+}
+
+// scriptSpec runs the script file at path with the shell (bash without
+// its startup files) in its own process group, with the base environment.
+func (s *Service) scriptSpec(path string, files []*os.File) proc.Spec {
+	args := []string{filepath.Base(s.run.Shell()), path}
+	if filepath.Base(s.run.Shell()) == "bash" {
+		args = []string{"bash", "--noprofile", "--norc", path}
+	}
+	return proc.Spec{
+		Path: s.run.Shell(), Args: args, Env: s.run.Env(nil),
+		Files: files, Sys: &syscall.SysProcAttr{Setpgid: true},
+	}
 }

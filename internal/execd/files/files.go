@@ -98,19 +98,11 @@ func formatMode(m os.FileMode) int {
 	return i
 }
 
-// fileError turns an os error from a call that creates or changes a path
-// into an API error:
-//
-//	ENOENT                        404 FILE_NOT_FOUND
-//	EACCES, EPERM                 403 RUNTIME_ERROR
-//	ENOTDIR, EISDIR, EEXIST,      409 INVALID_FILE (the path exists with
-//	ENOTEMPTY, EXDEV, EROFS,          the wrong type or cannot change)
-//	ETXTBSY, EBUSY, EMLINK
-//	EINVAL, ENAMETOOLONG, ELOOP   400 INVALID_FILE (a bad path: a NUL byte,
-//	                                  a directory moved into itself, ...)
-//	ENOSPC, EDQUOT                503 RUNTIME_ERROR
-//
-// and anything else to 500 RUNTIME_ERROR.
+// fileError maps an os error of a call that creates or changes a path to
+// an API error: ENOENT 404 FILE_NOT_FOUND, EACCES/EPERM 403, a path of the
+// wrong type or that cannot change (ENOTDIR, EEXIST, EXDEV, EROFS, ...)
+// 409 INVALID_FILE, a bad path (EINVAL, ENAMETOOLONG, ELOOP) 400
+// INVALID_FILE, ENOSPC/EDQUOT 503, anything else 500 RUNTIME_ERROR.
 func fileError(err error, what string) error {
 	msg := what + ": " + err.Error()
 	var errno syscall.Errno

@@ -20,21 +20,12 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
-// Reaper starts the agent's child processes and collects their exit
-// statuses. Every process the agent runs goes through Start; nothing in this
-// package uses exec.Cmd.Wait, because Go's own wait would race with a
-// wait4(-1) reaper for the same status.
-//
-// In reap-all mode (the agent is PID 1 of the sandbox) a single goroutine
-// (Run) calls wait4(-1, WNOHANG) on every SIGCHLD and dispatches each status
-// by pid to the Proc that Start registered; statuses of unknown pids belong
-// to orphans re-parented to PID 1 and are discarded. Start registers the pid
-// while holding startMu for reading and a sweep holds it for writing, so a
-// child that exits immediately can never be reaped before it is registered.
-//
-// Otherwise (the agent is an ordinary process, e.g. in tests) each Proc is
-// waited for individually with wait4(pid), which never touches children
-// started by other code in the same process.
+// Reaper starts the agent's children and collects their exit statuses;
+// nothing uses exec.Cmd.Wait, whose wait would race a wait4(-1) reaper. As
+// PID 1 one goroutine (Run) sweeps wait4(-1) on SIGCHLD and dispatches by
+// pid, dropping orphans; Start registers under startMu (read) and a sweep
+// holds it (write), so a child is never reaped before it is registered.
+// Otherwise each Proc is waited for with wait4(pid).
 type Reaper struct {
 	reapAll bool
 	log     *slog.Logger

@@ -159,6 +159,37 @@ func (s *Service) Delete(w http.ResponseWriter, r *http.Request) error {
 
 // startLocked launches the shell. Preconditions: p.mu held, !p.started.
 func (s *Service) startLocked(p *ptySession, pipeMode bool) error {
+	spec := s.shellSpec(p)
+	var fio shellFiles
+	var err error
+	if pipeMode {
+		fio, err = pipeFiles(&spec)
+	} else {
+		fio, err = ptyFiles(&spec)
+	}
+	if err != nil {
+		return err
+	}
+	pr, err := s.run.Start(spec)
+	for _, f := range fio.child {
+		f.Close()
+	}
+	if err != nil {
+		for _, f := range fio.outs {
+			f.Close()
+		}
+		fio.stdin.Close()
+		return err
+	}
+	p.started, p.pipeMode, p.proc = true, pipeMode, pr
+	p.ptmx, p.stdin = fio.ptmx, fio.stdin
+	s.pumpUntilExit(p, pr, fio.outs, pipeMode)
+	return nil
+}
+
+// shellSpec is the session's shell (interactive, or `-c command`) in its
+// cwd, with a TERM.
+func (s *Service) shellSpec(p *ptySession) proc.Spec {
 	shell := s.run.Shell()
 	args := []string{filepath.Base(shell), "-i"}
 	if p.command != "" {
@@ -168,51 +199,52 @@ func (s *Service) startLocked(p *ptySession, pipeMode bool) error {
 	if proc.LookupEnv(env, "TERM") == "" {
 		env = append(env, "TERM="+defaultTermValue)
 	}
-	spec := proc.Spec{Path: shell, Args: args, Env: env, Dir: p.cwd}
-	var outs []*os.File // read ends: stdout[, stderr]
-	var closeAfter []*os.File
-	if pipeMode {
-		inR, inW, err := os.Pipe()
-		if err != nil {
-			return err
+	return proc.Spec{Path: shell, Args: args, Env: env, Dir: p.cwd}
+}
+
+// shellFiles are the agent's ends of a shell's stdio and the child's ends,
+// which the agent closes once the shell has started.
+type shellFiles struct {
+	stdin *os.File
+	ptmx  *os.File   // PTY mode only
+	outs  []*os.File // read ends: stdout[, stderr]
+	child []*os.File
+}
+
+// pipeFiles gives the shell three pipes in its own process group.
+func pipeFiles(spec *proc.Spec) (shellFiles, error) {
+	var fds [6]*os.File // inR inW outR outW errR errW
+	for i := 0; i < len(fds); i += 2 {
+		var err error
+		if fds[i], fds[i+1], err = os.Pipe(); err != nil {
+			for _, f := range fds[:i] {
+				f.Close()
+			}
+			return shellFiles{}, err
 		}
-		outR, outW, err := os.Pipe()
-		if err != nil {
-			return err
-		}
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			return err
-		}
-		spec.Files = []*os.File{inR, outW, errW}
-		spec.Sys = &syscall.SysProcAttr{Setpgid: true}
-		closeAfter = []*os.File{inR, outW, errW}
-		p.stdin = inW
-		outs = []*os.File{outR, errR}
-	} else {
-		ptmx, tty, err := creackpty.Open()
-		if err != nil {
-			return err
-		}
-		creackpty.Setsize(ptmx, &creackpty.Winsize{Rows: 24, Cols: 80})
-		spec.Files = []*os.File{tty, tty, tty}
-		spec.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-		closeAfter = []*os.File{tty}
-		p.ptmx, p.stdin = ptmx, ptmx
-		outs = []*os.File{ptmx}
 	}
-	pr, err := s.run.Start(spec)
-	for _, f := range closeAfter {
-		f.Close()
-	}
+	inR, inW, outR, outW, errR, errW := fds[0], fds[1], fds[2], fds[3], fds[4], fds[5]
+	spec.Files = []*os.File{inR, outW, errW}
+	spec.Sys = &syscall.SysProcAttr{Setpgid: true}
+	return shellFiles{stdin: inW, outs: []*os.File{outR, errR}, child: []*os.File{inR, outW, errW}}, nil
+}
+
+// ptyFiles gives the shell an 80x24 terminal as its controlling tty, in a
+// new session.
+func ptyFiles(spec *proc.Spec) (shellFiles, error) {
+	ptmx, tty, err := creackpty.Open()
 	if err != nil {
-		for _, f := range outs {
-			f.Close()
-		}
-		p.stdin.Close()
-		return err
+		return shellFiles{}, err
 	}
-	p.started, p.pipeMode, p.proc = true, pipeMode, pr
+	creackpty.Setsize(ptmx, &creackpty.Winsize{Rows: 24, Cols: 80})
+	spec.Files = []*os.File{tty, tty, tty}
+	spec.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	return shellFiles{stdin: ptmx, ptmx: ptmx, outs: []*os.File{ptmx}, child: []*os.File{tty}}, nil
+}
+
+// pumpUntilExit copies the shell's output until it exits, then records the
+// exit, tells the attached client and closes its socket.
+func (s *Service) pumpUntilExit(p *ptySession, pr *proc.Proc, outs []*os.File, pipeMode bool) {
 	var wg sync.WaitGroup
 	for i, f := range outs {
 		kind := byte(FrameStdout)
@@ -243,7 +275,6 @@ func (s *Service) startLocked(p *ptySession, pipeMode bool) error {
 			conn.ws.Close(websocket.StatusNormalClosure, "exited")
 		}
 	})
-	return nil
 }
 
 // pump copies output into the replay buffer and to the attached client.
@@ -277,37 +308,42 @@ type ptyError struct {
 	Message string `json:"message"`
 }
 
+// attachOpts are the query parameters of GET /pty/{id}/ws.
+type attachOpts struct {
+	takeover bool
+	pipeMode bool  // ?pty=0: start the shell on pipes
+	since    int64 // replay output from this offset; -1: no replay
+}
+
+func parseAttach(r *http.Request) (attachOpts, error) {
+	q := r.URL.Query()
+	o := attachOpts{
+		takeover: q.Get("takeover") == "1" || q.Get("takeover") == "true",
+		pipeMode: q.Get("pty") == "0" || q.Get("pty") == "false",
+		since:    -1,
+	}
+	if v := q.Get("since"); v != "" {
+		var err error
+		o.since, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || o.since < 0 {
+			return o, errdefs.Invalid(wire.CodeInvalidRequestBody, "since must be a non-negative integer")
+		}
+	}
+	return o, nil
+}
+
 // Attach serves GET /pty/{id}/ws, the WebSocket (protocol §2.5).
 func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.sessions.Get(r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
-	takeover := q.Get("takeover") == "1" || q.Get("takeover") == "true"
-	pipeMode := q.Get("pty") == "0" || q.Get("pty") == "false"
-	since := int64(-1)
-	if v := q.Get("since"); v != "" {
-		since, err = strconv.ParseInt(v, 10, 64)
-		if err != nil || since < 0 {
-			return errdefs.Invalid(wire.CodeInvalidRequestBody, "since must be a non-negative integer")
-		}
+	o, err := parseAttach(r)
+	if err != nil {
+		return err
 	}
-	p.mu.Lock()
-	old := p.conn
-	if old != nil && takeover {
-		// Detach the old holder now; its close handshake runs on its own.
-		p.conn = nil
-	}
-	p.mu.Unlock()
-	if old != nil {
-		if !takeover {
-			return errdefs.WithPublic(fmt.Errorf("pty %s: %w", p.id, errdefs.ErrConflict), "ALREADY_CONNECTED", "session already has a connected client")
-		}
-		go func() {
-			old.writeJSON(ptyError{Type: "error", Code: "TAKEN_OVER", Message: "session taken over by another client"})
-			old.ws.Close(CloseTakenOver, "TAKEN_OVER")
-		}()
+	if err := p.detachFor(o.takeover); err != nil {
+		return err
 	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
@@ -317,20 +353,57 @@ func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
 	c := &ptyConn{ws: ws, done: make(chan struct{})}
 	defer close(c.done)
 	defer ws.CloseNow()
+	if !s.attach(p, c, o) {
+		return nil
+	}
+	defer p.detach(c)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go c.keepAlive(ctx)
+	p.serve(ctx, c)
+	return nil
+}
 
+// detachFor makes room for a new client: with takeover the current holder
+// is detached and told so (its close handshake runs on its own); without,
+// a held session is a conflict.
+func (p *ptySession) detachFor(takeover bool) error {
+	p.mu.Lock()
+	old := p.conn
+	if old != nil && takeover {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	if !takeover {
+		return errdefs.WithPublic(fmt.Errorf("pty %s: %w", p.id, errdefs.ErrConflict), "ALREADY_CONNECTED", "session already has a connected client")
+	}
+	go func() {
+		old.writeJSON(ptyError{Type: "error", Code: "TAKEN_OVER", Message: "session taken over by another client"})
+		old.ws.Close(CloseTakenOver, "TAKEN_OVER")
+	}()
+	return nil
+}
+
+// attach starts the shell if it has not started, greets c, replays output
+// since o.since and makes c the holder. It reports false when c was turned
+// away or the shell has exited (c is then told and closed).
+func (s *Service) attach(p *ptySession, c *ptyConn, o attachOpts) bool {
 	p.mu.Lock()
 	if p.conn != nil {
 		p.mu.Unlock()
 		c.writeJSON(ptyError{Type: "error", Code: "ALREADY_CONNECTED", Message: "session already has a connected client"})
-		ws.Close(websocket.StatusPolicyViolation, "ALREADY_CONNECTED")
-		return nil
+		c.ws.Close(websocket.StatusPolicyViolation, "ALREADY_CONNECTED")
+		return false
 	}
 	if !p.started {
-		if err := s.startLocked(p, pipeMode); err != nil {
+		if err := s.startLocked(p, o.pipeMode); err != nil {
 			p.mu.Unlock()
 			c.writeJSON(ptyError{Type: "error", Code: "START_FAILED", Message: err.Error()})
-			ws.Close(websocket.StatusInternalError, "START_FAILED")
-			return nil
+			c.ws.Close(websocket.StatusInternalError, "START_FAILED")
+			return false
 		}
 	}
 	mode := "pty"
@@ -339,16 +412,8 @@ func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Under p.mu no output can slip between the replay and live frames.
 	c.writeJSON(map[string]any{"type": "connected", "session_id": p.id, "mode": mode})
-	if since >= 0 {
-		start := p.total - int64(len(p.replay))
-		from := max(since, start)
-		if from < p.total {
-			frame := make([]byte, 9, 9+p.total-from)
-			frame[0] = FrameReplay
-			binary.BigEndian.PutUint64(frame[1:], uint64(from))
-			frame = append(frame, p.replay[from-start:]...)
-			c.write(websocket.MessageBinary, frame)
-		}
+	if o.since >= 0 {
+		p.replayLocked(c, o.since)
 	}
 	exited, code := p.exited, p.exitCode
 	if !exited {
@@ -357,79 +422,109 @@ func (s *Service) Attach(w http.ResponseWriter, r *http.Request) error {
 	p.mu.Unlock()
 	if exited {
 		c.writeJSON(map[string]any{"type": "exit", "exit_code": code})
-		ws.Close(websocket.StatusNormalClosure, "exited")
-		return nil
+		c.ws.Close(websocket.StatusNormalClosure, "exited")
 	}
-	defer func() {
-		p.mu.Lock()
-		if p.conn == c {
-			p.conn = nil
-		}
-		p.mu.Unlock()
-	}()
+	return !exited
+}
 
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	go func() {
-		t := time.NewTicker(ptyPingInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
+// replayLocked sends c the kept output from offset since (or from the
+// oldest kept byte) as one replay frame. Preconditions: p.mu held.
+func (p *ptySession) replayLocked(c *ptyConn, since int64) {
+	start := p.total - int64(len(p.replay))
+	from := max(since, start)
+	if from >= p.total {
+		return
+	}
+	frame := make([]byte, 9, 9+p.total-from)
+	frame[0] = FrameReplay
+	binary.BigEndian.PutUint64(frame[1:], uint64(from))
+	frame = append(frame, p.replay[from-start:]...)
+	c.write(websocket.MessageBinary, frame)
+}
+
+// detach drops c as the holder unless another client took over.
+func (p *ptySession) detach(c *ptyConn) {
+	p.mu.Lock()
+	if p.conn == c {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+}
+
+// keepAlive pings the client until ctx is done and drops a client that
+// does not answer.
+func (c *ptyConn) keepAlive(ctx context.Context) {
+	t := time.NewTicker(ptyPingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			pctx, pc := context.WithTimeout(ctx, 2*ptyPingInterval)
+			err := c.ws.Ping(pctx)
+			pc()
+			if err != nil {
+				c.ws.CloseNow()
 				return
-			case <-t.C:
-				pctx, pc := context.WithTimeout(ctx, 2*ptyPingInterval)
-				err := ws.Ping(pctx)
-				pc()
-				if err != nil {
-					ws.CloseNow()
-					return
-				}
 			}
 		}
-	}()
+	}
+}
+
+// serve reads c's frames until the socket ends: binary frames are stdin,
+// text frames are JSON control messages.
+func (p *ptySession) serve(ctx context.Context, c *ptyConn) {
 	for {
-		typ, data, err := ws.Read(ctx)
+		typ, data, err := c.ws.Read(ctx)
 		if err != nil {
-			return nil
+			return
 		}
 		if typ == websocket.MessageBinary {
-			if len(data) == 0 || data[0] != FrameStdin {
-				c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "binary frames must start with 0x00"})
-				continue
-			}
-			if _, err := p.stdin.Write(data[1:]); err != nil && !errors.Is(err, os.ErrClosed) {
-				c.writeJSON(ptyError{Type: "error", Code: "STDIN_WRITE_FAILED", Message: err.Error()})
-			}
-			continue
+			p.stdinFrame(c, data)
+		} else {
+			p.controlFrame(c, data)
 		}
-		var msg struct {
-			Type   string `json:"type"`
-			Cols   uint16 `json:"cols"`
-			Rows   uint16 `json:"rows"`
-			Signal string `json:"signal"`
+	}
+}
+
+func (p *ptySession) stdinFrame(c *ptyConn, data []byte) {
+	if len(data) == 0 || data[0] != FrameStdin {
+		c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "binary frames must start with 0x00"})
+		return
+	}
+	if _, err := p.stdin.Write(data[1:]); err != nil && !errors.Is(err, os.ErrClosed) {
+		c.writeJSON(ptyError{Type: "error", Code: "STDIN_WRITE_FAILED", Message: err.Error()})
+	}
+}
+
+func (p *ptySession) controlFrame(c *ptyConn, data []byte) {
+	var msg struct {
+		Type   string `json:"type"`
+		Cols   uint16 `json:"cols"`
+		Rows   uint16 `json:"rows"`
+		Signal string `json:"signal"`
+	}
+	if json.Unmarshal(data, &msg) != nil {
+		c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "invalid JSON frame"})
+		return
+	}
+	switch msg.Type {
+	case "resize":
+		if p.ptmx != nil && msg.Cols > 0 && msg.Rows > 0 {
+			creackpty.Setsize(p.ptmx, &creackpty.Winsize{Cols: msg.Cols, Rows: msg.Rows})
 		}
-		if json.Unmarshal(data, &msg) != nil {
-			c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "invalid JSON frame"})
-			continue
+	case "signal":
+		sig := signalByName(msg.Signal)
+		if sig == 0 {
+			c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown signal " + msg.Signal})
+			return
 		}
-		switch msg.Type {
-		case "resize":
-			if p.ptmx != nil && msg.Cols > 0 && msg.Rows > 0 {
-				creackpty.Setsize(p.ptmx, &creackpty.Winsize{Cols: msg.Cols, Rows: msg.Rows})
-			}
-		case "signal":
-			sig := signalByName(msg.Signal)
-			if sig == 0 {
-				c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown signal " + msg.Signal})
-				continue
-			}
-			p.signal(sig)
-		case "ping":
-			c.writeJSON(map[string]string{"type": "pong"})
-		default:
-			c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown frame type " + strconv.Quote(msg.Type)})
-		}
+		p.signal(sig)
+	case "ping":
+		c.writeJSON(map[string]string{"type": "pong"})
+	default:
+		c.writeJSON(ptyError{Type: "error", Code: "INVALID_FRAME", Message: "unknown frame type " + strconv.Quote(msg.Type)})
 	}
 }
 
