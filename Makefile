@@ -133,7 +133,7 @@ deps-npm: ## Install the locked npm packages of the JS SDK compatibility test (t
 # lock); then every other stage runs at once, so that the CPU-bound Go
 # builds overlap the network- and disk-bound ones (module downloads,
 # debootstrap, npm): a cold set-up takes about as long as its longest
-# stage, the Kubernetes tools (docs/BENCHMARKS.md "CI cold set-up").
+# stage, the Kubernetes tools (docs/BENCHMARKS.md "Build and CI").
 # Their lines interleave; each script prefixes its own. (No --output-sync:
 # GNU make 4.3 locks stdout for it, and hangs when that is /dev/null and
 # another process holds a lock on it.)

@@ -6,7 +6,7 @@
 # Why: Debian 12's runsc (0.0~20221219) cannot checkpoint a sandbox whose
 # netstack has (or recently had) a TCP connection, which every moat sandbox
 # has (the agent is reached over TCP). This build can: see
-# docs/ARCHITECTURE.md "Snapshots, restore and fork". `make run` and `make
+# docs/SNAPSHOTS.md. `make run` and `make
 # test` put its directory first on PATH (PATH="$(scripts/build-runsc.sh
 # --print-dir):$PATH"), so moat's runsc class uses it. About 75 s on 2 idle
 # cores once the modules are downloaded.

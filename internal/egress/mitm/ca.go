@@ -24,7 +24,7 @@
 // The package is built on the standard library's crypto/tls, crypto/x509
 // and net/http/httputil: the transparent (not CONNECT-based) flow is small
 // enough that the well-kept stdlib pieces serve better than a MITM
-// framework (see docs/ARCHITECTURE.md, "Credential Vault").
+// framework (see docs/VAULT.md).
 package mitm
 
 import (
