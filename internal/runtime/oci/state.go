@@ -133,6 +133,11 @@ func (r *Runtime) status(id string, rec record, c *gorunc.Container, found bool)
 		switch c.Status {
 		case "running":
 			st.State = runtime.StateRunning
+			if c.Pid != 0 && !alive(c.Pid) {
+				// runsc reports a sandbox whose process is a zombie not yet
+				// reaped as running; a zombie is dead (as Stop counts it).
+				st.State, st.Pid = runtime.StateStopped, 0
+			}
 		case "paused", "pausing":
 			st.State = runtime.StatePaused
 		case "stopped":
