@@ -56,14 +56,8 @@ func (m *Manager) ensureBridge() error {
 				return fmt.Errorf("network: bridge %s: %w", m.cfg.Bridge, err)
 			}
 		}
-		fallback, err := EnableForwarding6(SysctlRoot, m.cfg.Bridge)
-		if err != nil {
+		if err := Forward6(m.log, m.cfg.Bridge); err != nil {
 			return err
-		}
-		if fallback {
-			m.log.Warn("network: this kernel cannot forward IPv6 for one interface only (force_forwarding, Linux 6.17+); "+
-				"turned on net.ipv6.conf.all.forwarding: every interface now forwards IPv6, and those with accept_ra=1 ignore router advertisements",
-				"bridge", m.cfg.Bridge)
 		}
 		addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: m.Gateway6().AsSlice(), Mask: net.CIDRMask(m.cfg.Subnet6.Bits(), 128)},
 			Flags: unix.IFA_F_NODAD}

@@ -3,6 +3,7 @@ package network
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 )
@@ -29,4 +30,17 @@ func EnableForwarding6(root, iface string) (fallback bool, err error) {
 		return false, fmt.Errorf("network: IPv6 forwarding on %s: %w", iface, err)
 	}
 	return true, writeSysctl(filepath.Join(conf, "all", "forwarding"), "1")
+}
+
+// Forward6 is EnableForwarding6 on the host's sysctls, with the warning
+// that the fallback deserves; every bridge that carries sandbox IPv6 (the
+// native one, the Docker network's) is set up through it.
+func Forward6(log *slog.Logger, iface string) error {
+	fallback, err := EnableForwarding6(SysctlRoot, iface)
+	if err == nil && fallback {
+		log.Warn("network: this kernel cannot forward IPv6 for one interface only (force_forwarding, Linux 6.17+); "+
+			"turned on net.ipv6.conf.all.forwarding: every interface now forwards IPv6, and those with accept_ra=1 ignore router advertisements",
+			"bridge", iface)
+	}
+	return err
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/moat-sandbox/moat/internal/image"
+	"github.com/moat-sandbox/moat/internal/network"
 	"github.com/moat-sandbox/moat/internal/runtime/docker"
 )
 
@@ -38,6 +39,13 @@ func newDocker(ctx, run context.Context, cfg Config, d deps) (_ backend, err err
 			rt.Close()
 		}
 	}()
+	// dockerd made the bridge; its IPv6 forwarding is moat's, as on the
+	// native bridge.
+	if rt.Subnet6().IsValid() {
+		if err := network.Forward6(d.log, rt.Bridge()); err != nil {
+			return backend{}, err
+		}
+	}
 	eg, stopEgress, err := startEgress(ctx, run, cfg, rt, d)
 	if err != nil {
 		return backend{}, err

@@ -323,7 +323,6 @@ func TestAPIErrors(t *testing.T) {
 		// registry.invalid is refused by --allow-registry loopback before any lookup.
 		{"registry not allowed", "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": "registry.invalid/busybox:1"}, "entrypoint": []string{"sh"}}, nil, 400, "SANDBOX::IMAGE_PULL_FAILED"},
 		{"bad page", "GET", "/v1/sandboxes?page=0", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
-		{"bad state filter", "GET", "/v1/sandboxes?state=sleepy", nil, nil, 400, "SANDBOX::INVALID_PARAMETER"},
 		{"bad port", "GET", "/v1/sandboxes/x/endpoints/http", nil, nil, 400, "SANDBOX::INVALID_PORT"},
 		{"renew unknown", "POST", "/v1/sandboxes/x/renew-expiration", map[string]any{"expiresAt": time.Now().Add(time.Hour).Format(time.RFC3339)}, nil, 404, "SANDBOX::NOT_FOUND"},
 		{"renew bad time", "POST", "/v1/sandboxes/x/renew-expiration", map[string]any{"expiresAt": "tomorrow"}, nil, 400, "SANDBOX::INVALID_PARAMETER"},
