@@ -31,6 +31,18 @@ const Port = 44772
 // TokenHeader carries the agent access token on every request.
 const TokenHeader = "X-EXECD-ACCESS-TOKEN"
 
+// The E2B face of the agent (docs/E2B.md): envd's Connect services and
+// HTTP routes on EnvdPort, the code interpreter on CodeInterpreterPort.
+// envd checks EnvdTokenHeader against the same access token as
+// TokenHeader; the control plane hands that token out as
+// envdAccessToken, and reports EnvdVersion, which gates SDK features.
+const (
+	EnvdPort            = 49983
+	CodeInterpreterPort = 49999
+	EnvdTokenHeader     = "X-Access-Token"
+	EnvdVersion         = "0.6.4"
+)
+
 // VersionHeader is set by the agent on its /ping response to its
 // protocol version (a decimal integer).
 const VersionHeader = "X-Moat-Agent-Protocol"
