@@ -43,7 +43,7 @@ type process struct {
 	stdin *os.File // pipe process: the stdin pipe; nil when disabled or closed
 
 	mu   sync.Mutex
-	subs map[*subscriber]struct{}  // guarded by mu
+	subs map[*subscriber]struct{}   // guarded by mu
 	end  *ppb.ProcessEvent_EndEvent // guarded by mu; set once exited and drained
 }
 
