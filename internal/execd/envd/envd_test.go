@@ -16,7 +16,6 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/execd/envd"
-	fspb "github.com/moat-sandbox/moat/internal/execd/envd/gen/filesystem"
 	"github.com/moat-sandbox/moat/internal/execd/envd/gen/filesystem/filesystemconnect"
 	ppb "github.com/moat-sandbox/moat/internal/execd/envd/gen/process"
 	"github.com/moat-sandbox/moat/internal/execd/envd/gen/process/processconnect"
@@ -146,12 +145,6 @@ func (r *events) add(ev *ppb.ProcessEvent) {
 	case *ppb.ProcessEvent_End:
 		r.end = v.End
 	}
-}
-
-// stream is the common face of the Start and Connect streams.
-type stream interface {
-	Receive() bool
-	Err() error
 }
 
 func collect[T interface{ GetEvent() *ppb.ProcessEvent }](s interface {
@@ -603,5 +596,3 @@ func TestNoTokenNoAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-var _ = fspb.FileType_FILE_TYPE_FILE

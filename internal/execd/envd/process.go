@@ -112,7 +112,7 @@ var keepaliveEvent = &ppb.ProcessEvent{Event: &ppb.ProcessEvent_Keepalive{Keepal
 // keepaliveInterval is the client's Keepalive-Ping-Interval.
 func keepaliveInterval(h http.Header) time.Duration {
 	if n, err := strconv.Atoi(h.Get(keepaliveHeader)); err == nil && n > 0 {
-		return time.Duration(n) * time.Second
+		return time.Duration(min(n, 3600)) * time.Second
 	}
 	return defaultKeepalive
 }
