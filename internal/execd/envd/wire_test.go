@@ -3,6 +3,7 @@ package envd_test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,11 +28,20 @@ func TestWireAsTheSDKsSendIt(t *testing.T) {
 		t.Fatalf("unary error: %d %s", resp.StatusCode, body)
 	}
 	// snake_case field names are accepted too.
+	resp, err = e.http.Post(e.url+"/filesystem.Filesystem/CreateWatcher", "application/json", strings.NewReader(`{"path":"`+t.TempDir()+`","include_entry":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"watcherId"`) {
+		t.Fatalf("snake_case request: %d %s", resp.StatusCode, body)
+	}
 	resp, err = e.http.Post(e.url+"/filesystem.Filesystem/ListDir", "application/json", strings.NewReader(`{"path":"/","depth":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"type":"FILE_TYPE_DIRECTORY"`) || !strings.Contains(body, `"modifiedTime":"`) {
+	var list bytes.Buffer
+	json.Compact(&list, []byte(readAll(t, resp)))
+	if body := list.String(); resp.StatusCode != 200 || !strings.Contains(body, `"type":"FILE_TYPE_DIRECTORY"`) || !strings.Contains(body, `"modifiedTime":"`) {
 		t.Fatalf("list /: %d %.300s", resp.StatusCode, body)
 	}
 	// A server stream: one enveloped request, enveloped events, then the
@@ -59,7 +69,12 @@ func TestWireAsTheSDKsSendIt(t *testing.T) {
 	for len(raw) >= 5 {
 		n := binary.BigEndian.Uint32(raw[1:5])
 		flags = append(flags, raw[0])
-		frames = append(frames, string(raw[5:5+n]))
+		// protojson varies its whitespace on purpose: compare compacted.
+		var c bytes.Buffer
+		if err := json.Compact(&c, raw[5:5+n]); err != nil {
+			t.Fatalf("frame %q: %v", raw[5:5+n], err)
+		}
+		frames = append(frames, c.String())
 		raw = raw[5+n:]
 	}
 	if len(frames) < 3 || !strings.HasPrefix(frames[0], `{"event":{"start":{"pid":`) || frames[1] != `{"event":{"data":{"stdout":"aGkK"}}}` ||
