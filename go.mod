@@ -3,6 +3,7 @@ module github.com/moat-sandbox/moat
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/coder/websocket v1.8.15
 	github.com/containerd/errdefs v1.0.0
 	github.com/containerd/go-runc v1.1.0
@@ -116,7 +117,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.44.0 // indirect
 	go.opentelemetry.io/otel/trace v1.44.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/protobuf v1.36.12
 )
 
 replace github.com/moat-sandbox/moat/client => ./client

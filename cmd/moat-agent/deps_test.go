@@ -27,6 +27,8 @@ var allowed = []string{
 	"github.com/go-zeromq/zmq4",  // Jupyter kernels
 	"golang.org/x/sync/errgroup", // zmq4
 	"golang.org/x/text/",         // zmq4 (cases, for socket option names)
+	"connectrpc.com/connect",     // E2B envd's Connect services
+	"google.golang.org/protobuf", // their messages (JSON and binary codecs)
 }
 
 // agentDeps is the artifact's dependency list: `go list -deps` of this

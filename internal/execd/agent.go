@@ -54,6 +54,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv, err := NewServer(Options{
 		Token: cfg.Token, BaseEnv: baseEnv, EnvFile: cfg.EnvFile, StateDir: cfg.StateDir,
 		Grace: cfg.Grace, Reaper: reaper, Log: log, NoKernels: cfg.NoKernels,
+		EnvdUser: cfg.EnvdUser, EnvdWorkdir: cfg.EnvdWorkdir,
 	})
 	if err != nil {
 		return err
@@ -62,6 +63,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
+	envdSrv := serveEnvd(cfg.EnvdListen, srv, log)
 
 	entry := runEntrypoint(reaper, cfg.Entrypoint, baseEnv, log)
 	waitForShutdown(ctx, serveErr, sigs, entry, log)
@@ -70,11 +72,41 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer stop()
 	hs.Shutdown(shutdownCtx)
 	hs.Close()
+	if envdSrv != nil {
+		envdSrv.Close()
+	}
 	if entry != nil {
 		entry.Signal(syscall.SIGKILL)
 	}
 	srv.Close(shutdownCtx)
 	return nil
+}
+
+// serveEnvd serves the E2B envd face on addr (none when addr is empty),
+// over HTTP/1.1 and h2c as envd does. A failure to listen is logged, not
+// fatal: the execd API goes on without it.
+func serveEnvd(addr string, srv *Server, log *slog.Logger) *http.Server {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error("envd listen failed; serving without the E2B face", "addr", addr, "err", err)
+		return nil
+	}
+	hs := web.NewServer(addr, srv.EnvdHandler(), log)
+	// Streams live long: no idle cut while one is open, keepalives flow.
+	hs.IdleTimeout = 10 * time.Minute
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("envd server failed", "err", err)
+		}
+	}()
+	log.Info("envd listening", "addr", ln.Addr().String())
+	return hs
 }
 
 // childEnv is the environment children inherit. The token must not leak

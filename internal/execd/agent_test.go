@@ -41,13 +41,21 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// startAgent starts an agent without its envd face (which would take the
+// fixed port 49983 on the test host).
 func startAgent(t *testing.T, newPIDNS bool, token string, entry ...string) *agentProc {
+	t.Helper()
+	return startAgentArgs(t, newPIDNS, token, []string{"--envd-listen", "off"}, entry...)
+}
+
+// startAgentArgs starts an agent with extra flags.
+func startAgentArgs(t *testing.T, newPIDNS bool, token string, extra []string, entry ...string) *agentProc {
 	t.Helper()
 	port := freePort(t)
 	conf := t.TempDir() + "/agent.json"
 	data, _ := json.Marshal(map[string]any{"token": token, "port": port})
 	os.WriteFile(conf, data, 0o600)
-	args := []string{"--config", conf, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", t.TempDir()}
+	args := append([]string{"--config", conf, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", t.TempDir()}, extra...)
 	if len(entry) > 0 {
 		args = append(append(args, "--"), entry...)
 	}

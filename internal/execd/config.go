@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,15 @@ type Config struct {
 	// NoKernels makes code contexts use the built-in REPL drivers even
 	// when the image has Jupyter kernels (EXECD_JUPYTER_KERNELS=off).
 	NoKernels bool
+	// EnvdListen is the address of the E2B envd face (--envd-listen;
+	// default Listen's host on port 49983; "" = off).
+	EnvdListen string
+	// EnvdUser is envd's default user, for requests that name none
+	// (--envd-user, default root).
+	EnvdUser string
+	// EnvdWorkdir is envd's default working directory (--envd-workdir,
+	// default the user's home).
+	EnvdWorkdir string
 }
 
 // ParseArgs builds a Config from the arguments after "execd" and the
@@ -57,6 +67,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	listen := fs.String("listen", "", "listen address host:port (default 0.0.0.0:44772)")
 	stateDir := fs.String("state-dir", "", "directory for command output files (default $TMPDIR)")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
+	envdListen := fs.String("envd-listen", "", "E2B envd listen address host:port, or off (default: the listen host, port 49983)")
+	envdUser := fs.String("envd-user", "root", "E2B envd default user")
+	envdWorkdir := fs.String("envd-workdir", "", "E2B envd default working directory (default: the user's home)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, errdefs.Invalid("INVALID_ARGUMENT", err.Error())
 	}
@@ -109,6 +122,15 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if *stateDir != "" {
 		cfg.StateDir = *stateDir
 	}
+	switch *envdListen {
+	case "off":
+	case "":
+		host, _, _ := net.SplitHostPort(cfg.Listen)
+		cfg.EnvdListen = net.JoinHostPort(host, strconv.Itoa(agentproto.EnvdPort))
+	default:
+		cfg.EnvdListen = *envdListen
+	}
+	cfg.EnvdUser, cfg.EnvdWorkdir = *envdUser, *envdWorkdir
 	if *logLevel != "" {
 		cfg.LogLevel = *logLevel
 	}
@@ -119,6 +141,17 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return errdefs.Invalid("INVALID_ARGUMENT", "listen address: "+err.Error())
+	}
+	if c.EnvdListen != "" {
+		if _, _, err := net.SplitHostPort(c.EnvdListen); err != nil {
+			return errdefs.Invalid("INVALID_ARGUMENT", "envd listen address: "+err.Error())
+		}
+		if c.EnvdListen == c.Listen {
+			return errdefs.Invalid("INVALID_ARGUMENT", "envd listen address must differ from the execd one")
+		}
+	}
+	if c.EnvdWorkdir != "" && !filepath.IsAbs(c.EnvdWorkdir) {
+		return errdefs.Invalid("INVALID_ARGUMENT", "envd workdir must be an absolute path")
 	}
 	if c.Grace < 0 {
 		return errdefs.Invalid("INVALID_ARGUMENT", "grace must not be negative")

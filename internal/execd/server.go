@@ -4,7 +4,8 @@
 // service (command, files, pty, code, metrics, proxy, over the proc runner
 // and wire framing); this package wires them, holds the route table, the
 // token and moat extensions, and the main loop; cmd/moat-agent guards what
-// it links.
+// it links. The E2B envd face (package envd) is served on a listener of its
+// own over the same runner and token.
 package execd
 
 import (
@@ -19,10 +20,12 @@ import (
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/execd/code"
 	"github.com/moat-sandbox/moat/internal/execd/command"
+	"github.com/moat-sandbox/moat/internal/execd/envd"
 	"github.com/moat-sandbox/moat/internal/execd/files"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
 	"github.com/moat-sandbox/moat/internal/execd/proxy"
 	"github.com/moat-sandbox/moat/internal/execd/pty"
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // TokenHeader carries the agent access token.
@@ -60,6 +63,9 @@ type Options struct {
 	// non-nil list also disables the plain `python3 -m ipykernel_launcher`
 	// probe.
 	KernelDirs []string
+	// EnvdUser and EnvdWorkdir are the E2B envd face's default user
+	// (default root) and working directory (default the user's home).
+	EnvdUser, EnvdWorkdir string
 }
 
 // Server serves the execd API. Create it with NewServer and release it
@@ -74,6 +80,7 @@ type Server struct {
 	ptys     *pty.Service
 	code     *code.Service
 	proxy    *proxy.Handler
+	envd     *envd.Service
 
 	// token is the access token ("" = no auth); POST /moat/v1/token
 	// replaces it.
@@ -101,10 +108,18 @@ func NewServer(opts Options) (*Server, error) {
 		code:     code.New(run, commands, code.Options{NoKernels: opts.NoKernels, KernelDirs: opts.KernelDirs}),
 		proxy:    &proxy.Handler{Log: opts.Log, TokenHeader: TokenHeader},
 	}
+	s.envd = envd.New(run, envd.Options{Token: s.currentToken, DefaultUser: opts.EnvdUser, DefaultWorkdir: opts.EnvdWorkdir})
 	s.token.Store(&opts.Token)
 	s.handler = s.routes()
 	return s, nil
 }
+
+// currentToken is the access token ("" = no auth).
+func (s *Server) currentToken() string { return *s.token.Load() }
+
+// EnvdHandler serves the E2B envd face (its own listener): the same
+// processes, runner and access token as the execd API.
+func (s *Server) EnvdHandler() http.Handler { return web.Recover(s.log, s.envd.Handler()) }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
