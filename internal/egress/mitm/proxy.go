@@ -71,6 +71,7 @@ type Client struct {
 	ca       *CA
 	rules    atomic.Pointer[vault.Rules]
 	resolved func(host string, ip netip.Addr) bool
+	withheld atomic.Pointer[withheldReporter] // OnWithheld
 }
 
 // NewClient returns the client of sandbox id, whose connections are
@@ -364,6 +365,7 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 		f.p.log.Warn("credential proxy: destination is not an address moat's DNS resolved for the host; no credential injected "+
 			"(reach bound hosts by name through the sandbox's resolver, or name the address in the binding's match.trustedCidrs; see docs/COMPATIBILITY.md)",
 			"sandbox", f.cl.id, "host", host, "dst", f.dst, "binding", inj.Binding)
+		f.cl.reportWithheld(in.Context(), Withheld{Binding: inj.Binding, Host: host, Dst: dst})
 		return
 	}
 	inj.Apply(out.Header, out.URL)
