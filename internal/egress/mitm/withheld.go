@@ -29,13 +29,18 @@ const (
 
 // OnWithheld sets the function told of withheld credentials, at most once
 // per binding and host in WithheldInterval (MaxWithheldKeys); nil: none.
-// fn runs on the request's path and must not block for long.
+// It runs on a goroutine of its own, never delaying the request. Setting
+// it again keeps what was reported.
 func (c *Client) OnWithheld(fn func(ctx context.Context, w Withheld)) {
 	if fn == nil {
 		c.withheld.Store(nil)
 		return
 	}
-	c.withheld.Store(&withheldReporter{fn: fn, throttle: newThrottle(WithheldInterval, MaxWithheldKeys, time.Now)})
+	th := newThrottle(WithheldInterval, MaxWithheldKeys, time.Now)
+	if old := c.withheld.Load(); old != nil {
+		th = old.throttle
+	}
+	c.withheld.Store(&withheldReporter{fn: fn, throttle: th})
 }
 
 // withheldReporter is a client's OnWithheld function and its throttle.
@@ -44,14 +49,14 @@ type withheldReporter struct {
 	throttle *throttle
 }
 
-// reportWithheld tells the client's OnWithheld function of w unless the
-// throttle holds it back.
-func (c *Client) reportWithheld(ctx context.Context, w Withheld) {
+// reportWithheld returns the client's OnWithheld function if w is to be
+// reported (the throttle lets it through), else nil.
+func (c *Client) reportWithheld(w Withheld) func(ctx context.Context, w Withheld) {
 	r := c.withheld.Load()
 	if r == nil || !r.throttle.allow(w.Binding+"\x00"+w.Host) {
-		return
+		return nil
 	}
-	r.fn(ctx, w)
+	return r.fn
 }
 
 // throttle lets a key through at most once per interval, tracking at most
