@@ -96,8 +96,10 @@ func (h *HostInterceptor) release(ctx context.Context, addrs []netip.Addr) error
 // HTTP(S) goes through the Interceptor, TLS to bound hosts is terminated
 // with ca, and rules (nil: none yet) say what to inject. Credentials are
 // injected only towards addresses the sandbox resolved for the host
-// through the DNS proxy, which the enforcer records.
-func (e *Enforcer) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error {
+// through the DNS proxy, which the enforcer records, or that the binding
+// trusts; withheld (nil: none) is told of the others
+// (mitm.Client.OnWithheld).
+func (e *Enforcer) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
 	if e.cfg.Interceptor == nil {
 		return fmt.Errorf("egress: this server cannot intercept sandbox traffic (no credential proxy): %w", errdefs.ErrNotImplemented)
 	}
@@ -112,10 +114,12 @@ func (e *Enforcer) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rule
 	}
 	if sb.proxy != nil {
 		sb.proxy.SetRules(rules)
+		sb.proxy.OnWithheld(withheld)
 		return nil
 	}
 	c := mitm.NewClient(id, ca, sb.resolvedTo)
 	c.SetRules(rules)
+	c.OnWithheld(withheld)
 	if err := e.cfg.Interceptor.Intercept(ctx, sb.id, sb.ip, c); err != nil {
 		return fmt.Errorf("egress: sandbox %q: credential proxy: %w", id, err)
 	}

@@ -31,10 +31,12 @@ type fakeEgress struct {
 	mu      sync.Mutex
 	pols    map[string]policy.NetworkPolicy
 	proxies map[string]*vault.Rules
+	// withheld is what each proxy would tell of withheld credentials.
+	withheld map[string]func(context.Context, mitm.Withheld)
 }
 
 func newFakeEgress() *fakeEgress {
-	return &fakeEgress{pols: map[string]policy.NetworkPolicy{}, proxies: map[string]*vault.Rules{}}
+	return &fakeEgress{pols: map[string]policy.NetworkPolicy{}, proxies: map[string]*vault.Rules{}, withheld: map[string]func(context.Context, mitm.Withheld){}}
 }
 
 func (f *fakeEgress) Attach(_ context.Context, id string, _ netip.Addr, p policy.NetworkPolicy) error {
@@ -49,6 +51,7 @@ func (f *fakeEgress) Detach(_ context.Context, id string) error {
 	defer f.mu.Unlock()
 	delete(f.pols, id)
 	delete(f.proxies, id)
+	delete(f.withheld, id)
 	return nil
 }
 
@@ -76,11 +79,18 @@ func (f *fakeEgress) Modify(_ context.Context, id string, fn func(policy.Network
 	return p, nil
 }
 
-func (f *fakeEgress) AttachProxy(_ context.Context, id string, _ *mitm.CA, r *vault.Rules) error {
+func (f *fakeEgress) AttachProxy(_ context.Context, id string, _ *mitm.CA, r *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.proxies[id] = r
+	f.withheld[id] = withheld
 	return nil
+}
+
+func (f *fakeEgress) withheldOf(id string) func(context.Context, mitm.Withheld) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.withheld[id]
 }
 
 func (f *fakeEgress) SetProxyRules(id string, r *vault.Rules) error {
@@ -301,5 +311,51 @@ func TestCredentialProxyCreate(t *testing.T) {
 	}
 	if r := eg.rules(id); r != nil && r.Match("https", "api.test", 443, "GET", "/") != nil {
 		t.Fatal("rules still inject after the vault was deleted")
+	}
+}
+
+// A credential the proxy withholds (the destination was not resolved by
+// moat's DNS) is a runtime event of the sandbox, naming the binding, the
+// host and the address and pointing at match.trustedCidrs.
+func TestWithheldCredentialIsASandboxEvent(t *testing.T) {
+	srv, eg, _ := newEgressAPI(t)
+	code, m, _ := call(t, srv, "POST", "/v1/sandboxes", vaultSandboxBody)
+	if code != 202 {
+		t.Fatalf("create: %d %v", code, m)
+	}
+	id := m["id"].(string)
+	var report func(context.Context, mitm.Withheld)
+	for deadline := time.Now().Add(30 * time.Second); report == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the credential proxy was never attached")
+		}
+		report = eg.withheldOf(id)
+	}
+	report(context.Background(), mitm.Withheld{Binding: "api", Host: "api.test", Dst: netip.MustParseAddr("10.0.0.5")})
+	events := func(scope string) string {
+		t.Helper()
+		code, m, _ := call(t, srv, "GET", "/v1/sandboxes/"+id+"/diagnostics/events?scope="+scope, "")
+		if code != 200 {
+			t.Fatalf("events: %d %v", code, m)
+		}
+		return m["content"].(string)
+	}
+	got := events("runtime")
+	for _, want := range []string{" runtime CredentialWithheld UnresolvedDestination ", `binding "api"`, "api.test at 10.0.0.5",
+		"match.trustedCidrs, e.g. 10.0.0.5/32"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("runtime events lack %q:\n%s", want, got)
+		}
+	}
+	if got := events("lifecycle"); strings.Contains(got, "CredentialWithheld") {
+		t.Errorf("a runtime event among the lifecycle ones:\n%s", got)
+	}
+	// A sandbox that is gone takes no event (and the report does not fail).
+	if code, m, _ := call(t, srv, "DELETE", "/v1/sandboxes/"+id, ""); code != 204 {
+		t.Fatalf("delete: %d %v", code, m)
+	}
+	report(context.Background(), mitm.Withheld{Binding: "api", Host: "api.test", Dst: netip.MustParseAddr("10.0.0.6")})
+	if got := events("runtime"); strings.Contains(got, "10.0.0.6") {
+		t.Errorf("a deleted sandbox recorded an event:\n%s", got)
 	}
 }

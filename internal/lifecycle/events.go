@@ -235,6 +235,22 @@ func (l *eventLog) load() error {
 	})
 }
 
+// RecordEvent appends ev, stamped now, to sandbox id's events: how a
+// feature outside the lifecycle (the Credential Vault's proxy) tells the
+// sandbox's user of something. ev needs a Type and a Scope.
+// ErrNotFound if the sandbox does not exist (a deleted one's events are
+// closed).
+func (s *Service) RecordEvent(ctx context.Context, id string, ev Event) error {
+	if ev.Type == "" || ev.Scope == "" {
+		return fmt.Errorf("event of sandbox %q needs a type and a scope: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if _, err := s.get(ctx, id); err != nil {
+		return err
+	}
+	s.events.record(id, ev.Type, ev.Scope, ev.Reason, ev.Message)
+	return nil
+}
+
 // FlushEvents writes pending events to the store (for tests; the reaper
 // does it every tick).
 func (s *Service) FlushEvents() { s.events.flush() }

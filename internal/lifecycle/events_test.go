@@ -165,3 +165,53 @@ func TestLogs(t *testing.T) {
 		t.Fatalf("no-logs runtime: %v", err)
 	}
 }
+
+// A feature's event (RecordEvent) joins the sandbox's ring, stamped now,
+// and is persisted with it; a deleted or unknown sandbox takes none, and
+// an event without type or scope is refused.
+func TestRecordEventOfAFeature(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb, err := h.svc.Create(ctx, req(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Add(time.Second)
+	ev := Event{Type: "CredentialWithheld", Scope: ScopeRuntime, Reason: "UnresolvedDestination", Message: "binding api"}
+	if err := h.svc.RecordEvent(ctx, sb.ID, ev); err != nil {
+		t.Fatal(err)
+	}
+	evs, _, err := h.svc.Events(ctx, sb.ID)
+	if err != nil || len(evs) == 0 {
+		t.Fatalf("events %v %v", evs, err)
+	}
+	got := evs[len(evs)-1]
+	if got.Type != ev.Type || got.Scope != ev.Scope || got.Reason != ev.Reason || got.Message != ev.Message || !got.Time.Equal(h.clk.Now()) {
+		t.Fatalf("recorded %+v, want %+v at %v", got, ev, h.clk.Now())
+	}
+	for _, bad := range []Event{{Scope: ScopeRuntime}, {Type: "X"}} {
+		if err := h.svc.RecordEvent(ctx, sb.ID, bad); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("RecordEvent(%+v): %v, want invalid argument", bad, err)
+		}
+	}
+	if err := h.svc.RecordEvent(ctx, "no-such-sandbox", ev); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown sandbox: %v", err)
+	}
+	if _, _, err := h.svc.Events(ctx, "no-such-sandbox"); !errdefs.IsNotFound(err) {
+		t.Fatalf("an unknown sandbox got an event ring: %v", err)
+	}
+	h.svc.ReapOnce(ctx)
+	svc2 := h.newService(t)
+	if err := svc2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if evs, _, _ := svc2.Events(ctx, sb.ID); !slices.Contains(eventTypes(evs), ev.Type) {
+		t.Fatalf("after restart: %v", eventTypes(evs))
+	}
+	if err := svc2.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc2.RecordEvent(ctx, sb.ID, ev); !errdefs.IsNotFound(err) {
+		t.Fatalf("deleted sandbox: %v", err)
+	}
+}

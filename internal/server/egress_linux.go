@@ -241,8 +241,8 @@ func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.Net
 }
 
 // AttachProxy implements credvault.CredentialProxy.
-func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error {
-	return a.enf.AttachProxy(ctx, id, ca, rules)
+func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
+	return a.enf.AttachProxy(ctx, id, ca, rules, withheld)
 }
 
 // SetProxyRules implements credvault.CredentialProxy.

@@ -171,12 +171,14 @@ func (v *vaultSandbox) mustVault(want int, method, path, body string) string {
 }
 
 // newVaultSandbox creates a sandbox for t; parent owns its deletion (it
-// outlives t).
-func newVaultSandbox(t, parent *testing.T, srv *server, ref, class string, probe []byte) *vaultSandbox {
+// outlives t). Its policy allows *.vault.test and the allow targets.
+func newVaultSandbox(t, parent *testing.T, srv *server, ref, class string, probe []byte, allow ...string) *vaultSandbox {
 	t.Helper()
-	np := map[string]any{"defaultAction": "deny", "egress": []map[string]string{
-		{"action": "allow", "target": "*.vault.test"},
-	}}
+	rules := []map[string]string{{"action": "allow", "target": "*.vault.test"}}
+	for _, a := range allow {
+		rules = append(rules, map[string]string{"action": "allow", "target": a})
+	}
+	np := map[string]any{"defaultAction": "deny", "egress": rules}
 	body := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600,
 		"networkPolicy": np, "credentialProxy": map[string]any{"enabled": true}, "extensions": map[string]string{"moat.runtime": class}}
 	var c sandboxResp

@@ -71,6 +71,7 @@ type Client struct {
 	ca       *CA
 	rules    atomic.Pointer[vault.Rules]
 	resolved func(host string, ip netip.Addr) bool
+	withheld atomic.Pointer[withheldReporter] // OnWithheld
 }
 
 // NewClient returns the client of sandbox id, whose connections are
@@ -364,6 +365,13 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 		f.p.log.Warn("credential proxy: destination is not an address moat's DNS resolved for the host; no credential injected "+
 			"(reach bound hosts by name through the sandbox's resolver, or name the address in the binding's match.trustedCidrs; see docs/COMPATIBILITY.md)",
 			"sandbox", f.cl.id, "host", host, "dst", f.dst, "binding", inj.Binding)
+		w := Withheld{Binding: inj.Binding, Host: host, Dst: dst}
+		if report := f.cl.reportWithheld(w); report != nil {
+			// Off the request's path; Serve waits for it. The handler
+			// holds a count of p.wg, so Add cannot race Serve's Wait.
+			ctx := context.WithoutCancel(in.Context())
+			f.p.wg.Go(func() { report(ctx, w) })
+		}
 		return
 	}
 	inj.Apply(out.Header, out.URL)

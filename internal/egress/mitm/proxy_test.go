@@ -273,17 +273,70 @@ func TestUnboundHostIsTunnelledUntouched(t *testing.T) {
 	}
 }
 
+// withheldLog records what a client reports through OnWithheld.
+type withheldLog struct {
+	mu  sync.Mutex
+	got []Withheld
+}
+
+func recordWithheld(cl *Client) *withheldLog {
+	l := &withheldLog{}
+	cl.OnWithheld(func(_ context.Context, w Withheld) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.got = append(l.got, w)
+	})
+	return l
+}
+
+func (l *withheldLog) all() []Withheld {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Withheld(nil), l.got...)
+}
+
+// wait returns the reports once there are at least n (they run on
+// goroutines of their own), or what there is after a generous timeout.
+func (l *withheldLog) wait(n int) []Withheld {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if got := l.all(); len(got) >= n || time.Now().After(deadline) {
+			return got
+		}
+	}
+}
+
 func TestNoInjectionToAnAddressTheSandboxDidNotResolve(t *testing.T) {
 	r := newRig(t)
 	r.cl.SetRules(rules(t, testVault))
+	reports := recordWithheld(r.cl)
 	up := startUpstream(t, r.pubCA, "api.test")
 	via := r.route("10.9.0.3:443", up) // api.test never resolved to 10.9.0.3
 	c := sandboxClient(via, pool(r.sbCA))
-	if resp, body := get(t, c, "https://api.test/v1/x", nil); resp.StatusCode != 200 {
-		t.Fatalf("status %d %s", resp.StatusCode, body)
+	// The second request is within WithheldInterval: not reported again.
+	for i := range 2 {
+		if resp, body := get(t, c, "https://api.test/v1/x", nil); resp.StatusCode != 200 {
+			t.Fatalf("%d. status %d %s", i, resp.StatusCode, body)
+		}
+		if a := up.last(t).Header.Get("Authorization"); a != "" {
+			t.Fatalf("%d. credential sent to an unresolved address: %q", i, a)
+		}
 	}
-	if a := up.last(t).Header.Get("Authorization"); a != "" {
-		t.Fatalf("credential sent to an unresolved address: %q", a)
+	want := Withheld{Binding: "api", Host: "api.test", Dst: netip.MustParseAddr("10.9.0.3")}
+	if got := reports.wait(1); len(got) != 1 || got[0] != want {
+		t.Fatalf("withheld reports %+v, want one %+v", got, want)
+	}
+	// A resolved destination gets the credential and no report.
+	via = r.route("10.9.0.4:443", up, "api.test")
+	get(t, sandboxClient(via, pool(r.sbCA)), "https://api.test/v1/y", nil)
+	if a := up.last(t).Header.Get("Authorization"); a != "Bearer "+secret {
+		t.Fatalf("resolved destination: Authorization %q", a)
+	}
+	// Another binding's withheld credential is reported on its own; the
+	// resolved request above added none.
+	via = r.route("10.9.0.5:443", up)
+	get(t, sandboxClient(via, pool(r.sbCA)), "https://q.test/z", nil)
+	if got := reports.wait(2); len(got) != 2 || got[1].Binding != "q" {
+		t.Fatalf("withheld reports %+v, want api then q", got)
 	}
 }
 
@@ -294,12 +347,14 @@ func TestTrustedCIDRsGetTheCredentialUnresolved(t *testing.T) {
 	r := newRig(t)
 	r.cl.SetRules(rules(t, `{"credentials":[{"name":"t","source":{"value":"`+secret+`"}}],
 	 "bindings":[{"name":"api","match":{"hosts":["api.test"],"trustedCidrs":["10.9.1.0/24"]},"auth":{"type":"bearer","credential":"t"}}]}`))
+	reports := recordWithheld(r.cl)
 	up := startUpstream(t, r.pubCA, "api.test")
 	for i, c := range []struct {
 		dst, want string
+		reports   int // withheld reports so far
 	}{
-		{"10.9.1.7:443", "Bearer " + secret}, // in the trusted prefix, never resolved
-		{"10.9.2.7:443", ""},                 // outside it, never resolved
+		{"10.9.1.7:443", "Bearer " + secret, 0}, // in the trusted prefix, never resolved
+		{"10.9.2.7:443", "", 1},                 // outside it, never resolved
 	} {
 		via := r.route(c.dst, up)
 		if resp, body := get(t, sandboxClient(via, pool(r.sbCA)), "https://api.test/x", nil); resp.StatusCode != 200 {
@@ -307,6 +362,9 @@ func TestTrustedCIDRsGetTheCredentialUnresolved(t *testing.T) {
 		}
 		if a := up.last(t).Header.Get("Authorization"); a != c.want {
 			t.Fatalf("%d. %s: Authorization %q, want %q", i, c.dst, a, c.want)
+		}
+		if got := reports.wait(c.reports); len(got) != c.reports || (c.reports > 0 && got[0].Dst.String()+":443" != c.dst) {
+			t.Fatalf("%d. %s: withheld reports %+v, want %d (the last for %s)", i, c.dst, got, c.reports, c.dst)
 		}
 	}
 }

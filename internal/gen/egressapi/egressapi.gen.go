@@ -264,7 +264,9 @@ type CredentialMatch struct {
 	// TrustedCidrs moat extension. A credential goes only to an address moat's DNS resolved for the host, so that a
 	// sandbox cannot send a bound `Host` to an address of its choosing. Destinations in these CIDR prefixes
 	// (e.g. `10.0.0.0/24`; not `/0`) get it too, however the sandbox reached them (`curl --resolve`,
-	// `/etc/hosts`). Trust only addresses you control.
+	// `/etc/hosts`). Trust only addresses you control. A request the credential is withheld from records a
+	// `CredentialWithheld` event (reason `UnresolvedDestination`, naming the binding, host and address) in the
+	// sandbox's `diagnostics/events`, at most one a minute per binding and host.
 	TrustedCidrs *[]string `json:"trustedCidrs,omitempty"`
 }
 

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/egress/mitm"
@@ -26,8 +27,9 @@ import (
 // assertion). Detach of the egress policy also ends the proxy.
 type CredentialProxy interface {
 	// AttachProxy starts intercepting attached sandbox id's HTTP(S) with
-	// its CA and injection rules (nil: none yet).
-	AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules) error
+	// its CA and injection rules (nil: none yet); withheld is told of
+	// credentials the proxy withholds (mitm.Client.OnWithheld).
+	AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error
 	// SetProxyRules replaces the rules; the next request uses them.
 	SetProxyRules(id string, rules *vault.Rules) error
 }
@@ -130,7 +132,34 @@ func (s *Proxies) Attach(ctx context.Context, e *lifecycle.Entry) error {
 	if !ok {
 		return fmt.Errorf("credential proxy: %w", errdefs.ErrNotImplemented)
 	}
-	return cp.AttachProxy(ctx, e.ID(), c.ca, c.state.Compile())
+	return cp.AttachProxy(ctx, e.ID(), c.ca, c.state.Compile(), s.withheld(e.ID()))
+}
+
+// Events of the Credential Vault, in the sandbox's event ring (scope
+// runtime, with lifecycle.Service.RecordEvent).
+const (
+	// EventCredentialWithheld: a request matched a binding but went
+	// without its credential.
+	EventCredentialWithheld = "CredentialWithheld"
+	// ReasonUnresolvedDestination: its destination was an address the
+	// sandbox chose (curl --resolve, /etc/hosts, an IP), not one moat's
+	// DNS resolved for the host, and not in the binding's
+	// match.trustedCidrs.
+	ReasonUnresolvedDestination = "UnresolvedDestination"
+)
+
+// withheld records sandbox id's withheld credentials as events (the proxy
+// reports each binding and host at most once per mitm.WithheldInterval).
+func (s *Proxies) withheld(id string) func(context.Context, mitm.Withheld) {
+	return func(ctx context.Context, w mitm.Withheld) {
+		msg := fmt.Sprintf("binding %q: no credential injected for %s at %s, an address moat's DNS did not resolve for the host "+
+			"(reach the host by name through the sandbox's resolver, or trust the address in the binding's match.trustedCidrs, e.g. %s; "+
+			"repeats for this binding and host within %v are not recorded)", w.Binding, w.Host, w.Dst, netip.PrefixFrom(w.Dst, w.Dst.BitLen()), mitm.WithheldInterval)
+		// The sandbox may be gone (a request in flight while it is
+		// deleted): then there is no one to tell.
+		_ = s.core.RecordEvent(ctx, id, lifecycle.Event{Type: EventCredentialWithheld, Scope: lifecycle.ScopeRuntime,
+			Reason: ReasonUnresolvedDestination, Message: msg})
+	}
 }
 
 // Recover reopens a recovered sandbox's sealed CA and vault and restarts

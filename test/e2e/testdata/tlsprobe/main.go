@@ -3,14 +3,18 @@
 // reads SSL_CERT_FILE and the distributions' bundle paths) and prints the
 // outcome as one JSON line: status, the TLS peer's issuer, the body, or
 // the error. With -insecure it skips verification but still reports the
-// issuer, to tell which certificate the sandbox was shown.
+// issuer, to tell which certificate the sandbox was shown. With -resolve
+// host:port:addr it connects to addr for host:port without asking DNS, as
+// curl --resolve does.
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -27,6 +31,7 @@ type result struct {
 func main() {
 	insecure := flag.Bool("insecure", false, "do not verify the server certificate")
 	timeout := flag.Duration("timeout", 15*time.Second, "give up after this long")
+	resolve := flag.String("resolve", "", "host:port:addr: connect to addr for host:port (no DNS)")
 	flag.Parse()
 	var out result
 	defer func() { json.NewEncoder(os.Stdout).Encode(out) }()
@@ -39,7 +44,25 @@ func main() {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
+	d := &net.Dialer{}
+	dial := d.DialContext
+	if *resolve != "" {
+		// host:port:addr, addr possibly an IPv6 address (with colons).
+		parts := strings.SplitN(*resolve, ":", 3)
+		if len(parts) != 3 {
+			out.Err = "-resolve wants host:port:addr"
+			return
+		}
+		from, to := net.JoinHostPort(parts[0], parts[1]), net.JoinHostPort(strings.Trim(parts[2], "[]"), parts[1])
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == from {
+				addr = to
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	}
 	c := &http.Client{Timeout: *timeout, Transport: &http.Transport{
+		DialContext:     dial,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: *insecure},
 	}}
 	resp, err := c.Do(req)
