@@ -13,6 +13,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -82,6 +83,10 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
+	}
+	// Activity for the idle policy; an idle-paused sandbox is woken first.
+	if err := p.svc.Access(r.Context(), id, idle.ViaProxy); err != nil {
+		return err
 	}
 	if port == EgressPort && p.egress != nil {
 		// Port 18080 is the egress API (upstream's sidecar), which moat
