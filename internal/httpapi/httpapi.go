@@ -529,9 +529,11 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A client that looks up an endpoint is about to use it (an SDK's
 	// connect): an idle-paused sandbox is woken first.
-	if err := s.svc.Access(r.Context(), id, idle.ViaEndpoint); err != nil {
+	done, err := s.svc.Access(r.Context(), id, idle.ViaEndpoint)
+	if err != nil {
 		return err
 	}
+	done()
 	ep, err := s.svc.Endpoint(r.Context(), id, port)
 	if err != nil {
 		return err

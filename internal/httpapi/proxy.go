@@ -85,9 +85,11 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
 	}
 	// Activity for the idle policy; an idle-paused sandbox is woken first.
-	if err := p.svc.Access(r.Context(), id, idle.ViaProxy); err != nil {
+	done, err := p.svc.Access(r.Context(), id, idle.ViaProxy)
+	if err != nil {
 		return err
 	}
+	defer done()
 	if port == EgressPort && p.egress != nil {
 		// Port 18080 is the egress API (upstream's sidecar), which moat
 		// serves itself for sandboxes with a network policy.

@@ -93,9 +93,10 @@ type Resolver interface {
 // Waker is implemented by resolvers whose sandboxes may be paused for
 // idleness. Wake is called once per authorised request, before proxying:
 // it returns once the sandbox can answer, or the error to answer instead
-// (classified as for Resolve; a Retry-After it carries is sent).
+// (classified as for Resolve; a Retry-After it carries is sent). done is
+// called once the request is over.
 type Waker interface {
-	Wake(ctx context.Context, sandboxID string) error
+	Wake(ctx context.Context, sandboxID string) (done func(), err error)
 }
 
 // Config configures a Gateway. The zero value is usable: host routing off,
@@ -284,10 +285,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		p.query = q
 	}
 	if wk, ok := g.res.(Waker); ok {
-		if err := wk.Wake(ctx, id); err != nil {
+		done, err := wk.Wake(ctx, id)
+		if err != nil {
 			g.web.WriteError(w, r, err)
 			return
 		}
+		defer done()
 	}
 	g.res.Touch(r.Context(), id)
 	if r.Header.Get("Upgrade") != "" {

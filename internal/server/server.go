@@ -347,7 +347,7 @@ func (r ingressResolver) Resolve(ctx context.Context, id string, port int) (ingr
 }
 
 // Wake wakes an idle-paused sandbox before the gateway proxies to it.
-func (r ingressResolver) Wake(ctx context.Context, id string) error {
+func (r ingressResolver) Wake(ctx context.Context, id string) (func(), error) {
 	return r.svc.Access(ctx, id, idle.ViaIngress)
 }
 

@@ -127,8 +127,8 @@ type Metrics interface {
 
 // Idle is the idle-policy feature. It is safe for concurrent use.
 //
-// mu guards seen and wakes. Lock order: a sandbox's lock before mu; mu
-// is never held while the core is called.
+// mu guards sandboxes and wakes. Lock order: a sandbox's lock before mu;
+// mu is never held while the core is called.
 type Idle struct {
 	core    *lifecycle.Service
 	rt      runtime.Runtime
@@ -142,11 +142,28 @@ type Idle struct {
 	started time.Time
 
 	mu sync.Mutex
-	// seen is the last activity of each sandbox (by ID).
-	seen map[string]time.Time
+	// sandboxes are the sandboxes with an idle policy, by ID, as the
+	// last sweep found them, with their activity.
+	sandboxes map[string]*tracked
 	// wakes are the wakes in flight, by sandbox ID: the requests that
 	// reach a waking sandbox wait for the same one.
 	wakes map[string]*wake
+}
+
+// tracked is a sandbox with an idle policy. Guarded by Idle.mu.
+type tracked struct {
+	owner   string // the sandbox's tenant (fixed)
+	timeout time.Duration
+	action  string
+	// seen is the last activity; inflight counts the requests under way
+	// (a sandbox with one is never idle).
+	seen     time.Time
+	inflight int
+	// pausing is set while a sweep pauses the sandbox, paused while its
+	// idle policy holds it paused: a request then wakes it.
+	pausing, paused bool
+	// swept is when a sweep last found the sandbox.
+	swept time.Time
 }
 
 // wake is one resume of an idle-paused sandbox; err is set before done
@@ -165,7 +182,7 @@ func New(core *lifecycle.Service, cfg Config, metrics Metrics) *Idle {
 		leader = func() bool { return true }
 	}
 	return &Idle{core: core, rt: d.Runtime, log: d.Log, cfg: cfg, metrics: metrics, leader: leader,
-		started: core.Now(), seen: map[string]time.Time{}, wakes: map[string]*wake{}}
+		started: core.Now(), sandboxes: map[string]*tracked{}, wakes: map[string]*wake{}}
 }
 
 // CheckPolicy validates the idle policy of a new sandbox's record: its
@@ -190,51 +207,53 @@ func (f *Idle) CheckPolicy(sb *lifecycle.Sandbox) error {
 	return nil
 }
 
-// Access records activity of sandbox id and, if its idle policy paused
+// Access records a request to sandbox id and, if its idle policy paused
 // it, wakes it: Access returns once it is Running again. A wake that does
 // not finish within the WakeBudget is an ErrUnavailable error with a
 // Retry-After (503). via names the route (ViaProxy...) for the Woken
-// event. A sandbox ctx does not see is left alone (nil: the caller's own
-// lookup answers).
-func (f *Idle) Access(ctx context.Context, id, via string) error {
+// event. The caller calls done once the request is over (a sandbox with
+// a request under way is never idle); done is never nil. A sandbox ctx
+// does not see, or one without an idle policy, is left alone.
+func (f *Idle) Access(ctx context.Context, id, via string) (done func(), err error) {
 	f.mu.Lock()
-	w := f.wakes[id]
-	if w != nil {
-		f.seen[id] = f.core.Now()
+	r := f.sandboxes[id]
+	if r == nil || !lifecycle.Visible(ctx, r.owner) {
+		f.mu.Unlock()
+		return func() {}, nil
+	}
+	r.seen = f.core.Now()
+	r.inflight++
+	var w *wake
+	if r.paused || r.pausing {
+		w = f.startWakeLocked(id, via)
 	}
 	f.mu.Unlock()
-	if w == nil {
-		var paused bool
-		err := f.core.WithLock(ctx, id, func(e *lifecycle.Entry) error {
-			paused = idlePaused(e.Sandbox())
-			f.touch(id) // only sandboxes that exist: the proxy route is open
-			return nil
+	var once sync.Once
+	done = func() {
+		once.Do(func() {
+			f.mu.Lock()
+			r.inflight--
+			r.seen = f.core.Now()
+			f.mu.Unlock()
 		})
-		if err != nil || !paused {
-			return nil
-		}
-		w = f.startWake(id, via)
 	}
-	return f.await(ctx, id, w)
-}
-
-// touch records activity of sandbox id now.
-func (f *Idle) touch(id string) {
-	f.mu.Lock()
-	f.seen[id] = f.core.Now()
-	f.mu.Unlock()
+	if w != nil {
+		if err := f.await(ctx, id, w); err != nil {
+			done()
+			return func() {}, err
+		}
+	}
+	return done, nil
 }
 
 func idlePaused(sb *lifecycle.Sandbox) bool {
 	return sb.Status.State == lifecycle.StatePaused && sb.Status.Reason == lifecycle.ReasonIdlePaused
 }
 
-// startWake returns the wake in flight of sandbox id, starting one if
-// there is none. The wake runs on its own: it finishes even when every
-// request that waits for it has gone.
-func (f *Idle) startWake(id, via string) *wake {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// startWakeLocked returns the wake in flight of sandbox id, starting
+// one if there is none; the caller holds f.mu. The wake runs on its own:
+// it finishes even when every request that waits for it has gone.
+func (f *Idle) startWakeLocked(id, via string) *wake {
 	if w := f.wakes[id]; w != nil {
 		return w
 	}
@@ -244,10 +263,10 @@ func (f *Idle) startWake(id, via string) *wake {
 		start := time.Now()
 		var woke bool
 		// The caller was checked to see the sandbox; the wake itself is
-		// the server's.
+		// the server's. A pause under way finishes first (the lock).
 		err := f.core.WithLock(context.Background(), id, func(e *lifecycle.Entry) error {
 			if !idlePaused(e.Sandbox()) {
-				return nil // woken or deleted meanwhile
+				return nil // resumed or paused through the API meanwhile
 			}
 			woke = true
 			return e.Resume(context.Background(), lifecycle.ReasonWaking, "woken by "+via)
@@ -264,8 +283,9 @@ func (f *Idle) startWake(id, via string) *wake {
 		}
 		f.mu.Lock()
 		delete(f.wakes, id)
-		if err == nil {
-			f.seen[id] = f.core.Now()
+		if r := f.sandboxes[id]; r != nil && err == nil {
+			r.paused = false
+			r.seen = f.core.Now()
 		}
 		f.mu.Unlock()
 		w.err = err
@@ -300,59 +320,68 @@ func (f *Idle) observeWake(outcome string, d time.Duration) {
 	}
 }
 
-// Run pauses idle sandboxes every Interval until ctx is done (on the
-// leader of replicas sharing a store; see lifecycle.Deps.Leader).
+// Run sweeps every Interval until ctx is done, starting at once (the
+// sandboxes a restarted server re-adopted paused are woken on access
+// from then on).
 func (f *Idle) Run(ctx context.Context) {
 	t := time.NewTicker(f.cfg.Interval)
 	defer t.Stop()
 	for {
+		f.Sweep(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if f.leader() {
-			f.Sweep(ctx)
-		}
 	}
 }
 
-// Sweep pauses the Running sandboxes whose idle timeout has run out: no
-// activity (Access) since, nor a change of state (a create, a resume, a
-// claim from a pool). A sandbox busy with another operation is looked at
-// on the next sweep.
+// forgetAfter is how long a sandbox no sweep found (deleted, or busy
+// with a long operation) keeps its activity record.
+const forgetAfter = time.Minute
+
+// Sweep finds the sandboxes with an idle policy and pauses the Running
+// ones whose idle timeout has run out: no request to them (Access) since,
+// none under way, and no change of state (a create, a resume, a claim
+// from a pool) since. Only the leader of replicas sharing a store pauses
+// (lifecycle.Deps.Leader); every replica wakes. A sandbox busy with
+// another operation is looked at on the next sweep.
 func (f *Idle) Sweep(ctx context.Context) {
 	now := f.core.Now()
-	f.mu.Lock()
-	seen := make(map[string]time.Time, len(f.seen))
-	for id, t := range f.seen {
-		if now.Sub(t) > MaxTimeout {
-			delete(f.seen, id) // it no longer matters: any policy ran out
-			continue
-		}
-		seen[id] = t
-	}
-	f.mu.Unlock()
+	leader := f.leader()
 	f.core.TryEach(func(e *lifecycle.Entry) {
 		sb := e.Sandbox()
-		if sb.Warm || sb.Status.State != lifecycle.StateRunning {
-			return
-		}
 		p, err := PolicyOf(sb.Extensions)
-		if err != nil || p.Timeout == 0 {
+		if sb.Warm || err != nil || p.Timeout == 0 {
 			return
 		}
+		f.mu.Lock()
+		r := f.sandboxes[sb.ID]
+		if r == nil {
+			r = &tracked{owner: e.Owner()}
+			f.sandboxes[sb.ID] = r
+		}
+		r.timeout, r.action, r.swept = p.Timeout, p.Action, now
+		r.paused = idlePaused(sb)
 		last := f.started
-		for _, t := range []time.Time{seen[sb.ID], sb.Status.LastTransitionAt} {
+		for _, t := range []time.Time{r.seen, sb.Status.LastTransitionAt} {
 			if t.After(last) {
 				last = t
 			}
 		}
-		if now.Sub(last) < p.Timeout {
+		// Decided and marked under mu: a request from now on wakes it.
+		due := leader && sb.Status.State == lifecycle.StateRunning && r.inflight == 0 && now.Sub(last) >= p.Timeout
+		r.pausing = due
+		f.mu.Unlock()
+		if !due {
 			return
 		}
 		msg := fmt.Sprintf("no activity for %ds (idle timeout %ds)", int(now.Sub(last).Seconds()), int(p.Timeout.Seconds()))
-		if err := e.Pause(ctx, lifecycle.ReasonIdlePaused, msg); err != nil {
+		err = e.Pause(ctx, lifecycle.ReasonIdlePaused, msg)
+		f.mu.Lock()
+		r.pausing, r.paused = false, err == nil
+		f.mu.Unlock()
+		if err != nil {
 			f.log.Warn("pause idle sandbox", "id", sb.ID, "err", err)
 			return
 		}
@@ -361,4 +390,11 @@ func (f *Idle) Sweep(ctx context.Context) {
 			f.metrics.ObserveIdlePause(p.Action)
 		}
 	})
+	f.mu.Lock()
+	for id, r := range f.sandboxes {
+		if now.Sub(r.swept) > forgetAfter && r.inflight == 0 && f.wakes[id] == nil {
+			delete(f.sandboxes, id)
+		}
+	}
+	f.mu.Unlock()
 }
