@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/sandbox"
@@ -528,6 +529,56 @@ func TestWakeBudgetManyWaiters(t *testing.T) {
 	}
 	if got := h.rt.resumes.Load(); got != 1 {
 		t.Fatalf("%d resumes, want 1", got)
+	}
+}
+
+// A pool's template carries the default idle policy of the sandboxes
+// claimed from it; a claim may override it. Idle pool sandboxes (not yet
+// claimed) are never paused.
+func TestPoolDefaultPolicy(t *testing.T) {
+	h := newHarness(t, idle.Config{})
+	ctx := context.Background()
+	_, err := h.svc.CreatePool(ctx, pool.Pool{Name: "warm", Capacity: pool.Capacity{BufferMin: 1, BufferMax: 1, PoolMax: 5},
+		Template: pool.PoolTemplate{Image: "busybox", Entrypoint: []string{"sleep", "1000"}, Extensions: map[string]string{idle.ExtTimeout: "60"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, st, err := h.svc.GetPool(ctx, "warm"); err == nil && st.Available == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pool was not filled")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	byPool, err := h.svc.Create(ctx, lifecycle.CreateRequest{Timeout: time.Hour, Extensions: map[string]string{lifecycle.ExtPoolRef: "warm"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	longer, err := h.svc.Create(ctx, lifecycle.CreateRequest{Timeout: time.Hour,
+		Extensions: map[string]string{lifecycle.ExtPoolRef: "warm", idle.ExtTimeout: "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Add(61 * time.Second)
+	h.svc.Sweep(ctx)
+	if st := h.status(t, byPool.ID); st.State != lifecycle.StatePaused || st.Reason != lifecycle.ReasonIdlePaused {
+		t.Fatalf("claimed with the pool's policy: %+v", st)
+	}
+	if st := h.status(t, longer.ID); st.State != lifecycle.StateRunning {
+		t.Fatalf("claimed with a longer policy: %+v", st)
+	}
+	n := 0
+	h.svc.Each(func(e *lifecycle.Entry) {
+		if sb := e.Sandbox(); sb.Warm && sb.Status.State != lifecycle.StateRunning {
+			t.Errorf("idle pool sandbox %s is %s", sb.ID, sb.Status.State)
+		}
+		n++
+	})
+	if n < 2 {
+		t.Fatalf("%d sandboxes in the table", n)
 	}
 }
 
