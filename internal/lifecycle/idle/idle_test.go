@@ -123,6 +123,8 @@ type harness struct {
 	rt  *gated
 	clk *clock
 	m   *metrics
+	db  *store.DB
+	cfg idle.Config
 }
 
 func newHarness(t *testing.T, cfg idle.Config) *harness {
@@ -132,16 +134,22 @@ func newHarness(t *testing.T, cfg idle.Config) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{rt: &gated{Runtime: fake.New(fake.Hooks{}), entered: make(chan struct{}, 1)},
-		clk: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, m: &metrics{}}
+		clk: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, m: &metrics{}, db: db, cfg: cfg}
 	t.Cleanup(func() { h.rt.Close(); db.Close() })
+	h.svc = h.newService(t)
+	return h
+}
+
+func (h *harness) newService(t *testing.T) *sandbox.Service {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: 24 * time.Hour}, Idle: cfg},
-		sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: h.rt, Images: images{}, Now: h.clk.Now, Log: log, Metrics: h.m}})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: 24 * time.Hour}, Idle: h.cfg},
+		sandbox.Deps{Deps: lifecycle.Deps{Store: h.db, Runtime: h.rt, Images: images{}, Now: h.clk.Now, Log: log, Metrics: h.m}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.svc.Close)
-	return h
+	t.Cleanup(svc.Close)
+	return svc
 }
 
 func createReq(ext map[string]string) lifecycle.CreateRequest {
@@ -579,6 +587,38 @@ func TestPoolDefaultPolicy(t *testing.T) {
 	})
 	if n < 2 {
 		t.Fatalf("%d sandboxes in the table", n)
+	}
+}
+
+// A sandbox that was idle-paused when the server stopped is re-adopted
+// paused and woken by the first request to the new server; the others
+// count their idle time from the new server's start.
+func TestRecoveredIdlePausedSandboxWakes(t *testing.T) {
+	h := newHarness(t, idle.Config{})
+	ctx := context.Background()
+	id := h.idlePause(t)
+	running := h.create(t, map[string]string{idle.ExtTimeout: "60"})
+	h.svc.Close()
+	h.clk.Add(2 * time.Minute) // the server was down for longer than the timeout
+	h.svc = h.newService(t)
+	if err := h.svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.status(t, id); st.State != lifecycle.StatePaused || st.Reason != lifecycle.ReasonIdlePaused {
+		t.Fatalf("recovered: %+v", st)
+	}
+	h.svc.Sweep(ctx)
+	if st := h.status(t, running); st.State != lifecycle.StateRunning {
+		t.Fatalf("right after the restart, a sandbox not reached for 2 minutes: %+v", st)
+	}
+	h.access(t, id, idle.ViaProxy)
+	if st := h.status(t, id); st.State != lifecycle.StateRunning {
+		t.Fatalf("after a request to the new server: %+v", st)
+	}
+	h.clk.Add(61 * time.Second)
+	h.svc.Sweep(ctx)
+	if st := h.status(t, running); st.State != lifecycle.StatePaused {
+		t.Fatalf("61 s after the restart: %+v", st)
 	}
 }
 
