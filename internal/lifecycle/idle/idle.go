@@ -152,9 +152,7 @@ type Idle struct {
 
 // tracked is a sandbox with an idle policy. Guarded by Idle.mu.
 type tracked struct {
-	owner   string // the sandbox's tenant (fixed)
-	timeout time.Duration
-	action  string
+	owner string // the sandbox's tenant (fixed)
 	// seen is the last activity; inflight counts the requests under way
 	// (a sandbox with one is never idle).
 	seen     time.Time
@@ -361,7 +359,7 @@ func (f *Idle) Sweep(ctx context.Context) {
 			r = &tracked{owner: e.Owner()}
 			f.sandboxes[sb.ID] = r
 		}
-		r.timeout, r.action, r.swept = p.Timeout, p.Action, now
+		r.swept = now
 		r.paused = idlePaused(sb)
 		last := f.started
 		for _, t := range []time.Time{r.seen, sb.Status.LastTransitionAt} {
