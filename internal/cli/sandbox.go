@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -41,7 +42,8 @@ func newSandboxCommand() *cobra.Command {
 // createFlags are the flags of `sandbox create` and `sandbox batch`.
 type createFlags struct {
 	image, snapshot, entrypoint, pool, runtime string
-	timeout                                    time.Duration
+	timeout, idleTimeout                       time.Duration
+	idleAction                                 string
 	env, metadata, resources, extensions       []string
 	count                                      int
 	wait                                       bool
@@ -66,6 +68,8 @@ func (f *createFlags) register(cmd *cobra.Command, batch bool) {
 	fl.StringArrayVar(&f.extensions, "extension", nil, "extension KEY=VALUE (repeatable)")
 	fl.StringVar(&f.pool, "pool", "", "claim from this warm pool (extension poolRef)")
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc, crun, runsc, docker (extension moat.runtime)")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "pause the sandbox after this long without a request through the server (whole seconds; extension moat.idle.timeout); a request wakes it")
+	fl.StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: pause (default) or hibernate (extension moat.idle.action)")
 	fl.StringVar(&f.networkPolicyFile, "network-policy-file", "", `egress policy JSON file {"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]} ("-" for stdin)`)
 	fl.BoolVar(&f.credentialProxy, "credential-proxy", false, "turn on the Credential Vault's proxy (needs --network-policy-file); see moat credential-vault")
 	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount CLAIM[/SUBPATH]:PATH[:ro] (a named volume, created if missing) or /HOST/PATH:PATH[:ro] (repeatable)")
@@ -93,6 +97,10 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		return req, invalid("--timeout must be at least 1m")
 	case f.count < 1:
 		return req, invalid("--count must be at least 1")
+	case f.idleTimeout < 0 || f.idleTimeout%time.Second != 0:
+		return req, invalid("--idle-timeout must be a whole number of seconds")
+	case f.idleAction != "" && f.idleTimeout == 0:
+		return req, invalid("--idle-action needs --idle-timeout")
 	}
 	if f.image != "" {
 		req.Image = &client.ImageSpec{URI: f.image}
@@ -131,7 +139,12 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		}
 		req.CredentialProxy = &client.CredentialProxy{Enabled: true}
 	}
-	for k, v := range map[string]string{"poolRef": f.pool, "moat.runtime": f.runtime} {
+	idleTimeout := ""
+	if f.idleTimeout > 0 {
+		idleTimeout = strconv.Itoa(int(f.idleTimeout / time.Second))
+	}
+	for k, v := range map[string]string{"poolRef": f.pool, "moat.runtime": f.runtime,
+		"moat.idle.timeout": idleTimeout, "moat.idle.action": f.idleAction} {
 		if v == "" {
 			continue
 		}

@@ -12,6 +12,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error classes. Every error returned by a moat package should wrap one of
@@ -96,4 +97,29 @@ func PublicOf(err error) (*Public, bool) {
 		return p, true
 	}
 	return nil, false
+}
+
+// Retry is an error the client may retry after After: the HTTP edge sends
+// it as Retry-After (whole seconds, at least 1).
+type Retry struct {
+	After time.Duration
+	Err   error
+}
+
+func (e *Retry) Error() string { return e.Err.Error() }
+
+func (e *Retry) Unwrap() error { return e.Err }
+
+// WithRetryAfter marks err (which should carry a class, usually
+// ErrUnavailable) as worth retrying after d.
+func WithRetryAfter(err error, d time.Duration) error { return &Retry{After: d, Err: err} }
+
+// RetryAfterOf returns how long the client should wait before retrying
+// err, if err says so (WithRetryAfter).
+func RetryAfterOf(err error) (time.Duration, bool) {
+	var r *Retry
+	if errors.As(err, &r) {
+		return r.After, true
+	}
+	return 0, false
 }

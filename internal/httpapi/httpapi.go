@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/tenant"
@@ -526,6 +527,13 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
+	// A client that looks up an endpoint is about to use it (an SDK's
+	// connect): an idle-paused sandbox is woken first.
+	done, err := s.svc.Access(r.Context(), id, idle.ViaEndpoint)
+	if err != nil {
+		return err
+	}
+	done()
 	ep, err := s.svc.Endpoint(r.Context(), id, port)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -83,6 +84,12 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.Invalid("SANDBOX::INVALID_PORT", fmt.Sprintf("port %q is not a number", r.PathValue("port")))
 	}
+	// Activity for the idle policy; an idle-paused sandbox is woken first.
+	done, err := p.svc.Access(r.Context(), id, idle.ViaProxy)
+	if err != nil {
+		return err
+	}
+	defer done()
 	if port == EgressPort && p.egress != nil {
 		// Port 18080 is the egress API (upstream's sidecar), which moat
 		// serves itself for sandboxes with a network policy.

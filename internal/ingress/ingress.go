@@ -90,6 +90,15 @@ type Resolver interface {
 	Touch(ctx context.Context, sandboxID string)
 }
 
+// Waker is implemented by resolvers whose sandboxes may be paused for
+// idleness. Wake is called once per authorised request, before proxying:
+// it returns once the sandbox can answer, or the error to answer instead
+// (classified as for Resolve; a Retry-After it carries is sent). done is
+// called once the request is over.
+type Waker interface {
+	Wake(ctx context.Context, sandboxID string) (done func(), err error)
+}
+
 // Config configures a Gateway. The zero value is usable: host routing off,
 // a 5 s dial timeout.
 type Config struct {
@@ -274,6 +283,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p.query = q
+	}
+	if wk, ok := g.res.(Waker); ok {
+		done, err := wk.Wake(ctx, id)
+		if err != nil {
+			g.web.WriteError(w, r, err)
+			return
+		}
+		defer done()
 	}
 	g.res.Touch(r.Context(), id)
 	if r.Header.Get("Upgrade") != "" {

@@ -234,7 +234,7 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 	var cpu, mem int64
 	for i, sb := range recs {
 		e := newEntry(s, sb)
-		s.events.recordTransition(e, StatePending)
+		s.events.recordTransition(e, Status{State: StatePending})
 		entries[i], ids[i] = e, e.sb.ID
 		cpu, mem = sb.Resources.CPUMillis, sb.Resources.MemoryBytes
 		if !stored[i] {

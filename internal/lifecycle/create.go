@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
@@ -57,6 +58,9 @@ func (s *Service) Validate(ctx context.Context, req CreateRequest) (Sandbox, err
 				fmt.Sprintf("snapshot %s holds process memory, which runtime %s of this server cannot restore", memory.ID, memory.Class))
 		}
 		sb.Class = memory.Class
+	}
+	if err := s.checkIdle(&sb); err != nil {
+		return Sandbox{}, err
 	}
 	if req.Timeout > 0 {
 		exp := now.Add(req.Timeout)
@@ -220,6 +224,21 @@ func applyExtensions(sb *Sandbox, ext map[string]string, classes []string) error
 			sb.RenewOnAccess = n
 		case ExtPoolRef:
 			// Handled by the pools feature before validation.
+		}
+	}
+	return nil
+}
+
+// checkIdle validates the idle policy of new record sb (extensions
+// ExtIdlePrefix...), which needs the idle feature.
+func (s *Service) checkIdle(sb *Sandbox) error {
+	if s.features.Idle != nil {
+		return s.features.Idle.CheckPolicy(sb)
+	}
+	for k := range sb.Extensions {
+		if strings.HasPrefix(k, ExtIdlePrefix) {
+			return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+				fmt.Sprintf("extensions[%s]: idle policies are not supported by this server", k))
 		}
 	}
 	return nil

@@ -33,6 +33,12 @@ const (
 	EventRecovered = "Recovered" // re-adopted after a server restart
 )
 
+// Event types of the idle policies (internal/lifecycle/idle).
+const (
+	EventIdlePaused = "IdlePaused" // frozen after a time without activity
+	EventWoken      = "Woken"      // thawed by a request to an idle-paused sandbox
+)
+
 // Event scopes (the Diagnostics API scope the event belongs to).
 const (
 	ScopeLifecycle = "lifecycle" // API-driven transitions
@@ -124,18 +130,23 @@ func (l *eventLog) markGone(id string) {
 
 // recordTransition records the event implied by a state change of e from
 // prev; the caller holds e.mu. Transitional states record nothing.
-func (l *eventLog) recordTransition(e *Entry, prev State) {
+func (l *eventLog) recordTransition(e *Entry, prev Status) {
 	st := e.sb.Status
 	switch st.State {
 	case StateRunning:
-		switch prev {
-		case StatePending:
+		switch {
+		case prev.State == StatePending:
 			l.record(e.sb.ID, EventStarted, ScopeLifecycle, st.Reason, "")
-		case StateResuming:
+		case prev.State == StateResuming && prev.Reason == ReasonWaking:
+			l.record(e.sb.ID, EventWoken, ScopeLifecycle, prev.Reason, prev.Message)
+		case prev.State == StateResuming:
 			l.record(e.sb.ID, EventResumed, ScopeLifecycle, st.Reason, "")
 		}
 	case StatePaused:
-		if prev == StatePausing {
+		switch {
+		case prev.State == StatePausing && st.Reason == ReasonIdlePaused:
+			l.record(e.sb.ID, EventIdlePaused, ScopeLifecycle, st.Reason, st.Message)
+		case prev.State == StatePausing:
 			l.record(e.sb.ID, EventPaused, ScopeLifecycle, st.Reason, "")
 		}
 	case StateFailed:

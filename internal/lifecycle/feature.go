@@ -29,6 +29,7 @@ type Features struct {
 	Snapshots Snapshots
 	Volumes   Volumes
 	Vault     CredentialProxies
+	Idle      IdlePolicies
 }
 
 // Pools is the warm-pool feature as the core drives it.
@@ -99,6 +100,13 @@ type CredentialProxies interface {
 	Recover(ctx context.Context, e *Entry) error
 }
 
+// IdlePolicies is the idle-policy feature as the core's create sees it.
+type IdlePolicies interface {
+	// CheckPolicy validates the idle policy in the extensions of sb, a
+	// new sandbox's record (its class chosen).
+	CheckPolicy(sb *Sandbox) error
+}
+
 // Use plugs features into the service. Call it once, before Recover.
 func (s *Service) Use(f Features) { s.features = f }
 
@@ -125,6 +133,25 @@ func (s *Service) Each(fn func(e *Entry)) {
 	s.mu.RUnlock()
 	for _, e := range entries {
 		e.mu.Lock()
+		fn(e)
+		e.mu.Unlock()
+	}
+}
+
+// TryEach runs fn on every sandbox of the table (idle pool sandboxes too)
+// whose lock is free, with its lock held, one at a time: a busy sandbox
+// is skipped (a background pass looks again on its next round).
+func (s *Service) TryEach(fn func(e *Entry)) {
+	s.mu.RLock()
+	entries := make([]*Entry, 0, len(s.sandboxes))
+	for _, e := range s.sandboxes {
+		entries = append(entries, e)
+	}
+	s.mu.RUnlock()
+	for _, e := range entries {
+		if !e.mu.TryLock() {
+			continue
+		}
 		fn(e)
 		e.mu.Unlock()
 	}
@@ -216,6 +243,19 @@ func (e *Entry) Forget() {
 // a delete request). The caller holds e's lock.
 func (e *Entry) Delete(ctx context.Context, reason string) error {
 	return e.delete(ctx, reason)
+}
+
+// Pause freezes Running sandbox e; its Paused status carries reason and
+// msg (why). The caller holds e's lock.
+func (e *Entry) Pause(ctx context.Context, reason, msg string) error {
+	return e.pause(ctx, reason, msg)
+}
+
+// Resume thaws Paused sandbox e; its Resuming status carries reason and
+// msg (ReasonWaking: a wake, recorded as EventWoken). The caller holds e's
+// lock.
+func (e *Entry) Resume(ctx context.Context, reason, msg string) error {
+	return e.resume(ctx, reason, msg)
 }
 
 // Persist writes e's record to the store. The caller holds e's lock.

@@ -152,6 +152,9 @@ const (
 	ExtRenewOnAccess = "access.renew.extend.seconds"
 	// ExtPoolRef is the OpenSandbox pool reference.
 	ExtPoolRef = "poolRef"
+	// ExtIdlePrefix starts the keys of the idle policy (the idle feature,
+	// internal/lifecycle/idle, reads them).
+	ExtIdlePrefix = "moat.idle."
 )
 
 const codeInvalid = "SANDBOX::INVALID_PARAMETER"

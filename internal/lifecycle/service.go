@@ -515,22 +515,19 @@ func (e *Entry) delete(ctx context.Context, reason string) error {
 
 // Pause freezes a Running sandbox; it returns once it is Paused.
 func (s *Service) Pause(ctx context.Context, id string) error {
-	return s.freeze(ctx, id, "pause", StatePausing, StatePaused, ReasonPaused, runtime.Pauser.Pause)
+	return s.freeze(ctx, id, "pause", func(e *Entry) error { return e.pause(ctx, ReasonPaused, "") })
 }
 
 // Resume thaws a Paused sandbox; it returns once it is Running.
 func (s *Service) Resume(ctx context.Context, id string) error {
-	return s.freeze(ctx, id, "resume", StateResuming, StateRunning, ReasonRunning, runtime.Pauser.Resume)
+	return s.freeze(ctx, id, "resume", func(e *Entry) error { return e.resume(ctx, "", "") })
 }
 
-// freeze is Pause and Resume: the transition into the passing state (which
-// the transitions table admits or refuses), the runtime's call, then the
-// resting state, or back to the previous status if the runtime failed.
-func (s *Service) freeze(ctx context.Context, id, verb string, passing, resting State, reason string,
-	call func(runtime.Pauser, context.Context, string) error) error {
-	p, ok := s.deps.Runtime.(runtime.Pauser)
-	if !ok {
-		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot "+verb+" sandboxes")
+// freeze is Pause and Resume of sandbox id: fn with its lock held, if the
+// runtime can freeze sandboxes at all.
+func (s *Service) freeze(ctx context.Context, id, verb string, fn func(e *Entry) error) error {
+	if _, err := s.pauser(verb); err != nil {
+		return err
 	}
 	e, err := s.get(ctx, id)
 	if err != nil {
@@ -538,15 +535,50 @@ func (s *Service) freeze(ctx context.Context, id, verb string, passing, resting 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	prev := e.sb.Status
-	if err := e.transition(passing, "", ""); err != nil {
+	return fn(e)
+}
+
+// pauser is the runtime's Pauser; ErrNotImplemented (it cannot verb) if
+// it has none.
+func (s *Service) pauser(verb string) (runtime.Pauser, error) {
+	p, ok := s.deps.Runtime.(runtime.Pauser)
+	if !ok {
+		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this runtime cannot "+verb+" sandboxes")
+	}
+	return p, nil
+}
+
+// pause freezes e; the Paused status carries reason and msg (why). The
+// caller holds e.mu.
+func (e *Entry) pause(ctx context.Context, reason, msg string) error {
+	return e.freeze(ctx, "pause", StatePausing, "", "", StatePaused, reason, msg, runtime.Pauser.Pause)
+}
+
+// resume thaws e; the Resuming status carries reason and msg (why: a
+// wake, ReasonWaking, records Woken instead of Resumed). The caller holds
+// e.mu.
+func (e *Entry) resume(ctx context.Context, reason, msg string) error {
+	return e.freeze(ctx, "resume", StateResuming, reason, msg, StateRunning, ReasonRunning, "", runtime.Pauser.Resume)
+}
+
+// freeze is pause and resume: the transition into the passing state (which
+// the transitions table admits or refuses), the runtime's call, then the
+// resting state, or back to the previous status if the runtime failed.
+func (e *Entry) freeze(ctx context.Context, verb string, passing State, preason, pmsg string, resting State, reason, msg string,
+	call func(runtime.Pauser, context.Context, string) error) error {
+	p, err := e.svc.pauser(verb)
+	if err != nil {
 		return err
 	}
-	if err := call(p, context.WithoutCancel(ctx), id); err != nil {
-		e.revert(prev)
-		return fmt.Errorf("%s %s: %w", verb, id, err)
+	prev := e.sb.Status
+	if err := e.transition(passing, preason, pmsg); err != nil {
+		return err
 	}
-	e.mustTransition(resting, reason, "")
+	if err := call(p, context.WithoutCancel(ctx), e.sb.ID); err != nil {
+		e.revert(prev)
+		return fmt.Errorf("%s %s: %w", verb, e.sb.ID, err)
+	}
+	e.mustTransition(resting, reason, msg)
 	return e.persist()
 }
 

@@ -51,6 +51,11 @@ const (
 	ReasonProvisionFailed = "PROVISIONING_ERROR"
 	ReasonImagePullFailed = "IMAGE_PULL_FAILED"
 	ReasonAgentTimeout    = "AGENT_START_TIMEOUT"
+	// ReasonIdlePaused is the Paused status of a sandbox its idle policy
+	// froze (internal/lifecycle/idle): a request to it wakes it.
+	ReasonIdlePaused = "SANDBOX_IDLE_PAUSED"
+	// ReasonWaking is the Resuming status of a sandbox a request wakes.
+	ReasonWaking = "SANDBOX_WAKING"
 )
 
 // transitions is the state machine: the states each state may move to.
@@ -174,7 +179,7 @@ func admit(id string, st State, op string) error {
 // through the transitions table. The caller holds e.mu.
 func (e *Entry) applyState(status Status, event bool) {
 	s := e.svc
-	prev, st := e.sb.Status.State, status.State
+	prev, st := e.sb.Status, status.State
 	e.sb.Status = status
 	if isTerminal(st) {
 		s.quota.release(e.sb.ID)

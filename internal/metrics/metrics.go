@@ -7,7 +7,12 @@
 //   - moat_pool_claims_total{result="hit|miss"}: pool claims served by an
 //     idle sandbox (hit) or by a cold create (miss);
 //   - moat_http_requests_total{route,code}: API requests by ServeMux
-//     pattern and status code.
+//     pattern and status code;
+//   - moat_idle_pauses_total{action}: sandboxes paused by their idle
+//     policy;
+//   - moat_idle_wakes_total{result="ok|failed|timeout"}: wakes of
+//     idle-paused sandboxes (timeout: a request that stopped waiting),
+//     and moat_idle_wake_seconds, how long the resumes took.
 package metrics
 
 import (
@@ -46,6 +51,9 @@ type Registry struct {
 	create   prometheus.Histogram
 	claims   *prometheus.CounterVec
 	requests *prometheus.CounterVec
+	pauses   *prometheus.CounterVec
+	wakes    *prometheus.CounterVec
+	wake     prometheus.Histogram
 }
 
 // New returns a registry with moat's collectors registered.
@@ -62,11 +70,25 @@ func New(opts Options) *Registry {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "moat_http_requests_total", Help: "Lifecycle API requests, by route pattern and status code.",
 		}, []string{"route", "code"}),
+		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_idle_pauses_total", Help: "Sandboxes paused by their idle policy, by action.",
+		}, []string{"action"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_idle_wakes_total", Help: "Wakes of idle-paused sandboxes by result: ok, failed, or timeout (a request stopped waiting).",
+		}, []string{"result"}),
+		wake: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "moat_idle_wake_seconds", Help: "Latency of the resumes of idle-paused sandboxes, in seconds.",
+			Buckets: CreateBuckets(),
+		}),
 	}
 	// Both results exist from the start, so rate() works before the first miss.
 	r.claims.WithLabelValues("hit")
 	r.claims.WithLabelValues("miss")
-	r.reg.MustRegister(r.create, r.claims, r.requests,
+	r.pauses.WithLabelValues("pause")
+	for _, res := range []string{"ok", "failed", "timeout"} {
+		r.wakes.WithLabelValues(res)
+	}
+	r.reg.MustRegister(r.create, r.claims, r.requests, r.pauses, r.wakes, r.wake,
 		// The server's own health: goroutines, memory, open files (what
 		// `moat bench load` watches for leaks over a soak).
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -91,6 +113,18 @@ func (r *Registry) ObservePoolClaim(hits, misses int) {
 	}
 	if misses > 0 {
 		r.claims.WithLabelValues("miss").Add(float64(misses))
+	}
+}
+
+// ObserveIdlePause records a sandbox paused by its idle policy.
+func (r *Registry) ObserveIdlePause(action string) { r.pauses.WithLabelValues(action).Inc() }
+
+// ObserveWake records a wake's outcome and, unless it is "timeout", how
+// long the resume took.
+func (r *Registry) ObserveWake(outcome string, d time.Duration) {
+	r.wakes.WithLabelValues(outcome).Inc()
+	if outcome != "timeout" {
+		r.wake.Observe(d.Seconds())
 	}
 }
 

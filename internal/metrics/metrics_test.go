@@ -14,6 +14,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/sandbox"
@@ -144,5 +145,25 @@ func TestObservePoolClaimAndUnmatched(t *testing.T) {
 	}
 	if strings.Contains(text, "moat_sandboxes") {
 		t.Error("moat_sandboxes exported without a States callback")
+	}
+}
+
+// The idle policies' counters: the registry is the idle feature's sink.
+func TestObserveIdle(t *testing.T) {
+	reg := metrics.New(metrics.Options{})
+	var m idle.Metrics = reg
+	m.ObserveIdlePause(idle.ActionPause)
+	m.ObserveIdlePause(idle.ActionPause)
+	m.ObserveWake(idle.WakeOK, 20*time.Millisecond)
+	m.ObserveWake(idle.WakeTimeout, 0)
+	_, text := do(t, reg.Handler(), "GET", "/metrics", "", false)
+	for _, want := range []string{
+		`moat_idle_pauses_total{action="pause"} 2`,
+		`moat_idle_wakes_total{result="ok"} 1`, `moat_idle_wakes_total{result="timeout"} 1`, `moat_idle_wakes_total{result="failed"} 0`,
+		`moat_idle_wake_seconds_count 1`, `moat_idle_wake_seconds_bucket{le="0.025"} 1`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("scrape lacks %q:\n%s", want, text)
+		}
 	}
 }

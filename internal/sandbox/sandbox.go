@@ -1,6 +1,6 @@
 // Package sandbox is the sandbox service as the APIs serve it: the
 // lifecycle core (internal/lifecycle) with its features plugged in
-// (pools, snapshots, named volumes, the Credential Vault). It only wires
+// (pools, snapshots, named volumes, the Credential Vault, idle policies). It only wires
 // them: each feature owns its state and lock, and a new API or feature is
 // a package beside them, a client of the core, not more methods on it.
 package sandbox
@@ -12,6 +12,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/lifecycle/credvault"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
 	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
 	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
@@ -25,6 +26,8 @@ type Config struct {
 	// (prefix match after cleaning and symlink resolution). Empty refuses
 	// every host volume (VOLUME::HOST_PATH_NOT_ALLOWED).
 	AllowedHostPaths []string
+	// Idle tunes the idle policies (sweep interval, wake budget).
+	Idle idle.Config
 }
 
 // Deps are the collaborators: the core's and the features'.
@@ -45,6 +48,7 @@ type Service struct {
 	*snapshot.Snapshots
 	*mounts.Volumes
 	*credvault.Proxies
+	*idle.Idle
 }
 
 // New returns the service. Call Recover before serving, and Run to start
@@ -62,8 +66,21 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	vols := mounts.New(core, d.Runtime, d.Log, cfg.AllowedHostPaths)
 	vaults := credvault.New(core, d.Egress, deps.Sealer)
-	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults})
-	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults}, nil
+	im, _ := d.Metrics.(idle.Metrics)
+	idl := idle.New(core, cfg.Idle, im)
+	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults, Idle: idl})
+	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults, Idle: idl}, nil
+}
+
+// Run runs the core's reaper and the idle sweeps until ctx is done.
+func (s *Service) Run(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Idle.Run(ctx)
+	}()
+	s.Service.Run(ctx)
+	<-done
 }
 
 // Recover re-adopts the sandboxes and pools after a restart (see

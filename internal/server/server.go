@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/metrics"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/sandbox"
@@ -343,6 +344,11 @@ func (r ingressResolver) Resolve(ctx context.Context, id string, port int) (ingr
 		return ingress.Target{}, err
 	}
 	return ingress.Target{Addr: ep.Address, AccessToken: ep.AccessToken}, nil
+}
+
+// Wake wakes an idle-paused sandbox before the gateway proxies to it.
+func (r ingressResolver) Wake(ctx context.Context, id string) (func(), error) {
+	return r.svc.Access(ctx, id, idle.ViaIngress)
 }
 
 func (r ingressResolver) Touch(ctx context.Context, id string) {

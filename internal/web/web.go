@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -81,6 +82,9 @@ func (a *Adapter) WriteError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	log.Log(r.Context(), lvl, "request failed", "method", r.Method, "path", r.URL.Path,
 		"status", status, "code", code, "err", err, "request_id", RequestID(r.Context()))
+	if d, ok := errdefs.RetryAfterOf(err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
+	}
 	WriteJSON(w, status, ErrorBody{Code: code, Message: msg})
 }
 
