@@ -65,149 +65,39 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 		return err
 	}
 	defer stop()
-	rss := func() (int64, bool) { return metricsRSS(ctx, c) }
-	switch {
-	case o.ServerPID > 0:
-		pid := o.ServerPID
-		rss = func() (int64, bool) { return procRSS(strconv.Itoa(pid)) }
-	case o.Server == "":
-		rss = func() (int64, bool) { return procRSS("self") }
-	}
+	l := &loadRun{o: o, c: c, w: w, image: image, entry: []string{"tail", "-f", "/dev/null"}, watch: o.ServerRoot != ""}
+	l.rss = l.rssReader(ctx)
 	if image == "" {
 		return fmt.Errorf("--image is required with --server")
 	}
-	entry := []string{"tail", "-f", "/dev/null"}
 	// Warm-up (image pull), not counted.
-	id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: entry})
+	id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: l.entry})
 	if err != nil {
 		return fmt.Errorf("warm-up create: %w", err)
 	}
 	c.Delete(ctx, id)
-	base, _ := c.count(ctx)
+	l.base, _ = c.count(ctx)
+	l.header()
 
-	fmt.Fprintf(w, "moat bench load: create -> command -> delete, concurrency %d, %s, image %s, runtime class %q\n",
-		o.Concurrency, o.Duration, image, o.RuntimeClass)
-	watch := o.ServerRoot != ""
-	fmt.Fprintf(w, "%7s %7s %8s %6s %6s %6s %10s %10s %10s %10s %9s %6s",
-		"t", "cycles", "cycles/s", "e.crt", "e.exec", "e.del", "crt.p50", "crt.p99", "cyc.p50", "cyc.p99", "rss", "held")
-	if watch {
-		fmt.Fprintf(w, " %6s %5s %5s %5s %5s %5s %5s", "gor", "fds", "mnt", "netns", "cg", "ips", "load")
-	}
-	fmt.Fprintln(w)
-	var resSeries []resources
-
-	var (
-		mu  sync.Mutex
-		cur loadStats
-		all loadStats
-	)
 	deadline := time.Now().Add(o.Duration)
 	lctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var wg sync.WaitGroup
 	for range o.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for lctx.Err() == nil {
-				t0 := time.Now()
-				// The cycle runs to its end (no lctx) so that nothing is
-				// left behind when the deadline passes mid-cycle.
-				id, err := c.Create(ctx, CreateOptions{Image: image, RuntimeClass: o.RuntimeClass, Entrypoint: entry})
-				t1 := time.Now()
-				var execErr, delErr error
-				var t15 time.Time
-				if err == nil || id != "" {
-					if err == nil {
-						var ep Endpoint
-						if ep, execErr = c.AgentEndpoint(ctx, id); execErr == nil {
-							var out string
-							if out, execErr = c.Run(ctx, ep, "echo ok"); execErr == nil && out != "ok" {
-								execErr = fmt.Errorf("command printed %q", out)
-							}
-						}
-					}
-					t15 = time.Now()
-					delErr = c.Delete(ctx, id)
-				}
-				t2 := time.Now()
-				if err != nil || execErr != nil || delErr != nil {
-					// Do not spin on a server that is down.
-					time.Sleep(100 * time.Millisecond)
-				}
-				mu.Lock()
-				switch {
-				case err != nil:
-					cur.createErr++
-					cur.setErr("create: " + err.Error())
-				case execErr != nil:
-					cur.execErr++
-					cur.setErr("exec: " + execErr.Error())
-				case delErr != nil:
-					cur.delErr++
-					cur.setErr("delete: " + delErr.Error())
-				default:
-					cur.cycles++
-					cur.create = append(cur.create, t1.Sub(t0))
-					cur.cycle = append(cur.cycle, t2.Sub(t0))
-					cur.exec = append(cur.exec, t15.Sub(t1))
-					cur.del = append(cur.del, t2.Sub(t15))
-				}
-				mu.Unlock()
+				l.cycle(ctx)
 			}
-		}()
+		})
 	}
-
-	var rssSeries []int64
-	start := time.Now()
-	last := start
-	report := func(final bool) {
-		mu.Lock()
-		s := cur
-		cur = loadStats{}
-		mu.Unlock()
-		now := time.Now()
-		el, span := now.Sub(start), now.Sub(last)
-		last = now
-		r, ok := rss()
-		rssText := "n/a"
-		if ok {
-			rssText = fmt.Sprintf("%.1fMiB", float64(r)/(1<<20))
-			rssSeries = append(rssSeries, r)
-		}
-		held := "?"
-		if n, err := c.count(ctx); err == nil {
-			held = strconv.Itoa(n - base)
-		}
-		cp, yp := Summarize(s.create), Summarize(s.cycle)
-		fmt.Fprintf(w, "%6.0fs %7d %8.2f %6d %6d %6d %10s %10s %10s %10s %9s %6s",
-			el.Seconds(), s.cycles, float64(s.cycles)/span.Seconds(), s.createErr, s.execErr, s.delErr,
-			ms(cp.P50), ms(cp.P99), ms(yp.P50), ms(yp.P99), rssText, held)
-		if watch {
-			r := sampleResources(ctx, c, o)
-			resSeries = append(resSeries, r)
-			fmt.Fprintf(w, " %6d %5d %5d %5d %5d %5d %5s", r.goroutines, r.fds, r.mounts, r.netns, r.cgroups, r.ips, r.load)
-		}
-		fmt.Fprintln(w)
-		if s.firstErr != "" {
-			fmt.Fprintf(w, "        first error: %s\n", s.firstErr)
-		}
-		all.cycles += s.cycles
-		all.createErr += s.createErr
-		all.execErr += s.execErr
-		all.delErr += s.delErr
-		all.create = append(all.create, s.create...)
-		all.cycle = append(all.cycle, s.cycle...)
-		all.exec = append(all.exec, s.exec...)
-		all.del = append(all.del, s.del...)
-		_ = final
-	}
+	l.start = time.Now()
+	l.last = l.start
 	tick := time.NewTicker(o.Interval)
 	for done := false; !done; {
 		select {
 		case <-tick.C:
 			if time.Now().Before(deadline.Add(-o.Interval / 2)) {
-				report(false)
+				l.report(ctx)
 			}
 		case <-lctx.Done():
 			done = true
@@ -215,46 +105,184 @@ func RunLoad(ctx context.Context, o LoadBenchOptions, w io.Writer, log *slog.Log
 	}
 	tick.Stop()
 	wg.Wait()
-	report(true)
-	wall := time.Since(start)
+	l.report(ctx)
+	l.summary(ctx, time.Since(l.start))
+	return nil
+}
 
+// loadRun is the state of one RunLoad: the cycles' figures of the current
+// interval (cur, which mu guards: the loops add to it) and of the whole
+// run (all), and the series of samples the summary's trends come from.
+type loadRun struct {
+	o     LoadBenchOptions
+	c     *Client
+	w     io.Writer
+	image string
+	entry []string
+	rss   func() (int64, bool) // the server's RSS (see LoadBenchOptions.ServerPID)
+	base  int                  // sandboxes the server held before the run
+	watch bool                 // count the server's resources (ServerRoot)
+
+	mu  sync.Mutex
+	cur loadStats
+	all loadStats
+
+	rssSeries   []int64
+	resSeries   []resources
+	start, last time.Time // the run's start, the last report
+}
+
+// rssReader picks where the server's RSS is read: the process named,
+// this one for an in-process server, else the server's /metrics.
+func (l *loadRun) rssReader(ctx context.Context) func() (int64, bool) {
+	switch {
+	case l.o.ServerPID > 0:
+		pid := l.o.ServerPID
+		return func() (int64, bool) { return procRSS(strconv.Itoa(pid)) }
+	case l.o.Server == "":
+		return func() (int64, bool) { return procRSS("self") }
+	}
+	return func() (int64, bool) { return metricsRSS(ctx, l.c) }
+}
+
+// header prints the run's line and the intervals' column heads.
+func (l *loadRun) header() {
+	fmt.Fprintf(l.w, "moat bench load: create -> command -> delete, concurrency %d, %s, image %s, runtime class %q\n",
+		l.o.Concurrency, l.o.Duration, l.image, l.o.RuntimeClass)
+	fmt.Fprintf(l.w, "%7s %7s %8s %6s %6s %6s %10s %10s %10s %10s %9s %6s",
+		"t", "cycles", "cycles/s", "e.crt", "e.exec", "e.del", "crt.p50", "crt.p99", "cyc.p50", "cyc.p99", "rss", "held")
+	if l.watch {
+		fmt.Fprintf(l.w, " %6s %5s %5s %5s %5s %5s %5s", "gor", "fds", "mnt", "netns", "cg", "ips", "load")
+	}
+	fmt.Fprintln(l.w)
+}
+
+// cycle runs one create -> command -> delete cycle and adds it to cur.
+// The cycle runs to its end (ctx, not the loops' deadline) so that
+// nothing is left behind when the deadline passes mid-cycle.
+func (l *loadRun) cycle(ctx context.Context) {
+	t0 := time.Now()
+	id, err := l.c.Create(ctx, CreateOptions{Image: l.image, RuntimeClass: l.o.RuntimeClass, Entrypoint: l.entry})
+	t1 := time.Now()
+	var execErr, delErr error
+	var t15 time.Time
+	if err == nil || id != "" {
+		if err == nil {
+			var ep Endpoint
+			if ep, execErr = l.c.AgentEndpoint(ctx, id); execErr == nil {
+				var out string
+				if out, execErr = l.c.Run(ctx, ep, "echo ok"); execErr == nil && out != "ok" {
+					execErr = fmt.Errorf("command printed %q", out)
+				}
+			}
+		}
+		t15 = time.Now()
+		delErr = l.c.Delete(ctx, id)
+	}
+	t2 := time.Now()
+	if err != nil || execErr != nil || delErr != nil {
+		// Do not spin on a server that is down.
+		time.Sleep(100 * time.Millisecond)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cur := &l.cur
+	switch {
+	case err != nil:
+		cur.createErr++
+		cur.setErr("create: " + err.Error())
+	case execErr != nil:
+		cur.execErr++
+		cur.setErr("exec: " + execErr.Error())
+	case delErr != nil:
+		cur.delErr++
+		cur.setErr("delete: " + delErr.Error())
+	default:
+		cur.cycles++
+		cur.create = append(cur.create, t1.Sub(t0))
+		cur.cycle = append(cur.cycle, t2.Sub(t0))
+		cur.exec = append(cur.exec, t15.Sub(t1))
+		cur.del = append(cur.del, t2.Sub(t15))
+	}
+}
+
+// report prints the interval since the last report, with the server's
+// RSS, the sandboxes it holds and (watch) its resources, and moves the
+// interval's figures into all.
+func (l *loadRun) report(ctx context.Context) {
+	l.mu.Lock()
+	s := l.cur
+	l.cur = loadStats{}
+	l.mu.Unlock()
+	now := time.Now()
+	el, span := now.Sub(l.start), now.Sub(l.last)
+	l.last = now
+	r, ok := l.rss()
+	rssText := "n/a"
+	if ok {
+		rssText = fmt.Sprintf("%.1fMiB", float64(r)/(1<<20))
+		l.rssSeries = append(l.rssSeries, r)
+	}
+	held := "?"
+	if n, err := l.c.count(ctx); err == nil {
+		held = strconv.Itoa(n - l.base)
+	}
+	cp, yp := Summarize(s.create), Summarize(s.cycle)
+	fmt.Fprintf(l.w, "%6.0fs %7d %8.2f %6d %6d %6d %10s %10s %10s %10s %9s %6s",
+		el.Seconds(), s.cycles, float64(s.cycles)/span.Seconds(), s.createErr, s.execErr, s.delErr,
+		ms(cp.P50), ms(cp.P99), ms(yp.P50), ms(yp.P99), rssText, held)
+	if l.watch {
+		r := sampleResources(ctx, l.c, l.o)
+		l.resSeries = append(l.resSeries, r)
+		fmt.Fprintf(l.w, " %6d %5d %5d %5d %5d %5d %5s", r.goroutines, r.fds, r.mounts, r.netns, r.cgroups, r.ips, r.load)
+	}
+	fmt.Fprintln(l.w)
+	if s.firstErr != "" {
+		fmt.Fprintf(l.w, "        first error: %s\n", s.firstErr)
+	}
+	l.all.add(s)
+}
+
+// summary prints the run's totals, the RSS trend (first vs last third)
+// and what the server holds after the run.
+func (l *loadRun) summary(ctx context.Context, wall time.Duration) {
+	w, all := l.w, &l.all
 	fmt.Fprintf(w, "total: %d cycles in %s (%.2f/s), errors create=%d exec=%d delete=%d\n",
 		all.cycles, wall.Round(time.Second), float64(all.cycles)/wall.Seconds(), all.createErr, all.execErr, all.delErr)
 	fmt.Fprintf(w, "create: %s\n", Summarize(all.create))
 	fmt.Fprintf(w, "exec:   %s\n", Summarize(all.exec))
 	fmt.Fprintf(w, "delete: %s\n", Summarize(all.del))
 	fmt.Fprintf(w, "cycle:  %s\n", Summarize(all.cycle))
-	if n := len(rssSeries); n >= 3 {
+	if n := len(l.rssSeries); n >= 3 {
 		third := max(1, n/3)
-		first, last := mean(rssSeries[:third]), mean(rssSeries[n-third:])
+		first, last := mean(l.rssSeries[:third]), mean(l.rssSeries[n-third:])
 		fmt.Fprintf(w, "server RSS: first third mean %.1fMiB, last third mean %.1fMiB (%+.1f%%), min %.1fMiB, max %.1fMiB\n",
-			first/(1<<20), last/(1<<20), 100*(last-first)/first, float64(minOf(rssSeries))/(1<<20), float64(maxOf(rssSeries))/(1<<20))
+			first/(1<<20), last/(1<<20), 100*(last-first)/first, float64(minOf(l.rssSeries))/(1<<20), float64(maxOf(l.rssSeries))/(1<<20))
 	}
-	if n, err := c.count(ctx); err == nil {
-		fmt.Fprintf(w, "sandboxes held by the server after the run: %d (before: %d)\n", n, base)
+	if n, err := l.c.count(ctx); err == nil {
+		fmt.Fprintf(w, "sandboxes held by the server after the run: %d (before: %d)\n", n, l.base)
 	}
-	if watch && len(resSeries) >= 3 {
-		// After the final interval every cycle has ended: what the server
-		// holds now is what it leaked.
-		end := sampleResources(ctx, c, o)
-		third := max(1, len(resSeries)/3)
-		for _, f := range resourceFields {
-			var a, b []int64
-			for _, r := range resSeries[:third] {
-				a = append(a, int64(f.get(r)))
-			}
-			for _, r := range resSeries[len(resSeries)-third:] {
-				b = append(b, int64(f.get(r)))
-			}
-			all := make([]int64, len(resSeries))
-			for i, r := range resSeries {
-				all[i] = int64(f.get(r))
-			}
-			fmt.Fprintf(w, "%-10s first third mean %8.1f, last third mean %8.1f, min %5d, max %5d, after the run %5d\n",
-				f.name+":", mean(a), mean(b), minOf(all), maxOf(all), f.get(end))
+	if l.watch && len(l.resSeries) >= 3 {
+		l.resourceTrends(ctx)
+	}
+}
+
+// resourceTrends prints each resource count's trend and its count now:
+// after the final interval every cycle has ended, so what the server
+// holds now is what it leaked.
+func (l *loadRun) resourceTrends(ctx context.Context) {
+	end := sampleResources(ctx, l.c, l.o)
+	series := l.resSeries
+	third := max(1, len(series)/3)
+	for _, f := range resourceFields {
+		all := make([]int64, len(series))
+		for i, r := range series {
+			all[i] = int64(f.get(r))
 		}
+		a, b := all[:third], all[len(series)-third:]
+		fmt.Fprintf(l.w, "%-10s first third mean %8.1f, last third mean %8.1f, min %5d, max %5d, after the run %5d\n",
+			f.name+":", mean(a), mean(b), minOf(all), maxOf(all), f.get(end))
 	}
-	return nil
 }
 
 // resources are a local server's counts that must stay flat under load.
@@ -439,4 +467,16 @@ func parseRSSMetric(r io.Reader) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// add adds the figures of o (its first error aside) to s.
+func (s *loadStats) add(o loadStats) {
+	s.cycles += o.cycles
+	s.createErr += o.createErr
+	s.execErr += o.execErr
+	s.delErr += o.delErr
+	s.create = append(s.create, o.create...)
+	s.cycle = append(s.cycle, o.cycle...)
+	s.exec = append(s.exec, o.exec...)
+	s.del = append(s.del, o.del...)
 }

@@ -341,9 +341,9 @@ func (c *Console) audited(w http.ResponseWriter, r *http.Request, who *tenant.Pr
 		return
 	}
 	start := time.Now()
-	rec := &statusWriter{ResponseWriter: w}
+	rec := &web.StatusWriter{ResponseWriter: w}
 	h.ServeHTTP(rec, r)
-	status := rec.status
+	status := rec.Status()
 	if status == 0 {
 		status = http.StatusOK
 	}
@@ -357,29 +357,6 @@ func (c *Console) audited(w http.ResponseWriter, r *http.Request, who *tenant.Pr
 		c.opt.Log.Error("audit log write failed", "err", err, "method", r.Method, "path", r.URL.Path)
 	}
 }
-
-// statusWriter records the status a handler wrote.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // methodNotAllowed answers 405 with the allowed methods.
 func methodNotAllowed(w http.ResponseWriter, allow string) error {

@@ -52,29 +52,6 @@ func sandboxOfPath(path string) (id, kind string) {
 	return parts[0], kind
 }
 
-// statusRecorder captures the status a handler wrote.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
 // withAudit records every audited call to sink after it completes. route
 // names the matched route pattern. It must run inside WithRequestID.
 func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, next http.Handler) http.Handler {
@@ -84,17 +61,17 @@ func (s *Server) withAudit(sink AuditSink, route func(*http.Request) string, nex
 			return
 		}
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &web.StatusWriter{ResponseWriter: w}
 		r, slot := withAuthSlot(r)
 		defer func() {
 			id, _ := sandboxOfPath(r.URL.Path)
-			if id == "" && rec.status/100 == 2 {
+			if id == "" && rec.Status()/100 == 2 {
 				// A create names its sandbox in Location.
 				if loc := w.Header().Get("Location"); loc != "" {
 					id, _ = sandboxOfPath(loc)
 				}
 			}
-			status := rec.status
+			status := rec.Status()
 			if status == 0 {
 				status = http.StatusOK
 			}

@@ -189,13 +189,7 @@ func (s *Store) flock(name string, how int) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("image store lock: %w", err)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
+	if err = flockRetry(f, how); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("image store %s busy: %w", name, errdefs.ErrConflict)
@@ -203,6 +197,16 @@ func (s *Store) flock(name string, how int) (func(), error) {
 		return nil, fmt.Errorf("image store lock %s: %w", name, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// flockRetry takes lock how on f, again while a signal interrupts the
+// wait (a blocking flock returns EINTR then).
+func flockRetry(f *os.File, how int) error {
+	for {
+		if err := unix.Flock(int(f.Fd()), how); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // writerLock is held by every operation that creates layers or blobs not
@@ -426,13 +430,7 @@ func lockDir(dir string, how int) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
+	if err = flockRetry(f, how); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("layer %s in use: %w", filepath.Base(dir), errdefs.ErrConflict)

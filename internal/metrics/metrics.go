@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // StateCounts returns the number of sandboxes in each state. It is called
@@ -142,12 +144,12 @@ func (r *Registry) Instrument(route func(*http.Request) string, next http.Handle
 		if name == "" {
 			name = "unmatched"
 		}
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &web.StatusWriter{ResponseWriter: w}
 		panicked := true
 		defer func() {
 			// A panic past any recoverer aborts the connection: count a 500
 			// unless a status was already sent, and let it propagate.
-			code := sw.status
+			code := sw.Status()
 			switch {
 			case code == 0 && panicked:
 				code = http.StatusInternalServerError
@@ -160,37 +162,6 @@ func (r *Registry) Instrument(route func(*http.Request) string, next http.Handle
 		panicked = false
 	})
 }
-
-// statusWriter records the status code. Unwrap keeps
-// http.ResponseController (flush, deadlines, hijack) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush supports callers that type-assert http.Flusher.
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // stateCollector reports moat_sandboxes from the callback at scrape time.
 type stateCollector struct {

@@ -190,21 +190,9 @@ func normalizeMatch(m Match) (Match, error) {
 		}
 		out.Methods = appendUnique(out.Methods, meth)
 	}
-	paths := m.Paths
-	if len(paths) == 0 {
-		paths = []string{"/*"}
-	}
-	for _, p := range paths {
-		p = strings.TrimSpace(p)
-		switch {
-		case !strings.HasPrefix(p, "/"):
-			return Match{}, fmt.Errorf("match.paths: pattern %q must start with /", p)
-		case len(p) > maxPathPattern:
-			return Match{}, fmt.Errorf("match.paths: pattern longer than %d bytes", maxPathPattern)
-		case strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(r rune) bool { return r <= 0x20 || r == 0x7f }):
-			return Match{}, fmt.Errorf("match.paths: pattern %q may not contain spaces, control characters, ? or #", p)
-		}
-		out.Paths = appendUnique(out.Paths, p)
+	var err error
+	if out.Paths, err = normalizePaths(m.Paths); err != nil {
+		return Match{}, err
 	}
 	if len(m.TrustedCIDRs) > MaxPatterns {
 		return Match{}, fmt.Errorf("at most %d entries per match list", MaxPatterns)
@@ -218,6 +206,29 @@ func normalizeMatch(m Match) (Match, error) {
 			return Match{}, fmt.Errorf("match.trustedCidrs: %q trusts every address; name the destinations", c)
 		}
 		out.TrustedCIDRs = appendUnique(out.TrustedCIDRs, pfx.Masked().String())
+	}
+	return out, nil
+}
+
+// normalizePaths checks a match's path patterns (default every path):
+// each starts with / and has no query, fragment, space or control
+// character, as a request's path never does.
+func normalizePaths(paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		paths = []string{"/*"}
+	}
+	var out []string
+	for _, p := range paths {
+		p = strings.TrimSpace(p)
+		switch {
+		case !strings.HasPrefix(p, "/"):
+			return nil, fmt.Errorf("match.paths: pattern %q must start with /", p)
+		case len(p) > maxPathPattern:
+			return nil, fmt.Errorf("match.paths: pattern longer than %d bytes", maxPathPattern)
+		case strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(r rune) bool { return r <= 0x20 || r == 0x7f }):
+			return nil, fmt.Errorf("match.paths: pattern %q may not contain spaces, control characters, ? or #", p)
+		}
+		out = appendUnique(out, p)
 	}
 	return out, nil
 }

@@ -735,162 +735,213 @@ type shardWork struct {
 func (a *Allocator) commit(pool types.NamespacedName, ps *poolState, group []*request) (_ []Result, written []int, _ error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	n := len(group)
-	out := make([]Result, n)
-	want := make([]int, n)
 	if err := a.table(ctx, pool, ps); err != nil {
 		return nil, written, err
 	}
-	ps.mu.Lock()
-	count := ps.n
-	// fixed[s][i] is the part of change i in shard s that is not a want
-	// and is not yet written.
-	fixed := make([]map[int]Change, count)
-	for s := range fixed {
-		fixed[s] = map[int]Change{}
+	g := a.split(pool, ps, group)
+	for attempt := 0; ; attempt++ {
+		work, err := a.plan(pool, ps, group, g.fixed, g.want)
+		if err != nil {
+			return nil, g.written, err
+		}
+		if len(work) == 0 {
+			break
+		}
+		wrote := g.write(ctx, work)
+		conflict, err := g.collect(ctx, work)
+		if err != nil {
+			return nil, g.written, err
+		}
+		if !wrote {
+			// Nothing changed: a next round would plan the same.
+			break
+		}
+		if !conflict && settled(group, g.fixed, g.want) {
+			// Everything is written and every want met: a next round
+			// would find nothing to do (and cost a look at every pod).
+			break
+		}
+		if err := g.pause(ctx, conflict, attempt); err != nil {
+			return nil, g.written, err
+		}
 	}
-	part := func(s, i int) Change {
-		ch, ok := fixed[s][i]
+	g.held()
+	return g.out, g.written, nil
+}
+
+// groupCommit is the state of one commit, across its rounds: what of the
+// group is still to write (fixed, want) and what was done (out, written).
+// Only the commit's goroutine uses it; the pool's copies it reads and
+// sets are under ps.mu.
+type groupCommit struct {
+	a     *Allocator
+	pool  types.NamespacedName
+	ps    *poolState
+	group []*request
+	count int // the table's shards
+	// fixed[s][i] is the part of change i in shard s that is not a want
+	// and is not yet written; want[i] the free pods change i still wants.
+	fixed   []map[int]Change
+	want    []int
+	out     []Result
+	written []int
+}
+
+// split splits each change of group by shard: the pods it adopts,
+// releases or retires go to their own shards, a ReleaseAll or DropRecord
+// to every shard where the owner has pods or a record. Its wants are not
+// split here: plan spreads them over the shards with free pods, round by
+// round.
+func (a *Allocator) split(pool types.NamespacedName, ps *poolState, group []*request) *groupCommit {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	g := &groupCommit{a: a, pool: pool, ps: ps, group: group, count: ps.n,
+		fixed: make([]map[int]Change, ps.n), want: make([]int, len(group)), out: make([]Result, len(group))}
+	for s := range g.fixed {
+		g.fixed[s] = map[int]Change{}
+	}
+	edit := func(s, i int, f func(*Change)) {
+		ch, ok := g.fixed[s][i]
 		if !ok {
 			ch = Change{Owner: group[i].ch.Owner}
 		}
-		return ch
+		f(&ch)
+		g.fixed[s][i] = ch
 	}
 	for i, r := range group {
 		ch := r.ch
-		want[i] = ch.Want
+		g.want[i] = ch.Want
 		for _, p := range ch.Adopt {
-			s := ShardOf(p, count)
-			c := part(s, i)
-			c.Adopt = append(c.Adopt, p)
-			fixed[s][i] = c
+			edit(ShardOf(p, g.count), i, func(c *Change) { c.Adopt = append(c.Adopt, p) })
 		}
 		for _, p := range ch.Release {
-			s := ShardOf(p, count)
-			c := part(s, i)
-			c.Release = append(c.Release, p)
-			fixed[s][i] = c
+			edit(ShardOf(p, g.count), i, func(c *Change) { c.Release = append(c.Release, p) })
 		}
 		for _, p := range ch.Retire {
-			s := ShardOf(p, count)
-			c := part(s, i)
-			c.Retire = append(c.Retire, p)
-			fixed[s][i] = c
+			edit(ShardOf(p, g.count), i, func(c *Change) { c.Retire = append(c.Retire, p) })
 		}
 		if ch.ReleaseAll && ch.Owner != "" {
 			for s := range ps.shards {
 				if _, ok := ps.shards[s].table.Owners[ch.Owner]; ok {
-					c := part(s, i)
-					c.ReleaseAll = true
-					fixed[s][i] = c
+					edit(s, i, func(c *Change) { c.ReleaseAll = true })
 				}
 			}
 		}
 		if ch.DropRecord != nil && ch.Owner != "" {
 			for s := range ps.shards {
 				if _, ok := ps.shards[s].table.Records[ch.Owner]; ok {
-					c := part(s, i)
-					c.DropRecord = ch.DropRecord
-					fixed[s][i] = c
+					edit(s, i, func(c *Change) { c.DropRecord = ch.DropRecord })
 				}
 			}
 		}
 	}
-	ps.mu.Unlock()
-	for attempt := 0; ; attempt++ {
-		work, err := a.plan(pool, ps, group, fixed, want)
-		if err != nil {
-			return nil, written, err
+	return g
+}
+
+// write makes one round's writes, one per shard, in parallel; it reports
+// whether there was any (a round may find every shard's next copy to be
+// its current one).
+func (g *groupCommit) write(ctx context.Context, work []*shardWork) (wrote bool) {
+	var wg sync.WaitGroup
+	for _, w := range work {
+		if w.skip {
+			continue
 		}
-		if len(work) == 0 {
-			break
-		}
-		var wg sync.WaitGroup
-		wrote := false
-		for _, w := range work {
-			if w.skip {
-				continue
+		wrote = true
+		wg.Go(func() { w.newRV, w.err = g.a.write(ctx, g.pool, w.n, g.count, w.next, w.rv, w.exist) })
+	}
+	wg.Wait()
+	return wrote
+}
+
+// collect takes in a round's writes, in shard order: a shard written (or
+// skipped) gives its parts' results; a conflict reads the shard again for
+// the next round; any other error ends the commit (the shards taken in
+// before it stay written).
+func (g *groupCommit) collect(ctx context.Context, work []*shardWork) (conflict bool, _ error) {
+	for _, w := range work {
+		switch {
+		case w.err == nil:
+			if !w.skip {
+				g.stored(w)
 			}
-			wrote = true
-			wg.Go(func() { w.newRV, w.err = a.write(ctx, pool, w.n, count, w.next, w.rv, w.exist) })
-		}
-		wg.Wait()
-		conflict := false
-		for _, w := range work {
-			switch {
-			case w.err == nil:
-				if !w.skip {
-					if !slices.Contains(written, w.n) {
-						written = append(written, w.n)
-					}
-					ps.mu.Lock()
-					sh := &ps.shards[w.n]
-					for o, raw := range w.next.Records {
-						if _, had := w.base.Records[o]; !had {
-							if sh.wrote == nil {
-								sh.wrote = map[string]string{}
-							}
-							sh.wrote[o] = string(raw)
-						}
-					}
-					if !sh.exists || !newer(sh.rv, w.newRV) {
-						ps.setLocked(w.n, w.next, w.newRV, true)
-					}
-					ps.mu.Unlock()
-				}
-				for k, i := range w.idx {
-					delete(fixed[w.n], i)
-					out[i].Pods = append(out[i].Pods, w.res[k].Pods...)
-					out[i].Retired = append(out[i].Retired, w.res[k].Retired...)
-					out[i].Recorded = out[i].Recorded || w.res[k].Recorded
-					out[i].Dropped = out[i].Dropped || w.res[k].Dropped
-					want[i] -= len(w.res[k].Pods)
-				}
-			case apierrors.IsConflict(w.err) || apierrors.IsAlreadyExists(w.err) || apierrors.IsNotFound(w.err):
-				// Someone else wrote the shard first: read what they
-				// wrote, and seek free pods elsewhere first.
-				conflict = true
-				if w.wants && count > 1 {
-					ps.mu.Lock()
-					ps.cursor = (w.n + 1 + rand.IntN(count-1)) % count
-					ps.mu.Unlock()
-				}
-				if err := a.refresh(ctx, pool, ps, w.n); err != nil {
-					return nil, written, err
-				}
-			default:
-				return nil, written, fmt.Errorf("write allocation table of pool %s: %w: %v", pool.Name, errdefs.ErrUnavailable, w.err)
+			for k, i := range w.idx {
+				delete(g.fixed[w.n], i)
+				g.out[i].Pods = append(g.out[i].Pods, w.res[k].Pods...)
+				g.out[i].Retired = append(g.out[i].Retired, w.res[k].Retired...)
+				g.out[i].Recorded = g.out[i].Recorded || w.res[k].Recorded
+				g.out[i].Dropped = g.out[i].Dropped || w.res[k].Dropped
+				g.want[i] -= len(w.res[k].Pods)
 			}
-		}
-		if !wrote {
-			// Nothing changed: a next round would plan the same.
-			break
-		}
-		if !conflict && settled(group, fixed, want) {
-			// Everything is written and every want met: a next round
-			// would find nothing to do (and cost a look at every pod).
-			break
-		}
-		if conflict && attempt > 2 {
-			select {
-			case <-ctx.Done():
-				return nil, written, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
-			case <-time.After(time.Duration(rand.IntN(1000*min(attempt, 20))) * time.Microsecond):
+		case apierrors.IsConflict(w.err) || apierrors.IsAlreadyExists(w.err) || apierrors.IsNotFound(w.err):
+			// Someone else wrote the shard first: read what they
+			// wrote, and seek free pods elsewhere first.
+			conflict = true
+			if w.wants && g.count > 1 {
+				g.ps.mu.Lock()
+				g.ps.cursor = (w.n + 1 + rand.IntN(g.count-1)) % g.count
+				g.ps.mu.Unlock()
 			}
-		}
-		if ctx.Err() != nil {
-			return nil, written, fmt.Errorf("allocation table of pool %s: %w: too much contention", pool.Name, errdefs.ErrUnavailable)
+			if err := g.a.refresh(ctx, g.pool, g.ps, w.n); err != nil {
+				return conflict, err
+			}
+		default:
+			return conflict, fmt.Errorf("write allocation table of pool %s: %w: %v", g.pool.Name, errdefs.ErrUnavailable, w.err)
 		}
 	}
-	ps.mu.Lock()
-	for i, r := range group {
+	return conflict, nil
+}
+
+// stored notes shard w.n written: the inline records it added are this
+// process's (InlineRecords), and the copy written is the shard's newest
+// unless the informer already delivered a newer one.
+func (g *groupCommit) stored(w *shardWork) {
+	if !slices.Contains(g.written, w.n) {
+		g.written = append(g.written, w.n)
+	}
+	g.ps.mu.Lock()
+	defer g.ps.mu.Unlock()
+	sh := &g.ps.shards[w.n]
+	for o, raw := range w.next.Records {
+		if _, had := w.base.Records[o]; !had {
+			if sh.wrote == nil {
+				sh.wrote = map[string]string{}
+			}
+			sh.wrote[o] = string(raw)
+		}
+	}
+	if !sh.exists || !newer(sh.rv, w.newRV) {
+		g.ps.setLocked(w.n, w.next, w.newRV, true)
+	}
+}
+
+// pause waits between rounds after repeated conflicts (a random backoff
+// that grows with the rounds), and ends the commit when its time is up.
+func (g *groupCommit) pause(ctx context.Context, conflict bool, attempt int) error {
+	if conflict && attempt > 2 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("allocation table of pool %s: %w: too much contention", g.pool.Name, errdefs.ErrUnavailable)
+		case <-time.After(time.Duration(rand.IntN(1000*min(attempt, 20))) * time.Microsecond):
+		}
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("allocation table of pool %s: %w: too much contention", g.pool.Name, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// held sets each owner's result's Held: every pod the table gives it
+// now, in all the shards.
+func (g *groupCommit) held() {
+	g.ps.mu.Lock()
+	defer g.ps.mu.Unlock()
+	for i, r := range g.group {
 		if r.ch.Owner != "" {
-			own, _ := ps.ownedLocked(r.ch.Owner)
-			out[i].Held = own.Pods
+			own, _ := g.ps.ownedLocked(r.ch.Owner)
+			g.out[i].Held = own.Pods
 		}
 	}
-	ps.mu.Unlock()
-	return out, written, nil
 }
 
 // settled reports whether a group commit has nothing left to do: no fixed

@@ -99,14 +99,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	// The network is independent of the filesystem: set it up meanwhile.
 	// The wait is deferred after the rollback, so it runs before it.
-	var att network.Attachment
-	var netErr error
-	netDone := make(chan struct{})
-	go func() {
-		defer close(netDone)
-		att, netErr = r.net.Setup(ctx, id)
-	}()
-	defer func() { <-netDone }()
+	netUp := r.setupNetwork(ctx, id)
+	defer netUp()
 	root, err := r.prepareRoot(ctx, spec, phase)
 	if err != nil {
 		return runtime.Status{}, err
@@ -124,9 +118,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	phase("bundle")
 
-	<-netDone
-	if netErr != nil {
-		return runtime.Status{}, netErr
+	att, err := netUp()
+	if err != nil {
+		return runtime.Status{}, err
 	}
 	if att.NetnsPath != netnsPath {
 		return runtime.Status{}, fmt.Errorf("oci: network namespace of %s at %s, not %s: %w", id, att.NetnsPath, netnsPath, errdefs.ErrInternal)
@@ -141,6 +135,33 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		return runtime.Status{}, err
 	}
 	phase("run")
+	return r.complete(spec, root, pid, rec, phase)
+}
+
+// setupNetwork sets up sandbox id's network in the background, so that
+// Create prepares the filesystem meanwhile. The function it returns waits
+// for the setup and returns its attachment; it may be called again (the
+// rollback's wait).
+func (r *Runtime) setupNetwork(ctx context.Context, id string) func() (network.Attachment, error) {
+	var att network.Attachment
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		att, err = r.net.Setup(ctx, id)
+	}()
+	return func() (network.Attachment, error) {
+		<-done
+		return att, err
+	}
+}
+
+// complete ends the create of a started sandbox: the host's mount of its
+// root is dropped (dropRootfs; not for runsc's), its processes are
+// tracked, and its record is marked complete (New removes a sandbox
+// whose record is not: a create that never ended).
+func (r *Runtime) complete(spec runtime.Spec, root preparedRoot, pid int, rec record, phase func(string)) (runtime.Status, error) {
+	id := spec.ID
 	if r.kinds[spec.Class] != runscKind {
 		r.dropRootfs(root.rootfs)
 		phase("drop")

@@ -6,11 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/mountinfo"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/volume"
 )
@@ -184,39 +184,9 @@ func unmountVolumes(dir string) error {
 // into a host volume and delete host files.
 func mountsUnder(dir string) []string {
 	// thread-self: the namespace this thread (and RemoveAll) sees.
-	data, err := os.ReadFile("/proc/thread-self/mountinfo")
+	out, err := mountinfo.Under("/proc/thread-self/mountinfo", dir)
 	if err != nil {
 		return []string{"(cannot read mountinfo: " + err.Error() + ")"}
 	}
-	var out []string
-	for line := range strings.SplitSeq(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
 	return out
-}
-
-// unescapeMountinfo decodes the octal escapes (\040 etc.) of mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -138,16 +138,8 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 		return nil, fmt.Errorf("k8stest: start control plane: %w", err)
 	}
 	e.Config.QPS, e.Config.Burst = 1000, 2000
-	user, err := e.env.AddUser(envtest.User{Name: "moat-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return nil, err
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		return nil, err
-	}
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(e.Kubeconfig, kc, 0o600); err != nil {
+	if err := writeAdminKubeconfig(e.env, e.Kubeconfig); err != nil {
 		return nil, err
 	}
 	stages := filepath.Join(dir, "kwok.yaml")
@@ -158,16 +150,8 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := range o.Nodes {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name:        fmt.Sprintf("kwok-node-%d", i),
-			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
-			Labels:      map[string]string{"type": "kwok"},
-		}}
-		if _, err := cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("k8stest: create node: %w", err)
-		}
-		e.Nodes = append(e.Nodes, n.Name)
+	if err := e.createNodes(ctx, cs, o.Nodes); err != nil {
+		return nil, err
 	}
 	if err := e.startKwok(stages, o.Log, o.Agents); err != nil {
 		return nil, err
@@ -184,6 +168,37 @@ func Start(ctx context.Context, o Options) (_ *Env, err error) {
 		e.wg.Go(func() { e.agents.run(run) })
 	}
 	return e, nil
+}
+
+// writeAdminKubeconfig writes a kubeconfig of a system:masters user of
+// env's control plane to path, for subprocesses.
+func writeAdminKubeconfig(env *envtest.Environment, path string) error {
+	user, err := env.AddUser(envtest.User{Name: "moat-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, kc, 0o600)
+}
+
+// createNodes registers n fake nodes that kwok (its node annotation)
+// then keeps ready.
+func (e *Env) createNodes(ctx context.Context, cs kubernetes.Interface, n int) error {
+	for i := range n {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name:        fmt.Sprintf("kwok-node-%d", i),
+			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
+			Labels:      map[string]string{"type": "kwok"},
+		}}
+		if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("k8stest: create node: %w", err)
+		}
+		e.Nodes = append(e.Nodes, node.Name)
+	}
+	return nil
 }
 
 func (e *Env) startKwok(stages string, logw io.Writer, loopback bool) error {

@@ -200,8 +200,22 @@ func ingressPolicy(pol *networkingv1.NetworkPolicy) bool {
 }
 
 // ingressRules renders one ingress rule of pol for the selected pod p as
-// accepting nft rule bodies.
+// accepting nft rule bodies: each of its sources with each of its ports.
 func ingressRules(pol *networkingv1.NetworkPolicy, r networkingv1.NetworkPolicyIngressRule, p *corev1.Pod, live []*corev1.Pod, nsLabels map[string]labels.Set) []string {
+	var out []string
+	ports := rulePorts(r, p)
+	for _, s := range ruleSources(pol, r, live, nsLabels) {
+		for _, pt := range ports {
+			out = append(out, strings.TrimSpace(s+" "+pt)+" accept")
+		}
+	}
+	return out
+}
+
+// ruleSources renders the peers of rule r as nft source matches ("": any
+// source): an IP block as it is, a pod or namespace selector as the
+// addresses of the live pods it selects (none: no match).
+func ruleSources(pol *networkingv1.NetworkPolicy, r networkingv1.NetworkPolicyIngressRule, live []*corev1.Pod, nsLabels map[string]labels.Set) []string {
 	var sources []string // "" = any source
 	if len(r.From) == 0 {
 		sources = []string{""}
@@ -215,36 +229,51 @@ func ingressRules(pol *networkingv1.NetworkPolicy, r networkingv1.NetworkPolicyI
 			sources = append(sources, s)
 			continue
 		}
-		var ips []string
-		podSel, nsSel := labels.Everything(), labels.Nothing()
-		if peer.PodSelector != nil {
-			s, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
-			if err != nil {
-				continue
-			}
-			podSel = s
-		}
-		if peer.NamespaceSelector != nil {
-			s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
-			if err != nil {
-				continue
-			}
-			nsSel = s
-		}
-		for _, q := range live {
-			inNS := q.Namespace == pol.Namespace && peer.NamespaceSelector == nil
-			if peer.NamespaceSelector != nil {
-				inNS = nsSel.Matches(nsLabels[q.Namespace])
-			}
-			if inNS && podSel.Matches(labels.Set(q.Labels)) {
-				ips = append(ips, q.Status.PodIP)
-			}
-		}
-		if len(ips) > 0 {
+		if ips := peerIPs(pol, peer, live, nsLabels); len(ips) > 0 {
 			sort.Strings(ips)
 			sources = append(sources, "ip saddr { "+strings.Join(ips, ", ")+" }")
 		}
 	}
+	return sources
+}
+
+// peerIPs lists the addresses of the live pods that a selector peer of
+// pol selects: its pod selector's pods in pol's namespace, or in the
+// namespaces its namespace selector selects. A malformed selector
+// selects nothing.
+func peerIPs(pol *networkingv1.NetworkPolicy, peer networkingv1.NetworkPolicyPeer, live []*corev1.Pod, nsLabels map[string]labels.Set) []string {
+	var ips []string
+	podSel, nsSel := labels.Everything(), labels.Nothing()
+	if peer.PodSelector != nil {
+		s, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		if err != nil {
+			return nil
+		}
+		podSel = s
+	}
+	if peer.NamespaceSelector != nil {
+		s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+		if err != nil {
+			return nil
+		}
+		nsSel = s
+	}
+	for _, q := range live {
+		inNS := q.Namespace == pol.Namespace && peer.NamespaceSelector == nil
+		if peer.NamespaceSelector != nil {
+			inNS = nsSel.Matches(nsLabels[q.Namespace])
+		}
+		if inNS && podSel.Matches(labels.Set(q.Labels)) {
+			ips = append(ips, q.Status.PodIP)
+		}
+	}
+	return ips
+}
+
+// rulePorts renders the ports of rule r as nft port matches ("": every
+// port); a named port is the selected pod p's (a name p lacks matches
+// nothing).
+func rulePorts(r networkingv1.NetworkPolicyIngressRule, p *corev1.Pod) []string {
 	ports := []string{""} // "" = every port
 	if len(r.Ports) > 0 {
 		ports = nil
@@ -277,11 +306,5 @@ func ingressRules(pol *networkingv1.NetworkPolicy, r networkingv1.NetworkPolicyI
 		}
 		ports = append(ports, proto+" dport "+dport)
 	}
-	var out []string
-	for _, s := range sources {
-		for _, pt := range ports {
-			out = append(out, strings.TrimSpace(s+" "+pt)+" accept")
-		}
-	}
-	return out
+	return ports
 }

@@ -296,16 +296,8 @@ func (n *Node) startControlPlane() error {
 		return fmt.Errorf("k8stest: start control plane: %w", err)
 	}
 	n.Config.QPS, n.Config.Burst = 1000, 2000
-	user, err := n.env.AddUser(envtest.User{Name: "moat-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return err
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		return err
-	}
 	n.Kubeconfig = n.path("kubeconfig")
-	if err := os.WriteFile(n.Kubeconfig, kc, 0o600); err != nil {
+	if err := writeAdminKubeconfig(n.env, n.Kubeconfig); err != nil {
 		return err
 	}
 	ca := n.path("ca.crt")
@@ -331,22 +323,55 @@ func (n *Node) startControlPlane() error {
 		"--controllers=*,-csrsigning,-nodeipam")
 }
 
-// startRuntime starts the mount namespace holder and containerd in it.
+// startRuntime starts the mount namespace holder and containerd in it:
+// the registry's hosts file, the CNI chain and containerd's config are
+// written first (containerd reads them all at its start), then the
+// namespace is made and containerd started in it.
 func (n *Node) startRuntime(name, pauseImage string) error {
 	for _, d := range []string{"containerd/root", "containerd/state", "containerd/opt", "net.d", "cni-data", "certs.d", "pods", "kubelet", "stubs"} {
 		if err := os.MkdirAll(n.path(d), 0o755); err != nil {
 			return err
 		}
 	}
-	// The registry is plain HTTP on loopback.
+	if err := n.writeRegistryHosts(); err != nil {
+		return err
+	}
+	if err := n.writeCNIConfig(); err != nil {
+		return err
+	}
+	if err := n.writeContainerdConfig(pauseImage); err != nil {
+		return err
+	}
+	if err := n.startMountNamespace(); err != nil {
+		return err
+	}
+	env := []string{"PATH=" + AssetsDir() + ":" + os.Getenv("PATH")}
+	if err := n.start("containerd", env, "nsenter", n.nsenterArgs(filepath.Join(AssetsDir(), "containerd"), "--config", n.path("containerd.toml"))...); err != nil {
+		return err
+	}
+	return waitFor(30*time.Second, "containerd socket", func() bool {
+		c, err := net.Dial("unix", n.ContainerdSocket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// writeRegistryHosts tells containerd that the registry is plain HTTP on
+// loopback.
+func (n *Node) writeRegistryHosts() error {
 	host := n.path("certs.d", n.Registry.Host)
 	if err := os.MkdirAll(host, 0o755); err != nil {
 		return err
 	}
 	hosts := fmt.Sprintf("server = \"http://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", n.Registry.Host, n.Registry.Host)
-	if err := os.WriteFile(filepath.Join(host, "hosts.toml"), []byte(hosts), 0o644); err != nil {
-		return err
-	}
+	return os.WriteFile(filepath.Join(host, "hosts.toml"), []byte(hosts), 0o644)
+}
+
+// writeCNIConfig writes the pods' CNI chain: the node's bridge and
+// subnet, then the tuning plugin that gives pods no IPv6.
+func (n *Node) writeCNIConfig() error {
 	conflist := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "moat-kubenode",
@@ -358,9 +383,13 @@ func (n *Node) startRuntime(name, pauseImage string) error {
     "sysctl": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
   }]
 }`, n.bridge, n.path("cni-data"), n.Subnet.String(), n.Gateway.String())
-	if err := os.WriteFile(n.path("net.d", "10-moat.conflist"), []byte(conflist), 0o644); err != nil {
-		return err
-	}
+	return os.WriteFile(n.path("net.d", "10-moat.conflist"), []byte(conflist), 0o644)
+}
+
+// writeContainerdConfig writes containerd's config: everything under the
+// node's directory, runc (MOAT_K8STEST_RUNC, else runc on PATH), the
+// pause image pinned, the CNI chain of writeCNIConfig.
+func (n *Node) writeContainerdConfig(pauseImage string) error {
 	runc, _ := exec.LookPath("runc")
 	if w := os.Getenv("MOAT_K8STEST_RUNC"); w != "" {
 		runc = w
@@ -405,12 +434,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   stream_server_port = '0'
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.ContainerdSocket, n.path("containerd", "opt"),
 		pauseImage, n.path("certs.d"), runc, filepath.Join(AssetsDir(), "cni"), n.path("net.d"))
-	if err := os.WriteFile(n.path("containerd.toml"), []byte(cfg), 0o644); err != nil {
-		return err
-	}
+	return os.WriteFile(n.path("containerd.toml"), []byte(cfg), 0o644)
+}
 
-	// The mount namespace holder: containerd, its shims and the kubelet
-	// join it; its end (Stop) unmounts everything they mounted.
+// startMountNamespace starts the mount namespace holder: containerd, its
+// shims and the kubelet join it; its end (Stop) unmounts everything they
+// mounted. In it /run/containerd is a tmpfs of its own and the kernel
+// settings the kubelet insists on are stubbed (kernelStubs).
+func (n *Node) startMountNamespace() error {
 	n.holder = exec.Command("unshare", "--mount", "--propagation", "private", "--", "sleep", "infinity")
 	n.holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := n.holder.Start(); err != nil {
@@ -440,17 +471,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 	if out, err := n.nsenter("sh", "-c", script.String()).CombinedOutput(); err != nil {
 		return fmt.Errorf("k8stest: prepare the mount namespace: %v: %s", err, out)
 	}
-	env := []string{"PATH=" + AssetsDir() + ":" + os.Getenv("PATH")}
-	if err := n.start("containerd", env, "nsenter", n.nsenterArgs(filepath.Join(AssetsDir(), "containerd"), "--config", n.path("containerd.toml"))...); err != nil {
-		return err
-	}
-	return waitFor(30*time.Second, "containerd socket", func() bool {
-		c, err := net.Dial("unix", n.ContainerdSocket)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	return nil
 }
 
 func (n *Node) nsenterArgs(cmd ...string) []string {

@@ -31,7 +31,6 @@
 package testnet
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +49,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/mountinfo"
 )
 
 const (
@@ -497,25 +498,7 @@ func (n *Net) removeCgroups() []string {
 
 // unmountUnder detaches every mount at or below dir, deepest first.
 func unmountUnder(dir string) []string {
-	dir = filepath.Clean(dir)
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var mps []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
-		}
-	}
+	mps, _ := mountinfo.Under("/proc/self/mountinfo", filepath.Clean(dir))
 	slices.SortFunc(mps, func(a, b string) int { return len(b) - len(a) })
 	var did []string
 	for _, mp := range slices.Compact(mps) {
@@ -524,25 +507,6 @@ func unmountUnder(dir string) []string {
 		}
 	}
 	return did
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // removeNetns deletes the lease's named network namespaces (/run/netns).

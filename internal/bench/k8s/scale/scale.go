@@ -230,322 +230,444 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 		return Result{}, err
 	}
 	res.Options = o
-	cfg, err := kclient.Load(o.Kubeconfig)
-	if err != nil {
+	r := &run{o: o, res: &res}
+	if err := r.connect(ctx); err != nil {
 		return res, err
 	}
-	cfg = kclient.RateLimited(cfg, 0, 0)
-	c, err := client.New(cfg, client.Options{Scheme: kclient.Scheme()})
-	if err != nil {
+	if r.dir, err = os.MkdirTemp("", "moat-scale-"); err != nil {
 		return res, err
 	}
-	if err := c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
-		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
-			return res, errors.New("moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
-		}
-		return res, err
-	}
-	var nodes corev1.NodeList
-	if err := c.List(ctx, &nodes); err != nil {
-		return res, err
-	}
-	res.Nodes = len(nodes.Items)
-	dir, err := os.MkdirTemp("", "moat-scale-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(dir)
-	ns, scope := fmt.Sprintf("moat-scale-%04x", rand.Uint32()&0xffff), "moatscale"
-	grace := 10 * time.Minute // the default
-	if o.Chaos {
-		grace = 5 * time.Second
-	}
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	defer os.RemoveAll(r.dir)
+	r.ns, r.scope = fmt.Sprintf("moat-scale-%04x", rand.Uint32()&0xffff), "moatscale"
+	if err := r.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}); err != nil {
 		return res, err
 	}
 	// The namespace goes at the end (the processes stop first: deferred
-	// later, run earlier), with everything the run made.
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if derr := c.Delete(dctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); derr != nil && !apierrors.IsNotFound(derr) && err == nil {
-			err = derr
-		}
-	}()
-
-	var procs []*proc
-	defer func() {
-		for _, p := range procs {
-			if !p.exited() {
-				p.stop()
-			}
-		}
-		if err != nil {
-			for i, p := range procs {
-				if p.logs.Len() > 0 {
-					err = fmt.Errorf("%w\n--- process %d (%s) output:\n%s", err, i, p.cmd.Args[1], tail(p.logs.String(), 4000))
-				}
-			}
-		}
-	}()
-	ctlArgs := []string{"controller", "--agent-image", "moat:scale", "--namespace", ns, "--log-level", "error"}
-	if o.Kubeconfig != "" {
-		ctlArgs = append(ctlArgs, "--kubeconfig", o.Kubeconfig)
-	}
-	ctl, err := start(ctx, o.Moat, ctlArgs...)
-	if err != nil {
+	// later, run earlier), with everything the run made; the proxies go
+	// before the processes stop.
+	defer r.deleteNamespace(ctx, &err)
+	defer r.stopProcs(&err)
+	defer r.closeProxies()
+	if err := r.startController(ctx); err != nil {
 		return res, err
 	}
-	procs = append(procs, ctl)
-
-	counters := make([]*apiwrites.Counter, o.Replicas)
-	clients := make([]*moat.Client, o.Replicas)
 	for i := range o.Replicas {
-		counters[i] = &apiwrites.Counter{}
-		pdir := filepath.Join(dir, fmt.Sprintf("r%d", i))
-		if err := os.MkdirAll(pdir, 0o700); err != nil {
+		if err := r.startReplica(ctx, i); err != nil {
 			return res, err
-		}
-		proxy, err := apiwrites.StartProxy(cfg, counters[i], pdir)
-		if err != nil {
-			return res, err
-		}
-		defer proxy.Close()
-		addr, err := freeAddr()
-		if err != nil {
-			return res, err
-		}
-		p, err := start(ctx, o.Moat, "serve", "--runtime", "kubernetes", "--kubeconfig", proxy.Kubeconfig,
-			"--k8s-namespace", ns, "--bridge", scope, "--insecure-no-auth", "--listen", addr,
-			"--root", filepath.Join(pdir, "root"), "--run-root", filepath.Join(pdir, "run"),
-			"--allow-registry", "loopback", "--log-level", "error", "--console=false", "--k8s-orphan-grace", grace.String())
-		if err != nil {
-			return res, err
-		}
-		procs = append(procs, p)
-		// One connection per worker and more: the clients must not be the
-		// bottleneck.
-		hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * o.Workers}}
-		if clients[i], err = moat.New("http://"+addr, moat.WithHTTPClient(hc)); err != nil {
-			return res, err
-		}
-		if err := waitFor(ctx, time.Minute, func() (bool, error) {
-			if p.exited() {
-				return false, errors.New("moat serve exited")
-			}
-			_, err := clients[i].ListSandboxes(ctx, moat.ListOptions{})
-			return err == nil, nil
-		}); err != nil {
-			return res, fmt.Errorf("replica %d: %w", i, err)
 		}
 	}
-
-	// The pool, through the Lifecycle API; filled by the controller.
-	start0 := time.Now()
-	if _, err := clients[0].CreatePool(ctx, moat.PoolSpec{Name: "warm",
-		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:scale"}, Entrypoint: []string{"sleep", "infinity"}},
-		CapacitySpec: moat.PoolCapacity{BufferMin: o.Pool, BufferMax: o.Pool, PoolMax: o.Pool}}); err != nil {
+	if err := r.fill(ctx); err != nil {
 		return res, err
 	}
-	if err := waitFor(ctx, o.Timeout, func() (bool, error) {
-		p, err := clients[len(clients)-1].GetPool(ctx, "warm")
-		return err == nil && p.Status.Available == o.Pool, nil
-	}); err != nil {
-		return res, fmt.Errorf("filling the pool of %d: %w", o.Pool, err)
+	if err := r.singleClaims(ctx); err != nil {
+		return res, err
 	}
-	res.Fill = time.Since(start0)
-	time.Sleep(2 * time.Second) // the pool's last status writes land before counting
-
-	snap := func() []map[string]int {
-		s := make([]map[string]int, len(counters))
-		for i, w := range counters {
-			s[i] = w.Snapshot()
-		}
-		return s
+	if err := r.batches(ctx); err != nil {
+		return res, err
 	}
-	since := func(before []map[string]int) map[string]int {
-		sum := map[string]int{}
-		for i, w := range counters {
-			for k, v := range w.Since(before[i]) {
-				sum[k] += v
-			}
-		}
-		return sum
-	}
-
-	// Single claims: W workers, claim by claim over the replicas. With
-	// Chaos, W claims are kept back: the pods the killed replica took for
-	// claims it never answered are out until the orphan sweep.
-	res.Claims = o.Claims
-	if o.Chaos {
-		res.Claims = min(res.Claims, o.Pool-o.batched()-o.Workers)
-	}
-	req := moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: time.Hour}
-	lat := make([]time.Duration, 0, res.Claims)
-	ids := make([]string, 0, o.Pool)
-	var (
-		mu        sync.Mutex
-		next      atomic.Int64
-		errs      []error
-		wg        sync.WaitGroup
-		killOnce  sync.Once
-		killing   atomic.Bool
-		killErr   error
-		victim    = len(clients) - 1
-		survivors = clients[:victim]
-	)
-	kill := func() {
-		killing.Store(true)
-		procs[1+victim].cmd.Process.Kill()
-		<-procs[1+victim].done
-		ctl.cmd.Process.Kill()
-		<-ctl.done
-		ctl2, err := start(ctx, o.Moat, ctlArgs...)
-		if err != nil {
-			killErr = err
-			return
-		}
-		procs = append(procs, ctl2)
-	}
-	before := snap()
-	t0 := time.Now()
-	for w := range o.Workers {
-		r := w % len(clients)
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= res.Claims {
-					return
-				}
-				if o.Chaos && i == res.Claims/2 {
-					killOnce.Do(kill)
-				}
-				if !o.Chaos {
-					// Claim by claim through the replicas in turn, so
-					// that every replica serves claims however few
-					// the workers.
-					r = i % len(clients)
-				}
-				cl := clients[r]
-				t := time.Now()
-				sb, err := cl.CreateSandbox(ctx, req)
-				d := time.Since(t)
-				mu.Lock()
-				switch {
-				case err == nil:
-					ids, lat = append(ids, sb.ID), append(lat, d)
-				case o.Chaos && r == victim && killing.Load():
-					// Lost with the replica: the client claims again
-					// through a survivor.
-					res.Unanswered++
-					r = w % len(survivors)
-					next.Add(-1)
-				default:
-					errs = append(errs, err)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	if killErr != nil {
-		return res, killErr
-	}
-	if o.Chaos {
-		clients = survivors
-	}
-	res.ClaimWall = time.Since(t0)
-	res.ClaimWrites = since(before)
-	if len(errs) > 0 {
-		return res, fmt.Errorf("%d of %d claims failed, first: %w", len(errs), res.Claims, errs[0])
-	}
-	if len(lat) != res.Claims {
-		return res, fmt.Errorf("%d claims answered, want %d", len(lat), res.Claims)
-	}
-	slices.Sort(lat)
-	res.P50, res.P99, res.Max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
-
-	// Batches of B, one after another, through the replicas in turn.
-	before = snap()
-	var walls []time.Duration
-	for k := range o.Batches {
-		t0 = time.Now()
-		batch, err := clients[(len(clients)-1+k)%len(clients)].CreateBatch(ctx, req, o.Batch)
-		walls = append(walls, time.Since(t0))
-		if err != nil {
-			return res, fmt.Errorf("batch %d of %d (of %d sandboxes): %w", k+1, o.Batches, o.Batch, err)
-		}
-		if len(batch) != o.Batch {
-			return res, fmt.Errorf("batch %d of %d: %d sandboxes answered, want %d", k+1, o.Batches, len(batch), o.Batch)
-		}
-		for _, sb := range batch {
-			ids = append(ids, sb.ID)
-		}
-	}
-	res.BatchWrites = since(before)
-	slices.Sort(walls)
-	res.BatchWall, res.BatchMax = walls[len(walls)/2], walls[len(walls)-1]
-
 	if o.CRDClaims > 0 {
-		if err := crdClaims(ctx, cfg, ns, o, &res); err != nil {
+		if err := crdClaims(ctx, r.cfg, r.ns, o, &res); err != nil {
 			return res, err
 		}
 	}
 	if o.Chaos {
-		// The claims the killed replica made but never answered: the
-		// leader (after the lease passes, if the dead replica held it)
-		// gives back the pods of those it never recorded; those it
-		// recorded are sandboxes like any other (listed, expiring), whose
-		// answer alone was lost.
-		answered := map[string]bool{}
-		for _, id := range ids {
-			answered[id] = true
-		}
-		var extra map[string]bool
-		if tbl, err := table(ctx, c, ns); err == nil {
-			for o := range tbl.Owners {
-				if id, ok := alloc.SandboxOf(scope, o); ok && !answered[id] {
-					res.GivenBack++
-				}
-			}
-		}
-		if err := waitFor(ctx, 2*time.Minute, func() (bool, error) {
-			tbl, err := table(ctx, c, ns)
-			if err != nil {
-				return false, nil
-			}
-			extra = map[string]bool{}
-			for o := range tbl.Owners {
-				id, ok := alloc.SandboxOf(scope, o)
-				if !ok || answered[id] {
-					continue
-				}
-				if _, err := clients[0].GetSandbox(ctx, id); err != nil {
-					return false, nil // not recorded: to be given back
-				}
-				extra[id] = true
-			}
-			return true, nil
-		}); err != nil {
-			return res, fmt.Errorf("the unanswered claims' pods were not given back: %w", err)
-		}
-		res.GivenBack -= len(extra)
-		res.Recorded = len(extra)
-		for id := range extra {
-			ids = append(ids, id)
+		if err := r.unanswered(ctx); err != nil {
+			return res, err
 		}
 	}
-	if err := check(ctx, c, ns, scope, ids, clients); err != nil {
+	if err := check(ctx, r.c, r.ns, r.scope, r.ids, r.clients); err != nil {
 		return res, fmt.Errorf("ledger check: %w", err)
 	}
-	if shards, err := alloc.ReadShards(ctx, c, client.ObjectKey{Namespace: ns, Name: "warm"}); err == nil {
-		for _, s := range shards {
-			res.TableBytes += s.Bytes
-			res.ShardBytes = max(res.ShardBytes, s.Bytes)
-		}
-	}
+	r.tableSize(ctx)
 	fmt.Fprintln(out, res)
 	return res, nil
+}
+
+// run is the state of one Run: the cluster, the processes it started,
+// the replicas' clients and write counters, and the sandboxes answered so
+// far, which the ledger check wants at the end. Its steps are Run's, in
+// order; each fills its part of res.
+type run struct {
+	o        Options
+	res      *Result
+	cfg      *rest.Config
+	c        client.Client
+	dir      string // per-replica kubeconfigs and roots
+	ns       string // the run's namespace
+	scope    string // the servers' --bridge: the owners' scope in the table
+	ctlArgs  []string
+	ctl      *proc   // the controller (the first one, with Chaos)
+	procs    []*proc // every process: the controller, the replicas, a second controller
+	proxies  []io.Closer
+	counters []*apiwrites.Counter
+	clients  []*moat.Client
+	ids      []string // the sandboxes answered
+}
+
+// connect makes the run's client and checks that the cluster has moat's
+// CRDs before anything is made in it (a missing CRD otherwise fails late,
+// inside a server), then counts the nodes.
+func (r *run) connect(ctx context.Context) error {
+	cfg, err := kclient.Load(r.o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	r.cfg = kclient.RateLimited(cfg, 0, 0)
+	if r.c, err = client.New(r.cfg, client.Options{Scheme: kclient.Scheme()}); err != nil {
+		return err
+	}
+	if err := r.c.List(ctx, &sbv1.PoolList{}, client.Limit(1)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return errors.New("moat's CRDs are not installed in this cluster (helm install deploy/helm/moat, or kubectl apply -f config/crd/bases)")
+		}
+		return err
+	}
+	var nodes corev1.NodeList
+	if err := r.c.List(ctx, &nodes); err != nil {
+		return err
+	}
+	r.res.Nodes = len(nodes.Items)
+	return nil
+}
+
+// deleteNamespace deletes the run's namespace (past ctx's end: it holds
+// everything the run made); its error becomes the run's unless the run
+// failed already.
+func (r *run) deleteNamespace(ctx context.Context, err *error) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if derr := r.c.Delete(dctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}); derr != nil && !apierrors.IsNotFound(derr) && *err == nil {
+		*err = derr
+	}
+}
+
+// stopProcs stops the processes still running; a failed run's error gets
+// their output, which is where a server says why.
+func (r *run) stopProcs(err *error) {
+	for _, p := range r.procs {
+		if !p.exited() {
+			p.stop()
+		}
+	}
+	if *err != nil {
+		for i, p := range r.procs {
+			if p.logs.Len() > 0 {
+				*err = fmt.Errorf("%w\n--- process %d (%s) output:\n%s", *err, i, p.cmd.Args[1], tail(p.logs.String(), 4000))
+			}
+		}
+	}
+}
+
+func (r *run) closeProxies() {
+	for _, p := range slices.Backward(r.proxies) {
+		p.Close()
+	}
+}
+
+// startController starts `moat controller` on the run's namespace; its
+// arguments are kept for the second one of a Chaos run.
+func (r *run) startController(ctx context.Context) error {
+	r.ctlArgs = []string{"controller", "--agent-image", "moat:scale", "--namespace", r.ns, "--log-level", "error"}
+	if r.o.Kubeconfig != "" {
+		r.ctlArgs = append(r.ctlArgs, "--kubeconfig", r.o.Kubeconfig)
+	}
+	ctl, err := start(ctx, r.o.Moat, r.ctlArgs...)
+	if err != nil {
+		return err
+	}
+	r.ctl = ctl
+	r.procs = append(r.procs, ctl)
+	return nil
+}
+
+// startReplica starts replica i, `moat serve` behind a proxy that counts
+// its API writes, and waits for it to answer. A Chaos run's replicas give
+// back an unrecorded claim's pods after 5s, not the default 10 minutes,
+// so that the check can wait for it.
+func (r *run) startReplica(ctx context.Context, i int) error {
+	grace := 10 * time.Minute // the default
+	if r.o.Chaos {
+		grace = 5 * time.Second
+	}
+	counter := &apiwrites.Counter{}
+	r.counters = append(r.counters, counter)
+	pdir := filepath.Join(r.dir, fmt.Sprintf("r%d", i))
+	if err := os.MkdirAll(pdir, 0o700); err != nil {
+		return err
+	}
+	proxy, err := apiwrites.StartProxy(r.cfg, counter, pdir)
+	if err != nil {
+		return err
+	}
+	r.proxies = append(r.proxies, proxy)
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	p, err := start(ctx, r.o.Moat, "serve", "--runtime", "kubernetes", "--kubeconfig", proxy.Kubeconfig,
+		"--k8s-namespace", r.ns, "--bridge", r.scope, "--insecure-no-auth", "--listen", addr,
+		"--root", filepath.Join(pdir, "root"), "--run-root", filepath.Join(pdir, "run"),
+		"--allow-registry", "loopback", "--log-level", "error", "--console=false", "--k8s-orphan-grace", grace.String())
+	if err != nil {
+		return err
+	}
+	r.procs = append(r.procs, p)
+	// One connection per worker and more: the clients must not be the
+	// bottleneck.
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * r.o.Workers}}
+	cl, err := moat.New("http://"+addr, moat.WithHTTPClient(hc))
+	if err != nil {
+		return err
+	}
+	r.clients = append(r.clients, cl)
+	if err := waitFor(ctx, time.Minute, func() (bool, error) {
+		if p.exited() {
+			return false, errors.New("moat serve exited")
+		}
+		_, err := cl.ListSandboxes(ctx, moat.ListOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("replica %d: %w", i, err)
+	}
+	return nil
+}
+
+// fill makes the pool through the Lifecycle API (the first replica) and
+// times the controller's fill, as the last replica sees it.
+func (r *run) fill(ctx context.Context) error {
+	start0 := time.Now()
+	if _, err := r.clients[0].CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:scale"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: r.o.Pool, BufferMax: r.o.Pool, PoolMax: r.o.Pool}}); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, r.o.Timeout, func() (bool, error) {
+		p, err := r.clients[len(r.clients)-1].GetPool(ctx, "warm")
+		return err == nil && p.Status.Available == r.o.Pool, nil
+	}); err != nil {
+		return fmt.Errorf("filling the pool of %d: %w", r.o.Pool, err)
+	}
+	r.res.Fill = time.Since(start0)
+	time.Sleep(2 * time.Second) // the pool's last status writes land before counting
+	return nil
+}
+
+// snap is every replica's write counts now, for since.
+func (r *run) snap() []map[string]int {
+	s := make([]map[string]int, len(r.counters))
+	for i, w := range r.counters {
+		s[i] = w.Snapshot()
+	}
+	return s
+}
+
+// since sums the replicas' writes since before (a snap).
+func (r *run) since(before []map[string]int) map[string]int {
+	sum := map[string]int{}
+	for i, w := range r.counters {
+		for k, v := range w.Since(before[i]) {
+			sum[k] += v
+		}
+	}
+	return sum
+}
+
+// claimReq is the request of every claim: a sandbox from the pool.
+func claimReq() moat.CreateRequest {
+	return moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: time.Hour}
+}
+
+// claimState is the shared state of the single claims' workers; mu guards
+// errs, lat, the run's ids and res.Unanswered.
+type claimState struct {
+	mu        sync.Mutex
+	next      atomic.Int64 // the next claim's index
+	errs      []error
+	lat       []time.Duration
+	killOnce  sync.Once
+	killing   atomic.Bool // the victim is being (or was) killed
+	killErr   error
+	victim    int            // the replica a Chaos run kills: the last
+	survivors []*moat.Client // the others
+}
+
+// singleClaims makes res.Claims claims by W workers, claim by claim over
+// the replicas. With Chaos, W claims are kept back: the pods the killed
+// replica took for claims it never answered are out until the orphan
+// sweep.
+func (r *run) singleClaims(ctx context.Context) error {
+	r.res.Claims = r.o.Claims
+	if r.o.Chaos {
+		r.res.Claims = min(r.res.Claims, r.o.Pool-r.o.batched()-r.o.Workers)
+	}
+	r.ids = make([]string, 0, r.o.Pool)
+	victim := len(r.clients) - 1
+	cs := &claimState{lat: make([]time.Duration, 0, r.res.Claims), victim: victim, survivors: r.clients[:victim]}
+	before := r.snap()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for w := range r.o.Workers {
+		wg.Go(func() { r.claimWorker(ctx, cs, w) })
+	}
+	wg.Wait()
+	if cs.killErr != nil {
+		return cs.killErr
+	}
+	if r.o.Chaos {
+		r.clients = cs.survivors
+	}
+	r.res.ClaimWall = time.Since(t0)
+	r.res.ClaimWrites = r.since(before)
+	if len(cs.errs) > 0 {
+		return fmt.Errorf("%d of %d claims failed, first: %w", len(cs.errs), r.res.Claims, cs.errs[0])
+	}
+	if len(cs.lat) != r.res.Claims {
+		return fmt.Errorf("%d claims answered, want %d", len(cs.lat), r.res.Claims)
+	}
+	lat := cs.lat
+	slices.Sort(lat)
+	r.res.P50, r.res.P99, r.res.Max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
+	return nil
+}
+
+// claimWorker is worker w of singleClaims: it claims until every claim is
+// taken. With Chaos it stays on its replica (w's), and the worker that
+// takes the middle claim kills the victim first; a claim lost with the
+// victim is claimed again through a survivor.
+func (r *run) claimWorker(ctx context.Context, cs *claimState, w int) {
+	req := claimReq()
+	rep := w % len(r.clients)
+	for {
+		i := int(cs.next.Add(1)) - 1
+		if i >= r.res.Claims {
+			return
+		}
+		if r.o.Chaos && i == r.res.Claims/2 {
+			cs.killOnce.Do(func() { r.kill(ctx, cs) })
+		}
+		if !r.o.Chaos {
+			// Claim by claim through the replicas in turn, so that
+			// every replica serves claims however few the workers.
+			rep = i % len(r.clients)
+		}
+		t := time.Now()
+		sb, err := r.clients[rep].CreateSandbox(ctx, req)
+		d := time.Since(t)
+		cs.mu.Lock()
+		switch {
+		case err == nil:
+			r.ids, cs.lat = append(r.ids, sb.ID), append(cs.lat, d)
+		case r.o.Chaos && rep == cs.victim && cs.killing.Load():
+			// Lost with the replica: the client claims again
+			// through a survivor.
+			r.res.Unanswered++
+			rep = w % len(cs.survivors)
+			cs.next.Add(-1)
+		default:
+			cs.errs = append(cs.errs, err)
+		}
+		cs.mu.Unlock()
+	}
+}
+
+// kill kills (SIGKILL) the victim replica and the controller, and starts
+// a new controller.
+func (r *run) kill(ctx context.Context, cs *claimState) {
+	cs.killing.Store(true)
+	v := r.procs[1+cs.victim]
+	v.cmd.Process.Kill()
+	<-v.done
+	r.ctl.cmd.Process.Kill()
+	<-r.ctl.done
+	ctl2, err := start(ctx, r.o.Moat, r.ctlArgs...)
+	if err != nil {
+		cs.killErr = err
+		return
+	}
+	r.procs = append(r.procs, ctl2)
+}
+
+// batches claims the batches of B, one after another, through the
+// replicas in turn.
+func (r *run) batches(ctx context.Context) error {
+	req := claimReq()
+	before := r.snap()
+	var walls []time.Duration
+	for k := range r.o.Batches {
+		t0 := time.Now()
+		batch, err := r.clients[(len(r.clients)-1+k)%len(r.clients)].CreateBatch(ctx, req, r.o.Batch)
+		walls = append(walls, time.Since(t0))
+		if err != nil {
+			return fmt.Errorf("batch %d of %d (of %d sandboxes): %w", k+1, r.o.Batches, r.o.Batch, err)
+		}
+		if len(batch) != r.o.Batch {
+			return fmt.Errorf("batch %d of %d: %d sandboxes answered, want %d", k+1, r.o.Batches, len(batch), r.o.Batch)
+		}
+		for _, sb := range batch {
+			r.ids = append(r.ids, sb.ID)
+		}
+	}
+	r.res.BatchWrites = r.since(before)
+	slices.Sort(walls)
+	r.res.BatchWall, r.res.BatchMax = walls[len(walls)/2], walls[len(walls)-1]
+	return nil
+}
+
+// unanswered settles a Chaos run's claims the killed replica made but
+// never answered: the leader (after the lease passes, if the dead replica
+// held it) gives back the pods of those it never recorded; those it
+// recorded are sandboxes like any other (listed, expiring), whose answer
+// alone was lost, and join the ids the check wants.
+func (r *run) unanswered(ctx context.Context) error {
+	answered := map[string]bool{}
+	for _, id := range r.ids {
+		answered[id] = true
+	}
+	if tbl, err := table(ctx, r.c, r.ns); err == nil {
+		for o := range tbl.Owners {
+			if id, ok := alloc.SandboxOf(r.scope, o); ok && !answered[id] {
+				r.res.GivenBack++
+			}
+		}
+	}
+	var extra map[string]bool
+	if err := waitFor(ctx, 2*time.Minute, func() (bool, error) {
+		tbl, err := table(ctx, r.c, r.ns)
+		if err != nil {
+			return false, nil
+		}
+		extra = map[string]bool{}
+		for o := range tbl.Owners {
+			id, ok := alloc.SandboxOf(r.scope, o)
+			if !ok || answered[id] {
+				continue
+			}
+			if _, err := r.clients[0].GetSandbox(ctx, id); err != nil {
+				return false, nil // not recorded: to be given back
+			}
+			extra[id] = true
+		}
+		return true, nil
+	}); err != nil {
+		return fmt.Errorf("the unanswered claims' pods were not given back: %w", err)
+	}
+	r.res.GivenBack -= len(extra)
+	r.res.Recorded = len(extra)
+	for id := range extra {
+		r.ids = append(r.ids, id)
+	}
+	return nil
+}
+
+// tableSize records the size of the pool's table at the end (best
+// effort: the figures only).
+func (r *run) tableSize(ctx context.Context) {
+	if shards, err := alloc.ReadShards(ctx, r.c, client.ObjectKey{Namespace: r.ns, Name: "warm"}); err == nil {
+		for _, s := range shards {
+			r.res.TableBytes += s.Bytes
+			r.res.ShardBytes = max(r.res.ShardBytes, s.Bytes)
+		}
+	}
 }
 
 // check verifies the ledger: each sandbox owns exactly one pool pod in the
