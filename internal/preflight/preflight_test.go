@@ -456,7 +456,9 @@ func TestDiskPrivilegesDaemons(t *testing.T) {
 	}
 
 	h.Euid = func() int { return 0 }
-	h.Docker = func(context.Context) (string, error) { return "", errors.New("dial unix /var/run/docker.sock: connect: no such file or directory") }
+	h.Docker = func(context.Context) (string, error) {
+		return "", errors.New("dial unix /var/run/docker.sock: connect: no such file or directory")
+	}
 	r = Run(context.Background(), Config{Runtime: "docker", Root: "/var/lib/moat"}, h)
 	want(t, r, map[string]Status{"privileges": OK, "docker": Fail, "kernel.nftables": OK})
 	h.Docker = func(context.Context) (string, error) { return "27.5.1 (API 1.47)", nil }

@@ -36,9 +36,11 @@ func TestServeRefusesHostWithoutController(t *testing.T) {
 	write("sys/fs/cgroup/cgroup.controllers", "cpu io memory pids\n")
 	write("sys/fs/cgroup/moat/cgroup.controllers", "cpu io pids\n")
 	host := preflight.Host{
-		Root:      root,
-		LookPath:  func(f string) (string, error) { return "/usr/sbin/" + f, nil },
-		Output:    func(ctx context.Context, p string, args ...string) ([]byte, error) { return []byte("runc version 1.1.5\n"), nil },
+		Root:     root,
+		LookPath: func(f string) (string, error) { return "/usr/sbin/" + f, nil },
+		Output: func(ctx context.Context, p string, args ...string) ([]byte, error) {
+			return []byte("runc version 1.1.5\n"), nil
+		},
 		FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
 		Euid:      func() int { return 0 },
 	}
