@@ -187,4 +187,3 @@ func WriteArchive(dir, path string, mtime time.Time) error {
 	}
 	return werr
 }
-
