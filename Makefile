@@ -9,7 +9,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ deps: ## Install the Debian packages moat needs (root, idempotent)
 build: console agent ## Build the static moat binary into bin/moat (with the web console and the agent), and bin/moat-bench
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/moat
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BENCH_BIN) ./cmd/moat-bench
+
+release: console ## Build dist/: static linux/amd64 and linux/arm64 archives (each carrying its arch's agent), the OCI image (layout and tarball, no Docker), SHA256SUMS; VERSION=v<chart appVersion>
+	@GO=$(GO) bash scripts/release.sh
 
 # The in-sandbox agent is its own lean artifact; moat embeds it from
 # internal/agentbin/payload, so it is built first.
@@ -180,4 +183,4 @@ fmt: ## gofmt
 	gofmt -w $$(git ls-files '*.go')
 
 clean: ## Remove build output
-	rm -rf bin internal/console/dist/app $(AGENT_PAYLOAD)
+	rm -rf bin dist internal/console/dist/app $(AGENT_PAYLOAD)

@@ -83,3 +83,13 @@ func WriteTo(path string) error {
 	}
 	return atomicfile.WriteFile(path, data, 0o755)
 }
+
+// Digest returns the embedded agent's "sha256:<hex>" (`moat version`).
+func Digest() (string, error) {
+	data, err := Embedded()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}

@@ -35,6 +35,7 @@ func NewRoot() *cobra.Command {
 		newMCPCommand(),
 		newKeyCommand(),
 		newTenantCommand(),
+		newVersionCommand(),
 	)
 	return root
 }

@@ -5,10 +5,10 @@ import (
 )
 
 // platformCommands are the verbs that run the server side, which is
-// Linux only: the server, the agent, the local image store and the
-// benchmarks.
+// Linux only: the server, its host check, the agent, the local image
+// store and the benchmarks.
 func platformCommands() []*cobra.Command {
-	return []*cobra.Command{newServeCommand(), newExecdCommand(), newImageCommand(), newBenchCommand()}
+	return []*cobra.Command{newServeCommand(), newDoctorCommand(), newExecdCommand(), newImageCommand(), newBenchCommand()}
 }
 
 // FastPath runs the verbs that bypass cobra (the agent alias `moat

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// platformCommands: the server-side verbs (serve, execd, image, bench)
+// platformCommands: the server-side verbs (serve, doctor, execd, image, bench)
 // are Linux only; on other platforms moat is the client (the CLI verbs,
 // `moat mcp`, `moat controller`).
 func platformCommands() []*cobra.Command { return nil }

@@ -34,12 +34,9 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 		},
 	}
 	f := cmd.Flags()
+	hostFlags(cmd, &cfg)
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API listen address")
-	f.StringVar(&cfg.Root, "root", cfg.Root, "state directory")
 	f.StringVar(&cfg.RunRoot, "run-root", cfg.RunRoot, "runtime state directory (tmpfs)")
-	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup that native sandboxes are created under (<parent>/<id>)")
-	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: "+strings.Join(server.Backends(), ", "))
-	f.StringVar(&cfg.Kubernetes.Kubeconfig, "kubeconfig", "", "kubeconfig for --runtime kubernetes (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	f.StringVar(&cfg.Kubernetes.Namespace, "k8s-namespace", "default", "namespace of the sandboxes for --runtime kubernetes")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
@@ -48,8 +45,6 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.DurationVar(&cfg.Kubernetes.OrphanGrace, "k8s-orphan-grace", 0, "with --runtime kubernetes, how old a sandbox without a record (its replica died while creating it) must be before the leading replica deletes it (default 10m; must exceed the longest create)")
 	f.StringVar(&cfg.AgentPath, "agent-path", "", "in-sandbox agent binary for the oci and docker runtimes (a static cmd/moat-agent build; default: the one moat carries)")
 	f.Float64Var(&cfg.Kubernetes.RequestFraction, "k8s-request-fraction", 0, "share of a sandbox's cpu/memory limits its pod requests, in (0,1] (default: requests = limits)")
-	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address for --runtime docker (default unix:///var/run/docker.sock)")
-	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime of the oci backend: "+strings.Join(server.RuntimeClasses(), ", "))
 	f.StringVar(&cfg.APIKey, "api-key", "", "API key (prefer $MOAT_API_KEY or --api-key-file: argv is visible to other users)")
 	f.StringVar(&cfg.APIKeyFile, "api-key-file", "", "file holding the API key (default <root>/api-key)")
 	f.BoolVar(&cfg.NoAuth, "insecure-no-auth", false, "disable API-key authentication")
@@ -69,7 +64,6 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringArrayVar(&cfg.AllowedHostPaths, "allow-host-path", nil, "allow host volumes under this directory (prefix match after symlink resolution), repeatable (default: none)")
 	f.StringVar(&cfg.VolumeSize, "volume-size", "", `capacity of a native named volume (pvc) created without pvc.storage, e.g. "10Gi" (default 1Gi)`)
 	f.StringVar(&cfg.ImageDiskBudget, "image-disk-budget", "", `prune unused images (least recently used first) once a minute while the image store exceeds this size, e.g. "20Gi" (default: no automatic pruning)`)
-	f.StringVar(&cfg.DiskQuota, "disk-quota", "", `default writable-layer quota of native sandboxes, e.g. "10Gi" (resourceLimits.disk overrides; default unlimited)`)
 	f.StringArrayVar(&cfg.AllowedRegistries, "allow-registry", nil, "only pull images from registries matching this pattern (host[:port], *.domain or loopback), repeatable (default: any)")
 	f.StringSliceVar(&cfg.DNSUpstreams, "dns-upstream", nil, "resolver (ip:port) for sandbox DNS, repeatable (default: /etc/resolv.conf)")
 	f.BoolVar(&cfg.Console, "console", cfg.Console, "serve the web console under /console")
@@ -80,4 +74,17 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.StringVar(&cfg.VaultUpstreamCAFile, "vault-upstream-ca", "", "PEM CA certificates the credential proxy trusts for upstream servers, besides the host's roots")
 	f.BoolVar(&cfg.VaultInsecureWrites, "vault-insecure-writes", false, "allow Credential Vault writes over plain HTTP from non-loopback clients")
 	return cmd
+}
+
+// hostFlags binds the flags of `moat serve` that decide what the host
+// must have, which `moat doctor` takes too.
+func hostFlags(cmd *cobra.Command, cfg *server.Config) {
+	f := cmd.Flags()
+	f.StringVar(&cfg.Root, "root", cfg.Root, "state directory")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup that native sandboxes are created under (<parent>/<id>)")
+	f.StringVar(&cfg.Runtime, "runtime", cfg.Runtime, "sandbox backend: "+strings.Join(server.Backends(), ", "))
+	f.StringVar(&cfg.Kubernetes.Kubeconfig, "kubeconfig", "", "kubeconfig for --runtime kubernetes (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	f.StringVar(&cfg.DockerHost, "docker-host", "", "Docker Engine address for --runtime docker (default unix:///var/run/docker.sock)")
+	f.StringVar(&cfg.RuntimeClass, "runtime-class", cfg.RuntimeClass, "default OCI runtime of the oci backend: "+strings.Join(server.RuntimeClasses(), ", "))
+	f.StringVar(&cfg.DiskQuota, "disk-quota", "", `default writable-layer quota of native sandboxes, e.g. "10Gi" (resourceLimits.disk overrides; default unlimited)`)
 }

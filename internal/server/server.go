@@ -377,8 +377,15 @@ func (s *Server) Close() {
 	}
 }
 
-// Run is `moat serve`: New, listen on cfg.Listen, Serve until ctx ends.
+// Run is `moat serve`: check the host (preflight), New, listen on
+// cfg.Listen, Serve until ctx ends.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if log == nil {
+		log = NewLogger(cfg.LogLevel)
+	}
+	if err := checkHost(ctx, cfg, Host(cfg), log); err != nil {
+		return err
+	}
 	s, err := New(ctx, cfg, log)
 	if err != nil {
 		return err

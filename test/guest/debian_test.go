@@ -42,8 +42,9 @@ func TestStockDebianHost(t *testing.T) {
 	if fs := strings.TrimSpace(vm.MustRun(t, time.Minute, "stat -f -c %T /sys/fs/cgroup")); fs != "cgroup2fs" {
 		t.Fatalf("/sys/fs/cgroup is %q, want cgroup2fs (a unified cgroup v2 host)", fs)
 	}
+	vm.MustRun(t, time.Minute, "install -m 0755 /mnt/host/moat /usr/local/bin/moat")
+	checkDoctor(t, vm)
 	vm.MustRun(t, 3*time.Minute, `set -e
-install -m 0755 /mnt/host/moat /usr/local/bin/moat
 moat image import --root /var/lib/moat local/busybox /mnt/host/busybox >/dev/null
 systemd-run --unit moat-serve -E MOAT_API_KEY=`+apiKey+` \
 	/usr/local/bin/moat serve --runtime oci --allow-registry loopback --root /var/lib/moat --listen 0.0.0.0:8080`)
@@ -109,6 +110,35 @@ systemd-run --unit moat-serve -E MOAT_API_KEY=`+apiKey+` \
 				t.Fatalf("left behind by the delete:\n%s", left)
 			}
 		})
+	}
+}
+
+// checkDoctor: `moat doctor` on the stock host passes, finds cgroup v2
+// with the cpu, memory and pids controllers delegated to the cgroup
+// parent, the kernel features as Debian's modules, and runc and crun.
+func checkDoctor(t *testing.T, vm *guest.VM) {
+	t.Helper()
+	out := vm.MustRun(t, 2*time.Minute, "moat doctor --runtime oci --root /var/lib/moat -o json")
+	var rep struct {
+		OK     bool
+		Checks []struct{ Name, Status, Detail, Fix string }
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("moat doctor -o json: %v\n%s", err, out)
+	}
+	status := map[string]string{}
+	detail := map[string]string{}
+	for _, c := range rep.Checks {
+		status[c.Name], detail[c.Name] = c.Status, c.Detail
+	}
+	if !rep.OK || !strings.Contains(detail["cgroup"], "cgroup v2") {
+		t.Fatalf("moat doctor in the guest: %s", out)
+	}
+	for _, name := range []string{"privileges", "cgroup.cpu", "cgroup.memory", "cgroup.pids", "kernel.overlayfs",
+		"kernel.nftables", "kernel.veth", "kernel.bridge", "runtime.runc", "runtime.crun"} {
+		if status[name] != "ok" {
+			t.Errorf("moat doctor: %s is %q (%s), want ok", name, status[name], detail[name])
+		}
 	}
 }
 

@@ -4,4 +4,4 @@ app.kubernetes.io/name: moat
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: controller
 {{- end -}}
-{{- define "moat.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag }}{{- end -}}
+{{- define "moat.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default (printf "v%s" .Chart.AppVersion) }}{{- end -}}
