@@ -115,7 +115,10 @@ func validateShape(req CreateRequest, maxTimeout time.Duration) (runtime.Resourc
 			return none, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint argument too long")
 		}
 	}
-	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < 60*time.Second) {
+	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < time.Second) {
+		return none, errdefs.Invalid(codeInvalid, "timeout must be at least 1 second")
+	}
+	if !req.ShortTimeout && req.Timeout > 0 && req.Timeout < 60*time.Second {
 		return none, errdefs.Invalid(codeInvalid, "timeout must be at least 60 seconds (omit it for manual cleanup)")
 	}
 	if maxTimeout > 0 && req.Timeout > maxTimeout {
