@@ -38,6 +38,9 @@ type CodeMapper func(err error) (status int, code string)
 type Adapter struct {
 	Log   *slog.Logger
 	Codes CodeMapper
+	// Envelope, if set, is the error body of an API whose envelope is
+	// not ErrorBody (E2B's {code: <status>, message}).
+	Envelope func(status int, code, message string) any
 }
 
 // Handle adapts h.
@@ -81,6 +84,10 @@ func (a *Adapter) WriteError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	log.Log(r.Context(), lvl, "request failed", "method", r.Method, "path", r.URL.Path,
 		"status", status, "code", code, "err", err, "request_id", RequestID(r.Context()))
+	if a.Envelope != nil {
+		WriteJSON(w, status, a.Envelope(status, code, msg))
+		return
+	}
 	WriteJSON(w, status, ErrorBody{Code: code, Message: msg})
 }
 
