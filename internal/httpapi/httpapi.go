@@ -183,6 +183,10 @@ func (s *Server) routes() []route {
 		{"GET /pools/{name}", read, h(s.getPool)},
 		{"PUT /pools/{name}", write, h(s.updatePool)},
 		{"DELETE /pools/{name}", write, h(s.deletePool)},
+		{"POST /templates", write, h(s.createTemplate)},
+		{"GET /templates", read, h(s.listTemplates)},
+		{"GET /templates/{templateId}", read, h(s.getTemplate)},
+		{"DELETE /templates/{templateId}", write, h(s.deleteTemplate)},
 		{"GET /volumes", read, h(s.listVolumes)},
 		{"GET /volumes/{name}", read, h(s.getVolume)},
 		{"DELETE /volumes/{name}", write, h(s.deleteVolume)},
@@ -284,7 +288,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if err := web.DecodeJSON(r, &body, false); err != nil {
 		return err
 	}
-	req, err := toCreateRequest(body)
+	req, err := s.createRequest(r, body)
 	if err != nil {
 		return err
 	}
