@@ -21,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
+	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
 	"github.com/moat-sandbox/moat/internal/lifecycle/template"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
@@ -604,4 +605,46 @@ func TestMetricsLogsAndUnknownRoutes(t *testing.T) {
 	h.e2b(t, "PUT", "/sandboxes/"+id+"/network", `{}`).e2bErr(t, 501)
 	h.e2b(t, "GET", "/v2/nothing-here", "").e2bErr(t, 404)
 	h.e2b(t, "GET", "/sandboxes/"+id+"/nothing", "").e2bErr(t, 404)
+}
+
+// A template with a pool makes E2B's create a warm claim: the sandbox is
+// one of the pool's idle ones, with the request's env applied.
+func TestPooledTemplateIsAWarmClaim(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.svc.CreatePool(ctx, pool.Pool{Name: "warm", Template: pool.PoolTemplate{Image: "moat-e2b-base:latest",
+		Entrypoint: []string{"tail", "-f", "/dev/null"}}, Capacity: pool.Capacity{BufferMin: 1, BufferMax: 1, PoolMax: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	var idle []string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, st, _ := h.svc.GetPool(ctx, "warm"); st.Available == 1 {
+			h.mu.Lock()
+			for id := range h.envs {
+				idle = append(idle, id)
+			}
+			h.mu.Unlock()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(idle) != 1 {
+		t.Fatalf("the pool did not fill: %v", idle)
+	}
+	if _, err := h.svc.Templates.Create(ctx, template.Template{ID: "warm-base", Pool: "warm", User: "user"}); err != nil {
+		t.Fatal(err)
+	}
+	id := h.create(t, `{"templateID":"warm-base","envVars":{"X":"1"},"metadata":{"note":"a b"},"timeout":30}`)
+	if id != idle[0] {
+		t.Fatalf("created %s, want the idle sandbox %s (a claim)", id, idle[0])
+	}
+	sb, _ := h.svc.Get(ctx, id)
+	if sb.Pool == "" || sb.Env["X"] != "1" || sb.Env[agentproto.EnvdTemplateEnv] != "warm-base" || sb.Env["E2B_SANDBOX"] != "true" {
+		t.Fatalf("claimed %+v", sb)
+	}
+	d := h.e2b(t, "GET", "/sandboxes/"+id, "").obj(t)
+	if d["templateID"] != "warm-base" || d["metadata"].(map[string]any)["note"] != "a b" {
+		t.Fatalf("detail of the claimed sandbox: %v", d)
+	}
 }
