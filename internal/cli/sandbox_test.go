@@ -125,7 +125,7 @@ func TestCreateFlags(t *testing.T) {
 			`{"image":{"uri":"py"},"entrypoint":["python3","-m","http.server"]}`},
 		{[]string{"--snapshot", "s1"}, `{"snapshotId":"s1"}`},
 		{[]string{"--pool", "warm"}, `{"extensions":{"poolRef":"warm"}}`},
-		{nil, "one of --image, --snapshot or --pool is required"},
+		{nil, "one of --image, --snapshot, --template or --pool is required"},
 		{[]string{"--image", "a", "--snapshot", "b"}, "mutually exclusive"},
 		{[]string{"--image", "a", "--timeout", "30s"}, "--timeout must be at least 1m"},
 		{[]string{"--image", "a", "-m", "novalue"}, "--metadata"},
