@@ -72,9 +72,14 @@ func envelope(status int, code, msg string) any {
 	return b
 }
 
-// codeOf keeps the class's status; E2B has no string codes to map to.
+// codeOf keeps the class's status; E2B has no string codes to map to. A
+// tenant over its quota is E2B's 429 (a team at its concurrent sandbox
+// limit), which the SDKs report as a rate limit.
 func codeOf(err error) (int, string) {
 	status, code := web.StatusOf(err)
+	if p, ok := errdefs.PublicOf(err); ok && p.Code == tenant.CodeQuotaExceeded {
+		return http.StatusTooManyRequests, code
+	}
 	if errors.Is(err, errdefs.ErrResourceExhausted) {
 		// A full host: E2B's sandbox_capacity_unavailable, which its SDK
 		// reads as "service busy" (503) as well.

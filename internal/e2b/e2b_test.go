@@ -67,12 +67,12 @@ func newHarness(t *testing.T) *harness {
 		return nil
 	}})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: 24 * time.Hour}},
-		sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log}, Committer: committer{}})
+	h.reg, err = tenant.Open(db, tenant.Options{RootKey: rootKey, Secret: bytes.Repeat([]byte{7}, tenant.SecretLen)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.reg, err = tenant.Open(db, tenant.Options{RootKey: rootKey, Secret: bytes.Repeat([]byte{7}, tenant.SecretLen)})
+	h.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: 24 * time.Hour}},
+		sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: images{}, Log: log, Quotas: h.reg}, Committer: committer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,6 +529,14 @@ func TestAuthRolesAndTenants(t *testing.T) {
 	}
 	if l := h.do(t, "e2b_"+rootKey, "GET", "/v2/sandboxes", "", false).list(t); len(l) != 1 {
 		t.Fatalf("list with the root key's e2b_ form: %v", l)
+	}
+	// A tenant at its quota: E2B's 429, and nothing is made.
+	if _, _, err := h.reg.PutTenant(context.Background(), "acme", tenant.Quota{Sandboxes: 1}); err != nil {
+		t.Fatal(err)
+	}
+	h.do(t, op, "POST", "/v2/sandboxes", `{"templateID":"base"}`, false).e2bErr(t, 429)
+	if l := h.do(t, op, "GET", "/v2/sandboxes", "", false).list(t); len(l) != 1 {
+		t.Fatalf("after a refused create: %v", l)
 	}
 }
 

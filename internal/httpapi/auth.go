@@ -159,7 +159,7 @@ func (s *Server) principal(r *http.Request, access tenant.Access) (p tenant.Prin
 		return tenant.Principal{}, false, nil
 	}
 	return tenant.Principal{}, false, errdefs.WithPublic(fmt.Errorf("no credential: %w", errdefs.ErrUnauthenticated),
-		"MISSING_API_KEY", "missing API key: set the OPEN-SANDBOX-API-KEY header")
+		"MISSING_API_KEY", "missing API key: set the OPEN-SANDBOX-API-KEY header (X-API-KEY for the E2B API)")
 }
 
 // narrow applies the X-Moat-Tenant header to p.
