@@ -144,10 +144,8 @@ func Validate(t Template) error {
 	if _, err := lifecycle.ParseResources(t.ResourceLimits); err != nil {
 		return err
 	}
-	for k := range t.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return errdefs.Invalid(CodeInvalid, fmt.Sprintf("env: invalid variable name %q", k))
-		}
+	if err := lifecycle.ValidateEnv(t.Env); err != nil {
+		return err
 	}
 	for _, p := range []struct{ name, v string }{{"user", t.User}, {"workdir", t.Workdir}} {
 		if strings.ContainsAny(p.v, "\x00\n") || len(p.v) > 4096 {
