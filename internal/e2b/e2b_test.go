@@ -46,6 +46,7 @@ func (committer) Commit(ctx context.Context, upperDir, baseRef, name string) (im
 func (committer) Remove(ctx context.Context, ref string) error { return nil }
 
 type harness struct {
+	rt   *fake.Runtime
 	srv  *httptest.Server
 	svc  *sandbox.Service
 	reg  *tenant.Registry
@@ -66,6 +67,7 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Unlock()
 		return nil
 	}})
+	h.rt = rt
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h.reg, err = tenant.Open(db, tenant.Options{RootKey: rootKey, Secret: bytes.Repeat([]byte{7}, tenant.SecretLen)})
 	if err != nil {
@@ -206,6 +208,9 @@ func TestCreateShapes(t *testing.T) {
 		if env["A"] != "1" || env["E2B_SANDBOX"] != "true" || env[agentproto.EnvdTemplateEnv] != "base" ||
 			env[agentproto.EnvdUserEnv] != "user" || env[agentproto.EnvdWorkdirEnv] != "/home/user" {
 			t.Fatalf("sandbox env %v", env)
+		}
+		if _, agentEnv, err := h.rt.AgentState(id); err != nil || agentEnv["E2B_SANDBOX_ID"] != id {
+			t.Fatalf("agent env %v, %v: no E2B_SANDBOX_ID", agentEnv, err)
 		}
 		sb, _ := h.svc.Get(context.Background(), id)
 		if sb.Image != "moat-e2b-base:latest" || sb.ExpiresAt == nil || sb.ExpiresAt.Sub(sb.CreatedAt) != 120*time.Second {

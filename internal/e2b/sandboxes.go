@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -187,6 +188,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, defTimeout int) err
 	if err != nil {
 		return err
 	}
+	a.setSandboxID(r.Context(), sb)
 	w.Header().Set("Location", "/sandboxes/"+sb.ID)
 	web.WriteJSON(w, http.StatusCreated, a.sandboxJSON(sb))
 	return nil
@@ -234,6 +236,20 @@ func (a *API) createRequest(r *http.Request, body newSandbox, defTimeout int) (l
 		return req, err
 	}
 	return req, nil
+}
+
+// setSandboxID gives the sandbox's processes E2B_SANDBOX_ID, through the
+// agent's env extension (agentproto.EnvPath, which pool claims use too):
+// the id is made by the create, after its env. A failure is logged, not
+// fatal: the sandbox works without it.
+func (a *API) setSandboxID(ctx context.Context, sb lifecycle.Sandbox) {
+	ep, err := a.svc.Endpoint(ctx, sb.ID, agentproto.Port)
+	if err == nil {
+		err = (&agentproto.Client{HTTP: a.http}).SetEnv(ctx, ep.Address, sb.AgentToken, map[string]string{"E2B_SANDBOX_ID": sb.ID})
+	}
+	if err != nil {
+		a.log.Warn("e2b: set E2B_SANDBOX_ID", "id", sb.ID, "err", err)
+	}
 }
 
 // fromTemplate fills req from templateID: a template, else a snapshot of
