@@ -51,7 +51,7 @@ func networkPolicy(internet *bool, n *networkConfig) ([]byte, error) {
 	if !denyAll && len(deny) == 0 {
 		return nil, nil // allowOut alone allows what is allowed anyway
 	}
-	p := policy.NetworkPolicy{DefaultAction: policy.Allow}
+	p := policy.NetworkPolicy{DefaultAction: policy.Allow, Egress: []policy.Rule{}}
 	if denyAll {
 		p.DefaultAction = policy.Deny
 		for _, t := range allow {
