@@ -62,10 +62,14 @@ type NetworkPolicy struct {
 	Egress        []NetworkRule `json:"egress,omitempty"`
 }
 
-// CreateRequest describes a sandbox to create. Set Image or SnapshotID.
+// CreateRequest describes a sandbox to create. Set Image, SnapshotID or
+// TemplateID.
 type CreateRequest struct {
 	Image      *ImageSpec `json:"image,omitempty"`
 	SnapshotID string     `json:"snapshotId,omitempty"`
+	// TemplateID creates from a template (see CreateTemplate): what the
+	// request leaves unset comes from it.
+	TemplateID string `json:"templateId,omitempty"`
 	// Entrypoint is required with Image.
 	Entrypoint []string `json:"entrypoint,omitempty"`
 	// Timeout until the sandbox expires (at least a minute); 0 means no

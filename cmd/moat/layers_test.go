@@ -18,7 +18,7 @@ func layer(rel string) (int, string) {
 	switch {
 	case under("cmd"), under("internal/cli"), under("internal/server"), under("internal/mcp"):
 		return 4, "the edge"
-	case under("internal/httpapi"), under("internal/console"):
+	case under("internal/httpapi"), under("internal/console"), under("internal/e2b"):
 		return 3, "an API"
 	case under("internal/lifecycle"), under("internal/sandbox"):
 		return 2, "the sandbox service"

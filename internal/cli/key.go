@@ -12,6 +12,7 @@ import (
 
 	"github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // newKeyCommand is the `moat key` noun: API keys of a moat server (admin).
@@ -61,17 +62,21 @@ func parseExpiry(s string, now time.Time) (*time.Time, error) {
 
 func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 	var spec client.KeySpec
-	var expires string
+	var expires, format string
 	var output outputFormat
 	cmd := &cobra.Command{
-		Use:   "create --tenant TENANT --role admin|operator|viewer [--name TEXT] [--expires 30d]",
+		Use:   "create --tenant TENANT --role admin|operator|viewer [--name TEXT] [--expires 30d] [--format moat|e2b]",
 		Short: "Create an API key; it is printed once and cannot be shown again",
 		Example: `  KEY=$(moat key create --tenant acme --role operator --name "ci runner")
-  moat key create --tenant acme --role viewer --expires 30d -o json`,
+  moat key create --tenant acme --role viewer --expires 30d -o json
+  E2B_API_KEY=$(moat key create --tenant acme --role operator --format e2b)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if spec.Tenant == "" || spec.Role == "" {
 				return errdefs.Invalid("CLI::INVALID_FLAG", "--tenant and --role are required")
+			}
+			if format != "moat" && format != "e2b" {
+				return errdefs.Invalid("CLI::INVALID_FLAG", fmt.Sprintf("--format %q: want moat or e2b", format))
 			}
 			var err error
 			if spec.ExpiresAt, err = parseExpiry(expires, time.Now()); err != nil {
@@ -84,6 +89,9 @@ func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 			k, err := c.CreateKey(cmd.Context(), spec)
 			if err != nil {
 				return err
+			}
+			if format == "e2b" {
+				k.Key = tenant.E2BKey(k.Key) // the same key in E2B's e2b_<hex> form
 			}
 			if output != outputTable {
 				return render(cmd.OutOrStdout(), output, k, nil)
@@ -99,6 +107,7 @@ func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 	fl.StringVar(&spec.Role, "role", "", "admin, operator or viewer")
 	fl.StringVar(&spec.Name, "name", "", "what the key is for (shown in listings)")
 	fl.StringVar(&expires, "expires", "", "the key stops working after this duration (720h, 30d) or at this RFC 3339 time")
+	fl.StringVar(&format, "format", "moat", "the key's form: moat (moat_<id>_<secret>) or e2b (e2b_<hex>, for the E2B SDKs); both work everywhere")
 	addOutputFlag(cmd, &output)
 	return cmd
 }

@@ -65,6 +65,23 @@ func TestKeyAndTenantVerbs(t *testing.T) {
 		t.Fatalf("whoami: %d %q", code, out)
 	}
 	id := p["keyId"].(string)
+	// --format e2b prints the key in E2B's e2b_<hex> form, which works
+	// like any key; a bad --format is a usage error.
+	out, _, code = as("root-key", "key", "create", "--tenant", "acme", "--role", "viewer", "--format", "e2b")
+	e2bKey := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(e2bKey, "e2b_") || strings.Trim(e2bKey[4:], "0123456789abcdef") != "" {
+		t.Fatalf("create --format e2b: %d %q", code, out)
+	}
+	var ep map[string]any
+	if out, _, code = as(e2bKey, "key", "whoami", "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &ep) != nil || ep["role"] != "viewer" {
+		t.Fatalf("whoami with the e2b_ form: %d %q", code, out)
+	}
+	if _, _, code = as("root-key", "key", "revoke", ep["keyId"].(string)); code != 0 {
+		t.Fatalf("revoke the e2b_ key: %d", code)
+	}
+	if _, _, code = as("root-key", "key", "create", "--tenant", "acme", "--role", "viewer", "--format", "pem"); code != 2 {
+		t.Fatalf("--format pem: exit %d, want 2", code)
+	}
 	out, _, code = as("root-key", "key", "ls")
 	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "ci runner") || !strings.Contains(out, "root") || strings.Contains(out, key) {
 		t.Errorf("ls: %d %q", code, out)

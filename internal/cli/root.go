@@ -30,6 +30,7 @@ func NewRoot() *cobra.Command {
 		newFilesCommand(),
 		newShellCommand(),
 		newPoolCommand(),
+		newTemplateCommand(),
 		newVaultCommand(),
 		newVolumeCommand(),
 		newMCPCommand(),

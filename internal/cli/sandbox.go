@@ -42,8 +42,8 @@ func newSandboxCommand() *cobra.Command {
 // createFlags are the flags of `sandbox create` and `sandbox batch`.
 type createFlags struct {
 	image, snapshot, entrypoint, pool, runtime string
+	template, idleAction                       string
 	timeout, idleTimeout                       time.Duration
-	idleAction                                 string
 	env, metadata, resources, extensions       []string
 	count                                      int
 	wait                                       bool
@@ -60,6 +60,7 @@ func (f *createFlags) register(cmd *cobra.Command, batch bool) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.image, "image", "", "image reference (e.g. docker.io/library/python:3.12)")
 	fl.StringVar(&f.snapshot, "snapshot", "", "create from this snapshot instead of an image")
+	fl.StringVar(&f.template, "template", "", "create from this template (moat template ls): it fills what the flags leave unset")
 	fl.StringVar(&f.entrypoint, "entrypoint", "", `entrypoint command line (default "tail -f /dev/null"; words after -- win)`)
 	fl.DurationVar(&f.timeout, "timeout", 0, "expire the sandbox after this long (>= 1m; default: the server's)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
@@ -89,8 +90,8 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 	var req client.CreateRequest
 	invalid := func(msg string) error { return errdefs.Invalid("CLI::INVALID_FLAG", msg) }
 	switch {
-	case f.image == "" && f.snapshot == "" && f.pool == "":
-		return req, invalid("one of --image, --snapshot or --pool is required")
+	case f.image == "" && f.snapshot == "" && f.pool == "" && f.template == "":
+		return req, invalid("one of --image, --snapshot, --template or --pool is required")
 	case f.image != "" && f.snapshot != "":
 		return req, invalid("--image and --snapshot are mutually exclusive")
 	case f.timeout < 0 || f.timeout > 0 && f.timeout < time.Minute:
@@ -106,6 +107,7 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		req.Image = &client.ImageSpec{URI: f.image}
 	}
 	req.SnapshotID = f.snapshot
+	req.TemplateID = f.template
 	req.Timeout = f.timeout
 	var err error
 	if req.Env, err = parseKV("env", f.env); err != nil {
@@ -163,7 +165,7 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		if len(req.Entrypoint) == 0 {
 			return req, invalid("--entrypoint is empty")
 		}
-	case f.image != "":
+	case f.image != "" && f.template == "":
 		// The API requires an entrypoint with an image; this one keeps the
 		// sandbox alive until it is deleted or expires.
 		req.Entrypoint = []string{"tail", "-f", "/dev/null"}

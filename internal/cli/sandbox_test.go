@@ -129,7 +129,7 @@ func TestCreateFlags(t *testing.T) {
 			`{"image":{"uri":"a"},"entrypoint":["tail","-f","/dev/null"],"extensions":{"moat.idle.action":"pause","moat.idle.timeout":"120"}}`},
 		{[]string{"--image", "a", "--idle-timeout", "1500ms"}, "--idle-timeout must be a whole number of seconds"},
 		{[]string{"--image", "a", "--idle-action", "pause"}, "--idle-action needs --idle-timeout"},
-		{nil, "one of --image, --snapshot or --pool is required"},
+		{nil, "one of --image, --snapshot, --template or --pool is required"},
 		{[]string{"--image", "a", "--snapshot", "b"}, "mutually exclusive"},
 		{[]string{"--image", "a", "--timeout", "30s"}, "--timeout must be at least 1m"},
 		{[]string{"--image", "a", "-m", "novalue"}, "--metadata"},

@@ -57,6 +57,7 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.DurationVar(&cfg.MaxTimeout, "max-timeout", 0, "maximum sandbox timeout (0 = no cap)")
 	f.StringVar(&cfg.IngressListen, "ingress-listen", "", "serve the ingress gateway on this address (e.g. :28888); enables secureAccess")
 	f.StringVar(&cfg.IngressDomain, "ingress-domain", "", "base domain for ingress host routes (<port>-<id>.<domain>)")
+	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "sandbox domain the E2B API returns (SDKs reach envd at 49983-<id>.<domain>; see docs/E2B.md)")
 	f.StringVar(&cfg.IngressRouteMode, "ingress-route-mode", "", "endpoints API answers gateway addresses: wildcard (<id>-<port>.<domain>), uri (<gateway>/<id>/<port>) or header (OpenSandbox-Ingress-To); default: sandbox addresses")
 	f.StringVar(&cfg.IngressAddress, "ingress-address", "", "host[:port] clients reach the ingress gateway at (default: derived from --ingress-domain, --public-address or --ingress-listen)")
 	f.StringVar(&cfg.IngressSecureAccessKeys, "ingress-secure-access-keys", "", "OSEP-0011 signed-route keys \"a=BASE64,b=BASE64\" (prefer $"+"MOAT_INGRESS_SECURE_ACCESS_KEYS: argv is visible)")

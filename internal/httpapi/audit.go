@@ -37,7 +37,7 @@ func audited(r *http.Request) bool {
 // sandboxOfPath returns the sandbox ID named by an API path and the path
 // element after it ("" if none).
 func sandboxOfPath(path string) (id, kind string) {
-	p := strings.TrimPrefix(path, "/v1")
+	p := strings.TrimPrefix(strings.TrimPrefix(path, "/v1"), "/v2") // /v2: E2B's
 	rest, ok := strings.CutPrefix(p, "/sandboxes/")
 	if !ok {
 		return "", ""

@@ -10,6 +10,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/tenant"
+	"github.com/moat-sandbox/moat/internal/web"
 )
 
 // SessionResolver is a credential source besides the API key, such as the
@@ -158,7 +159,7 @@ func (s *Server) principal(r *http.Request, access tenant.Access) (p tenant.Prin
 		return tenant.Principal{}, false, nil
 	}
 	return tenant.Principal{}, false, errdefs.WithPublic(fmt.Errorf("no credential: %w", errdefs.ErrUnauthenticated),
-		"MISSING_API_KEY", "missing API key: set the OPEN-SANDBOX-API-KEY header")
+		"MISSING_API_KEY", "missing API key: set the OPEN-SANDBOX-API-KEY header (X-API-KEY for the E2B API)")
 }
 
 // narrow applies the X-Moat-Tenant header to p.
@@ -191,7 +192,8 @@ func (s *Server) narrow(r *http.Request, p tenant.Principal) (tenant.Principal, 
 // and puts the principal in the request context (tenant.WithPrincipal),
 // where the lifecycle service reads its scope. Unrouted requests need a
 // credential too (any role) before they learn that the route is unknown.
-func (s *Server) authenticate(mux *http.ServeMux, access map[string]tenant.Access, next http.Handler) http.Handler {
+// Errors are written by errs, in the envelope of the API the mux serves.
+func (s *Server) authenticate(mux *http.ServeMux, access map[string]tenant.Access, next http.Handler, errs *web.Adapter) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, pattern := mux.Handler(r)
 		acc, routed := access[pattern]
@@ -210,7 +212,7 @@ func (s *Server) authenticate(mux *http.ServeMux, access map[string]tenant.Acces
 				fmt.Sprintf("a %s key may not %s %s (needs %s)", p.Role, r.Method, r.URL.Path, needs(acc)))
 		}
 		if err != nil {
-			s.web.WriteError(w, r, authError(err))
+			errs.WriteError(w, r, authError(err))
 			return
 		}
 		if !ok {

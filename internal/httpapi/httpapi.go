@@ -61,6 +61,23 @@ type Config struct {
 	// InsecureVaultWrites allows Credential Vault writes (they carry
 	// credential values) over plain HTTP from non-loopback clients.
 	InsecureVaultWrites bool
+	// Faces are other APIs served on the same listener (E2B's control
+	// plane, internal/e2b); see Face.
+	Faces []Face
+}
+
+// Face is another API on the API server's listener. A request it Claims
+// is routed by its own routes (full ServeMux patterns, with the access
+// each needs), behind the same authentication, role check, audit and
+// metrics as the Lifecycle API's; every error of such a request, the
+// auth middleware's included, is written by Errors in the face's own
+// envelope. Its routes should include a catch-all ("/") for its 404s.
+type Face struct {
+	// Name prefixes the face's route names in metrics and audit records.
+	Name   string
+	Claims func(*http.Request) bool
+	Routes []ExtraRoute
+	Errors *web.Adapter
 }
 
 // Metrics is the optional Prometheus instrumentation (internal/metrics).
@@ -167,6 +184,10 @@ func (s *Server) routes() []route {
 		{"GET /pools/{name}", read, h(s.getPool)},
 		{"PUT /pools/{name}", write, h(s.updatePool)},
 		{"DELETE /pools/{name}", write, h(s.deletePool)},
+		{"POST /templates", write, h(s.createTemplate)},
+		{"GET /templates", read, h(s.listTemplates)},
+		{"GET /templates/{templateId}", read, h(s.getTemplate)},
+		{"DELETE /templates/{templateId}", write, h(s.deleteTemplate)},
 		{"GET /volumes", read, h(s.listVolumes)},
 		{"GET /volumes/{name}", read, h(s.getVolume)},
 		{"DELETE /volumes/{name}", write, h(s.deleteVolume)},
@@ -209,8 +230,44 @@ func (s *Server) Handler() http.Handler {
 		access["GET /metrics"] = tenant.AccessAdmin
 	}
 	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
-	root := web.Recover(s.log, s.authenticate(mux, access, routed))
-	route := func(r *http.Request) string { _, p := mux.Handler(r); return p }
+	api := s.authenticate(mux, access, routed, s.web)
+	type face struct {
+		Face
+		mux *http.ServeMux
+		h   http.Handler
+	}
+	faces := make([]face, 0, len(s.cfg.Faces))
+	for _, f := range s.cfg.Faces {
+		fmux, facc := http.NewServeMux(), map[string]tenant.Access{}
+		for _, rt := range f.Routes {
+			fmux.Handle(rt.Pattern, rt.Handler)
+			facc[rt.Pattern] = rt.Access
+		}
+		faces = append(faces, face{Face: f, mux: fmux, h: s.authenticate(fmux, facc, fmux, f.Errors)})
+	}
+	claimed := func(r *http.Request) *face {
+		for i := range faces {
+			if faces[i].Claims(r) {
+				return &faces[i]
+			}
+		}
+		return nil
+	}
+	root := web.Recover(s.log, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f := claimed(r); f != nil {
+			f.h.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
+	route := func(r *http.Request) string {
+		if f := claimed(r); f != nil {
+			_, p := f.mux.Handler(r)
+			return f.Name + " " + p
+		}
+		_, p := mux.Handler(r)
+		return p
+	}
 	if m := s.cfg.Metrics; m != nil {
 		// Routes are ServeMux patterns (bounded), looked up before auth so
 		// that 401s count against the route they were for.
@@ -232,7 +289,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if err := web.DecodeJSON(r, &body, false); err != nil {
 		return err
 	}
-	req, err := toCreateRequest(body)
+	req, err := s.createRequest(r, body)
 	if err != nil {
 		return err
 	}

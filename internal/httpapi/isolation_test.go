@@ -71,6 +71,7 @@ func (m *memEgress) Modify(ctx context.Context, id string, fn func(policy.Networ
 type fixture struct {
 	sandbox, snapshot, pool, key string
 	egressToken                  string
+	template                     string
 }
 
 const policyBody = `{"defaultAction":"deny","egress":[{"action":"allow","target":"example.test"}]}`
@@ -116,6 +117,10 @@ func newIsolationAPI(t *testing.T) (*tenantAPI, fixture) {
 		`{"image":{"uri":"busybox"},"entrypoint":["sh"],"volumes":[{"name":"a","mountPath":"/a","pvc":{"claimName":"shared"}}]}`); code != 202 {
 		t.Fatalf("beta create: %d %v", code, body)
 	}
+	fx.template = "acme-only"
+	if code, body := ta.do(t, "acme-operator", "POST", "/v1/templates", `{"id":"acme-only","image":"busybox"}`); code != 201 {
+		t.Fatalf("acme template: %d %v", code, body)
+	}
 	fx.key = ta.ids["acme-viewer"]
 	return ta, fx
 }
@@ -138,6 +143,8 @@ func (fx fixture) concrete(pattern string) string {
 			return fx.key
 		case "{tenantName}":
 			return "acme"
+		case "{templateId}":
+			return fx.template
 		}
 		panic("route parameter without a fixture: " + m)
 	})
@@ -155,6 +162,7 @@ var bodies = map[string]string{
 	"POST /pools":                           `{"name":"other","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"poolMax":1}}`,
 	"PUT /pools/{name}":                     `{"name":"private","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"poolMax":2}}`,
 	"POST /keys":                            `{"tenant":"acme","role":"viewer"}`,
+	"POST /templates":                       `{"id":"other","image":"busybox"}`,
 	"PUT /tenants/{tenantName}":             `{"quota":{"sandboxes":100}}`,
 }
 
@@ -176,7 +184,7 @@ func methodOf(r httpapi.Route) string {
 // owned reports whether a route addresses one tenant resource by id or
 // name in its path (as opposed to a collection).
 func owned(pattern string) bool {
-	for _, p := range []string{"{id}", "{snapshotId}", "{name}", "{keyId}", "{tenantName}"} {
+	for _, p := range []string{"{id}", "{snapshotId}", "{name}", "{keyId}", "{tenantName}", "{templateId}"} {
 		if strings.Contains(pattern, p) {
 			return true
 		}
@@ -204,8 +212,14 @@ func TestCrossTenantEveryRoute(t *testing.T) {
 		"POST /sandboxes":       nil, // creates in the caller's tenant (see TestCreateFromAnotherTenantsPoolOrSnapshot)
 		"POST /sandboxes/batch": nil,
 		"POST /pools":           nil,
-		"GET /sandboxes":        func(t *testing.T, code int, body map[string]any) { mustNotList(t, code, body, fx.sandbox) },
-		"GET /snapshots":        func(t *testing.T, code int, body map[string]any) { mustNotList(t, code, body, fx.snapshot) },
+		"POST /templates":       nil, // creates in the caller's tenant
+		"GET /templates": func(t *testing.T, code int, body map[string]any) {
+			if code != 200 || strings.Contains(fmt.Sprint(body), fx.template) || !strings.Contains(fmt.Sprint(body), "base") {
+				t.Errorf("beta sees templates %v (status %d), want the built-ins and its own", body, code)
+			}
+		},
+		"GET /sandboxes": func(t *testing.T, code int, body map[string]any) { mustNotList(t, code, body, fx.sandbox) },
+		"GET /snapshots": func(t *testing.T, code int, body map[string]any) { mustNotList(t, code, body, fx.snapshot) },
 		"GET /pools": func(t *testing.T, code int, body map[string]any) {
 			if code != 200 || strings.Contains(fmt.Sprint(body), "private") || !strings.Contains(fmt.Sprint(body), "warm") {
 				t.Errorf("beta sees pools %v (status %d), want its own only", body, code)

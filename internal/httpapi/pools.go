@@ -210,7 +210,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if body.Count < 1 || body.Count > lifecycle.MaxBatch {
 		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "count must be between 1 and "+strconv.Itoa(lifecycle.MaxBatch))
 	}
-	req, err := toCreateRequest(body.createSandboxRequest)
+	req, err := s.createRequest(r, body.createSandboxRequest)
 	if err != nil {
 		return err
 	}

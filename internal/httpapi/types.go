@@ -24,6 +24,7 @@ type (
 type createSandboxRequest struct {
 	Image          *imageSpec          `json:"image"`
 	SnapshotID     string              `json:"snapshotId"`
+	TemplateID     string              `json:"templateId"`
 	Entrypoint     []string            `json:"entrypoint"`
 	Timeout        *json.Number        `json:"timeout"`
 	ResourceLimits map[string]string   `json:"resourceLimits"`

@@ -160,9 +160,10 @@ func hostLabel(host, domain string) (string, bool) {
 //     suffix must be a port.
 //
 // When both parse (e.g. "8080-web-3000"), "<port>-<id>" comes first and the
-// other reading is tried only if that sandbox does not exist. Upstream ids
-// are UUIDs, whose first and last groups (8 and 12 hex digits) never parse
-// as a port, so for them at most one reading exists.
+// other reading is tried only if that sandbox does not exist. moat's ids
+// have no '-' and upstream's are UUIDs, whose first and last groups (8 and
+// 12 hex digits) never parse as a port, so for them at most one reading
+// exists.
 func parseHostLabel(label string) []candidate {
 	var out []candidate
 	if p, id, ok := strings.Cut(label, "-"); ok {

@@ -119,7 +119,10 @@ func validateShape(req CreateRequest, maxTimeout time.Duration) (runtime.Resourc
 			return none, errdefs.Invalid("SANDBOX::INVALID_ENTRYPOINT", "entrypoint argument too long")
 		}
 	}
-	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < 60*time.Second) {
+	if req.Timeout < 0 || (req.Timeout > 0 && req.Timeout < time.Second) {
+		return none, errdefs.Invalid(codeInvalid, "timeout must be at least 1 second")
+	}
+	if !req.ShortTimeout && req.Timeout > 0 && req.Timeout < 60*time.Second {
 		return none, errdefs.Invalid(codeInvalid, "timeout must be at least 60 seconds (omit it for manual cleanup)")
 	}
 	if maxTimeout > 0 && req.Timeout > maxTimeout {
@@ -132,10 +135,8 @@ func validateShape(req CreateRequest, maxTimeout time.Duration) (runtime.Resourc
 	if err := ValidateMetadata(req.Metadata); err != nil {
 		return none, err
 	}
-	for k := range req.Env {
-		if k == "" || containsAny(k, "=\x00") {
-			return none, errdefs.Invalid(codeInvalid, fmt.Sprintf("env: invalid variable name %q", k))
-		}
+	if err := ValidateEnv(req.Env); err != nil {
+		return none, err
 	}
 	if p := req.Platform; p != nil {
 		if (p.OS != "" && p.OS != "linux") || (p.Arch != "" && p.Arch != hostArch()) {
@@ -143,6 +144,16 @@ func validateShape(req CreateRequest, maxTimeout time.Duration) (runtime.Resourc
 		}
 	}
 	return res, nil
+}
+
+// ValidateEnv checks the names of env variables: not empty, no '=' or NUL.
+func ValidateEnv(env map[string]string) error {
+	for k := range env {
+		if k == "" || containsAny(k, "=\x00") {
+			return errdefs.Invalid(codeInvalid, fmt.Sprintf("env: invalid variable name %q", k))
+		}
+	}
+	return nil
 }
 
 // validateAccess checks the network policy, the credential proxy and

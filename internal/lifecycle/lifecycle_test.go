@@ -89,8 +89,8 @@ func TestCreateGetDelete(t *testing.T) {
 	if sb.Status.State != StateRunning || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(time.Hour)) {
 		t.Fatalf("created %+v", sb)
 	}
-	if len(sb.ID) != 36 || sb.ID[14] != '4' {
-		t.Fatalf("id %q is not a uuid4", sb.ID)
+	if len(sb.ID) != IDLen || strings.Trim(sb.ID, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		t.Fatalf("id %q is not %d characters of [a-z0-9]", sb.ID, IDLen)
 	}
 	// Persisted once Running.
 	var rec Sandbox

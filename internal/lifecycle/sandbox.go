@@ -130,9 +130,12 @@ type CreateRequest struct {
 	Metadata       map[string]string
 	ResourceLimits map[string]string
 	// Timeout is the lifetime; 0 means manual cleanup (no expiry).
-	Timeout    time.Duration
-	Extensions map[string]string
-	Platform   *Platform
+	Timeout time.Duration
+	// ShortTimeout admits a Timeout under OpenSandbox's 60-second
+	// minimum (E2B's API has none: its SDK tests use 5 seconds).
+	ShortTimeout bool
+	Extensions   map[string]string
+	Platform     *Platform
 	// NetworkPolicy is the raw OpenSandbox networkPolicy JSON, if any.
 	NetworkPolicy []byte
 	// CredentialProxy is credentialProxy.enabled: intercept the sandbox's
@@ -155,6 +158,9 @@ const (
 	// ExtIdlePrefix starts the keys of the idle policy (the idle feature,
 	// internal/lifecycle/idle, reads them).
 	ExtIdlePrefix = "moat.idle."
+	// ExtTemplate records the template a sandbox was made from
+	// (internal/lifecycle/template; E2B's templateID).
+	ExtTemplate = "moat.template"
 )
 
 const codeInvalid = "SANDBOX::INVALID_PARAMETER"
@@ -290,14 +296,30 @@ func validateLabelKey(k string) error {
 	return nil
 }
 
-// NewID returns a random UUIDv4 string (the OpenSandbox id format).
+// IDLen is the length of a sandbox (and snapshot) id.
+const IDLen = 20
+
+// idAlphabet is the id alphabet: lowercase letters and digits, the
+// alphabet of E2B's sandbox ids, so that an id is one DNS label without
+// '-' and "<port>-<id>.<domain>" splits at its first dash.
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// NewID returns a random id of IDLen characters of [a-z0-9] (103 bits).
+// It is a valid runtime id (runtime.ValidID) and an E2B sandbox id.
 func NewID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = (b[6] & 0x0f) | 0x40
-	b[8] = (b[8] & 0x3f) | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+	var out [IDLen]byte
+	var buf [2 * IDLen]byte
+	for n := 0; n < IDLen; {
+		rand.Read(buf[:])
+		for _, b := range buf {
+			// 252 = 7*36: rejecting the rest keeps every letter equally likely.
+			if b < 252 && n < IDLen {
+				out[n] = idAlphabet[b%36]
+				n++
+			}
+		}
+	}
+	return string(out[:])
 }
 
 // newToken returns a random 32-byte hex secret.

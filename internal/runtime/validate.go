@@ -12,7 +12,8 @@ import (
 
 // idPattern is the one sandbox ID rule: a DNS label (RFC 1123), which
 // every backend can use as is (a directory name, a container name, a
-// Kubernetes object name). UUIDs, the lifecycle's IDs, match it.
+// Kubernetes object name). The lifecycle's ids (lifecycle.NewID) and
+// upstream's UUIDs match it.
 var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // ValidID reports whether id is a valid sandbox or checkpoint ID: 1 to 63

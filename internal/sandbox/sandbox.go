@@ -16,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
 	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
 	"github.com/moat-sandbox/moat/internal/lifecycle/snapshot"
+	"github.com/moat-sandbox/moat/internal/lifecycle/template"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
@@ -49,6 +50,9 @@ type Service struct {
 	*mounts.Volumes
 	*credvault.Proxies
 	*idle.Idle
+	// Templates are the sandbox templates both APIs create from (not
+	// embedded: its Create and Get are the templates').
+	Templates *template.Templates
 }
 
 // New returns the service. Call Recover before serving, and Run to start
@@ -69,7 +73,8 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	im, _ := d.Metrics.(idle.Metrics)
 	idl := idle.New(core, cfg.Idle, im)
 	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults, Idle: idl})
-	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults, Idle: idl}, nil
+	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults, Idle: idl,
+		Templates: template.New(d.Store, d.Now)}, nil
 }
 
 // Run runs the core's reaper and the idle sweeps until ctx is done.
@@ -95,13 +100,15 @@ func (s *Service) Close() {
 }
 
 // TenantInUse describes what tenant name still owns ("" if nothing): its
-// sandboxes (of any state), pools and snapshots. A tenant is deleted only
-// when it owns nothing, so that nothing is left without an owner.
+// sandboxes (of any state), pools, snapshots and templates. A tenant is
+// deleted only when it owns nothing, so that nothing is left without an
+// owner.
 func (s *Service) TenantInUse(name string) string {
 	name = tenant.Normalize(name)
 	sbs, pools, snaps := s.TenantSandboxes(name), s.TenantPools(name), s.TenantSnapshots(name)
-	if sbs+pools+snaps == 0 {
+	tmpls := s.Templates.TenantTemplates(name)
+	if sbs+pools+snaps+tmpls == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d sandboxes, %d pools and %d snapshots", sbs, pools, snaps)
+	return fmt.Sprintf("%d sandboxes, %d pools, %d snapshots and %d templates", sbs, pools, snaps, tmpls)
 }

@@ -86,6 +86,10 @@ type Config struct {
 	IngressListen string
 	// IngressDomain is the base domain of host routes (optional).
 	IngressDomain string
+	// E2BDomain is the sandbox domain the E2B API returns with every
+	// sandbox (the SDKs reach envd at 49983-<id>.<domain>). Default "":
+	// none, the SDKs use their own E2B_DOMAIN or sandboxUrl.
+	E2BDomain string
 	// IngressRouteMode, if set (wildcard, uri or header), makes the
 	// endpoints API answer gateway addresses in upstream's shapes (see
 	// ingress.Endpoints). Default "": the sandboxes' own addresses.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/console"
+	"github.com/moat-sandbox/moat/internal/e2b"
 	"github.com/moat-sandbox/moat/internal/httpapi"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
@@ -175,7 +176,8 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 // audit log and the console's sessions as configured.
 func (s *Server) buildAPI(reg *metrics.Registry) error {
 	cfg := s.cfg
-	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites}
+	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites,
+		Faces: []httpapi.Face{e2b.New(e2b.Config{Domain: cfg.E2BDomain}, s.svc, s.log).Face()}}
 	if s.tenants != nil {
 		apiCfg.Auth = s.tenants
 	}

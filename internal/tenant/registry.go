@@ -190,7 +190,37 @@ func LooksLikeKey(s string) bool {
 	return ok
 }
 
+// E2BKeyPrefix starts the E2B form of a key: "e2b_" + hex, the shape
+// E2B's SDKs expect (older ones refuse other keys before sending).
+const E2BKeyPrefix = "e2b_"
+
+// E2BKey returns the E2B form of a registry key: "e2b_" + its id and
+// secret, 80 hex characters. Both forms are the same key. A key that is
+// not a registry key (the server's own key) is returned as "e2b_" + key.
+func E2BKey(key string) string {
+	if fromE2BKey(key) != "" {
+		return key
+	}
+	if _, ok := parseKey(key); ok {
+		return E2BKeyPrefix + key[len(keyPrefix):len(keyPrefix)+keyIDLen] + key[len(keyPrefix)+keyIDLen+1:]
+	}
+	return E2BKeyPrefix + key
+}
+
+// fromE2BKey returns the registry form of an E2B-form key ("" if key is
+// not one).
+func fromE2BKey(key string) string {
+	hexPart, ok := strings.CutPrefix(key, E2BKeyPrefix)
+	if !ok || len(hexPart) != keyIDLen+secretLen || !isHex(hexPart) {
+		return ""
+	}
+	return keyPrefix + hexPart[:keyIDLen] + "_" + hexPart[keyIDLen:]
+}
+
 func parseKey(s string) (id string, ok bool) {
+	if k := fromE2BKey(s); k != "" {
+		s = k
+	}
 	if len(s) != keyLen || !strings.HasPrefix(s, keyPrefix) || s[len(keyPrefix)+keyIDLen] != '_' {
 		return "", false
 	}
@@ -220,6 +250,11 @@ func (r *Registry) IsRootKey(key string) bool {
 // expired keys are ErrUnauthenticated (code INVALID_API_KEY); only a caller
 // who holds the real key learns that it was revoked or has expired.
 func (r *Registry) Authenticate(key string) (Principal, error) {
+	if k := fromE2BKey(key); k != "" {
+		key = k
+	} else if rest, ok := strings.CutPrefix(key, E2BKeyPrefix); ok && r.IsRootKey(rest) {
+		key = rest
+	}
 	if r.IsRootKey(key) {
 		return Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}, nil
 	}

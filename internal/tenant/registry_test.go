@@ -336,3 +336,37 @@ func BenchmarkAuthenticate(b *testing.B) {
 		})
 	}
 }
+
+func TestE2BKeyForm(t *testing.T) {
+	r, err := Open(nil, Options{RootKey: "0123abcd", Secret: bytes.Repeat([]byte{1}, SecretLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, key, err := r.CreateKey(context.Background(), NewKey{Tenant: "acme", Role: RoleViewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := E2BKey(key)
+	if !strings.HasPrefix(e, "e2b_") || len(e) != 4+80 || strings.Trim(e[4:], "0123456789abcdef") != "" || E2BKey(e) != e {
+		t.Fatalf("E2BKey(%q) = %q", key, e)
+	}
+	for _, form := range []string{key, e} {
+		p, err := r.Authenticate(form)
+		if err != nil || p.KeyID != k.ID || p.Tenant != "acme" {
+			t.Fatalf("Authenticate(%q) = %+v, %v", form, p, err)
+		}
+		if !LooksLikeKey(form) {
+			t.Fatalf("LooksLikeKey(%q) = false", form)
+		}
+	}
+	if p, err := r.Authenticate("e2b_0123abcd"); err != nil || p.KeyID != RootKeyID {
+		t.Fatalf("root key's e2b_ form: %+v, %v", p, err)
+	}
+	// A changed character, or the wrong length, is no key.
+	bad := e[:len(e)-1] + map[bool]string{true: "0", false: "1"}[e[len(e)-1] != '0']
+	for _, f := range []string{bad, e[:len(e)-2], "e2b_", "e2b_0123abcdX"} {
+		if _, err := r.Authenticate(f); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Fatalf("Authenticate(%q) = %v", f, err)
+		}
+	}
+}

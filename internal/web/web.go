@@ -39,6 +39,9 @@ type CodeMapper func(err error) (status int, code string)
 type Adapter struct {
 	Log   *slog.Logger
 	Codes CodeMapper
+	// Envelope, if set, is the error body of an API whose envelope is
+	// not ErrorBody (E2B's {code: <status>, message}).
+	Envelope func(status int, code, message string) any
 }
 
 // Handle adapts h.
@@ -84,6 +87,10 @@ func (a *Adapter) WriteError(w http.ResponseWriter, r *http.Request, err error) 
 		"status", status, "code", code, "err", err, "request_id", RequestID(r.Context()))
 	if d, ok := errdefs.RetryAfterOf(err); ok {
 		w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
+	}
+	if a.Envelope != nil {
+		WriteJSON(w, status, a.Envelope(status, code, msg))
+		return
 	}
 	WriteJSON(w, status, ErrorBody{Code: code, Message: msg})
 }

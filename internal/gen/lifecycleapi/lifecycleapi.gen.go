@@ -390,6 +390,12 @@ type BatchCreateSandboxRequest struct {
 	// SnapshotID Restore from a snapshot (see `POST /sandboxes/{sandboxId}/snapshots`).
 	SnapshotID *string `json:"snapshotId,omitempty"`
 
+	// TemplateID Create from a template (see `/templates`): what the request leaves unset (image, entrypoint,
+	// resourceLimits, timeout) comes from the template, and its env is merged under the request's. A
+	// template with a pool makes the create a claim from that pool. Unknown → 404 `TEMPLATE::NOT_FOUND`;
+	// with `snapshotId`, or an `image` other than the template's → 400.
+	TemplateID *string `json:"templateId,omitempty"`
+
 	// Timeout Seconds until the sandbox expires and is deleted. Omitted or null means manual cleanup: no expiry,
 	// and responses omit `expiresAt`. Capped by the server's maximum.
 	Timeout *int      `json:"timeout,omitempty"`
@@ -433,7 +439,7 @@ type CreatePoolRequest struct {
 	Template PoolTemplate `json:"template"`
 }
 
-// CreateSandboxRequest Set exactly one of `image` or `snapshotId`.
+// CreateSandboxRequest Set exactly one of `image`, `snapshotId` or `templateId`.
 type CreateSandboxRequest struct {
 	// CredentialProxy `{enabled: true}` turns on the Credential Vault's transparent TLS-intercepting egress proxy (OSEP-0012):
 	// the sandbox trusts a per-sandbox CA that moat installs in its trust store, and the egress API of port
@@ -485,6 +491,12 @@ type CreateSandboxRequest struct {
 	// SnapshotID Restore from a snapshot (see `POST /sandboxes/{sandboxId}/snapshots`).
 	SnapshotID *string `json:"snapshotId,omitempty"`
 
+	// TemplateID Create from a template (see `/templates`): what the request leaves unset (image, entrypoint,
+	// resourceLimits, timeout) comes from the template, and its env is merged under the request's. A
+	// template with a pool makes the create a claim from that pool. Unknown → 404 `TEMPLATE::NOT_FOUND`;
+	// with `snapshotId`, or an `image` other than the template's → 400.
+	TemplateID *string `json:"templateId,omitempty"`
+
 	// Timeout Seconds until the sandbox expires and is deleted. Omitted or null means manual cleanup: no expiry,
 	// and responses omit `expiresAt`. Capped by the server's maximum.
 	Timeout *int      `json:"timeout,omitempty"`
@@ -509,6 +521,32 @@ type CreateSandboxResponse struct {
 // CreateSnapshotRequest defines model for CreateSnapshotRequest.
 type CreateSnapshotRequest struct {
 	Name *string `json:"name,omitempty"`
+}
+
+// CreateTemplateRequest Set exactly one of `image` or `pool`.
+type CreateTemplateRequest struct {
+	// Entrypoint The start command (default `["tail","-f","/dev/null"]`; the agent serves both APIs whatever runs).
+	Entrypoint *[]string          `json:"entrypoint,omitempty"`
+	Env        *map[string]string `json:"env,omitempty"`
+	ID         string             `json:"id"`
+
+	// Image The image sandboxes start from.
+	Image *string `json:"image,omitempty"`
+
+	// Pool A warm pool of the tenant; creates claim from it and take its image, entrypoint and resources.
+	Pool *string `json:"pool,omitempty"`
+
+	// ResourceLimits As on create (`cpu`, `memory`, `disk`, `pids`).
+	ResourceLimits *map[string]string `json:"resourceLimits,omitempty"`
+
+	// TimeoutSeconds The lifetime of a sandbox whose create gives no timeout (0 = the API's default).
+	TimeoutSeconds *int `json:"timeoutSeconds,omitempty"`
+
+	// User E2B's default user of commands and files (envd).
+	User *string `json:"user,omitempty"`
+
+	// Workdir E2B's default working directory (an absolute path).
+	Workdir *string `json:"workdir,omitempty"`
 }
 
 // CreatedKey defines model for CreatedKey.
@@ -634,6 +672,11 @@ type ListSandboxesResponse struct {
 type ListSnapshotsResponse struct {
 	Items      []Snapshot     `json:"items"`
 	Pagination PaginationInfo `json:"pagination"`
+}
+
+// ListTemplatesResponse defines model for ListTemplatesResponse.
+type ListTemplatesResponse struct {
+	Items []Template `json:"items"`
 }
 
 // ListTenantsResponse defines model for ListTenantsResponse.
@@ -871,6 +914,24 @@ type SnapshotStatus struct {
 	State  SnapshotState `json:"state"`
 }
 
+// Template defines model for Template.
+type Template struct {
+	BuiltIn        *bool              `json:"builtIn,omitempty"`
+	CreatedAt      *time.Time         `json:"createdAt,omitempty"`
+	Entrypoint     *[]string          `json:"entrypoint,omitempty"`
+	Env            *map[string]string `json:"env,omitempty"`
+	ID             string             `json:"id"`
+	Image          *string            `json:"image,omitempty"`
+	Pool           *string            `json:"pool,omitempty"`
+	ResourceLimits *map[string]string `json:"resourceLimits,omitempty"`
+
+	// Tenant The tenant that owns the template; absent for a built-in.
+	Tenant         *string `json:"tenant,omitempty"`
+	TimeoutSeconds *int    `json:"timeoutSeconds,omitempty"`
+	User           *string `json:"user,omitempty"`
+	Workdir        *string `json:"workdir,omitempty"`
+}
+
 // Tenant defines model for Tenant.
 type Tenant struct {
 	CreatedAt *time.Time `json:"createdAt,omitempty"`
@@ -1077,6 +1138,9 @@ type RenewSandboxExpirationJSONRequestBody = RenewSandboxExpirationRequest
 
 // CreateSnapshotJSONRequestBody defines body for CreateSnapshot for application/json ContentType.
 type CreateSnapshotJSONRequestBody = CreateSnapshotRequest
+
+// CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
+type CreateTemplateJSONRequestBody = CreateTemplateRequest
 
 // PutTenantJSONRequestBody defines body for PutTenant for application/json ContentType.
 type PutTenantJSONRequestBody = PutTenantRequest
