@@ -1,6 +1,7 @@
 package execd
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -68,8 +69,10 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	stateDir := fs.String("state-dir", "", "directory for command output files (default $TMPDIR)")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
 	envdListen := fs.String("envd-listen", "", "E2B envd listen address host:port, or off (default: the listen host, port 49983)")
-	envdUser := fs.String("envd-user", "root", "E2B envd default user")
-	envdWorkdir := fs.String("envd-workdir", "", "E2B envd default working directory (default: the user's home)")
+	// A template's user and workdir reach the agent as env (agentproto);
+	// the flags, when given, win.
+	envdUser := fs.String("envd-user", cmp.Or(getenv(agentproto.EnvdUserEnv), "root"), "E2B envd default user (default $"+agentproto.EnvdUserEnv+", else root)")
+	envdWorkdir := fs.String("envd-workdir", getenv(agentproto.EnvdWorkdirEnv), "E2B envd default working directory (default $"+agentproto.EnvdWorkdirEnv+", else the user's home)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, errdefs.Invalid("INVALID_ARGUMENT", err.Error())
 	}

@@ -31,6 +31,18 @@ func TestParseArgsEnvd(t *testing.T) {
 	if err != nil || cfg.EnvdListen != "127.0.0.1:7" || cfg.EnvdUser != "user" || cfg.EnvdWorkdir != "/home/user" {
 		t.Fatalf("envd flags: %+v, %v", cfg, err)
 	}
+	// A template's user and workdir arrive as env; the flags win over it.
+	tmplEnv := func(k string) string {
+		return map[string]string{agentproto.EnvdUserEnv: "user", agentproto.EnvdWorkdirEnv: "/home/user"}[k]
+	}
+	cfg, err = ParseArgs(nil, tmplEnv)
+	if err != nil || cfg.EnvdUser != "user" || cfg.EnvdWorkdir != "/home/user" {
+		t.Fatalf("envd from the template's env: %+v, %v", cfg, err)
+	}
+	cfg, err = ParseArgs([]string{"--envd-user", "root", "--envd-workdir", "/tmp"}, tmplEnv)
+	if err != nil || cfg.EnvdUser != "root" || cfg.EnvdWorkdir != "/tmp" {
+		t.Fatalf("envd flags over env: %+v, %v", cfg, err)
+	}
 	for _, bad := range [][]string{{"--envd-listen", "noport"}, {"--listen", "127.0.0.1:5", "--envd-listen", "127.0.0.1:5"}, {"--envd-workdir", "rel"}} {
 		if _, err := ParseArgs(bad, getenv); err == nil {
 			t.Errorf("%v accepted", bad)
