@@ -140,7 +140,7 @@ func (l *eventLog) recordTransition(e *Entry, prev State) {
 		}
 	case StateFailed:
 		switch st.Reason {
-		case ReasonAgentExited:
+		case ReasonAgentExited, ReasonOOMKilled:
 			l.record(e.sb.ID, EventExited, ScopeRuntime, st.Reason, st.Message)
 		case ReasonLost:
 			l.record(e.sb.ID, EventLost, ScopeRuntime, st.Reason, st.Message)

@@ -59,6 +59,7 @@ func (s *Service) Recover(ctx context.Context) error {
 	s.forgetUnknownEvents()
 	s.events.flush()
 	s.follow()
+	s.watchExits()
 	s.log.Info("recovered sandboxes", "adopted", n.adopted, "expired", n.expired, "lost", n.lost, "orphans_deleted", n.orphans)
 	return nil
 }
