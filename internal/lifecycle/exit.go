@@ -122,11 +122,16 @@ func (e *Entry) endedLocked() <-chan struct{} {
 	if e.ended == nil {
 		e.ended = make(chan struct{})
 		if isTerminal(e.sb.Status.State) {
+			e.endedWith = e.sb.Status
 			close(e.ended)
 		}
 	}
 	return e.ended
 }
+
+// endStatus returns e's status as it ended; call it only once the ended
+// channel is closed (the close publishes endedWith).
+func (e *Entry) endStatus() Status { return e.endedWith }
 
 // markEnded closes e's ended channel (applyState, when e reaches a
 // terminal state); the caller holds e.mu.
@@ -137,6 +142,7 @@ func (e *Entry) markEnded() {
 	select {
 	case <-e.ended:
 	default:
+		e.endedWith = e.sb.Status
 		close(e.ended)
 	}
 }

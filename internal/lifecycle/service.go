@@ -164,8 +164,10 @@ type Entry struct {
 	// it). Guarded by mu.
 	stored bool
 	// ended is closed once the sandbox has ended (exit.go); made on
-	// first use. Guarded by mu.
-	ended chan struct{}
+	// first use. Guarded by mu. endedWith is the status it ended with,
+	// set before the close.
+	ended     chan struct{}
+	endedWith Status
 }
 
 // Service is the lifecycle service. It is safe for concurrent use.
@@ -670,6 +672,9 @@ type Endpoint struct {
 	// sandbox can no longer reset (a gVisor sandbox's network stack dies
 	// with it), so a proxy ends them.
 	Ended <-chan struct{}
+	// EndStatus is the status the sandbox ended with (why it ended); call
+	// it only once Ended is closed.
+	EndStatus func() Status
 }
 
 // Endpoint resolves a sandbox port.
@@ -691,7 +696,7 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep := Endpoint{Address: addr, AccessToken: access, Ended: ended}
+	ep := Endpoint{Address: addr, AccessToken: access, Ended: ended, EndStatus: e.endStatus}
 	if port == agentproto.Port && token != "" {
 		ep.Headers = map[string]string{agentproto.TokenHeader: token}
 	}
