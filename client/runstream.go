@@ -15,7 +15,10 @@ import (
 // and the returned Execution has empty Stdout and Stderr. Use it when the
 // output may be large and the caller keeps what it needs (a bounded buffer,
 // a file), so memory does not grow with the command's output. Stream is
-// never retried.
+// never retried. A stream that falls silent (the agent pings every 3 s)
+// while the server reports the sandbox ended (Failed, e.g. killed for
+// running out of memory) is cut at once with an error wrapping
+// ErrSandboxEnded that says why, rather than left to a TCP timeout.
 func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions, h Handlers) (*Execution, error) {
 	in := struct {
 		Command    string            `json:"command"`
@@ -37,9 +40,11 @@ func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions,
 		return nil, err
 	}
 	defer resp.Body.Close()
+	body, stop := s.watchStream(ctx, resp.Body)
+	defer stop()
 	x := &Execution{ExitCode: -1}
 	done := false
-	err = readEvents(resp.Body, func(ev *streamEvent) error {
+	err = readEvents(body, func(ev *streamEvent) error {
 		switch ev.Type {
 		case "init":
 			x.ID = ev.Text
