@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -81,11 +82,17 @@ func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions,
 		}
 		return nil
 	})
-	if err != nil {
-		return x, fmt.Errorf("client: command stream: %w", err)
+	if err == nil && !done {
+		err = fmt.Errorf("ended before completion: %w", io.ErrUnexpectedEOF)
 	}
-	if !done {
-		return x, fmt.Errorf("client: command stream ended before completion: %w", io.ErrUnexpectedEOF)
+	if err != nil {
+		if !errors.Is(err, ErrSandboxEnded) && ctx.Err() == nil {
+			// A stream cut short: say so if it is because the sandbox died.
+			if e := s.endedSoon(ctx); e != nil {
+				err = e
+			}
+		}
+		return x, fmt.Errorf("client: command stream: %w", err)
 	}
 	if h.OnComplete != nil {
 		h.OnComplete(x)

@@ -59,7 +59,7 @@ func (s *SandboxHandle) watchStream(ctx context.Context, body io.ReadCloser) (*w
 			if time.Since(time.Unix(0, w.last.Load())) < silence {
 				continue
 			}
-			if err := s.ended(ctx); err != nil {
+			if _, err := s.ended(ctx); err != nil {
 				w.mu.Lock()
 				w.err = err
 				w.mu.Unlock()
@@ -88,17 +88,18 @@ func (w *watchedBody) Read(p []byte) (int, error) {
 }
 
 // ended asks the server about the sandbox: an error (wrapping
-// ErrSandboxEnded) if it has ended, nil if it lives on or the server
-// cannot tell.
-func (s *SandboxHandle) ended(ctx context.Context) error {
+// ErrSandboxEnded) if it has ended; nil if it lives on (running) or the
+// server cannot tell.
+func (s *SandboxHandle) ended(ctx context.Context) (running bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	sb, err := s.c.GetSandbox(ctx, s.ID)
+	var ae *APIError
 	switch {
-	case IsNotFound(err):
-		return fmt.Errorf("sandbox %s is gone: %w", s.ID, ErrSandboxEnded)
+	case IsNotFound(err) && errors.As(err, &ae) && ae.Code != "":
+		return false, fmt.Errorf("sandbox %s is gone: %w", s.ID, ErrSandboxEnded)
 	case err != nil:
-		return nil
+		return false, nil
 	}
 	switch sb.Status.State {
 	case StateFailed, StateTerminated, StateStopping:
@@ -106,7 +107,25 @@ func (s *SandboxHandle) ended(ctx context.Context) error {
 		if sb.Status.Message != "" {
 			msg += ": " + sb.Status.Message
 		}
-		return fmt.Errorf("%s: %w", msg, ErrSandboxEnded)
+		return false, fmt.Errorf("%s: %w", msg, ErrSandboxEnded)
 	}
-	return nil
+	return true, nil
+}
+
+// endedSoon is ended for a stream that broke: the server may learn of the
+// sandbox's death a moment after the stream did, so a sandbox it still
+// reports running is asked about again for up to 3 s.
+func (s *SandboxHandle) endedSoon(ctx context.Context) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		running, err := s.ended(ctx)
+		if !running || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

@@ -71,3 +71,21 @@ func TestStreamOfEndedSandbox(t *testing.T) {
 		t.Fatalf("execution %+v, lines %q", r.x, lines)
 	}
 }
+
+// A stream cut short by the death of its sandbox says why.
+func TestStreamCutByDeadSandbox(t *testing.T) {
+	f, sb := agentFake(t)
+	f.agent("POST /command", stream(`{"type":"init","text":"c1"}`+"\n\n"))
+	var asked atomic.Int32
+	f.handle("GET /v1/sandboxes/sb1", func(w http.ResponseWriter, r *http.Request) {
+		st := "Running" // the server learns of the death a moment later
+		if asked.Add(1) > 1 {
+			st = "Failed"
+		}
+		writeJSON(w, 200, map[string]any{"id": "sb1", "status": map[string]any{"state": st, "message": "the sandbox agent exited, exit code 1"}})
+	})
+	_, err := sb.Stream(context.Background(), "x", RunOptions{}, Handlers{})
+	if !errors.Is(err, ErrSandboxEnded) || !strings.Contains(err.Error(), "sandbox sb1 is Failed: the sandbox agent exited") {
+		t.Fatalf("Stream error %v, want ErrSandboxEnded with the reason", err)
+	}
+}
