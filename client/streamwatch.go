@@ -21,7 +21,7 @@ var ErrSandboxEnded = errors.New("sandbox ended")
 // (a sandbox that died cannot always reset it: a gVisor sandbox's network
 // stack dies with it, and the TCP connection would take minutes to time
 // out) or a paused sandbox.
-const defaultStreamSilence = 10 * time.Second
+const defaultStreamSilence = 6 * time.Second
 
 // watchedBody is the body of a command stream, cut with ErrSandboxEnded
 // once a silence of the stream turns out to be the sandbox's end.
