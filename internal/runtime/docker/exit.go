@@ -96,7 +96,7 @@ func (r *Runtime) died(ctx context.Context, m events.Message) {
 	if c, err := r.inspect(ictx, id); err == nil && c.State.OOMKilled {
 		ex.Reason = runtime.ExitReasonOOMKilled
 	}
-	r.log.Info("docker: sandbox container died", "id", id, "reason", ex.Reason, "code", ex.ExitCode)
+	r.log.Debug("docker: sandbox container died", "id", id, "reason", ex.Reason, "code", ex.ExitCode)
 	r.exits.mu.Lock()
 	fns := r.exits.fns
 	r.exits.mu.Unlock()

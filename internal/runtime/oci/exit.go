@@ -37,7 +37,7 @@ func (r *Runtime) exited(id string, code int, oomBase int64) {
 	if code >= 0 || ex.Reason != runtime.ExitReasonExited {
 		os.WriteFile(filepath.Join(r.sandboxDir(id), "exit"), []byte(strconv.Itoa(code)+" "+ex.Reason), 0o600)
 	}
-	r.log.Info("oci: sandbox init exited", "id", id, "reason", ex.Reason, "code", code)
+	r.log.Debug("oci: sandbox init exited", "id", id, "reason", ex.Reason, "code", code)
 	r.exitMu.Lock()
 	fns := r.exitFns
 	r.exitMu.Unlock()

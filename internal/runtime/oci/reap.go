@@ -40,8 +40,7 @@ func (r *Runtime) track(pid int, id string) {
 	}
 	r.reapMu.Unlock()
 	if err != nil {
-		r.reapInit(pid) // gone already
-		r.exited(id, -1, oomBase)
+		r.exited(id, r.reapInit(pid), oomBase) // gone already
 	}
 }
 
@@ -85,10 +84,10 @@ func (r *Runtime) stopAwaiting() {
 }
 
 // reapInit is reapInitLocked for callers without reapMu.
-func (r *Runtime) reapInit(pid int) {
+func (r *Runtime) reapInit(pid int) int {
 	r.reapMu.Lock()
 	defer r.reapMu.Unlock()
-	r.reapInitLocked(pid)
+	return r.reapInitLocked(pid)
 }
 
 // reapInitLocked reaps the tracked init pid if it exited, records its
