@@ -98,10 +98,7 @@ func (s *Service) sandboxExited(ex runtime.Exit) {
 	if st := e.sb.Status.State; st != StateRunning && st != StatePaused {
 		return
 	}
-	reason := ReasonAgentExited
-	if ex.Reason == runtime.ExitReasonOOMKilled {
-		reason = ReasonOOMKilled
-	}
+	reason := exitReason(ex.Reason)
 	msg := "the sandbox agent " + ex.String()
 	s.log.Warn("sandbox died", "id", ex.ID, "reason", ex.Reason, "exit_code", ex.ExitCode, "msg", msg)
 	e.mustTransition(StateFailed, reason, msg)
@@ -113,6 +110,15 @@ func (s *Service) sandboxExited(ex runtime.Exit) {
 	if err := e.persist(); err != nil {
 		s.log.Error("persist exited sandbox", "id", ex.ID, "err", err)
 	}
+}
+
+// exitReason is the Status.Reason of a sandbox whose agent ended for
+// runtime reason r (runtime.ExitReason*).
+func exitReason(r string) string {
+	if r == runtime.ExitReasonOOMKilled {
+		return ReasonOOMKilled
+	}
+	return ReasonAgentExited
 }
 
 // endedLocked returns the channel closed once e has ended (Failed or

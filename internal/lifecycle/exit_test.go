@@ -11,6 +11,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/fake"
 )
 
 // waitFor polls cond for up to 10 s (the notification is handled on a
@@ -128,5 +129,27 @@ func TestDeleteIsNoExitFailure(t *testing.T) {
 	}
 	if got := eventTypes(evs); slices.Contains(got, EventExited) || slices.Contains(got, EventFailed) {
 		t.Fatalf("events of a deleted sandbox: %v", got)
+	}
+}
+
+// A sandbox that ran out of memory while nobody listened (the server was
+// down) is Failed with the OOM reason at Recover, as the runtime's status
+// tells it.
+func TestRecoverOOMKilled(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb, _ := h.svc.Create(ctx, req(time.Hour))
+	if err := h.rt.Exit(sb.ID, runtime.Exit{Reason: runtime.ExitReasonOOMKilled, ExitCode: 137}); err != nil {
+		t.Fatal(err)
+	}
+	h.rt = h.rt.Reopen(fake.Hooks{})
+	svc := h.newService(t)
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
+	got, err := svc.Get(ctx, sb.ID)
+	if err != nil || got.Status.State != StateFailed || got.Status.Reason != ReasonOOMKilled || !strings.Contains(got.Status.Message, "OOM") {
+		t.Fatalf("recovered: %+v %v, want Failed %s", got.Status, err, ReasonOOMKilled)
 	}
 }

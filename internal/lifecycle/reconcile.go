@@ -185,7 +185,7 @@ func (e *Entry) markExited(ctx context.Context, rst runtime.Status) {
 		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)
 	}
 	if !isTerminal(e.sb.Status.State) {
-		e.mustTransition(StateFailed, ReasonAgentExited, msg)
+		e.mustTransition(StateFailed, exitReason(rst.ExitReason), msg)
 	}
 }
 

@@ -28,7 +28,7 @@ func (r *Runtime) Exit(id string, ex runtime.Exit) error {
 		sb.srv = nil
 	}
 	sb.paused = false
-	sb.status.State, sb.status.Pid, sb.status.ExitCode = runtime.StateStopped, 0, ex.ExitCode
+	sb.status.State, sb.status.Pid, sb.status.ExitCode, sb.status.ExitReason = runtime.StateStopped, 0, ex.ExitCode, ex.Reason
 	if ex.Reason == runtime.ExitReasonOOMKilled {
 		sb.status.Message = "OOM killed: the sandbox ran out of memory"
 	}

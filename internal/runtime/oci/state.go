@@ -156,6 +156,7 @@ func (r *Runtime) status(id string, rec record, c *gorunc.Container, found bool)
 			if code >= 0 {
 				st.ExitCode = code
 			}
+			st.ExitReason = reason
 			if reason == runtime.ExitReasonOOMKilled {
 				st.Message = "OOM killed: the sandbox ran out of memory"
 			}
