@@ -92,6 +92,8 @@ type Client struct {
 	base        *url.URL // scheme://host[/prefix], without the /v1 suffix
 	lc          *transport
 	serverProxy bool
+	// streamSilence overrides defaultStreamSilence (tests).
+	streamSilence time.Duration
 }
 
 // New returns a client for the server at baseURL (e.g.

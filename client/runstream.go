@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,7 +16,10 @@ import (
 // and the returned Execution has empty Stdout and Stderr. Use it when the
 // output may be large and the caller keeps what it needs (a bounded buffer,
 // a file), so memory does not grow with the command's output. Stream is
-// never retried.
+// never retried. A stream that falls silent (the agent pings every 3 s)
+// while the server reports the sandbox ended (Failed, e.g. killed for
+// running out of memory) is cut at once with an error wrapping
+// ErrSandboxEnded that says why, rather than left to a TCP timeout.
 func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions, h Handlers) (*Execution, error) {
 	in := struct {
 		Command    string            `json:"command"`
@@ -37,9 +41,11 @@ func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions,
 		return nil, err
 	}
 	defer resp.Body.Close()
+	body, stop := s.watchStream(ctx, resp.Body)
+	defer stop()
 	x := &Execution{ExitCode: -1}
 	done := false
-	err = readEvents(resp.Body, func(ev *streamEvent) error {
+	err = readEvents(body, func(ev *streamEvent) error {
 		switch ev.Type {
 		case "init":
 			x.ID = ev.Text
@@ -76,11 +82,17 @@ func (s *SandboxHandle) Stream(ctx context.Context, cmd string, opts RunOptions,
 		}
 		return nil
 	})
-	if err != nil {
-		return x, fmt.Errorf("client: command stream: %w", err)
+	if err == nil && !done {
+		err = fmt.Errorf("ended before completion: %w", io.ErrUnexpectedEOF)
 	}
-	if !done {
-		return x, fmt.Errorf("client: command stream ended before completion: %w", io.ErrUnexpectedEOF)
+	if err != nil {
+		if !errors.Is(err, ErrSandboxEnded) && ctx.Err() == nil {
+			// A stream cut short: say so if it is because the sandbox died.
+			if e := s.endedSoon(ctx); e != nil {
+				err = e
+			}
+		}
+		return x, fmt.Errorf("client: command stream: %w", err)
 	}
 	if h.OnComplete != nil {
 		h.OnComplete(x)

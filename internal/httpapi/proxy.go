@@ -117,7 +117,7 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	p.svc.Touch(r.Context(), id)
-	web.ServeProxy(p.rp, w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	p.serveUntilEnded(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)), id, ep, port == agentproto.Port)
 	return nil
 }
 

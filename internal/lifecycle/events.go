@@ -151,7 +151,7 @@ func (l *eventLog) recordTransition(e *Entry, prev Status) {
 		}
 	case StateFailed:
 		switch st.Reason {
-		case ReasonAgentExited:
+		case ReasonAgentExited, ReasonOOMKilled:
 			l.record(e.sb.ID, EventExited, ScopeRuntime, st.Reason, st.Message)
 		case ReasonLost:
 			l.record(e.sb.ID, EventLost, ScopeRuntime, st.Reason, st.Message)

@@ -110,6 +110,7 @@ func (s *Service) applyRemote(id string, raw []byte) {
 		}
 		s.mu.Unlock()
 		e.done.Store(true)
+		e.markEnded()
 		s.quota.release(id)
 		s.events.markGone(id)
 		return
@@ -138,6 +139,7 @@ func (s *Service) applyRemote(id string, raw []byte) {
 	e.done.Store(isTerminal(sb.Status.State))
 	if isTerminal(sb.Status.State) {
 		s.quota.release(id)
+		e.markEnded()
 	}
 }
 

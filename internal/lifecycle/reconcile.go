@@ -59,6 +59,7 @@ func (s *Service) Recover(ctx context.Context) error {
 	s.forgetUnknownEvents()
 	s.events.flush()
 	s.follow()
+	s.watchExits()
 	s.log.Info("recovered sandboxes", "adopted", n.adopted, "expired", n.expired, "lost", n.lost, "orphans_deleted", n.orphans)
 	return nil
 }
@@ -184,7 +185,7 @@ func (e *Entry) markExited(ctx context.Context, rst runtime.Status) {
 		s.log.Error("free resources of exited sandbox", "id", e.sb.ID, "err", err)
 	}
 	if !isTerminal(e.sb.Status.State) {
-		e.mustTransition(StateFailed, ReasonAgentExited, msg)
+		e.mustTransition(StateFailed, exitReason(rst.ExitReason), msg)
 	}
 }
 

@@ -163,6 +163,11 @@ type Entry struct {
 	// it and never create it again (another replica may have deleted
 	// it). Guarded by mu.
 	stored bool
+	// ended is closed once the sandbox has ended (exit.go); made on
+	// first use. Guarded by mu. endedWith is the status it ended with,
+	// set before the close.
+	ended     chan struct{}
+	endedWith Status
 }
 
 // Service is the lifecycle service. It is safe for concurrent use.
@@ -694,6 +699,14 @@ type Endpoint struct {
 	Headers map[string]string
 	// AccessToken is the secureAccess token the ingress requires ("" = none).
 	AccessToken string
+	// Ended is closed once the sandbox has ended (Failed or Terminated):
+	// connections to Address are dead from then on, even those the dead
+	// sandbox can no longer reset (a gVisor sandbox's network stack dies
+	// with it), so a proxy ends them.
+	Ended <-chan struct{}
+	// EndStatus is the status the sandbox ended with (why it ended); call
+	// it only once Ended is closed.
+	EndStatus func() Status
 }
 
 // Endpoint resolves a sandbox port.
@@ -706,16 +719,16 @@ func (s *Service) Endpoint(ctx context.Context, id string, port int) (Endpoint, 
 		return Endpoint{}, err
 	}
 	e.mu.Lock()
-	st, token, access := e.sb.Status.State, e.sb.AgentToken, e.sb.AccessToken
+	status, token, access, ended := e.sb.Status, e.sb.AgentToken, e.sb.AccessToken, e.endedLocked()
 	e.mu.Unlock()
-	if err := admit(id, st, opEndpoint); err != nil {
-		return Endpoint{}, err
+	if err := admit(id, status.State, opEndpoint); err != nil {
+		return Endpoint{}, endedError(id, status, err)
 	}
 	addr, err := s.deps.Runtime.Endpoint(ctx, id, port)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep := Endpoint{Address: addr, AccessToken: access}
+	ep := Endpoint{Address: addr, AccessToken: access, Ended: ended, EndStatus: e.endStatus}
 	if port == agentproto.Port && token != "" {
 		ep.Headers = map[string]string{agentproto.TokenHeader: token}
 	}

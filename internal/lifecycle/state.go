@@ -183,6 +183,7 @@ func (e *Entry) applyState(status Status, event bool) {
 	e.sb.Status = status
 	if isTerminal(st) {
 		s.quota.release(e.sb.ID)
+		e.markEnded()
 	}
 	e.done.Store(isTerminal(st))
 	if event {

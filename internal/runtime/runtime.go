@@ -130,6 +130,9 @@ type Status struct {
 	Class string `json:"class,omitempty"`
 	// ExitCode is set when State is StateStopped.
 	ExitCode int `json:"exitCode,omitempty"`
+	// ExitReason is how a stopped sandbox ended, if the backend knows
+	// (ExitReasonOOMKilled, ExitReasonExited).
+	ExitReason string `json:"exitReason,omitempty"`
 	// CreatedAt is when the backend created the sandbox.
 	CreatedAt time.Time `json:"createdAt"`
 	// Message is a human-readable detail (e.g. why it is unknown).

@@ -53,11 +53,15 @@ type Runtime struct {
 	cli *client.Client
 	log *slog.Logger
 	net netInfo // the network's bridge and addresses, read at New
+	// exits follows the daemon's die events for NotifyExits (exit.go).
+	exits exitWatch
 }
 
 var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Pauser  = (*Runtime)(nil)
+
+	_ runtime.ExitNotifier = (*Runtime)(nil)
 )
 
 // New connects to the daemon, checks that it answers, and makes sure the
@@ -115,7 +119,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 }
 
 // Close releases the client's connections. Sandboxes keep running.
-func (r *Runtime) Close() error { return r.cli.Close() }
+func (r *Runtime) Close() error {
+	r.stopExits()
+	return r.cli.Close()
+}
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "docker" }

@@ -73,6 +73,10 @@ func (r *Runtime) status(c container.InspectResponse) runtime.Status {
 		st.State = runtime.StateStopped
 		st.ExitCode = s.ExitCode
 		st.IP = ""
+		st.ExitReason = runtime.ExitReasonExited
+		if s.OOMKilled {
+			st.ExitReason = runtime.ExitReasonOOMKilled
+		}
 		if s.Error != "" {
 			st.Message = s.Error
 		} else if s.OOMKilled {

@@ -39,6 +39,9 @@ type Hooks struct {
 type Runtime struct {
 	st    *state
 	hooks Hooks
+
+	exitMu  sync.Mutex
+	exitFns []func(runtime.Exit) // NotifyExits subscribers (exitMu)
 }
 
 // state is shared by every instance made with Reopen, like the disk of a
@@ -73,6 +76,7 @@ var (
 	_ runtime.Snapshotter  = (*Runtime)(nil)
 	_ runtime.Checkpointer = (*Runtime)(nil)
 	_ runtime.Volumes      = (*Runtime)(nil)
+	_ runtime.ExitNotifier = (*Runtime)(nil)
 )
 
 // New returns an empty fake backend.
@@ -277,9 +281,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 		sb.srv = nil
 	}
 	sb.paused = false
+	running := sb.status.State == runtime.StateRunning
 	sb.status.State, sb.status.Pid = runtime.StateStopped, 0
 	if grace == 0 {
 		sb.status.ExitCode = 137
+	}
+	if running {
+		r.notifyExit(runtime.Exit{ID: id, Reason: runtime.ExitReasonExited, ExitCode: sb.status.ExitCode})
 	}
 	return nil
 }

@@ -14,7 +14,7 @@
 //	sandboxes/<id>/bundle       OCI bundle (config.json)
 //	sandboxes/<id>/files        agent.json, hosts, hostname, resolv.conf
 //	sandboxes/<id>/agent.log    stdout/stderr of the agent
-//	sandboxes/<id>/exit         exit code, once reaped
+//	sandboxes/<id>/exit         exit code, once reaped, and the exit reason ("137 OOMKilled")
 //	sandboxes/<id>/volumes/<i>  host-side binds of its volumes (host paths, named volumes)
 //	volumes/<name>/...          named volumes (internal/volume.Store: a quota
 //	                            filesystem each, mounted while a sandbox uses it)
@@ -231,6 +231,9 @@ type Runtime struct {
 	pidfds         map[int]*os.File // tracked init pid -> its pidfd, while awaitInit waits on it (reapMu)
 	watching       sync.WaitGroup   // awaitInit goroutines
 
+	exitMu  sync.Mutex
+	exitFns []func(runtime.Exit) // NotifyExits subscribers (exitMu)
+
 	// afterRuncList, if set (tests only), runs in List right after the
 	// OCI runtimes were asked.
 	afterRuncList func()
@@ -252,6 +255,8 @@ var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Pauser  = (*Runtime)(nil)
 	_ runtime.Volumes = (*Runtime)(nil)
+
+	_ runtime.ExitNotifier = (*Runtime)(nil)
 )
 
 // New returns the backend. It creates the state directories, opens the
@@ -368,9 +373,9 @@ func (r *Runtime) Close() error {
 	if r.stop != nil {
 		close(r.stop)
 		<-r.done
-		r.stopAwaiting()
 		r.stop = nil
 	}
+	r.stopAwaiting()
 	var errs []error
 	if r.ownNet != nil {
 		errs = append(errs, r.ownNet.Close())

@@ -15,35 +15,39 @@ import (
 
 // Reaping as a child subreaper: sandbox inits (their exit codes go to
 // sandboxes/<id>/exit), the helper processes runsc leaves behind, and any
-// other orphan the server inherits.
+// other orphan the server inherits. Watching the inits: every exit is
+// reported to the NotifyExits subscribers at once (exit.go).
 
-// track registers a container init for reaping (if Subreaper is on). A
-// goroutine per init waits, parked in the poller, for its pidfd to turn
-// readable (the init exited) and reaps it then: a SIGCHLD costs nothing
+// track watches a container init: a goroutine per init waits, parked in
+// the poller, for its pidfd to turn readable (the init exited), reaps it
+// then (if Subreaper is on) and reports the exit. A SIGCHLD costs nothing
 // per tracked sandbox (a wait4 for each one on every SIGCHLD cost O(n)
-// with n sandboxes, and SIGCHLDs come with every runtime call).
+// with n sandboxes, and SIGCHLDs come with every runtime call). Without
+// Subreaper the init is not this process's child: its exit is still
+// seen (a pidfd works for any process), without its exit code.
 func (r *Runtime) track(pid int, id string) {
-	if r.stop == nil {
-		return
-	}
+	oomBase := oomKills(r.cgroupPath(id))
 	r.reapMu.Lock()
-	r.reapPids[pid] = id
+	if r.stop != nil {
+		r.reapPids[pid] = id
+	}
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err == nil {
 		f := os.NewFile(uintptr(fd), "pidfd")
 		r.pidfds[pid] = f
 		r.watching.Add(1)
-		go r.awaitInit(pid, f)
+		go r.awaitInit(pid, id, f, oomBase)
 	}
 	r.reapMu.Unlock()
 	if err != nil {
-		r.reapInit(pid) // gone already
+		r.exited(id, r.reapInit(pid), oomBase) // gone already
 	}
 }
 
-// awaitInit reaps the tracked init pid once its pidfd f is readable, or
-// returns when Close closes f.
-func (r *Runtime) awaitInit(pid int, f *os.File) {
+// awaitInit reaps the tracked init pid of sandbox id once its pidfd f is
+// readable and reports the exit, or returns when Close closes f. oomBase
+// is the sandbox's OOM kill count when the watch began.
+func (r *Runtime) awaitInit(pid int, id string, f *os.File, oomBase int64) {
 	defer r.watching.Done()
 	exited := false
 	if rc, err := f.SyscallConn(); err == nil {
@@ -55,13 +59,17 @@ func (r *Runtime) awaitInit(pid int, f *os.File) {
 		})
 	}
 	r.reapMu.Lock()
-	defer r.reapMu.Unlock()
 	if r.pidfds[pid] == f {
 		delete(r.pidfds, pid)
 	}
 	f.Close()
+	code := -1
 	if exited {
-		r.reapInitLocked(pid)
+		code = r.reapInitLocked(pid)
+	}
+	r.reapMu.Unlock()
+	if exited {
+		r.exited(id, code, oomBase)
 	}
 }
 
@@ -76,33 +84,35 @@ func (r *Runtime) stopAwaiting() {
 }
 
 // reapInit is reapInitLocked for callers without reapMu.
-func (r *Runtime) reapInit(pid int) {
+func (r *Runtime) reapInit(pid int) int {
 	r.reapMu.Lock()
 	defer r.reapMu.Unlock()
-	r.reapInitLocked(pid)
+	return r.reapInitLocked(pid)
 }
 
-// reapInitLocked reaps the tracked init pid if it exited and records its
-// exit code in sandboxes/<id>/exit. The caller holds reapMu.
-func (r *Runtime) reapInitLocked(pid int) {
+// reapInitLocked reaps the tracked init pid if it exited, records its
+// exit code in sandboxes/<id>/exit and returns it (-1 if it did not reap
+// it). The caller holds reapMu.
+func (r *Runtime) reapInitLocked(pid int) int {
 	id, ok := r.reapPids[pid]
 	if !ok {
-		return
+		return -1
 	}
 	var ws unix.WaitStatus
 	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 	if got == 0 && err == nil {
-		return // still running
+		return -1 // still running
 	}
 	delete(r.reapPids, pid)
 	if err != nil {
-		return // not our child (adopted by another process)
+		return -1 // not our child (adopted by another process)
 	}
 	code := ws.ExitStatus()
 	if ws.Signaled() {
 		code = 128 + int(ws.Signal())
 	}
 	os.WriteFile(filepath.Join(r.sandboxDir(id), "exit"), []byte(strconv.Itoa(code)), 0o600)
+	return code
 }
 
 // trackHelpers registers the helper processes of a runsc sandbox (see

@@ -152,7 +152,14 @@ func (r *Runtime) status(id string, rec record, c *gorunc.Container, found bool)
 	}
 	if st.State == runtime.StateStopped {
 		if data, err := os.ReadFile(filepath.Join(r.sandboxDir(id), "exit")); err == nil {
-			st.ExitCode, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+			code, reason := readExit(data)
+			if code >= 0 {
+				st.ExitCode = code
+			}
+			st.ExitReason = reason
+			if reason == runtime.ExitReasonOOMKilled {
+				st.Message = "OOM killed: the sandbox ran out of memory"
+			}
 		}
 	}
 	return st

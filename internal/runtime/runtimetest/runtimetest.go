@@ -92,6 +92,7 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("Checkpoint", s.checkpoint)
 	t.Run("Volumes", s.volumes)
 	t.Run("DiskQuota", s.diskQuota)
+	t.Run("InitExit", s.exitCase)
 	if !opts.NoCommands {
 		t.Run("Isolation", s.isolation)
 		t.Run("IPv6", s.ipv6)
