@@ -38,7 +38,7 @@ func run(args []string) error {
 		return err
 	}
 	if *layoutDir == "" || fs.NArg() == 0 {
-		return fmt.Errorf("usage: moat-release --layout DIR [--archive FILE] [--ref REF] OS/ARCH=BINARY [OS/ARCH=BINARY]")
+		return fmt.Errorf("usage: moat-release --layout DIR [--archive FILE] [--ref REF] OS/ARCH=BINARY (one or more)")
 	}
 	img := release.Image{Binaries: map[string]string{}, Version: *version, Commit: *commit, Created: time.Unix(0, 0).UTC()}
 	if *created != "" {

@@ -120,3 +120,26 @@ func toJSONish(v any) string {
 	}
 	return b.String()
 }
+
+// TestDefaultImage: without --set, the controller runs the image `make
+// release` builds: ghcr.io/moat-sandbox/moat:v<the chart's appVersion>.
+func TestDefaultImage(t *testing.T) {
+	chart, err := os.ReadFile(filepath.Join("moat", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var app string
+	for _, l := range strings.Split(string(chart), "\n") {
+		if v, ok := strings.CutPrefix(l, "appVersion:"); ok {
+			app = strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	if app == "" {
+		t.Fatalf("no appVersion in Chart.yaml:\n%s", chart)
+	}
+	out := string(run(t, "template", "r1", "moat", "--namespace", "moat-system"))
+	want := "ghcr.io/moat-sandbox/moat:v" + app
+	if !strings.Contains(out, "image: "+want+"\n") || !strings.Contains(out, "--agent-image="+want+"\n") {
+		t.Errorf("helm template renders no image %s:\n%s", want, out)
+	}
+}
