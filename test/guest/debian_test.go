@@ -109,7 +109,45 @@ systemd-run --unit moat-serve -E MOAT_API_KEY=`+apiKey+` \
 			if strings.TrimSpace(left) != "" {
 				t.Fatalf("left behind by the delete:\n%s", left)
 			}
+			checkOOMReported(t, api, class)
 		})
+	}
+}
+
+// checkOOMReported: a sandbox whose agent the OOM killer takes is Failed
+// at once with the reason, read on cgroup v2 from memory.events.
+func checkOOMReported(t *testing.T, api *client, class string) {
+	var sb struct{ ID string }
+	api.json(202, "POST", "/v1/sandboxes", map[string]any{
+		"image":          map[string]any{"uri": "local/busybox"},
+		"entrypoint":     []string{"tail", "-f", "/dev/null"},
+		"timeout":        600,
+		"resourceLimits": map[string]string{"memory": "64Mi"},
+		"extensions":     map[string]string{"moat.runtime": class},
+	}, &sb)
+	t.Cleanup(func() { api.do("DELETE", "/v1/sandboxes/"+sb.ID, nil) })
+	// The agent (PID 1) is the OOM killer's first choice; the stream ends
+	// with the sandbox, so its answer is not checked here.
+	body, _ := json.Marshal(map[string]any{"command": "echo 1000 >/proc/1/oom_score_adj; " +
+		"for i in 1 2 3 4 5; do dd if=/dev/zero of=/dev/null bs=20M count=1000 & done; wait"})
+	req, _ := http.NewRequest("POST", api.base+"/sandboxes/"+sb.ID+"/proxy/44772/command", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-EXECD-ACCESS-TOKEN", apiKey)
+	if resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var got struct {
+		Status struct{ State, Reason, Message string }
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		api.json(200, "GET", "/v1/sandboxes/"+sb.ID, nil, &got)
+		if got.Status.State == "Failed" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if got.Status.State != "Failed" || got.Status.Reason != "SANDBOX_OOM_KILLED" {
+		t.Fatalf("after the OOM kill: %+v, want Failed, SANDBOX_OOM_KILLED", got.Status)
 	}
 }
 
