@@ -64,6 +64,9 @@ type Config struct {
 	// Faces are other APIs served on the same listener (E2B's control
 	// plane, internal/e2b); see Face.
 	Faces []Face
+	// EdgeDomain is the domain of E2B's <port>-<id>.<domain> sandbox
+	// hosts ("": only the E2b-Sandbox-* headers route to sandboxes).
+	EdgeDomain string
 }
 
 // Face is another API on the API server's listener. A request it Claims
@@ -254,6 +257,10 @@ func (s *Server) Handler() http.Handler {
 		return nil
 	}
 	root := web.Recover(s.log, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t, ok, err := edgeOf(r, s.cfg.EdgeDomain); ok {
+			s.serveEdge(w, r, t, err)
+			return
+		}
 		if f := claimed(r); f != nil {
 			f.h.ServeHTTP(w, r)
 			return
@@ -261,6 +268,9 @@ func (s *Server) Handler() http.Handler {
 		api.ServeHTTP(w, r)
 	}))
 	route := func(r *http.Request) string {
+		if _, ok, _ := edgeOf(r, s.cfg.EdgeDomain); ok {
+			return "e2b edge"
+		}
 		if f := claimed(r); f != nil {
 			_, p := f.mux.Handler(r)
 			return f.Name + " " + p

@@ -34,6 +34,12 @@ func (images) Ensure(ctx context.Context, ref string, auth *image.Auth) (image.I
 
 func newAPI(t *testing.T) *httptest.Server {
 	t.Helper()
+	return newAPIWith(t, httpapi.Config{APIKey: key})
+}
+
+// newAPIWith is newAPI with cfg, over the fake runtime.
+func newAPIWith(t *testing.T, cfg httpapi.Config) *httptest.Server {
+	t.Helper()
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +50,7 @@ func newAPI(t *testing.T) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httpapi.New(httpapi.Config{APIKey: key}, svc, log).Handler())
+	srv := httptest.NewServer(httpapi.New(cfg, svc, log).Handler())
 	t.Cleanup(func() { srv.Close(); svc.Close(); rt.Close(); db.Close() })
 	return srv
 }

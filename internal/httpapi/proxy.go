@@ -59,6 +59,10 @@ func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
+			if t, ok := isEdge(r); ok {
+				writeEdgeError(w, r, t, errdefs.WithPublic(fmt.Errorf("proxy: %v: %w", err, errdefs.ErrUnavailable), "", ""))
+				return
+			}
 			wa.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("proxy: %v: %w", err, errdefs.ErrUnavailable),
 				"SANDBOX::PROXY_UNREACHABLE", "the sandbox port is not reachable"))
 		},
@@ -129,8 +133,13 @@ func (p *proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.RawPath = ""
 	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 	pr.Out.Host = t.addr
-	// Credentials meant for moat never reach the sandbox.
-	for _, h := range []string{"Authorization", "Cookie", "OPEN-SANDBOX-API-KEY", "X-API-Key"} {
+	// Credentials meant for moat never reach the sandbox. On E2B's edge
+	// Authorization is envd's (the user) and cookies are the sandbox's.
+	strip := []string{"Authorization", "Cookie", "OPEN-SANDBOX-API-KEY", "X-API-Key"}
+	if _, edge := isEdge(pr.In); edge {
+		strip = strip[2:]
+	}
+	for _, h := range strip {
 		pr.Out.Header.Del(h)
 	}
 	if t.token != "" {

@@ -177,7 +177,8 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 func (s *Server) buildAPI(reg *metrics.Registry) error {
 	cfg := s.cfg
 	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites,
-		Faces: []httpapi.Face{e2b.New(e2b.Config{Domain: cfg.E2BDomain}, s.svc, s.log).Face()}}
+		Faces:      []httpapi.Face{e2b.New(e2b.Config{Domain: cfg.E2BDomain}, s.svc, s.log).Face()},
+		EdgeDomain: cfg.E2BDomain}
 	if s.tenants != nil {
 		apiCfg.Auth = s.tenants
 	}
