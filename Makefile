@@ -129,8 +129,9 @@ deps-images: ## Build the debootstrap test image (Jupyter kernels, JDK, node) in
 deps-guest: ## Build the stock Debian 12 guest (QEMU, Debian's kernel, cgroup v2) the guest tests boot (test/guest; a few minutes once, then instant)
 	@bash scripts/build-guest.sh
 
-deps-npm: ## Install the locked npm packages of the JS SDK compatibility test (test/compat/js)
+deps-npm: ## Install the locked npm packages of the JS SDK compatibility tests (test/compat/js, test/compat/e2b)
 	@bash scripts/npm-ci.sh test/compat/js
+	@bash scripts/npm-ci.sh test/compat/e2b
 
 # The set-up of `make test`. The Debian packages come first (apt holds one
 # lock); then every other stage runs at once, so that the CPU-bound Go

@@ -11,6 +11,23 @@ import (
 	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
+// importKernelsImage imports the debian-kernels test image (built and
+// cached by scripts/build-test-images.sh: bash, python3, node, the Jupyter
+// kernels) into srv's store, before srv starts, and returns its name.
+func importKernelsImage(t *testing.T, srv *server) string {
+	t.Helper()
+	script := filepath.Join(testutil.RepoRoot(t), "scripts", "build-test-images.sh")
+	out, err := exec.Command("bash", script, "debian-kernels").Output()
+	if err != nil {
+		t.Fatalf("build test image: %v (run scripts/build-test-images.sh debian-kernels)", err)
+	}
+	const ref = "localhost/debian-kernels:compat"
+	if b, err := exec.Command(srv.bin, "image", "import", "--root", srv.root, ref, strings.TrimSpace(string(out))).CombinedOutput(); err != nil {
+		t.Fatalf("import: %v\n%s", err, b)
+	}
+	return ref
+}
+
 // TestCompatJSCodeContexts runs test/compat/js/kernels/codecontexts.test.mjs
 // (in its own directory: TestCompatJSSDK runs every suite file next to
 // compat.test.mjs, on a busybox image): the
@@ -25,16 +42,8 @@ func TestCompatJSCodeContexts(t *testing.T) {
 	}
 	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "js")
 	npmCI(t, dir)
-	script := filepath.Join(testutil.RepoRoot(t), "scripts", "build-test-images.sh")
-	out, err := exec.Command("bash", script, "debian-kernels").Output()
-	if err != nil {
-		t.Fatalf("build test image: %v (run scripts/build-test-images.sh debian-kernels)", err)
-	}
 	srv := newServer(t)
-	const ref = "localhost/debian-kernels:compat"
-	if b, err := exec.Command(srv.bin, "image", "import", "--root", srv.root, ref, strings.TrimSpace(string(out))).CombinedOutput(); err != nil {
-		t.Fatalf("import: %v\n%s", err, b)
-	}
+	ref := importKernelsImage(t, srv)
 	srv.start()
 
 	cmd := exec.Command(node, "--test", "--test-concurrency=1", "--test-reporter=spec", filepath.Join("kernels", "codecontexts.test.mjs"))
