@@ -26,6 +26,14 @@ func (localImages) Ensure(ctx context.Context, ref string, auth *image.Auth) (im
 	return image.Image{Name: ref}, nil
 }
 
+// localCommitter stands in for the image store's snapshot commits.
+type localCommitter struct{}
+
+func (localCommitter) Commit(ctx context.Context, upperDir, baseRef, name string) (image.Image, error) {
+	return image.Image{Name: name}, nil
+}
+func (localCommitter) Remove(ctx context.Context, ref string) error { return nil }
+
 // realAPI serves the real lifecycle API (fake runtime) with a key registry
 // whose server key is "root-key".
 func realAPI(t *testing.T) string {
@@ -40,7 +48,7 @@ func realAPI(t *testing.T) string {
 	}
 	rt := fake.New(fake.Hooks{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: localImages{}, Log: log, Quotas: reg}})
+	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{}}, sandbox.Deps{Deps: lifecycle.Deps{Store: db, Runtime: rt, Images: localImages{}, Log: log, Quotas: reg}, Committer: localCommitter{}})
 	if err != nil {
 		t.Fatal(err)
 	}

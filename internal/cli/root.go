@@ -31,6 +31,7 @@ func NewRoot() *cobra.Command {
 		newShellCommand(),
 		newPoolCommand(),
 		newTemplateCommand(),
+		newSnapshotCommand(),
 		newVaultCommand(),
 		newVolumeCommand(),
 		newMCPCommand(),
