@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -75,7 +76,11 @@ func TestScrapeAfterCreates(t *testing.T) {
 		if code != http.StatusAccepted {
 			t.Fatalf("create: %d %s", code, out)
 		}
-		ids = append(ids, out[strings.Index(out, `"id":"`)+6:][:36])
+		var sb struct{ ID string }
+		if err := json.Unmarshal([]byte(out), &sb); err != nil || sb.ID == "" {
+			t.Fatalf("create: %s (%v)", out, err)
+		}
+		ids = append(ids, sb.ID)
 	}
 	if code, out := do(t, h, "POST", "/v1/sandboxes/"+ids[0]+"/pause", "", true); code != http.StatusAccepted {
 		t.Fatalf("pause: %d %s", code, out)

@@ -31,9 +31,20 @@ const testUID, testGID, extraGID = 4242, 4242, 4243
 func TestUsers(t *testing.T) {
 	testutil.RequiresRoot(t)
 	tmp := t.TempDir()
-	// The user must reach its home through the test's directories.
-	os.Chmod(filepath.Dir(tmp), 0o755)
+	// The user must reach its home through the test's directories, up to
+	// / ($TMPDIR may be a 0700 run directory): search permission for
+	// others where it lacks, put back when the test ends.
 	os.Chmod(tmp, 0o755)
+	for d := filepath.Dir(tmp); d != "/"; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode := st.Mode().Perm(); mode&0o001 == 0 {
+			os.Chmod(d, mode|0o001)
+			t.Cleanup(func() { os.Chmod(d, mode) })
+		}
+	}
 	home := filepath.Join(tmp, "home", "user")
 	if err := os.MkdirAll(home, 0o755); err != nil {
 		t.Fatal(err)
