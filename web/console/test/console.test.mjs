@@ -174,7 +174,7 @@ test('create a sandbox with the form', async () => {
   await page.fill('textarea[name=rules]', 'allow example.test\nallow *.example.test')
   await shot(page, 'create')
   await page.click('button[type=submit]')
-  await page.waitForURL(/#\/sandboxes\/[0-9a-f-]{36}$/)
+  await page.waitForURL(/#\/sandboxes\/[a-z0-9]{20}$/)
   sandboxID = decodeURIComponent(page.url().split('/').pop())
   await page.waitForSelector('.page-head [data-state=Running]')
   const r = await apiCall('GET', `/v1/sandboxes/${sandboxID}`)
