@@ -101,7 +101,7 @@ func (s *Server) serveEdge(w http.ResponseWriter, r *http.Request, t edgeTarget,
 func writeEdgeError(w http.ResponseWriter, r *http.Request, t edgeTarget, err error) {
 	if d, ok := errdefs.RetryAfterOf(err); ok && errors.Is(err, errdefs.ErrUnavailable) {
 		// A sandbox still waking: the SDKs retry an unavailable call.
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(d.Seconds()))))
+		w.Header().Set("Retry-After", web.RetryAfter(d))
 		web.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"sandboxId": t.id, "message": publicMessage(err), "code": http.StatusServiceUnavailable})
 		return
 	}

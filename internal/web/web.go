@@ -86,7 +86,7 @@ func (a *Adapter) WriteError(w http.ResponseWriter, r *http.Request, err error) 
 	log.Log(r.Context(), lvl, "request failed", "method", r.Method, "path", r.URL.Path,
 		"status", status, "code", code, "err", err, "request_id", RequestID(r.Context()))
 	if d, ok := errdefs.RetryAfterOf(err); ok {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int((d+time.Second-1)/time.Second))))
+		w.Header().Set("Retry-After", RetryAfter(d))
 	}
 	if a.Envelope != nil {
 		WriteJSON(w, status, a.Envelope(status, code, msg))
@@ -278,4 +278,10 @@ func ServeUntil(ctx context.Context, hs *http.Server, ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+// RetryAfter is d as a Retry-After value: whole seconds, rounded up, at
+// least 1.
+func RetryAfter(d time.Duration) string {
+	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
 }
