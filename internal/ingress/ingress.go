@@ -407,16 +407,34 @@ func (g *Gateway) Serve(ctx context.Context, addr string) error {
 
 // ServeListener is Serve on an existing listener, which it closes.
 func (g *Gateway) ServeListener(ctx context.Context, ln net.Listener) error {
-	hs := web.NewServer(ln.Addr().String(), g, g.log)
 	// Upgraded (WebSocket) connections outlive Shutdown, which does not
 	// track hijacked connections; ReverseProxy closes them when their
-	// request context ends, so end every request context once Shutdown
-	// is over.
+	// request context ends. So once Shutdown is over every request
+	// context is ended, and ServeListener returns only when the upgraded
+	// requests' handlers have (their client connections closed).
+	var upgrades sync.WaitGroup
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "" {
+			upgrades.Add(1)
+			defer upgrades.Done()
+		}
+		g.ServeHTTP(w, r)
+	})
+	hs := web.NewServer(ln.Addr().String(), h, g.log)
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	hs.BaseContext = func(net.Listener) context.Context { return base }
 	g.log.Info("ingress serving", "addr", ln.Addr().String(), "domain", g.domain)
-	return web.ServeUntil(ctx, hs, ln)
+	err := web.ServeUntil(ctx, hs, ln)
+	cancelBase()
+	done := make(chan struct{})
+	go func() { upgrades.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		g.log.Warn("ingress: upgraded connections still open after shutdown")
+	}
+	return err
 }
 
 // CloseIdleConnections closes kept-alive upstream connections (for tests
