@@ -28,9 +28,25 @@ var (
 	ErrUnavailable        = errors.New("unavailable") // backend temporarily unreachable
 	ErrNotImplemented     = errors.New("not implemented")
 	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrCapacity           = errors.New("capacity exhausted") // back-pressure: retry later (429)
 	ErrDeadlineExceeded   = errors.New("deadline exceeded")
 	ErrInternal           = errors.New("internal error")
 )
+
+// classes are every class above, for HasClass.
+var classes = []error{ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrConflict,
+	ErrUnauthenticated, ErrPermissionDenied, ErrUnavailable, ErrNotImplemented, ErrResourceExhausted,
+	ErrCapacity, ErrDeadlineExceeded, ErrInternal}
+
+// HasClass reports whether err carries one of the classes.
+func HasClass(err error) bool {
+	for _, c := range classes {
+		if errors.Is(err, c) {
+			return true
+		}
+	}
+	return false
+}
 
 // IsNotFound reports whether err is of class ErrNotFound.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

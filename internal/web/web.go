@@ -116,6 +116,8 @@ func StatusOf(err error) (int, string) {
 		return http.StatusNotImplemented, "NOT_IMPLEMENTED"
 	case errors.Is(err, errdefs.ErrResourceExhausted):
 		return http.StatusServiceUnavailable, "RESOURCE_EXHAUSTED"
+	case errors.Is(err, errdefs.ErrCapacity):
+		return http.StatusTooManyRequests, "CAPACITY_EXHAUSTED"
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable, "UNAVAILABLE"
 	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):

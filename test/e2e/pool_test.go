@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 )
@@ -71,6 +72,19 @@ func TestWarmPoolAndBatch(t *testing.T) {
 		t.Fatalf("after restart: %+v, want 8 allocated", p.Status)
 	}
 	waitPool(3)
+
+	// Back-pressure: 8 claimed + 3 idle + 10 cold would pass poolMax 20.
+	// The claim is refused with upstream's 429 and nothing is claimed.
+	code, body, hdr := srv.do("POST", "/v1/sandboxes/batch", map[string]any{"count": 13, "extensions": map[string]string{"poolRef": "warm"}})
+	var e struct{ Code, Message string }
+	json.Unmarshal(body, &e)
+	if code != 429 || e.Code != "KUBERNETES::POOL_CAPACITY_EXHAUSTED" || hdr.Get("Retry-After") == "" {
+		t.Fatalf("batch past poolMax: %d %s (Retry-After %q)", code, body, hdr.Get("Retry-After"))
+	}
+	srv.mustJSON(200, "GET", "/v1/pools/warm", nil, &p)
+	if p.Status.Allocated != 8 || p.Status.Available != 3 {
+		t.Fatalf("a refused claim changed the pool: %+v", p.Status)
+	}
 
 	if code, body, _ := srv.do("DELETE", "/v1/pools/warm", nil); code != 204 {
 		t.Fatalf("delete pool: %d %s", code, body)

@@ -79,17 +79,7 @@ func ContextNotFound(kind, id string) error {
 }
 
 // HasClass reports whether err carries an errdefs class.
-func HasClass(err error) bool {
-	for _, c := range []error{errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrInvalidArgument,
-		errdefs.ErrFailedPrecondition, errdefs.ErrConflict, errdefs.ErrUnauthenticated, errdefs.ErrPermissionDenied,
-		errdefs.ErrUnavailable, errdefs.ErrNotImplemented, errdefs.ErrResourceExhausted, errdefs.ErrDeadlineExceeded,
-		errdefs.ErrInternal} {
-		if errors.Is(err, c) {
-			return true
-		}
-	}
-	return false
-}
+func HasClass(err error) bool { return errdefs.HasClass(err) }
 
 // DecodeBody decodes a JSON body into v; allowEmpty accepts an empty body.
 func DecodeBody(r *http.Request, v any, allowEmpty bool) error {

@@ -1036,6 +1036,9 @@ type NotFound = ErrorResponse
 // NotImplemented The body of every non-2xx lifecycle response.
 type NotImplemented = ErrorResponse
 
+// PoolCapacityExhausted The body of every non-2xx lifecycle response.
+type PoolCapacityExhausted = ErrorResponse
+
 // Unauthorized The body of every non-2xx lifecycle response.
 type Unauthorized = ErrorResponse
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
@@ -82,10 +83,11 @@ func (s *Pools) CreateFromPool(ctx context.Context, req lifecycle.CreateRequest,
 	if err := s.core.Quota().Check(owner, n, cpu, mem); err != nil {
 		return nil, err
 	}
-	claimed, err := s.claim(ctx, name, n)
+	claimed, res, err := s.claim(ctx, name, n)
 	if err != nil {
 		return nil, err
 	}
+	defer res.release()
 	ids := make([]string, len(claimed))
 	for i, e := range claimed {
 		ids[i] = e.ID()
@@ -108,7 +110,7 @@ func (s *Pools) CreateFromPool(ctx context.Context, req lifecycle.CreateRequest,
 		return nil, err
 	}
 	if rest := n - len(out); rest > 0 {
-		cold, err := s.core.ColdBatch(ctx, merged, rest, s.join(ctx, name))
+		cold, err := s.core.ColdBatch(ctx, merged, rest, s.join(ctx, name, res))
 		if err != nil {
 			for _, sb := range out {
 				s.core.Delete(ctx, sb.ID)
@@ -120,9 +122,62 @@ func (s *Pools) CreateFromPool(ctx context.Context, req lifecycle.CreateRequest,
 	return out, nil
 }
 
+// claimRetryAfter is the Retry-After of a claim refused for capacity.
+const claimRetryAfter = 2 * time.Second
+
+// CodeCapacityExhausted is the code of a claim from a pool at its poolMax
+// without enough idle sandboxes. It is upstream's Kubernetes code,
+// answered by every runtime's pools, so that clients matching on it work
+// against any moat.
+const CodeCapacityExhausted = "KUBERNETES::POOL_CAPACITY_EXHAUSTED"
+
+// checkCapacity is the one back-pressure rule of every pool: a claim of n
+// from a pool of total sandboxes (idle, claimed and being made), free of
+// them idle, must make n-free new ones, and may not take the pool past
+// poolMax. Refused, it is a 429 with Retry-After: nothing was claimed.
+func checkCapacity(name string, total, free, n, poolMax int) error {
+	if n <= free || total+(n-free) <= poolMax {
+		return nil
+	}
+	return errdefs.WithRetryAfter(errdefs.WithPublic(
+		fmt.Errorf("pool %s: %d idle, %d of %d in use: %w", name, free, total, poolMax, errdefs.ErrCapacity),
+		CodeCapacityExhausted,
+		fmt.Sprintf("pool %s is at its poolMax (%d) with %d idle sandboxes, fewer than the %d asked for; retry later", name, poolMax, free, n)),
+		claimRetryAfter)
+}
+
+// reservation is the room a claim holds in its pool for the cold creates
+// it still makes (pool.reserved), so that concurrent claims cannot take
+// the pool past poolMax between the claim and the joins.
+type reservation struct {
+	pl   *pool
+	left int
+}
+
+// takeLocked turns one reserved place into a claimed sandbox. The caller
+// holds pl.mu.
+func (r *reservation) takeLocked() {
+	if r != nil && r.left > 0 {
+		r.left--
+		r.pl.reserved--
+	}
+}
+
+// release gives back what the claim did not use.
+func (r *reservation) release() {
+	if r == nil || r.left == 0 {
+		return
+	}
+	r.pl.mu.Lock()
+	r.pl.reserved -= r.left
+	r.left = 0
+	r.pl.mu.Unlock()
+	r.pl.poke()
+}
+
 // join returns the attachment of a claim's cold sandboxes to pool name
 // of ctx's tenant (lifecycle.Service.ColdBatch): they count as claimed.
-func (s *Pools) join(ctx context.Context, name string) func(sb *lifecycle.Sandbox) error {
+func (s *Pools) join(ctx context.Context, name string, res *reservation) func(sb *lifecycle.Sandbox) error {
 	return func(sb *lifecycle.Sandbox) error {
 		key := poolKey(sb.Tenant, name)
 		if s.runtimePools() != nil {
@@ -137,6 +192,7 @@ func (s *Pools) join(ctx context.Context, name string) func(sb *lifecycle.Sandbo
 		sb.Pool = key
 		pl.mu.Lock()
 		pl.allocated[sb.ID] = true
+		res.takeLocked()
 		pl.mu.Unlock()
 		return nil
 	}

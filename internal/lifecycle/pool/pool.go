@@ -139,6 +139,7 @@ type pool struct {
 	idle      []*lifecycle.Entry
 	allocated map[string]bool
 	creating  int
+	reserved  int            // cold creates a claim has room for, until they join
 	inflight  sync.WaitGroup // warm creates in progress
 	wake      chan struct{}
 	stop      chan struct{}
@@ -367,7 +368,7 @@ func (s *Pools) poolByKey(key, name string) (*pool, error) {
 }
 
 func (pl *pool) statusLocked() PoolStatus {
-	return PoolStatus{Total: len(pl.idle) + len(pl.allocated) + pl.creating, Allocated: len(pl.allocated),
+	return PoolStatus{Total: len(pl.idle) + len(pl.allocated) + pl.creating + pl.reserved, Allocated: len(pl.allocated),
 		Available: len(pl.idle), Revision: pl.def.Revision}
 }
 
@@ -591,21 +592,27 @@ func (s *Pools) createWarm(ctx context.Context, def Pool) (*lifecycle.Entry, err
 // claim takes up to n idle sandboxes of pool name of ctx's tenant. The
 // caller owns them (their locks are not held) and must finish or release
 // them.
-func (s *Pools) claim(ctx context.Context, name string, n int) ([]*lifecycle.Entry, error) {
+func (s *Pools) claim(ctx context.Context, name string, n int) ([]*lifecycle.Entry, *reservation, error) {
 	pl, err := s.getPool(ctx, name)
 	if err != nil {
-		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
+		return nil, nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
 	}
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
+	st := pl.statusLocked()
+	if err := checkCapacity(name, st.Total, st.Available, n, pl.def.Capacity.PoolMax); err != nil {
+		return nil, nil, err
+	}
 	k := min(n, len(pl.idle))
+	res := &reservation{pl: pl, left: n - k}
+	pl.reserved += res.left
 	got := append([]*lifecycle.Entry(nil), pl.idle[len(pl.idle)-k:]...)
 	pl.idle = pl.idle[:len(pl.idle)-k]
 	for _, e := range got {
 		pl.allocated[e.ID()] = true
 	}
 	pl.poke()
-	return got, nil
+	return got, res, nil
 }
 
 // poolTemplateFor returns pool name of ctx's tenant, for cold creates.

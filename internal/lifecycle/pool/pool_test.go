@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -403,5 +404,80 @@ func TestRefillEndsWhenItsLastSandboxLands(t *testing.T) {
 			time.Sleep(20 * time.Microsecond)
 		}
 		h.svc.Close()
+	}
+}
+
+func TestClaimAtPoolMaxIsRefused(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	if _, err := h.svc.CreatePool(ctx, testPool("p", 2, 2, 4)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "p", 2)
+	claim := func(n int) ([]lifecycle.Sandbox, error) {
+		return h.svc.CreateBatch(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}}, n)
+	}
+	// 2 idle + 3 cold would make 5 > poolMax 4: refused, nothing claimed.
+	_, err := claim(5)
+	if !errors.Is(err, errdefs.ErrCapacity) {
+		t.Fatalf("claim of 5 from a pool of at most 4: %v", err)
+	}
+	if p, ok := errdefs.PublicOf(err); !ok || p.Code != CodeCapacityExhausted {
+		t.Fatalf("code of %v", err)
+	}
+	if d, ok := errdefs.RetryAfterOf(err); !ok || d <= 0 {
+		t.Fatalf("no Retry-After on %v", err)
+	}
+	if st := waitIdle(t, h.svc, "p", 2); st.Allocated != 0 || st.Total != 2 {
+		t.Fatalf("a refused claim changed the pool: %+v", st)
+	}
+	// 2 idle + 2 cold fit exactly.
+	got, err := claim(4)
+	if err != nil || len(got) != 4 {
+		t.Fatalf("claim of 4: %d, %v", len(got), err)
+	}
+	// The pool is full of claimed sandboxes: one more is refused.
+	if _, err := claim(1); !errors.Is(err, errdefs.ErrCapacity) {
+		t.Fatalf("claim from a full pool: %v", err)
+	}
+	// A release makes room again (the refill may take it first; either
+	// way the next claim is served).
+	if err := h.svc.Delete(ctx, got[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := claim(1)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errdefs.ErrCapacity) || time.Now().After(deadline) {
+			t.Fatalf("claim after a release: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, st, _ := h.svc.GetPool(ctx, "p")
+	if st.Total > 4 {
+		t.Fatalf("pool past its poolMax: %+v", st)
+	}
+}
+
+func TestCheckCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		total, free, n, max int
+		ok                  bool
+	}{
+		{4, 4, 4, 4, true},  // all idle
+		{4, 0, 1, 4, false}, // full, nothing idle
+		{2, 2, 4, 4, true},  // room for two cold
+		{2, 2, 5, 4, false}, // one past poolMax
+		{4, 1, 1, 4, true},  // one idle in a full pool
+		{0, 0, 1, 1, true},
+	} {
+		err := checkCapacity("p", tc.total, tc.free, tc.n, tc.max)
+		if (err == nil) != tc.ok {
+			t.Errorf("checkCapacity(total %d, free %d, n %d, max %d) = %v", tc.total, tc.free, tc.n, tc.max, err)
+		}
 	}
 }

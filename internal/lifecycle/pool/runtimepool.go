@@ -187,7 +187,7 @@ func (s *Pools) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name st
 // the pool has idle in one step of the runtime, the rest created cold
 // from its template.
 func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req lifecycle.CreateRequest, name string, n int) ([]lifecycle.Sandbox, error) {
-	def, _, err := s.getRuntimePool(ctx, rp, name)
+	def, st, err := s.getRuntimePool(ctx, rp, name)
 	if err != nil {
 		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
 	}
@@ -204,6 +204,11 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 	}
 	owner := lifecycle.OwnerOf(ctx)
 	if err := s.core.Quota().Check(owner, n, proto.Resources.CPUMillis, proto.Resources.MemoryBytes); err != nil {
+		return nil, err
+	}
+	// The runtime's pool counts its own pods (cold creates of a claim are
+	// pods outside it).
+	if err := checkCapacity(name, st.Total, st.Available, n, def.Capacity.PoolMax); err != nil {
 		return nil, err
 	}
 	ids := make([]string, n)
@@ -235,9 +240,17 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 	if err != nil {
 		return nil, err
 	}
+	// Other servers claim from the same pool: what this claim got is
+	// what was idle.
+	if err := checkCapacity(name, st.Total, len(out), n, def.Capacity.PoolMax); err != nil {
+		for _, sb := range out {
+			s.core.Delete(ctx, sb.ID)
+		}
+		return nil, err
+	}
 	s.observeClaim(len(claimed), n-len(claimed))
 	if rest := n - len(out); rest > 0 {
-		cold, err := s.core.ColdBatch(ctx, merged, rest, s.join(ctx, name))
+		cold, err := s.core.ColdBatch(ctx, merged, rest, s.join(ctx, name, nil))
 		if err != nil {
 			for _, sb := range out {
 				s.core.Delete(ctx, sb.ID)

@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -248,6 +249,21 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 		p, err := srv.cl.GetPool(ctx, "warm")
 		return err == nil && p.Status.Available >= 2 && p.Status.Allocated == 4, fmt.Sprintf("%+v %v", p.Status, err)
 	})
+
+	// Back-pressure: a batch that would take the pool past its poolMax
+	// (10) is refused with upstream's 429, and claims nothing.
+	before = srv.writes.Snapshot()
+	_, err = srv.cl.CreateBatch(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}}, 12)
+	var apiErr *moat.APIError
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || apiErr.Code != "KUBERNETES::POOL_CAPACITY_EXHAUSTED" {
+		t.Errorf("a batch past poolMax: %v", err)
+	}
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != 0 {
+		t.Errorf("a refused claim made API writes %v", writes)
+	}
+	if p, err := srv.cl.GetPool(ctx, "warm"); err != nil || p.Status.Allocated != 4 {
+		t.Errorf("a refused claim changed the pool: %+v %v", p, err)
+	}
 
 	got, err := srv.cl.GetSandbox(ctx, sb.ID)
 	if err != nil || got.Status.State != moat.StateRunning {
