@@ -53,9 +53,12 @@ type Config struct {
 	Metrics Metrics
 	// Ingress, if set, makes GET .../endpoints/{port} answer the ingress
 	// gateway's address for the port (upstream's gateway mode) instead of
-	// the sandbox's own; with a Signer it also serves signed endpoints
-	// (?expires=, OSEP-0011).
+	// the sandbox's own.
 	Ingress *ingress.Endpoints
+	// Signed, if set with a Signer, answers signed endpoints (?expires=,
+	// OSEP-0011) in its shape. Default: Ingress; without either, signed
+	// endpoints are unsupported.
+	Signed *ingress.Endpoints
 	// Audit, if set, receives one record per mutating call (see audited).
 	Audit AuditSink
 	// InsecureVaultWrites allows Credential Vault writes (they carry
@@ -104,6 +107,9 @@ type Server struct {
 
 // New returns the API server.
 func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
+	if cfg.Signed == nil {
+		cfg.Signed = cfg.Ingress
+	}
 	s := &Server{cfg: cfg, svc: svc, log: log, auth: cfg.Auth}
 	if s.auth == nil && cfg.APIKey != "" {
 		reg, err := tenant.Open(nil, tenant.Options{RootKey: cfg.APIKey})
@@ -566,9 +572,8 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 		if expires, err = strconv.ParseUint(q.Get("expires"), 10, 64); err != nil {
 			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires must be epoch seconds")
 		}
-		if s.cfg.Ingress == nil || s.cfg.Ingress.Signer == nil {
-			return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
-				"signed endpoints need the ingress gateway with secure-access keys (--ingress-route-mode, --ingress-secure-access-keys)")
+		if s.cfg.Signed == nil || s.cfg.Signed.Signer == nil {
+			return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this server signs no routes")
 		}
 		if now := time.Now().Unix(); expires <= uint64(max(now, 0)) {
 			return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", "expires must be in the future")
@@ -609,6 +614,8 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case useProxy:
 		out.Endpoint = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
+	case signed:
+		out = ingressEndpoint(s.cfg.Signed, r.Host, id, port, signed, expires, ep.Headers)
 	case s.cfg.Ingress != nil:
 		out = ingressEndpoint(s.cfg.Ingress, r.Host, id, port, signed, expires, ep.Headers)
 	}

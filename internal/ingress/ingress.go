@@ -114,6 +114,11 @@ type Config struct {
 	// Signer verifies signed routes (OSEP-0011). Nil: signed routes are
 	// refused (401).
 	Signer *Signer
+	// SignedOnly refuses every route without a valid signature (401): the
+	// gateway moat serve mounts on its API listener under /ingress serves
+	// signed endpoints only, so that it opens no port the API key or the
+	// server proxy's rules would not.
+	SignedOnly bool
 	// Credentials, if set, scopes requests that carry a moat API key to
 	// the key's tenant (another tenant's sandbox is not found). Requests
 	// without one are routed as before: the gateway is the data plane.
@@ -144,14 +149,15 @@ func (c Config) Validate() error {
 
 // Gateway is the ingress http.Handler. It is safe for concurrent use.
 type Gateway struct {
-	domain string
-	signer *Signer
-	creds  Credentials
-	res    Resolver
-	log    *slog.Logger
-	web    *web.Adapter
-	rp     *httputil.ReverseProxy
-	h      http.Handler
+	domain     string
+	signedOnly bool
+	signer     *Signer
+	creds      Credentials
+	res        Resolver
+	log        *slog.Logger
+	web        *web.Adapter
+	rp         *httputil.ReverseProxy
+	h          http.Handler
 }
 
 // New returns a gateway routing through r. cfg should have passed
@@ -167,12 +173,13 @@ func New(cfg Config, r Resolver, log *slog.Logger) *Gateway {
 		cfg.MaxIdleConnsPerHost = 64
 	}
 	g := &Gateway{
-		domain: strings.ToLower(cfg.Domain),
-		signer: cfg.Signer,
-		creds:  cfg.Credentials,
-		res:    r,
-		log:    log,
-		web:    &web.Adapter{Log: log, Codes: statusOf},
+		domain:     strings.ToLower(cfg.Domain),
+		signedOnly: cfg.SignedOnly,
+		signer:     cfg.Signer,
+		creds:      cfg.Credentials,
+		res:        r,
+		log:        log,
+		web:        &web.Adapter{Log: log, Codes: statusOf},
 	}
 	g.rp = &httputil.ReverseProxy{
 		Rewrite:       g.rewrite,
@@ -245,6 +252,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	rt, err := parseRoute(r, g.domain)
 	if err != nil {
 		g.web.WriteError(w, r, err)
+		return
+	}
+	if rt.signed == nil && g.signedOnly {
+		g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("unsigned route to %q: %w", rt.cands[0].id, errdefs.ErrUnauthenticated),
+			codeUnauthorized, "only signed routes are served here (GET /v1/sandboxes/{id}/endpoints/{port}?expires=...)"))
 		return
 	}
 	// A signed route is checked before the sandbox is looked up, so a bad

@@ -228,6 +228,9 @@ type Endpoints struct {
 	Port string
 	// Signer signs routes; nil means signed endpoints are unsupported.
 	Signer *Signer
+	// Prefix is the path the gateway is mounted under on Address (uri
+	// mode), e.g. "/ingress"; empty for a gateway of its own.
+	Prefix string
 }
 
 // ValidateMode reports an unknown route mode.
@@ -244,7 +247,11 @@ func ValidateMode(mode string) error {
 // when Address is empty. With signed, the route carries a token valid
 // until expires; e.Signer must be set.
 func (e Endpoints) Endpoint(reqHost, id string, port int, signed bool, expires uint64) (string, map[string]string) {
-	if e.Address == "" {
+	switch {
+	case e.Address != "":
+	case e.Port == "": // the gateway is on the API listener
+		e.Address = reqHost
+	default:
 		h := reqHost
 		if hh, _, err := net.SplitHostPort(reqHost); err == nil {
 			h = hh
@@ -269,7 +276,7 @@ func (e Endpoints) Endpoint(reqHost, id string, port int, signed bool, expires u
 		}
 		return e.Address, map[string]string{HeaderIngressTo: token}
 	default: // RouteURI
-		ep := e.Address + "/" + id + "/" + strconv.Itoa(port)
+		ep := e.Address + e.Prefix + "/" + id + "/" + strconv.Itoa(port)
 		if signed {
 			ep += "/" + exp + "/" + sig
 		}

@@ -373,28 +373,35 @@ func (c *Config) resolveAPIKey() (key string, generated bool, err error) {
 // loadKeySecret reads the key secret file, creating it with
 // tenant.SecretLen random bytes (hex) if it does not exist.
 func (c *Config) loadKeySecret() ([]byte, error) {
-	b, err := os.ReadFile(c.KeySecretFile)
+	return loadOrCreateSecret(c.KeySecretFile, tenant.SecretLen)
+}
+
+// loadOrCreateSecret reads the secret (hex, at least 16 bytes) in file
+// path, creating the file (mode 0600) with n random bytes if it does not
+// exist.
+func loadOrCreateSecret(path string, n int) ([]byte, error) {
+	b, err := os.ReadFile(path)
 	if err == nil {
 		sec, derr := hex.DecodeString(strings.TrimSpace(string(b)))
 		if derr != nil || len(sec) < 16 {
-			return nil, fmt.Errorf("key secret file %s: want at least 16 hex-encoded bytes", c.KeySecretFile)
+			return nil, fmt.Errorf("secret file %s: want at least 16 hex-encoded bytes", path)
 		}
 		return sec, nil
 	}
 	if !os.IsNotExist(err) {
 		return nil, err
 	}
-	sec := make([]byte, tenant.SecretLen)
+	sec := make([]byte, n)
 	rand.Read(sec)
-	if err := os.MkdirAll(filepath.Dir(c.KeySecretFile), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
 	// O_EXCL: two servers racing on a fresh root cannot end up with
 	// different secrets.
-	f, err := os.OpenFile(c.KeySecretFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		if os.IsExist(err) {
-			return c.loadKeySecret()
+			return loadOrCreateSecret(path, n)
 		}
 		return nil, err
 	}

@@ -15,6 +15,8 @@ func TestIngressConfig(t *testing.T) {
 		{IngressListen: "28888", IngressRouteMode: "uri"},          // not host:port
 		{IngressListen: ":28888", IngressSecureAccessKeys: "A=xx"}, // bad key id
 		{IngressListen: ":28888", IngressActiveKey: "a"},           // active key without keys
+		{IngressSecureAccessKeys: "A=xx"},                          // bad key id, no listener
+		{IngressAddress: "gw.test"},                                // address without a listener
 		{IngressListen: ":28888", IngressSecureAccessKeys: key, IngressActiveKey: "b"},
 		{IngressListen: ":28888", IngressRouteMode: "wildcard", IngressDomain: "s.test", IngressAddress: "other.test:1"},
 		{IngressListen: ":28888", IngressRouteMode: "uri", IngressAddress: "gw.test/path"},
@@ -39,9 +41,9 @@ func TestIngressConfig(t *testing.T) {
 		if errs := tc.cfg.validateIngress(); len(errs) > 0 {
 			t.Fatalf("%+v: %v", tc.cfg, errs)
 		}
-		_, e, err := ingressSetup(tc.cfg)
-		if err != nil || e == nil || e.Address != tc.want || e.Port != "28888" {
-			t.Errorf("%+v: endpoints %+v, %v; want address %q", tc.cfg, e, err, tc.want)
+		_, e, signed, err := ingressSetup(tc.cfg, key)
+		if err != nil || e == nil || e.Address != tc.want || e.Port != "28888" || signed != e {
+			t.Errorf("%+v: endpoints %+v (signed %+v), %v; want address %q", tc.cfg, e, signed, err, tc.want)
 		}
 	}
 	t.Setenv(EnvSecureAccessKeys, key)
@@ -49,9 +51,26 @@ func TestIngressConfig(t *testing.T) {
 	if errs := c.validateIngress(); len(errs) > 0 || c.IngressSecureAccessKeys != key {
 		t.Fatalf("keys from the environment: %v %q", errs, c.IngressSecureAccessKeys)
 	}
-	signer, e, err := ingressSetup(c)
-	if err != nil || signer == nil || e != nil {
-		t.Fatalf("keys without a route mode: signer %v endpoints %v err %v", signer, e, err)
+	signer, e, signed, err := ingressSetup(c, c.IngressSecureAccessKeys)
+	if err != nil || signer == nil || e != nil || signed == nil || signed.Mode != "uri" || signed.Port != "28888" {
+		t.Fatalf("keys without a route mode: signer %v endpoints %v signed %+v err %v", signer, e, signed, err)
+	}
+	// Without a gateway of its own, signed endpoints are the API
+	// listener's mount, at the public address (or the request's host).
+	c = Config{PublicAddress: "api.test:8080"}
+	if errs := c.validateIngress(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	signer, e, signed, err = ingressSetup(c, key)
+	if err != nil || signer == nil || e != nil || signed == nil || signed.Address != "api.test:8080" || signed.Prefix != MountPrefix || signed.Port != "" {
+		t.Fatalf("no listener: signer %v endpoints %v signed %+v err %v", signer, e, signed, err)
+	}
+	if ep, _ := (*signed).Endpoint("ignored:1", "sb1", 80, false, 0); ep != "api.test:8080/ingress/sb1/80" {
+		t.Errorf("mounted endpoint %q", ep)
+	}
+	signed.Address = ""
+	if ep, _ := (*signed).Endpoint("req.test:9000", "sb1", 80, false, 0); ep != "req.test:9000/ingress/sb1/80" {
+		t.Errorf("mounted endpoint at the request host: %q", ep)
 	}
 	if errs := (&Config{IngressListen: ":1", IngressSecureAccessKeys: "a=!!!"}).validateIngress(); len(errs) == 0 || strings.Contains(errs[0].Error(), "!!!") {
 		t.Errorf("bad secret: %v (must not echo it)", errs)

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -100,7 +101,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
-	if err := s.buildAPI(reg); err != nil {
+	keys, err := s.routeKeysOf(ctx, be)
+	if err != nil {
+		return nil, fmt.Errorf("route keys: %w", err)
+	}
+	if err := s.buildAPI(reg, keys); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -174,7 +179,7 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 
 // buildAPI builds the HTTP API over s.svc, with ingress signing, the
 // audit log and the console's sessions as configured.
-func (s *Server) buildAPI(reg *metrics.Registry) error {
+func (s *Server) buildAPI(reg *metrics.Registry, routeKeys string) error {
 	cfg := s.cfg
 	apiCfg := httpapi.Config{PublicAddress: cfg.PublicAddress, Metrics: reg, InsecureVaultWrites: cfg.VaultInsecureWrites,
 		Faces:      []httpapi.Face{e2b.New(e2b.Config{Domain: cfg.E2BDomain}, s.svc, s.log).Face()},
@@ -183,7 +188,7 @@ func (s *Server) buildAPI(reg *metrics.Registry) error {
 		apiCfg.Auth = s.tenants
 	}
 	var err error
-	if s.signer, apiCfg.Ingress, err = ingressSetup(cfg); err != nil {
+	if s.signer, apiCfg.Ingress, apiCfg.Signed, err = ingressSetup(cfg, routeKeys); err != nil {
 		return err
 	}
 	if cfg.AuditLog != "" && cfg.AuditLog != "off" {
@@ -203,9 +208,52 @@ func (s *Server) buildAPI(reg *metrics.Registry) error {
 		apiCfg.Sessions = sessions
 	}
 	s.api = httpapi.New(apiCfg, s.svc, s.log)
-	s.handler, err = s.withConsole(s.api.Handler(), sessions)
+	h := s.api.Handler()
+	if cfg.IngressListen == "" {
+		// Signed endpoints without a gateway of its own: a signed-only
+		// one on the API listener (the signature is the credential, as
+		// on the gateway).
+		gw := ingress.New(ingress.Config{Signer: s.signer, Credentials: s.api, SignedOnly: true}, ingressResolver{s.svc}, s.log)
+		mux := http.NewServeMux()
+		mux.Handle(MountPrefix+"/", http.StripPrefix(MountPrefix, gw))
+		mux.Handle("/", h)
+		h = mux
+	}
+	s.handler, err = s.withConsole(h, sessions)
 	return err
 }
+
+// routeKeysOf resolves the OSEP-0011 route-signing keys: the configured
+// ones, else the server's own, made once and kept like the key secret (a
+// file under the root, or a Secret the kubernetes replicas share), so
+// that signed endpoints work without configuration and survive restarts.
+func (s *Server) routeKeysOf(ctx context.Context, be backend) (string, error) {
+	if s.cfg.IngressSecureAccessKeys != "" {
+		return s.cfg.IngressSecureAccessKeys, nil
+	}
+	var sec []byte
+	var err error
+	if be.shared != nil {
+		var raw []byte
+		raw, err = be.shared(ctx, "route-key", func() []byte {
+			b := make([]byte, routeKeyLen)
+			rand.Read(b)
+			return []byte(hex.EncodeToString(b))
+		})
+		if err == nil {
+			sec, err = hex.DecodeString(string(raw))
+		}
+	} else {
+		sec, err = loadOrCreateSecret(filepath.Join(s.cfg.Root, "route-key"), routeKeyLen)
+	}
+	if err != nil {
+		return "", err
+	}
+	return "m=" + base64.StdEncoding.EncodeToString(sec), nil
+}
+
+// routeKeyLen is the size of the server's own route-signing key.
+const routeKeyLen = 32
 
 // apiKeyOf resolves the server's API key: the flag, else the key file;
 // without either, a backend whose replicas share secrets (kubernetes)

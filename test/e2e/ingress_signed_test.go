@@ -13,6 +13,61 @@ import (
 	"time"
 )
 
+// TestSignedEndpointsWithoutGateway: a server with no ingress options
+// signs endpoints with a key of its own, kept across a restart, and
+// serves them on its API listener under /ingress, without an API key;
+// an unsigned or tampered route there opens nothing.
+func TestSignedEndpointsWithoutGateway(t *testing.T) {
+	srv := newServer(t)
+	ref := startRegistry(t)
+	srv.start()
+	var c sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref},
+		"entrypoint": []string{"httpd", "-f", "-p", "8080", "-h", "/workspace"}, "timeout": 600}, &c)
+	id := c.ID
+	if out, ok := shell(t, srv, id, "echo signed-ok > /workspace/index.html && echo written"); !ok || out != "written" {
+		t.Fatalf("write index: %v %q", ok, out)
+	}
+	exp := time.Now().Add(10 * time.Minute).Unix()
+	var ep endpointResp
+	srv.mustJSON(200, "GET", fmt.Sprintf("/v1/sandboxes/%s/endpoints/8080?expires=%d", id, exp), nil, &ep)
+	rest, ok := strings.CutPrefix(ep.Endpoint, srv.addr+"/ingress/"+id+"/8080/")
+	if parts := strings.Split(rest, "/"); !ok || len(parts) != 2 || len(parts[1]) != 9 {
+		t.Fatalf("signed endpoint %q, want %s/ingress/%s/8080/<exp>/<sig>", ep.Endpoint, srv.addr, id)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	get := func(url string) (int, string) {
+		t.Helper()
+		code, body, err := getServed(hc, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, body
+	}
+	if code, body := get("http://" + ep.Endpoint + "/index.html"); code != 200 || body != "signed-ok" {
+		t.Fatalf("signed route on the API listener: %d %q", code, body)
+	}
+	sig := ep.Endpoint[len(ep.Endpoint)-9:]
+	bad := "0"
+	if sig[0] == '0' {
+		bad = "1"
+	}
+	for name, url := range map[string]string{
+		"unsigned": fmt.Sprintf("http://%s/ingress/%s/8080/index.html", srv.addr, id),
+		"tampered": "http://" + ep.Endpoint[:len(ep.Endpoint)-9] + bad + sig[1:] + "/index.html",
+	} {
+		if code, body := get(url); code != 401 {
+			t.Errorf("%s route: %d %q, want 401", name, code, body)
+		}
+	}
+	// The key is the server's own, kept: the route outlives a restart.
+	srv.stop()
+	srv.start()
+	if code, body := get("http://" + ep.Endpoint + "/index.html"); code != 200 || body != "signed-ok" {
+		t.Fatalf("signed route after a restart: %d %q", code, body)
+	}
+}
+
 // TestIngressEndpointsAndSignedRoutes runs a server whose endpoints API
 // answers gateway addresses (--ingress-route-mode uri) and signs routes
 // (OSEP-0011): the agent is driven through the returned endpoint as an

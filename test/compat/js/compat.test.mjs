@@ -431,6 +431,21 @@ describe("sandbox over direct endpoints", () => {
     const execd = await sbx.getEndpoint(44772);
     assert.ok(execd.headers && Object.keys(execd.headers).length > 0, "the agent endpoint carries its access header");
 
+    // A signed endpoint (OSEP-0011) opens the port without any header
+    // until it expires; a tampered signature opens nothing.
+    const expires = Math.floor(Date.now() / 1000) + 600;
+    const signed = await sbx.getSignedEndpoint(8080, expires);
+    assert.ok(!signed.headers?.["OpenSandbox-Secure-Access"], "a signed endpoint carries no access token");
+    const viaSigned = await eventually("the signed route to answer", async () => {
+      const res = await fetch(`http://${signed.endpoint}/index.html`);
+      return res.status === 200 ? await res.text() : null;
+    });
+    assert.equal(viaSigned, "served-by-sandbox\n");
+    const sig = signed.endpoint.slice(-9);
+    const tampered = signed.endpoint.slice(0, -9) + (sig[0] === "0" ? "1" : "0") + sig.slice(1);
+    assert.equal((await fetch(`http://${tampered}/index.html`)).status, 401);
+    await assertApiError(sbx.getSignedEndpoint(8080, Math.floor(Date.now() / 1000) - 5), 400);
+
     await assertApiError(sbx.getEndpoint(70000), 400);
     await sbx.commands.interrupt(bg.id);
   });
