@@ -23,6 +23,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -65,7 +66,9 @@ type Config struct {
 	// AgentImage overrides the controller's --agent-image (optional).
 	AgentImage string
 	// Classes are accepted Spec.Class values, each used as the pod's
-	// runtimeClassName (e.g. "gvisor"). Empty: only the default class.
+	// runtimeClassName (e.g. "runsc"). Nil: the cluster's RuntimeClasses,
+	// read once by New (none if they cannot be read); empty: only the
+	// default class.
 	Classes []string
 	// DeleteTimeout bounds how long Delete waits for the controller to
 	// release the pod (default 60s).
@@ -130,13 +133,33 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}
 	r := &Runtime{c: c, cfg: cfg}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r.cfg.Classes == nil {
+		r.cfg.Classes = runtimeClasses(sctx, c)
+	}
 	if err := r.startClaims(rc); err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	r.sweepTokens(sctx, orphanTokenAge)
 	return r, nil
+}
+
+// runtimeClasses lists the cluster's RuntimeClasses by name: each is a
+// runtime class a sandbox may ask for (extensions moat.runtime), as the
+// native runtime's runc, crun and runsc are. None when they cannot be
+// listed (no RBAC for them): only the default class is offered then.
+func runtimeClasses(ctx context.Context, c client.Client) []string {
+	var list nodev1.RuntimeClassList
+	if err := c.List(ctx, &list); err != nil {
+		return []string{}
+	}
+	out := make([]string, 0, len(list.Items))
+	for _, rc := range list.Items {
+		out = append(out, rc.Name)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // orphanTokenAge is how old an agent token Secret without an owner must be

@@ -3,7 +3,9 @@ package kubernetes_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +102,19 @@ func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime
 // node, which takes a while to start.
 func TestRealNode(t *testing.T) {
 	f := startRealNode(t)
-	t.Run("Conformance", func(t *testing.T) { testNodeConformance(t, f) })
+	t.Run("Conformance", func(t *testing.T) { testNodeConformance(t, f, "") })
+	// gVisor: the node's runsc RuntimeClass, asked for per sandbox as on
+	// the native runtime (extensions moat.runtime: runsc).
+	t.Run("ConformanceRunsc", func(t *testing.T) {
+		if !slices.Contains(f.node.RuntimeClasses, "runsc") {
+			msg := "the node has no runsc RuntimeClass: runsc and containerd-shim-runsc-v1 are not on PATH (scripts/build-runsc.sh)"
+			if os.Getenv(k8stest.RequireEnv) != "" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+		testNodeConformance(t, f, "runsc")
+	})
 	t.Run("Tasks", func(t *testing.T) { testNodeTasks(t, f) })
 }
 
@@ -111,7 +125,7 @@ func TestRealNode(t *testing.T) {
 // hostPath volumes (k8stest.Node), so the Volumes case writes through real
 // mounts, and the kubelet's own refusal of a subPath that leads out of the
 // volume through a symlink fails Create at once (startFailure).
-func testNodeConformance(t *testing.T, f *nodeFixture) {
+func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
 		ns := nodeNamespace(t, f)
 		t.Cleanup(func() {
@@ -123,6 +137,7 @@ func testNodeConformance(t *testing.T, f *nodeFixture) {
 		return nodeRuntime{rt, rt, ns}
 	}, runtimetest.Options{
 		Image:        f.image,
+		Class:        class,
 		AgentTimeout: 60 * time.Second,
 		// The disk quota is the pod's ephemeral-storage limit, which the
 		// kubelet enforces by evicting the pod.

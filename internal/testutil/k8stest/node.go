@@ -19,6 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -63,6 +64,10 @@ type Node struct {
 	Gateway net.IP
 	// ContainerdSocket is the CRI endpoint of the node's containerd.
 	ContainerdSocket string
+	// RuntimeClasses are the RuntimeClasses beyond the default (runc) the
+	// node offers: "runsc" (gVisor) when runsc and its containerd shim,
+	// containerd-shim-runsc-v1, are on PATH (scripts/build-runsc.sh).
+	RuntimeClasses []string
 
 	dir        string
 	env0       []string
@@ -185,6 +190,9 @@ func StartNode(ctx context.Context, o NodeOptions) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.startKubelet(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.createRuntimeClasses(ctx); err != nil {
 		return nil, err
 	}
 	for _, p := range n.procs {
@@ -394,6 +402,10 @@ func (n *Node) writeContainerdConfig(pauseImage string) error {
 	if w := os.Getenv("MOAT_K8STEST_RUNC"); w != "" {
 		runc = w
 	}
+	runsc, err := n.runscHandler()
+	if err != nil {
+		return err
+	}
 	n.ContainerdSocket = n.path("containerd", "containerd.sock")
 	cfg := fmt.Sprintf(`version = 3
 root = %q
@@ -425,7 +437,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = %q
         SystemdCgroup = false
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
+%s  [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = [%q]
     conf_dir = %q
 
@@ -433,8 +445,55 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.ContainerdSocket, n.path("containerd", "opt"),
-		pauseImage, n.path("certs.d"), runc, filepath.Join(AssetsDir(), "cni"), n.path("net.d"))
+		pauseImage, n.path("certs.d"), runc, runsc, filepath.Join(AssetsDir(), "cni"), n.path("net.d"))
 	return os.WriteFile(n.path("containerd.toml"), []byte(cfg), 0o644)
+}
+
+// runscHandler returns containerd's runsc runtime handler (for the
+// config's runtimes table) when runsc and gVisor's containerd shim are on
+// PATH, with the shim's own config file written; "" without them. runsc
+// gets the flags moat's native runsc class uses (internal/runtime/oci).
+func (n *Node) runscHandler() (string, error) {
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		return "", nil
+	}
+	if _, err := exec.LookPath("containerd-shim-runsc-v1"); err != nil {
+		return "", nil
+	}
+	shimCfg := fmt.Sprintf(`binary_name = %q
+root = %q
+[runsc_config]
+  network = "sandbox"
+  gso = "false"
+  oci-seccomp = "true"
+`, runsc, n.path("runsc"))
+	if err := os.WriteFile(n.path("runsc.toml"), []byte(shimCfg), 0o644); err != nil {
+		return "", err
+	}
+	n.RuntimeClasses = append(n.RuntimeClasses, "runsc")
+	return fmt.Sprintf(`    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]
+      runtime_type = 'io.containerd.runsc.v1'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
+        TypeUrl = 'io.containerd.runsc.v1.options'
+        ConfigPath = %q
+`, n.path("runsc.toml")), nil
+}
+
+// createRuntimeClasses makes a RuntimeClass for each of RuntimeClasses,
+// named as its containerd handler.
+func (n *Node) createRuntimeClasses(ctx context.Context) error {
+	cs, err := kubernetes.NewForConfig(n.Config)
+	if err != nil {
+		return err
+	}
+	for _, h := range n.RuntimeClasses {
+		rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: h}, Handler: h}
+		if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("k8stest: RuntimeClass %s: %w", h, err)
+		}
+	}
+	return nil
 }
 
 // startMountNamespace starts the mount namespace holder: containerd, its
