@@ -31,70 +31,97 @@ var e2bSuiteFiles = []string{"sdk.test.mjs", "lifecycle.test.mjs", "commands.tes
 
 // TestCompatE2BSDK runs test/compat/e2b (node:test): E2B's official
 // JavaScript SDK, pinned and unchanged, against a real `moat serve` in
-// the SDK's domain mode. moat serves TLS (a wildcard certificate of a
-// test CA, HTTP/2 by ALPN) on port 443 of a loopback address of its own
-// with --e2b-domain; the node processes trust the CA
-// (NODE_EXTRA_CA_CERTS) and resolve api.<domain> and <port>-<id>.<domain>
-// to that address, they alone. The key is a tenant's in E2B's form, the
-// template one over the debian-kernels test image.
+// the SDK's domain mode (see startE2B). The key is a tenant's in E2B's
+// form, the template one over the debian-kernels test image.
 func TestCompatE2BSDK(t *testing.T) {
-	node := lookNode(t)
-	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "e2b")
-	npmCI(t, dir)
-	srv := newServer(t)
-	ref := importKernelsImage(t, srv)
-	pki := t.TempDir()
-	ca, cert, key := writeTestPKI(t, pki, e2bTestDomain)
+	e := startE2B(t)
+	args := append([]string{"--test", "--test-concurrency=1", "--test-reporter=spec"}, e2bSuiteFiles...)
+	out := e.node(t, 15*time.Minute, args...)
+	t.Logf("%s", out)
+	// The suite killed what it made: nothing is left in the tenant.
+	var list struct{ Items []struct{ ID string } }
+	code, body, _ := e.srv.do("GET", "/v1/sandboxes", nil, "OPEN-SANDBOX-API-KEY", e.key)
+	if code != 200 || json.Unmarshal(body, &list) != nil || len(list.Items) != 0 {
+		t.Fatalf("sandboxes left after the suite: %d %s", code, body)
+	}
+}
+
+// e2bEnv is a `moat serve` in E2B's domain mode and what the SDK needs
+// to reach it.
+type e2bEnv struct {
+	srv *server
+	dir string   // test/compat/e2b
+	key string   // the tenant's moat key
+	env []string // the node processes' environment
+	ref string   // the debian-kernels image
+}
+
+// startE2B starts moat with TLS (a wildcard certificate of a test CA,
+// HTTP/2 by ALPN) on port 443 of a loopback address of its own and
+// --e2b-domain, beside its plain listener; the node processes it runs
+// trust the CA (NODE_EXTRA_CA_CERTS) and resolve api.<domain> and
+// <port>-<id>.<domain> to that address, they alone (loopback-dns.cjs).
+// The tenant "e2b-sdk" has an operator key and the template e2b-suite.
+func startE2B(t *testing.T, extra ...string) *e2bEnv {
+	t.Helper()
+	lookNode(t)
+	e := &e2bEnv{dir: filepath.Join(testutil.RepoRoot(t), "test", "compat", "e2b")}
+	npmCI(t, e.dir)
+	e.srv = newServer(t)
+	e.ref = importKernelsImage(t, e.srv)
+	ca, cert, key := writeTestPKI(t, t.TempDir(), e2bTestDomain)
 	addr := loopback443(t)
-	srv.start("--e2b-domain", e2bTestDomain, "--tls-cert", cert, "--tls-key", key, "--tls-listen", addr)
+	e.srv.start(append([]string{"--e2b-domain", e2bTestDomain, "--tls-cert", cert, "--tls-key", key, "--tls-listen", addr}, extra...)...)
 
 	var k struct{ Key string }
-	srv.mustJSON(201, "POST", "/v1/keys", map[string]string{"tenant": "e2b-sdk", "role": "operator", "name": "e2b suite"}, &k)
-	// The templates are the tenant's: made with the tenant's own key. The
-	// warm one claims from a pool of the tenant's.
-	for _, tmpl := range []map[string]any{
-		{"id": "e2b-suite", "image": ref, "user": "root", "workdir": "/root"},
-	} {
-		if code, out, _ := srv.do("POST", "/v1/templates", tmpl, "OPEN-SANDBOX-API-KEY", k.Key); code != 201 {
-			t.Fatalf("create template: %d %s", code, out)
-		}
-	}
-
+	e.srv.mustJSON(201, "POST", "/v1/keys", map[string]string{"tenant": "e2b-sdk", "role": "operator", "name": "e2b suite"}, &k)
+	e.key = k.Key
+	// The template is the tenant's: made with the tenant's own key.
+	e.template(t, map[string]any{"id": "e2b-suite", "image": e.ref, "user": "root", "workdir": "/root"})
 	host, _, _ := net.SplitHostPort(addr)
-	args := append([]string{"--test", "--test-concurrency=1", "--test-reporter=spec"}, e2bSuiteFiles...)
-	cmd := exec.Command(node, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
+	e.env = append(os.Environ(),
 		"E2B_DOMAIN="+e2bTestDomain,
 		"E2B_API_KEY="+tenant.E2BKey(k.Key),
 		"NODE_EXTRA_CA_CERTS="+ca,
-		"NODE_OPTIONS=--require="+filepath.Join(dir, "loopback-dns.cjs"),
+		"NODE_OPTIONS=--require="+filepath.Join(e.dir, "loopback-dns.cjs"),
 		"MOAT_E2B_DOMAIN="+e2bTestDomain,
 		"MOAT_E2B_ADDR="+host,
 		"MOAT_E2B_TEMPLATE=e2b-suite",
 		"NO_COLOR=1",
 	)
+	return e
+}
+
+// template creates a template of the tenant's, with the tenant's key.
+func (e *e2bEnv) template(t *testing.T, tmpl map[string]any) {
+	t.Helper()
+	if code, out, _ := e.srv.do("POST", "/v1/templates", tmpl, "OPEN-SANDBOX-API-KEY", e.key); code != 201 {
+		t.Fatalf("create template: %d %s", code, out)
+	}
+}
+
+// node runs node with args in test/compat/e2b and returns its output; it
+// fails the test if node fails or outlasts limit.
+func (e *e2bEnv) node(t *testing.T, limit time.Duration, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(lookNode(t), args...)
+	cmd.Dir = e.dir
+	cmd.Env = e.env
 	done := make(chan struct{})
 	var out []byte
 	var err error
 	go func() { out, err = cmd.CombinedOutput(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(15 * time.Minute):
+	case <-time.After(limit):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("node --test did not finish in 15 minutes:\n%s", out)
+		t.Fatalf("node %v did not finish in %s:\n%s", args, limit, out)
 	}
 	if err != nil {
-		t.Fatalf("node --test failed: %v\n%s", err, out)
+		t.Fatalf("node %v failed: %v\n%s", args, err, out)
 	}
-	t.Logf("%s", out)
-	// The suite killed what it made: nothing is left in the tenant.
-	var list struct{ Items []struct{ ID string } }
-	code, body, _ := srv.do("GET", "/v1/sandboxes", nil, "OPEN-SANDBOX-API-KEY", k.Key)
-	if code != 200 || json.Unmarshal(body, &list) != nil || len(list.Items) != 0 {
-		t.Fatalf("sandboxes left after the suite: %d %s", code, body)
-	}
+	return out
 }
 
 // loopback443 picks a loopback address of the test's own (127.0.0.0/8 is

@@ -84,7 +84,7 @@ test('paths the user may not touch are refused and stay untouched', async () => 
   await assert.rejects(sbx.files.makeDir('/root/made', { user: 'user' }), denied)
   await assert.rejects(sbx.files.remove('/root/.bashrc', { user: 'user' }), denied)
   await assert.rejects(sbx.files.rename('/root/.bashrc', '/home/user/stolen', { user: 'user' }), denied)
-  await assert.rejects(sbx.commands.run('cat /root/.bashrc', { user: 'user' }), e => e.exitCode === 1)
+  await assert.rejects(sbx.commands.run('cat /root/.bashrc', { user: 'user', cwd: '~' }), e => e.exitCode === 1)
   const left = await sbx.commands.run('ls -A /root; test -e /home/user/stolen && echo stolen || true', { user: 'root' })
   assert.doesNotMatch(left.stdout, /owned\.txt|made|stolen/)
   assert.match(left.stdout, /\.bashrc/)
