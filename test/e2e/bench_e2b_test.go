@@ -56,6 +56,6 @@ func TestE2BSDKBench(t *testing.T) {
 	t.Logf("load: %s", load())
 	waitWarm()
 	// Sequential claims, at most the warm buffer: each finds an idle one.
-	t.Logf("warm (pool of %d), %d sequential: %s", warm, warm-1, e.node(t, 10*time.Minute, "bench.mjs", "bench-warm", fmt.Sprint(warm-2)))
+	t.Logf("warm (pool of %d), %d sequential: %s", warm, warm-2, e.node(t, 10*time.Minute, "bench.mjs", "bench-warm", fmt.Sprint(warm-2)))
 	t.Logf("load after: %s", load())
 }
