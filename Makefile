@@ -9,7 +9,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -168,6 +168,9 @@ test-short: ## Unit tests only: -short skips every root, runtime and end-to-end 
 bench: build ## Print create-latency figures (moat-bench create)
 	$(BENCH_BIN) create --runtime-class crun -n 100
 	$(BENCH_BIN) create --runtime-class runc -n 100
+
+bench-e2b: build ## Time to interactive through E2B's JS SDK on loopback: cold (crun), warm pool, burst of 100 (root, node)
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent $(GO) test -count=1 -timeout 40m -v -run '^TestE2BSDKBench$$' ./test/e2e/ -e2b.bench
 
 # moat-bench k8s measures a cluster that exists; these bring up throw-away
 # ones from the test harness (internal/testutil/k8stest, linked into neither binary).

@@ -479,6 +479,13 @@ func TestCrossAPI(t *testing.T) {
 	if l := h.e2b(t, "GET", "/v2/sandboxes", "").list(t); len(l) != 1 || l[0]["sandboxID"] != id {
 		t.Fatalf("E2B list: %v", l)
 	}
+	// An E2B connect gives its processes E2B's variables.
+	if r := h.e2b(t, "POST", "/v2/sandboxes/"+id+"/connect", `{}`); r.code != 200 {
+		t.Fatalf("E2B connect: %d %s", r.code, r.raw)
+	}
+	if _, agentEnv, err := h.rt.AgentState(id); err != nil || agentEnv["E2B_SANDBOX_ID"] != id || agentEnv["E2B_SANDBOX"] != "true" {
+		t.Fatalf("agent env after an E2B connect %v, %v", agentEnv, err)
+	}
 	if r := h.e2b(t, "POST", "/sandboxes/"+id+"/pause", `{}`); r.code != 204 {
 		t.Fatalf("E2B pause: %d", r.code)
 	}

@@ -188,7 +188,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, defTimeout int) err
 	if err != nil {
 		return err
 	}
-	a.setSandboxID(r.Context(), sb)
+	a.setSandboxID(r.Context(), sb, false)
 	w.Header().Set("Location", "/sandboxes/"+sb.ID)
 	web.WriteJSON(w, http.StatusCreated, a.sandboxJSON(sb))
 	return nil
@@ -240,12 +240,17 @@ func (a *API) createRequest(r *http.Request, body newSandbox, defTimeout int) (l
 
 // setSandboxID gives the sandbox's processes E2B_SANDBOX_ID, through the
 // agent's env extension (agentproto.EnvPath, which pool claims use too):
-// the id is made by the create, after its env. A failure is logged, not
-// fatal: the sandbox works without it.
-func (a *API) setSandboxID(ctx context.Context, sb lifecycle.Sandbox) {
+// the id is made by the create, after its env. withMarker adds
+// E2B_SANDBOX=true, which E2B's creates have in their env already. A
+// failure is logged, not fatal: the sandbox works without it.
+func (a *API) setSandboxID(ctx context.Context, sb lifecycle.Sandbox, withMarker bool) {
+	env := map[string]string{"E2B_SANDBOX_ID": sb.ID}
+	if withMarker {
+		env["E2B_SANDBOX"] = "true"
+	}
 	ep, err := a.svc.Endpoint(ctx, sb.ID, agentproto.Port)
 	if err == nil {
-		err = (&agentproto.Client{HTTP: a.http}).SetEnv(ctx, ep.Address, sb.AgentToken, map[string]string{"E2B_SANDBOX_ID": sb.ID})
+		err = (&agentproto.Client{HTTP: a.http}).SetEnv(ctx, ep.Address, sb.AgentToken, env)
 	}
 	if err != nil {
 		a.log.Warn("e2b: set E2B_SANDBOX_ID", "id", sb.ID, "err", err)
@@ -384,6 +389,11 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, body connectBody, 
 	}
 	if sb, err = a.svc.Get(r.Context(), id); err != nil {
 		return err
+	}
+	if sb.Env["E2B_SANDBOX"] != "true" {
+		// Made through the Lifecycle API: its processes get E2B's
+		// variables from the first E2B connect on.
+		a.setSandboxID(r.Context(), sb, true)
 	}
 	web.WriteJSON(w, status, a.sandboxJSON(sb))
 	return nil

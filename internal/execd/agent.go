@@ -38,6 +38,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("execd listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	// envd's too: the server reports a sandbox ready once execd answers,
+	// and E2B's SDKs call envd at once.
+	envdLn := listenEnvd(cfg.EnvdListen, log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -57,13 +60,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		EnvdUser: cfg.EnvdUser, EnvdWorkdir: cfg.EnvdWorkdir,
 	})
 	if err != nil {
+		if envdLn != nil {
+			envdLn.Close()
+		}
 		return err
 	}
 	hs := web.NewServer(cfg.Listen, srv, log)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
-	envdSrv := serveEnvd(cfg.EnvdListen, srv, log)
+	envdSrv := serveEnvd(envdLn, srv, log)
 
 	entry := runEntrypoint(reaper, cfg.Entrypoint, baseEnv, log)
 	waitForShutdown(ctx, serveErr, sigs, entry, log)
@@ -82,10 +88,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// serveEnvd serves the E2B envd face on addr (none when addr is empty),
-// over HTTP/1.1 and h2c as envd does. A failure to listen is logged, not
-// fatal: the execd API goes on without it.
-func serveEnvd(addr string, srv *Server, log *slog.Logger) *http.Server {
+// listenEnvd listens on the E2B envd face's address (none when addr is
+// empty). A failure is logged, not fatal: the execd API goes on without
+// it.
+func listenEnvd(addr string, log *slog.Logger) net.Listener {
 	if addr == "" {
 		return nil
 	}
@@ -94,7 +100,16 @@ func serveEnvd(addr string, srv *Server, log *slog.Logger) *http.Server {
 		log.Error("envd listen failed; serving without the E2B face", "addr", addr, "err", err)
 		return nil
 	}
-	hs := web.NewServer(addr, srv.EnvdHandler(), log)
+	return ln
+}
+
+// serveEnvd serves the E2B envd face on ln (none when ln is nil), over
+// HTTP/1.1 and h2c as envd does.
+func serveEnvd(ln net.Listener, srv *Server, log *slog.Logger) *http.Server {
+	if ln == nil {
+		return nil
+	}
+	hs := web.NewServer(ln.Addr().String(), srv.EnvdHandler(), log)
 	// Streams live long: no idle cut while one is open, keepalives flow.
 	hs.IdleTimeout = 10 * time.Minute
 	hs.Protocols = new(http.Protocols)

@@ -1,18 +1,25 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	agentproxy "github.com/moat-sandbox/moat/internal/execd/proxy"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/web"
@@ -41,12 +48,12 @@ func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
 		FlushInterval: -1, // SSE and streamed output go out as produced
-		Transport: &http.Transport{
+		Transport: loopbackFallback{&http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 			MaxIdleConnsPerHost:   16,
 			IdleConnTimeout:       60 * time.Second,
 			ResponseHeaderTimeout: 0, // long-running commands stream late
-		},
+		}},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		// Sandbox content shares this server's origin: a service worker it
 		// registers must stay within its own /sandboxes/{id}/proxy/{port}/
@@ -76,6 +83,70 @@ type target struct {
 	addr  string
 	path  string
 	token string // agent token to set, if any
+	// viaAgent, if set, is where the request goes when nothing listens on
+	// addr: the agent's port proxy (E2B's edge, for services that listen
+	// only on the sandbox's loopback).
+	viaAgent func() (target, error)
+}
+
+// loopbackFallback is the proxy's transport. A request whose target has
+// viaAgent and whose connection is refused (so nothing of it was sent)
+// is sent again through the agent's port proxy, which reaches the
+// sandbox's loopback: E2B's sandboxes expose loopback-only services on
+// their address, and E2B's SDK users expect getHost(port) to reach them.
+type loopbackFallback struct{ base *http.Transport }
+
+func (f loopbackFallback) RoundTrip(req *http.Request) (*http.Response, error) {
+	t, _ := req.Context().Value(targetKey{}).(target)
+	if t.viaAgent == nil {
+		return f.base.RoundTrip(req)
+	}
+	// The transport closes the body of a failed request: keep it for the
+	// second attempt (a refused dial has read none of it).
+	first := req
+	if req.Body != nil && req.Body != http.NoBody {
+		first = req.Clone(req.Context())
+		first.Body = io.NopCloser(req.Body)
+	}
+	resp, err := f.base.RoundTrip(first)
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		if err != nil && req.Body != nil {
+			req.Body.Close()
+		}
+		return resp, err
+	}
+	at, aerr := t.viaAgent()
+	if aerr != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	out := req.Clone(req.Context())
+	out.URL.Host, out.Host = at.addr, at.addr
+	out.URL.Path = at.path
+	out.Header.Set(agentproto.TokenHeader, at.token)
+	resp, aerr = f.base.RoundTrip(out)
+	if aerr == nil && portClosed(resp) {
+		resp.Body.Close()
+		return nil, err // nothing listens on the loopback either
+	}
+	return resp, aerr
+}
+
+// portClosed reports whether resp is the agent port proxy's own 502
+// (nothing listens on the port), leaving resp readable as it was.
+func portClosed(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusBadGateway || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return false
+	}
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	var body web.ErrorBody
+	return json.Unmarshal(head, &body) == nil && body.Code == wire.CodeRuntimeError && strings.HasPrefix(body.Message, agentproxy.ErrorPrefix)
 }
 
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +189,15 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		// goes through unchanged.
 		if k := r.Header.Get(agentproto.TokenHeader); k == "" || k != ep.Headers[agentproto.TokenHeader] {
 			t.token = ep.Headers[agentproto.TokenHeader]
+		}
+	}
+	if _, edge := isEdge(r); edge && port != agentproto.Port && port != agentproto.EnvdPort {
+		t.viaAgent = func() (target, error) {
+			aep, err := p.svc.Endpoint(r.Context(), id, agentproto.Port)
+			if err != nil {
+				return target{}, err
+			}
+			return target{addr: aep.Address, path: "/proxy/" + strconv.Itoa(port) + t.path, token: aep.Headers[agentproto.TokenHeader]}, nil
 		}
 	}
 	p.svc.Touch(r.Context(), id)

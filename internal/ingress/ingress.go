@@ -6,7 +6,9 @@
 // order (the first form present wins; a malformed one is an error, it never
 // falls through):
 //
-//  1. header: "OpenSandbox-Ingress-To: <id>-<port>" (split at the last '-');
+//  1. header: "OpenSandbox-Ingress-To: <id>-<port>" (split at the last '-'),
+//     or E2B's "E2b-Sandbox-Id" and "E2b-Sandbox-Port" on a localhost, IP or
+//     sandbox.* host (errors then in E2B's edge bodies);
 //  2. host:   "<port>-<id>.<Domain>", or upstream's "<id>-<port>.<Domain>";
 //  3. path:   "/<id>/<port>/<rest>", proxied as "/<rest>" (query kept).
 //
@@ -251,7 +253,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	rt, err := parseRoute(r, g.domain)
 	if err != nil {
-		g.web.WriteError(w, r, err)
+		g.fail(w, r, rt, err)
 		return
 	}
 	if rt.signed == nil && g.signedOnly {
@@ -265,32 +267,32 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if rt.signed != nil {
 		c := rt.cands[0]
 		if g.signer == nil {
-			g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("signed route to %q: no signing keys: %w", c.id, errdefs.ErrUnauthenticated),
+			g.fail(w, r, rt, errdefs.WithPublic(fmt.Errorf("signed route to %q: no signing keys: %w", c.id, errdefs.ErrUnauthenticated),
 				codeUnauthorized, "signed routes are not enabled on this gateway"))
 			return
 		}
 		if err := g.signer.Verify(c.id, c.port, rt.signed.expiresB36, rt.signed.signature); err != nil {
-			g.web.WriteError(w, r, err)
+			g.fail(w, r, rt, err)
 			return
 		}
 	}
 	ctx := r.Context()
 	if g.creds != nil {
 		if ctx, err = g.creds.ScopeRequest(r); err != nil {
-			g.web.WriteError(w, r, err)
+			g.fail(w, r, rt, err)
 			return
 		}
 	}
 	id, t, err := g.resolve(ctx, rt)
 	if err != nil {
-		g.web.WriteError(w, r, err)
+		g.fail(w, r, rt, err)
 		return
 	}
 	p := proxied{t: t, rt: rt, query: r.URL.RawQuery}
 	if t.AccessToken != "" && rt.signed == nil {
 		q, ok := authorise(r, t.AccessToken)
 		if !ok {
-			g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("sandbox %q: secure access: %w", id, errdefs.ErrUnauthenticated),
+			g.fail(w, r, rt, errdefs.WithPublic(fmt.Errorf("sandbox %q: secure access: %w", id, errdefs.ErrUnauthenticated),
 				codeUnauthorized, "this sandbox requires a valid "+HeaderSecureAccess+" header or "+QueryAccessToken+" parameter"))
 			return
 		}
@@ -299,7 +301,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if wk, ok := g.res.(Waker); ok {
 		done, err := wk.Wake(ctx, id)
 		if err != nil {
-			g.web.WriteError(w, r, err)
+			g.fail(w, r, rt, err)
 			return
 		}
 		defer done()
@@ -396,13 +398,53 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetXForwarded()
 }
 
+// fail answers a request the gateway could not route or proxy: in the
+// gateway's envelope, or in E2B's edge bodies for a route by E2B's
+// headers (502 with "The sandbox was not found" for a sandbox that is
+// unknown or not running, "... port is not open" when nothing answers).
+func (g *Gateway) fail(w http.ResponseWriter, r *http.Request, rt route, err error) {
+	if !rt.e2b {
+		g.web.WriteError(w, r, err)
+		return
+	}
+	g.log.Debug("ingress: e2b route failed", "err", err)
+	var id string
+	var port int
+	if len(rt.cands) > 0 {
+		id, port = rt.cands[0].id, rt.cands[0].port
+	}
+	status, _ := statusOf(err)
+	body := map[string]any{"sandboxId": id, "code": status, "message": "the sandbox port cannot be reached"}
+	d, waking := errdefs.RetryAfterOf(err)
+	switch {
+	case waking && status == http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", web.RetryAfter(d))
+		body["message"] = "the sandbox is waking up"
+	case errors.Is(err, errBadGateway):
+		status = http.StatusBadGateway
+		body["message"], body["port"] = "The sandbox is running but port is not open", port
+	case status == http.StatusNotFound || status == http.StatusServiceUnavailable:
+		status = http.StatusBadGateway
+		body["message"] = "The sandbox was not found"
+	default:
+		if p, ok := errdefs.PublicOf(err); ok && p.Message != "" {
+			body["message"] = p.Message
+		}
+		if id == "" {
+			delete(body, "sandboxId")
+		}
+	}
+	body["code"] = status
+	web.WriteJSON(w, status, body)
+}
+
 // proxyError answers a failed upstream exchange with a 502 envelope.
 func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client went away
 	}
 	p, _ := r.Context().Value(proxiedKey{}).(proxied)
-	g.web.WriteError(w, r, errdefs.WithPublic(fmt.Errorf("proxy to %s: %w: %w", p.t.Addr, err, errBadGateway),
+	g.fail(w, r, p.rt, errdefs.WithPublic(fmt.Errorf("proxy to %s: %w: %w", p.t.Addr, err, errBadGateway),
 		codeBadGateway, "the sandbox port is not reachable"))
 }
 

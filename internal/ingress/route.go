@@ -18,11 +18,16 @@ const (
 	// QueryAccessToken is the query-parameter form of HeaderSecureAccess,
 	// for browsers and WebSocket clients that cannot set headers.
 	QueryAccessToken = "access_token"
+	// HeaderE2BSandboxID and HeaderE2BSandboxPort are E2B's routing
+	// headers, which its SDKs send on every sandbox call.
+	HeaderE2BSandboxID   = "E2b-Sandbox-Id"
+	HeaderE2BSandboxPort = "E2b-Sandbox-Port"
 )
 
 // Route modes, reported in logs.
 const (
 	modeHeader = "header"
+	modeE2B    = "e2b header"
 	modeHost   = "host"
 	modePath   = "path"
 )
@@ -45,6 +50,9 @@ type route struct {
 	// signed is set for a signed route (OSEP-0011); cands then has exactly
 	// one entry, the one the signature covers.
 	signed *signedToken
+	// e2b marks a route by E2B's headers: its errors are E2B's edge
+	// bodies (502 for a sandbox that is gone, as the SDKs expect).
+	e2b bool
 }
 
 // parseRoute finds the sandbox a request is addressed to. The first form
@@ -75,6 +83,9 @@ func parseRoute(r *http.Request, domain string) (route, error) {
 		}
 		return route{mode: modeHeader, cands: []candidate{c}}, nil
 	}
+	if rt, ok, err := parseE2BHeaders(r); ok {
+		return rt, err
+	}
 	if label, ok := hostLabel(r.Host, domain); ok {
 		var cands []candidate
 		if !strings.Contains(label, ".") { // one label only: a.b.<domain> is malformed
@@ -89,6 +100,36 @@ func parseRoute(r *http.Request, domain string) (route, error) {
 		return route{mode: modeHost, cands: cands}, nil
 	}
 	return parsePath(r.URL)
+}
+
+// parseE2BHeaders applies E2B's header rule: on a localhost, IP-literal
+// or sandbox.* host, E2b-Sandbox-Id and E2b-Sandbox-Port (both required)
+// name the sandbox port; on other hosts they are not the route.
+func parseE2BHeaders(r *http.Request) (route, bool, error) {
+	id, port := r.Header.Get(HeaderE2BSandboxID), r.Header.Get(HeaderE2BSandboxPort)
+	if id == "" && port == "" {
+		return route{}, false, nil
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host != "localhost" && net.ParseIP(strings.Trim(host, "[]")) == nil && !strings.HasPrefix(host, "sandbox.") {
+		return route{}, false, nil
+	}
+	rt := route{mode: modeE2B, e2b: true}
+	n, ok := parsePort(port)
+	if id == "" || !ok {
+		return rt, true, errdefs.Invalid(codeInvalidRoute, "both "+HeaderE2BSandboxID+" and "+HeaderE2BSandboxPort+" (1-65535) are required")
+	}
+	for _, c := range id {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return rt, true, errdefs.Invalid(codeInvalidRoute, HeaderE2BSandboxID+" must be [a-z0-9]+")
+		}
+	}
+	rt.cands = []candidate{{id, n}}
+	return rt, true, nil
 }
 
 // errNoRoute is returned by parsePath for a path without a sandbox id.

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -90,6 +91,15 @@ type Config struct {
 	// sandbox (the SDKs reach envd at 49983-<id>.<domain>). Default "":
 	// none, the SDKs use their own E2B_DOMAIN or sandboxUrl.
 	E2BDomain string
+	// TLSCert and TLSKey are PEM files of the certificate (a wildcard
+	// *.<E2BDomain> one for E2B's domain mode) and key the API listener
+	// serves TLS with, HTTP/2 by ALPN. Both or neither; reloaded when they
+	// change. Default "": plain HTTP.
+	TLSCert, TLSKey string
+	// TLSListen, if set with TLSCert, serves TLS on this address and
+	// keeps Listen plain HTTP (e.g. plain on loopback for the CLI, TLS on
+	// :443). Default "": Listen itself is TLS.
+	TLSListen string
 	// IngressRouteMode, if set (wildcard, uri or header), makes the
 	// endpoints API answer gateway addresses in upstream's shapes (see
 	// ingress.Endpoints). Default "": the sandboxes' own addresses.
@@ -227,8 +237,27 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateNetwork()...)
 	errs = append(errs, c.validateSettings()...)
 	errs = append(errs, c.validateIngress()...)
+	errs = append(errs, c.validateTLS()...)
 	errs = append(errs, c.validateFiles()...)
 	return errors.Join(errs...)
+}
+
+// validateTLS checks the TLS options: both files, and a TLS listen
+// address only with them.
+func (c *Config) validateTLS() []error {
+	var errs []error
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("tls-cert and tls-key go together"))
+	}
+	if c.TLSListen != "" {
+		if c.TLSCert == "" {
+			errs = append(errs, errors.New("tls-listen needs --tls-cert and --tls-key"))
+		}
+		if _, _, err := net.SplitHostPort(c.TLSListen); err != nil {
+			errs = append(errs, fmt.Errorf("tls-listen %q: want host:port or :port", c.TLSListen))
+		}
+	}
+	return errs
 }
 
 // validateHost checks where the server listens and keeps its state, and

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -359,8 +360,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if budget, _ := s.cfg.imageBudgetBytes(); budget > 0 {
 		go s.imageGC(rctx, budget, time.Minute)
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
+	errc := make(chan error, 3)
+	if s.cfg.TLSCert != "" {
+		cert, err := web.LoadCertificate(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		tln := ln
+		if s.cfg.TLSListen != "" {
+			var lc net.ListenConfig
+			if tln, err = lc.Listen(ctx, "tcp", s.cfg.TLSListen); err != nil {
+				ln.Close()
+				return fmt.Errorf("tls listen: %w", err)
+			}
+			go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
+			hs = web.NewServer(tln.Addr().String(), s.Handler(), s.log)
+		}
+		// HTTP/2 by ALPN: Serve sets up h2 for a TLS listener that offers it.
+		tln = tls.NewListener(tln, cert.TLSConfig())
+		go func() { errc <- web.ServeUntil(rctx, hs, tln) }()
+		s.log.Info("moat serving TLS", "addr", tln.Addr().String(), "cert", s.cfg.TLSCert)
+	} else {
+		go func() { errc <- web.ServeUntil(rctx, hs, ln) }()
+	}
 	if s.cfg.IngressListen != "" {
 		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain, Signer: s.signer, Credentials: s.api}, ingressResolver{s.svc}, s.log)
 		go func() {

@@ -168,12 +168,12 @@ func writeMetadata(p string, md map[string]string) error {
 }
 
 func (f *filesystemServer) Stat(ctx context.Context, req *connect.Request[fspb.StatRequest]) (*connect.Response[fspb.StatResponse], error) {
-	_, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
+	a, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	e, err := entryInfo(p)
-	if err != nil {
+	var e *fspb.EntryInfo
+	if err := a.as(func() (err error) { e, err = entryInfo(p); return err }); err != nil {
 		return nil, rpcError(err)
 	}
 	return connect.NewResponse(&fspb.StatResponse{Entry: e}), nil
@@ -190,21 +190,29 @@ func (s *Service) rpcPath(h http.Header, p string) (account, string, error) {
 }
 
 func (f *filesystemServer) ListDir(ctx context.Context, req *connect.Request[fspb.ListDirRequest]) (*connect.Response[fspb.ListDirResponse], error) {
-	_, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
+	a, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	depth := int(max(req.Msg.GetDepth(), 1))
+	var entries []*fspb.EntryInfo
+	if err := a.as(func() (err error) { entries, err = listDir(p, int(max(req.Msg.GetDepth(), 1))); return err }); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&fspb.ListDirResponse{Entries: entries}), nil
+}
+
+// listDir lists p down to depth levels, in lexical order.
+func listDir(p string, depth int) ([]*fspb.EntryInfo, error) {
 	dir, err := filepath.EvalSymlinks(p)
 	if err != nil {
-		return nil, rpcError(fsError(err, p))
+		return nil, fsError(err, p)
 	}
 	st, err := os.Stat(dir)
 	if err != nil {
-		return nil, rpcError(fsError(err, p))
+		return nil, fsError(err, p)
 	}
 	if !st.IsDir() {
-		return nil, rpcError(errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' is not a directory", p))
+		return nil, errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' is not a directory", p)
 	}
 	var entries []*fspb.EntryInfo
 	err = filepath.WalkDir(dir, func(q string, d fs.DirEntry, err error) error {
@@ -228,9 +236,9 @@ func (f *filesystemServer) ListDir(ctx context.Context, req *connect.Request[fsp
 		return nil
 	})
 	if err != nil {
-		return nil, rpcError(fsError(err, p))
+		return nil, fsError(err, p)
 	}
-	return connect.NewResponse(&fspb.ListDirResponse{Entries: entries}), nil
+	return entries, nil
 }
 
 func (f *filesystemServer) MakeDir(ctx context.Context, req *connect.Request[fspb.MakeDirRequest]) (*connect.Response[fspb.MakeDirResponse], error) {
@@ -238,16 +246,20 @@ func (f *filesystemServer) MakeDir(ctx context.Context, req *connect.Request[fsp
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	if st, err := os.Stat(p); err == nil {
-		if st.IsDir() {
-			return nil, rpcError(errdefs.Newf(errdefs.ErrAlreadyExists, "directory '%s' already exists", p))
+	var e *fspb.EntryInfo
+	err = a.as(func() (err error) {
+		if st, err := os.Stat(p); err == nil {
+			if st.IsDir() {
+				return errdefs.Newf(errdefs.ErrAlreadyExists, "directory '%s' already exists", p)
+			}
+			return errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' already exists and is not a directory", p)
 		}
-		return nil, rpcError(errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' already exists and is not a directory", p))
-	}
-	if err := mkdirAll(p, a); err != nil {
-		return nil, rpcError(err)
-	}
-	e, err := entryInfo(p)
+		if err := mkdirAll(p); err != nil {
+			return err
+		}
+		e, err = entryInfo(p)
+		return err
+	})
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -263,16 +275,20 @@ func (f *filesystemServer) Move(ctx context.Context, req *connect.Request[fspb.M
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	if _, err := os.Lstat(src); err != nil {
-		return nil, rpcError(fsError(err, src))
-	}
-	if err := mkdirAll(filepath.Dir(dst), a); err != nil {
-		return nil, rpcError(err)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		return nil, rpcError(fsError(err, dst))
-	}
-	e, err := entryInfo(dst)
+	var e *fspb.EntryInfo
+	err = a.as(func() (err error) {
+		if _, err := os.Lstat(src); err != nil {
+			return fsError(err, src)
+		}
+		if err := mkdirAll(filepath.Dir(dst)); err != nil {
+			return err
+		}
+		if err := os.Rename(src, dst); err != nil {
+			return fsError(err, dst)
+		}
+		e, err = entryInfo(dst)
+		return err
+	})
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -280,15 +296,15 @@ func (f *filesystemServer) Move(ctx context.Context, req *connect.Request[fspb.M
 }
 
 func (f *filesystemServer) Remove(ctx context.Context, req *connect.Request[fspb.RemoveRequest]) (*connect.Response[fspb.RemoveResponse], error) {
-	_, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
+	a, p, err := f.s.rpcPath(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, rpcError(err)
 	}
 	if p == "/" {
 		return nil, rpcError(errdefs.Newf(errdefs.ErrInvalidArgument, "refusing to remove /"))
 	}
-	if err := os.RemoveAll(p); err != nil {
-		return nil, rpcError(fsError(err, p))
+	if err := a.as(func() error { return fsError(os.RemoveAll(p), p) }); err != nil {
+		return nil, rpcError(err)
 	}
 	return connect.NewResponse(&fspb.RemoveResponse{}), nil
 }

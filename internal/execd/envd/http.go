@@ -175,9 +175,9 @@ func (s *Service) download(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotAcceptable, "no acceptable encoding: gzip and identity are supported")
 		return
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		httpError(w, fsError(err, p))
+	var f *os.File
+	if err := a.as(func() (err error) { f, err = os.Open(p); return fsError(err, p) }); err != nil {
+		httpError(w, err)
 		return
 	}
 	defer f.Close()
@@ -356,10 +356,18 @@ func (s *Service) writeFile(p string, a account, src io.Reader, md map[string]st
 	if err != nil {
 		return uploaded{}, err
 	}
+	var e uploaded
+	err = a.as(func() (err error) { e, err = writeFile(dst, src, md); return err })
+	return e, err
+}
+
+// writeFile writes src to dst, creating its parent directories, and
+// replaces its metadata.
+func writeFile(dst string, src io.Reader, md map[string]string) (uploaded, error) {
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
 		return uploaded{}, errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' is a directory", dst)
 	}
-	if err := mkdirAll(filepath.Dir(dst), a); err != nil {
+	if err := mkdirAll(filepath.Dir(dst)); err != nil {
 		return uploaded{}, err
 	}
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o666)
@@ -380,9 +388,6 @@ func (s *Service) writeFile(p string, a account, src io.Reader, md map[string]st
 			return uploaded{}, fsError(err, dst)
 		}
 		return uploaded{}, errdefs.Newf(errdefs.ErrInvalidArgument, "reading the upload of %s: %v", dst, err)
-	}
-	if err := a.chown(dst); err != nil {
-		return uploaded{}, fsError(err, dst)
 	}
 	if err := writeMetadata(dst, md); err != nil {
 		return uploaded{}, err

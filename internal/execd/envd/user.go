@@ -83,15 +83,6 @@ func (a account) credential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: a.groups}, nil
 }
 
-// chown gives p to a (a no-op for an unprivileged agent, which can only
-// create files it owns).
-func (a account) chown(p string) error {
-	if os.Getuid() != 0 {
-		return nil
-	}
-	return os.Lchown(p, a.uid, a.gid)
-}
-
 // resolvePath is envd's ExpandAndResolve: an empty path is the default
 // workdir (or home), ~ and ~/ expand to the user's home, an absolute path
 // stays, and a relative one is joined to the home, never the workdir.
@@ -115,8 +106,9 @@ func (s *Service) resolvePath(p string, a account) (string, error) {
 	return filepath.Join(a.home, p), nil
 }
 
-// mkdirAll is mkdir -p that gives each directory it creates to a.
-func mkdirAll(dir string, a account) error {
+// mkdirAll is mkdir -p. Run under account.as, what it creates is the
+// account's.
+func mkdirAll(dir string) error {
 	if st, err := os.Stat(dir); err == nil {
 		if !st.IsDir() {
 			return errdefs.Newf(errdefs.ErrInvalidArgument, "path '%s' exists and is not a directory", dir)
@@ -124,12 +116,12 @@ func mkdirAll(dir string, a account) error {
 		return nil
 	}
 	if parent := filepath.Dir(dir); parent != dir {
-		if err := mkdirAll(parent, a); err != nil {
+		if err := mkdirAll(parent); err != nil {
 			return err
 		}
 	}
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return fsError(err, dir)
 	}
-	return fsError(a.chown(dir), dir)
+	return nil
 }

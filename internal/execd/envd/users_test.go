@@ -145,4 +145,79 @@ func TestUsersHelper(t *testing.T) {
 	if err != nil || r.stdout.String() != "himore\n" {
 		t.Fatalf("user writes its file: %q %v", r.stdout.String(), err)
 	}
+	usersDenied(t, e, home)
+}
+
+// usersDenied: what the user may not touch, envd refuses as the kernel
+// would refuse the user (permission_denied, 403), and it stays as it was;
+// root's requests in between still act as root.
+func usersDenied(t *testing.T, e *env, home string) {
+	ctx := ctxT(t, 60*time.Second)
+	private := filepath.Join(filepath.Dir(filepath.Dir(home)), "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(private, "secret")
+	os.WriteFile(secret, []byte("root only"), 0o600)
+	os.WriteFile(filepath.Join(home, "mine"), []byte("x"), 0o600) // root's file in the user's home
+	denied := func(what string, err error) {
+		t.Helper()
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("%s: %v, want permission_denied", what, err)
+		}
+	}
+	_, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: secret}))
+	denied("stat", err)
+	_, err = e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: private}))
+	denied("list", err)
+	_, err = e.fs.MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: filepath.Join(private, "made")}))
+	denied("makedir", err)
+	_, err = e.fs.Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: secret}))
+	denied("remove", err)
+	_, err = e.fs.Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: secret, Destination: "stolen"}))
+	denied("move", err)
+	ws, err := e.fs.WatchDir(ctx, connect.NewRequest(&fspb.WatchDirRequest{Path: private}))
+	if err == nil {
+		for ws.Receive() {
+		}
+		err = ws.Err()
+	}
+	denied("watch", err)
+	for _, u := range []url.Values{{"path": {secret}}, {"path": {"mine"}}} {
+		resp, body := e.do(t, mustReq(t, "GET", e.filesURL(u)))
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, `"code":403`) {
+			t.Fatalf("download %v: %d %s", u, resp.StatusCode, body)
+		}
+	}
+	up, _ := http.NewRequest("POST", e.filesURL(url.Values{"path": {filepath.Join(private, "planted")}}), strings.NewReader("no"))
+	up.Header.Set("Content-Type", "application/octet-stream")
+	if resp, body := e.do(t, up); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("upload into a root dir: %d %s", resp.StatusCode, body)
+	}
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "root only" {
+		t.Fatalf("the secret changed: %q %v", b, err)
+	}
+	if ents, _ := os.ReadDir(private); len(ents) != 1 {
+		t.Fatalf("%s has %d entries, want only the secret", private, len(ents))
+	}
+	if _, err := os.Stat(filepath.Join(home, "stolen")); err == nil {
+		t.Fatal("the secret was moved out")
+	}
+	// Root, named by the request, still reads and writes as root: the
+	// user's identity did not stay on the agent's threads.
+	for range 20 {
+		st := connect.NewRequest(&fspb.StatRequest{Path: secret})
+		st.Header().Set("Authorization", basic("root"))
+		if _, err := e.fs.Stat(ctx, st); err != nil {
+			t.Fatalf("stat as root: %v", err)
+		}
+	}
+	up, _ = http.NewRequest("POST", e.filesURL(url.Values{"path": {filepath.Join(private, "by-root")}, "username": {"root"}}), strings.NewReader("ok"))
+	up.Header.Set("Content-Type", "application/octet-stream")
+	if resp, body := e.do(t, up); resp.StatusCode != 200 {
+		t.Fatalf("upload as root: %d %s", resp.StatusCode, body)
+	}
+	if fi, err := os.Stat(filepath.Join(private, "by-root")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Fatalf("root's upload: %v", err)
+	}
 }

@@ -38,6 +38,7 @@ type watcher struct {
 	fd           int
 	f            *os.File // fd, read through the poller; Close ends a Read
 	root         string
+	as           func(func() error) error // the identity of the watch's user
 	recursive    bool
 	includeEntry bool
 
@@ -47,7 +48,12 @@ type watcher struct {
 
 // newWatcher watches root, which must be a directory (and, unless
 // allowNet, not on a network filesystem).
-func newWatcher(root string, recursive, includeEntry, allowNet bool) (*watcher, error) {
+func newWatcher(root string, a account, recursive, includeEntry, allowNet bool) (w *watcher, err error) {
+	err = a.as(func() (err error) { w, err = a.newWatcher(root, recursive, includeEntry, allowNet); return err })
+	return w, err
+}
+
+func (a account) newWatcher(root string, recursive, includeEntry, allowNet bool) (*watcher, error) {
 	st, err := os.Stat(root)
 	if err != nil {
 		return nil, fsError(err, root)
@@ -63,7 +69,7 @@ func newWatcher(root string, recursive, includeEntry, allowNet bool) (*watcher, 
 	if err != nil {
 		return nil, errdefs.Newf(errdefs.ErrResourceExhausted, "inotify: %v", err)
 	}
-	w := &watcher{fd: fd, f: os.NewFile(uintptr(fd), "inotify"), root: root, recursive: recursive, includeEntry: includeEntry, dirs: make(map[int32]string)}
+	w := &watcher{fd: fd, f: os.NewFile(uintptr(fd), "inotify"), root: root, as: a.as, recursive: recursive, includeEntry: includeEntry, dirs: make(map[int32]string)}
 	if err := w.addTree(""); err != nil {
 		w.f.Close()
 		return nil, err
@@ -161,7 +167,7 @@ func (w *watcher) event(wd int32, mask uint32, name string) *fspb.FilesystemEven
 	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
 		typ = fspb.EventType_EVENT_TYPE_CREATE
 		if w.recursive && mask&unix.IN_ISDIR != 0 {
-			w.addTree(rel)
+			w.as(func() error { return w.addTree(rel) })
 		}
 	case mask&unix.IN_MODIFY != 0:
 		typ = fspb.EventType_EVENT_TYPE_WRITE
@@ -176,7 +182,8 @@ func (w *watcher) event(wd int32, mask uint32, name string) *fspb.FilesystemEven
 	}
 	ev := &fspb.FilesystemEvent{Name: rel, Type: typ}
 	if w.includeEntry && typ != fspb.EventType_EVENT_TYPE_REMOVE && typ != fspb.EventType_EVENT_TYPE_RENAME {
-		if e, err := entryInfo(filepath.Join(w.root, rel)); err == nil {
+		var e *fspb.EntryInfo
+		if w.as(func() (err error) { e, err = entryInfo(filepath.Join(w.root, rel)); return err }) == nil {
 			ev.Entry = e
 		}
 	}
@@ -185,11 +192,11 @@ func (w *watcher) event(wd int32, mask uint32, name string) *fspb.FilesystemEven
 
 // rpcWatcher resolves the path of a watch request and starts watching.
 func (s *Service) rpcWatcher(h http.Header, p string, recursive, includeEntry, allowNet bool) (*watcher, error) {
-	_, root, err := s.rpcPath(h, p)
+	a, root, err := s.rpcPath(h, p)
 	if err != nil {
 		return nil, err
 	}
-	return newWatcher(root, recursive, includeEntry, allowNet)
+	return newWatcher(root, a, recursive, includeEntry, allowNet)
 }
 
 func (f *filesystemServer) WatchDir(ctx context.Context, req *connect.Request[fspb.WatchDirRequest], stream *connect.ServerStream[fspb.WatchDirResponse]) error {

@@ -15,6 +15,10 @@ import (
 	"github.com/moat-sandbox/moat/internal/web"
 )
 
+// ErrorPrefix starts the message of the proxy's own 502 (nothing answered
+// on the port), which tells it from a 502 of the user's server.
+const ErrorPrefix = "error proxying to port "
+
 // Handler reverse-proxies /proxy/{port}/{path...} to
 // 127.0.0.1:{port}/{path...} inside the sandbox: HTTP, streamed responses
 // (flushed immediately) and WebSocket upgrades. The agent token header is
@@ -52,7 +56,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request) error {
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			h.Log.Debug("proxy error", "port", port, "err", err)
-			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: wire.CodeRuntimeError, Message: "error proxying to port " + strconv.Itoa(port) + ": " + err.Error()})
+			web.WriteJSON(w, http.StatusBadGateway, web.ErrorBody{Code: wire.CodeRuntimeError, Message: ErrorPrefix + strconv.Itoa(port) + ": " + err.Error()})
 		},
 	}
 	web.ServeProxy(rp, w, r)

@@ -6,8 +6,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, CommandExitError, NotFoundError } from 'e2b'
 
-const url = process.env.MOAT_URL
-const opts = { apiKey: process.env.MOAT_E2B_KEY, apiUrl: url, sandboxUrl: url }
+const opts = {}
 const template = process.env.MOAT_E2B_TEMPLATE
 
 test('lifecycle, commands and files through the SDK', async () => {

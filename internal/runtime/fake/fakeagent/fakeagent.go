@@ -8,12 +8,16 @@ package fakeagent
 
 import (
 	"encoding/json"
+	"log/slog"
 	"maps"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/execd/proxy"
+	"github.com/moat-sandbox/moat/internal/execd/wire"
 )
 
 // Agent is an http.Handler that answers like a moat agent:
@@ -21,6 +25,7 @@ import (
 //	GET  /ping            200, with agentproto.VersionHeader unless Version is 1
 //	POST /moat/v1/env     200; the variables are recorded (Env)
 //	POST /moat/v1/token   200; the token is replaced (400 for an empty one)
+//	/proxy/{port}/...     the agent's port proxy to 127.0.0.1:{port}
 //	anything else         404
 //
 // Every request must carry the current token (when one is set), or it is
@@ -33,6 +38,9 @@ type Agent struct {
 	mu    sync.Mutex
 	token string
 	env   map[string]string
+
+	proxyOnce sync.Once
+	proxy     http.Handler
 }
 
 // New returns an agent that requires token ("" disables auth).
@@ -55,11 +63,21 @@ func (a *Agent) Env() map[string]string {
 // ServeHTTP implements http.Handler.
 func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.token != "" && r.Header.Get(agentproto.TokenHeader) != a.token {
+		a.mu.Unlock()
 		w.WriteHeader(http.StatusUnauthorized)
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/proxy/") {
+		a.mu.Unlock()
+		a.proxyOnce.Do(func() {
+			log := slog.New(slog.DiscardHandler)
+			a.proxy = wire.Mux(log, (&proxy.Handler{Log: log, TokenHeader: agentproto.TokenHeader}).Routes())
+		})
+		a.proxy.ServeHTTP(w, r)
+		return
+	}
+	defer a.mu.Unlock()
 	switch {
 	case r.URL.Path == agentproto.PingPath && r.Method == http.MethodGet:
 		v := a.Version
