@@ -182,9 +182,22 @@ func TestTenantEgressGuardrail(t *testing.T) {
 	if code, body := ta.do(t, "acme-operator", "GET", "/v1/sandboxes/"+fresh+"/egress/policy", ""); code != 200 || body["effectivePolicy"] == nil {
 		t.Errorf("new sandbox's egress GET: %d %v", code, body)
 	}
+	// A sandbox claimed from a warm pool is attached under it at the claim.
+	pool := `{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"bufferMin":1,"bufferMax":1,"poolMin":0,"poolMax":2}}`
+	if code, body := ta.do(t, "acme-operator", "POST", "/v1/pools", pool); code != 201 {
+		t.Fatalf("pool: %d %v", code, body)
+	}
+	code, body = ta.do(t, "acme-operator", "POST", "/v1/sandboxes", `{"extensions":{"poolRef":"warm"},"entrypoint":["sh"]}`)
+	if code != 202 {
+		t.Fatalf("claim: %d %v", code, body)
+	}
+	claimed := body["id"].(string)
+	if m(eff(claimed)).Evaluate("evil.test") != policy.Deny {
+		t.Errorf("claimed sandbox: %+v", eff(claimed))
+	}
 	// Removing the guardrail gives each sandbox its own policy back.
 	code, body = ta.do(t, "root", "DELETE", "/v1/tenants/acme/egress", "")
-	if code != 200 || body["policy"] != nil || body["applied"] != float64(3) {
+	if code != 200 || body["policy"] != nil || body["applied"] != float64(4) {
 		t.Errorf("remove guardrail: %d %v", code, body)
 	}
 	if p := m(eff(own)); p.Evaluate("evil.test") != policy.Allow || p.Evaluate("ads.test") != policy.Deny {
