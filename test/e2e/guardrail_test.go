@@ -168,7 +168,7 @@ func TestTenantEgressGuardrail(t *testing.T) {
 	}
 	code, b, _ = srv.do("GET", "/v1/sandboxes/"+own+"/egress/policy", nil, "OPEN-SANDBOX-API-KEY", acme)
 	var st struct {
-		Mode                                 string
+		Mode                                  string
 		Policy, TenantPolicy, EffectivePolicy *struct{ DefaultAction string }
 	}
 	if json.Unmarshal(b, &st); code != 200 || st.Policy == nil || st.Policy.DefaultAction != "allow" || st.TenantPolicy == nil ||
