@@ -8,13 +8,14 @@ import (
 )
 
 // Tenants, API keys and roles (the Access API of api/openapi/lifecycle.yaml).
-// Key and tenant management needs an admin key; Whoami and GetTenant (of
-// the key's own tenant) work with any key.
+// A tenant's admin key manages its own tenant's keys; tenants, quotas and
+// egress guardrails need a platform key; Whoami, GetTenant and
+// GetTenantEgress (of the key's own tenant) work with any key.
 
-// TenantHeader makes an admin key act in one tenant (see WithTenant).
+// TenantHeader makes a platform key act in one tenant (see WithTenant).
 const TenantHeader = "X-Moat-Tenant"
 
-// WithTenant makes every lifecycle call of an admin key act in tenant
+// WithTenant makes every lifecycle call of a platform key act in tenant
 // name: only its resources are visible, what the client creates belongs
 // to it, and pool names resolve in it. Other roles may name only their
 // own tenant.
@@ -27,7 +28,10 @@ func WithTenant(name string) Option {
 
 // Roles of API keys.
 const (
-	// RoleAdmin: every tenant, and key and tenant management.
+	// RolePlatform: every tenant; tenants, quotas, egress guardrails and
+	// every tenant's keys. Only the server's own key grants it.
+	RolePlatform = "platform"
+	// RoleAdmin: full control of its own tenant, its keys included.
 	RoleAdmin = "admin"
 	// RoleOperator: full control of its own tenant's resources.
 	RoleOperator = "operator"
@@ -42,9 +46,11 @@ type Principal struct {
 	// Tenant is the tenant the calls act in.
 	Tenant string `json:"tenant"`
 	Role   string `json:"role"`
-	// AllTenants: the key sees every tenant's resources (an admin not
-	// narrowed with WithTenant).
+	// AllTenants: the key sees every tenant's resources (a platform key
+	// not narrowed with WithTenant).
 	AllTenants bool `json:"allTenants"`
+	// Sees says what the calls reach, in words.
+	Sees string `json:"sees,omitempty"`
 }
 
 // APIKey is the record of an API key; the key itself is shown only by
@@ -74,7 +80,7 @@ type CreatedKey struct {
 type KeySpec struct {
 	// Tenant owns the key; the server creates it if it does not exist.
 	Tenant string `json:"tenant"`
-	// Role is RoleAdmin, RoleOperator or RoleViewer.
+	// Role is RolePlatform, RoleAdmin, RoleOperator or RoleViewer.
 	Role string `json:"role"`
 	// Name says what the key is for (optional, at most 128 characters).
 	Name string `json:"name,omitempty"`
@@ -193,4 +199,46 @@ func (c *Client) PutTenant(ctx context.Context, name string, quota TenantQuota) 
 // sandbox, pool or snapshot (admin).
 func (c *Client) DeleteTenant(ctx context.Context, name string) error {
 	return c.lc.json(ctx, &call{method: http.MethodDelete, path: "/tenants/" + url.PathEscape(name)}, nil, nil)
+}
+
+// TenantEgress is a tenant's egress guardrail: every sandbox of the tenant
+// is enforced with it intersected with its own policy.
+type TenantEgress struct {
+	Tenant string `json:"tenant"`
+	// Policy is the guardrail (nil: none).
+	Policy *NetworkPolicy `json:"policy,omitempty"`
+	// Applied counts the running sandboxes a change reached.
+	Applied *int `json:"applied,omitempty"`
+}
+
+// GetTenantEgress returns a tenant's egress guardrail (platform keys any
+// tenant, other keys their own).
+func (c *Client) GetTenantEgress(ctx context.Context, name string) (*TenantEgress, error) {
+	var t TenantEgress
+	if err := c.lc.json(ctx, &call{method: http.MethodGet, path: "/tenants/" + url.PathEscape(name) + "/egress"}, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// PutTenantEgress sets a tenant's egress guardrail (platform); it reaches
+// the tenant's running sandboxes at once.
+func (c *Client) PutTenantEgress(ctx context.Context, name string, p NetworkPolicy) (*TenantEgress, error) {
+	var t TenantEgress
+	if p.Egress == nil {
+		p.Egress = []NetworkRule{}
+	}
+	if err := c.lc.json(ctx, &call{method: http.MethodPut, path: "/tenants/" + url.PathEscape(name) + "/egress"}, p, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// DeleteTenantEgress removes a tenant's egress guardrail (platform).
+func (c *Client) DeleteTenantEgress(ctx context.Context, name string) (*TenantEgress, error) {
+	var t TenantEgress
+	if err := c.lc.json(ctx, &call{method: http.MethodDelete, path: "/tenants/" + url.PathEscape(name) + "/egress"}, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
 }

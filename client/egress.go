@@ -10,10 +10,16 @@ import (
 type PolicyStatus struct {
 	Status string `json:"status"`
 	// Mode is "allow_all", "deny_all" or "enforcing".
-	Mode            string         `json:"mode"`
-	EnforcementMode string         `json:"enforcementMode"`
-	Reason          string         `json:"reason,omitempty"`
-	Policy          *NetworkPolicy `json:"policy,omitempty"`
+	Mode            string `json:"mode"`
+	EnforcementMode string `json:"enforcementMode"`
+	Reason          string `json:"reason,omitempty"`
+	// Policy is the sandbox's own policy.
+	Policy *NetworkPolicy `json:"policy,omitempty"`
+	// TenantPolicy is its tenant's egress guardrail, if any; then
+	// EffectivePolicy is what is enforced (Policy within TenantPolicy) and
+	// Mode is its mode.
+	TenantPolicy    *NetworkPolicy `json:"tenantPolicy,omitempty"`
+	EffectivePolicy *NetworkPolicy `json:"effectivePolicy,omitempty"`
 }
 
 // egressTransport resolves the egress endpoint (port 18080) once.

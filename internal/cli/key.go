@@ -22,10 +22,12 @@ func newKeyCommand() *cobra.Command {
 		Use:     "key",
 		Aliases: []string{"keys"},
 		Short:   "Manage API keys: create (shown once), list, revoke (admin key)",
-		Long: `Every API key belongs to a tenant and has a role: admin (every tenant, key and
-tenant management), operator (full control of its tenant's resources) or viewer
-(read only). The server's own key (MOAT_API_KEY or <root>/api-key) is the admin
-of tenant "default" and is listed as id "root".`,
+		Long: `Every API key belongs to a tenant and has a role: platform (every tenant;
+tenants, quotas, egress guardrails and every tenant's keys), admin (its own
+tenant: resources and keys up to admin), operator (full control of its tenant's
+resources) or viewer (read only). The server's own key (MOAT_API_KEY or
+<root>/api-key) is the platform key of tenant "default", listed as id "root";
+only it may create platform keys.`,
 	}
 	sf.register(cmd)
 	cmd.AddCommand(newKeyCreateCommand(sf), newKeyListCommand(sf),
@@ -65,7 +67,7 @@ func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 	var expires, format string
 	var output outputFormat
 	cmd := &cobra.Command{
-		Use:   "create --tenant TENANT --role admin|operator|viewer [--name TEXT] [--expires 30d] [--format moat|e2b]",
+		Use:   "create --tenant TENANT --role platform|admin|operator|viewer [--name TEXT] [--expires 30d] [--format moat|e2b]",
 		Short: "Create an API key; it is printed once and cannot be shown again",
 		Example: `  KEY=$(moat key create --tenant acme --role operator --name "ci runner")
   moat key create --tenant acme --role viewer --expires 30d -o json
@@ -104,7 +106,7 @@ func newKeyCreateCommand(sf *serverFlags) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&spec.Tenant, "tenant", "", "tenant that owns the key (created if missing)")
-	fl.StringVar(&spec.Role, "role", "", "admin, operator or viewer")
+	fl.StringVar(&spec.Role, "role", "", "platform (server key only), admin, operator or viewer")
 	fl.StringVar(&spec.Name, "name", "", "what the key is for (shown in listings)")
 	fl.StringVar(&expires, "expires", "", "the key stops working after this duration (720h, 30d) or at this RFC 3339 time")
 	fl.StringVar(&format, "format", "moat", "the key's form: moat (moat_<id>_<secret>) or e2b (e2b_<hex>, for the E2B SDKs); both work everywhere")
@@ -168,7 +170,7 @@ func newKeyWhoamiCommand(sf *serverFlags) *cobra.Command {
 	var output outputFormat
 	cmd := &cobra.Command{
 		Use:   "whoami",
-		Short: "Show the key id, tenant and role of the key in use (any role)",
+		Short: "Show the key id, tenant and role of the key in use, and what it sees (any role)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := sf.client()
@@ -180,9 +182,12 @@ func newKeyWhoamiCommand(sf *serverFlags) *cobra.Command {
 				return err
 			}
 			return render(cmd.OutOrStdout(), output, p, func(tw *tabwriter.Writer) {
-				scope := p.Tenant
-				if p.AllTenants {
-					scope = "all tenants"
+				scope := p.Sees
+				if scope == "" { // an older server
+					scope = "tenant " + p.Tenant
+					if p.AllTenants {
+						scope = "all tenants"
+					}
 				}
 				fmt.Fprintf(tw, "Key:\t%s\nTenant:\t%s\nRole:\t%s\nSees:\t%s\n", p.KeyID, p.Tenant, p.Role, scope)
 			})
@@ -198,7 +203,7 @@ func newTenantCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "tenant",
 		Aliases: []string{"tenants"},
-		Short:   "Manage tenants and their quotas (admin key; get works for a tenant's own keys)",
+		Short:   "Manage tenants, their quotas and egress guardrails (platform key; get works for a tenant's own keys)",
 	}
 	sf.register(cmd)
 	cmd.AddCommand(
@@ -206,6 +211,7 @@ func newTenantCommand() *cobra.Command {
 		newGetCommand(sf, "get NAME", nil, "Show a tenant's usage/quota", (*client.Client).GetTenant,
 			func(tw *tabwriter.Writer, t *client.Tenant) { tenantTable(tw, []client.Tenant{*t}) }),
 		newTenantSetCommand(sf),
+		newTenantEgressCommand(sf),
 		newRemoveCommand(sf, "rm NAME...", "Delete tenants that have no active key, sandbox, pool or snapshot",
 			(*client.Client).DeleteTenant))
 	return classifyTree(cmd)
@@ -260,4 +266,119 @@ func newTenantSetCommand(sf *serverFlags) *cobra.Command {
 	fl.StringVar(&q.Memory, "memory", "", `sum of the sandboxes' memory limits, e.g. "32Gi" (sandboxes must then set resourceLimits.memory)`)
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// newTenantEgressCommand is `moat tenant egress`: a tenant's egress
+// guardrail, which bounds every sandbox's own policy.
+func newTenantEgressCommand(sf *serverFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "egress",
+		Short: "Show, set or remove a tenant's egress guardrail (its sandboxes narrow it, never widen it)",
+	}
+	var output outputFormat
+	show := func(cmd *cobra.Command, t *client.TenantEgress) error {
+		return render(cmd.OutOrStdout(), output, t, func(tw *tabwriter.Writer) { egressTable(tw, t) })
+	}
+	get := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a tenant's egress guardrail",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.GetTenantEgress(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return show(cmd, t)
+		},
+	}
+	var file, def string
+	var allow, deny []string
+	set := &cobra.Command{
+		Use:   "set NAME (--file POLICY.json | [--default allow|deny] [--allow TARGET]... [--deny TARGET]...)",
+		Short: "Set a tenant's egress guardrail; it reaches the tenant's running sandboxes at once",
+		Example: `  moat tenant egress set acme --default deny --allow '*.pypi.org' --allow files.pythonhosted.org
+  moat tenant egress set acme --file guardrail.json   # the networkPolicy JSON shape`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var p client.NetworkPolicy
+			switch {
+			case file != "" && (def != "" || len(allow)+len(deny) > 0):
+				return errdefs.Invalid("CLI::INVALID_FLAG", "--file excludes --default, --allow and --deny")
+			case file != "":
+				b, err := readBody(cmd.InOrStdin(), file)
+				if err != nil {
+					return err
+				}
+				if err := decodeBody(b, &p); err != nil {
+					return err
+				}
+			default:
+				p.DefaultAction = def
+				for _, t := range deny {
+					p.Egress = append(p.Egress, client.NetworkRule{Action: "deny", Target: t})
+				}
+				for _, t := range allow {
+					p.Egress = append(p.Egress, client.NetworkRule{Action: "allow", Target: t})
+				}
+			}
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.PutTenantEgress(cmd.Context(), args[0], p)
+			if err != nil {
+				return err
+			}
+			return show(cmd, t)
+		},
+	}
+	fl := set.Flags()
+	fl.StringVar(&file, "file", "", `guardrail JSON file {"defaultAction":"deny","egress":[{"action":"allow","target":"*.corp.example"}]} ("-" for stdin)`)
+	fl.StringVar(&def, "default", "", "default action: allow or deny (default deny)")
+	fl.StringArrayVar(&allow, "allow", nil, "allow a domain, *.domain, IP or CIDR (repeatable; deny rules come first)")
+	fl.StringArrayVar(&deny, "deny", nil, "deny a domain, *.domain, IP or CIDR (repeatable)")
+	rm := &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"delete"},
+		Short:   "Remove a tenant's egress guardrail: its sandboxes keep their own policies",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := sf.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.DeleteTenantEgress(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return show(cmd, t)
+		},
+	}
+	for _, c := range []*cobra.Command{get, set, rm} {
+		addOutputFlag(c, &output)
+	}
+	cmd.AddCommand(get, set, rm)
+	return cmd
+}
+
+func egressTable(tw *tabwriter.Writer, t *client.TenantEgress) {
+	if t.Policy == nil {
+		fmt.Fprintf(tw, "Tenant:\t%s\nGuardrail:\tnone (each sandbox's own policy applies)\n", t.Tenant)
+	} else {
+		def := t.Policy.DefaultAction
+		if def == "" {
+			def = "deny"
+		}
+		fmt.Fprintf(tw, "Tenant:\t%s\nDefault:\t%s\n", t.Tenant, def)
+		for _, r := range t.Policy.Egress {
+			fmt.Fprintf(tw, "Rule:\t%s %s\n", r.Action, r.Target)
+		}
+	}
+	if t.Applied != nil {
+		fmt.Fprintf(tw, "Applied to:\t%d running sandboxes\n", *t.Applied)
+	}
 }

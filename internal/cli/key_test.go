@@ -156,3 +156,28 @@ func TestParseExpiry(t *testing.T) {
 		t.Errorf("empty: %v %v", got, err)
 	}
 }
+
+// TestTenantEgressVerbs: moat tenant egress get/set/rm against a server
+// that enforces no egress (the fake runtime): get says there is none, set
+// is refused with the server's clear error, flags are checked first.
+func TestTenantEgressVerbs(t *testing.T) {
+	url := realAPI(t)
+	as := func(key string, args ...string) (string, string, int) {
+		return runMoat(t, nil, append(args, "--server", url, "--api-key", key)...)
+	}
+	if out, _, code := as("root-key", "tenant", "egress", "get", "default"); code != 0 || !strings.Contains(out, "none") {
+		t.Errorf("get: %d %q", code, out)
+	}
+	if _, errOut, code := as("root-key", "tenant", "egress", "set", "default", "--file", "x.json", "--allow", "a.test"); code != 2 || !strings.Contains(errOut, "--file excludes") {
+		t.Errorf("conflicting flags: %d %q", code, errOut)
+	}
+	if _, errOut, code := as("root-key", "tenant", "egress", "set", "default", "--default", "deny", "--allow", "a.test"); code != 1 || !strings.Contains(errOut, "enforces no egress") {
+		t.Errorf("set without enforcement: %d %q", code, errOut)
+	}
+	if out, _, code := as("root-key", "tenant", "egress", "rm", "default"); code != 0 || !strings.Contains(out, "none") {
+		t.Errorf("rm: %d %q", code, out)
+	}
+	if out, _, code := as("root-key", "key", "whoami"); code != 0 || !strings.Contains(out, "platform") || !strings.Contains(out, "all tenants") {
+		t.Errorf("whoami: %d %q", code, out)
+	}
+}

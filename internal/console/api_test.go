@@ -189,11 +189,32 @@ func TestConsoleRolesAndTenants(t *testing.T) {
 			t.Errorf("beta %s %s: %d %v", c.method, c.path, code, body)
 		}
 	}
-	// The admin (the server's own key) sees every tenant.
+	// beta's admin is fenced to beta too, in the console as on the API:
+	// acme's sandbox, keys and tenant do not exist for it.
+	betaAdmin := st.signIn("beta-admin")
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v1/sandboxes/" + id, ""},
+		{"DELETE", "/v1/sandboxes/" + id, ""},
+		{"GET", "/v1/keys/" + st.ids["acme-viewer"], ""},
+		{"DELETE", "/v1/keys/" + st.ids["acme-viewer"], ""},
+		{"GET", "/v1/tenants/acme", ""},
+		{"POST", "/v1/keys", `{"tenant":"acme","role":"admin"}`},
+	} {
+		if code, body := betaAdmin.call(c.method, c.path, c.body); code != 404 {
+			t.Errorf("beta admin %s %s: %d %v, want 404", c.method, c.path, code, body)
+		}
+	}
+	if code, list := betaAdmin.call("GET", "/v1/sandboxes", ""); code != 200 || len(list["items"].([]any)) != 0 {
+		t.Errorf("beta admin list: %d %v", code, list)
+	}
+	if code, body := betaAdmin.call("PUT", "/v1/tenants/beta", `{"quota":{"sandboxes":99}}`); code != 403 {
+		t.Errorf("beta admin sets its quota: %d %v", code, body)
+	}
+	// The platform (the server's own key) sees every tenant.
 	st.keys["root"], st.ids["root"] = rootKey, tenant.RootKeyID
 	admin := st.signIn("root")
 	if code, list := admin.call("GET", "/v1/sandboxes", ""); code != 200 || len(list["items"].([]any)) != 1 {
-		t.Fatalf("admin list: %d %v", code, list)
+		t.Fatalf("platform list: %d %v", code, list)
 	}
 }
 

@@ -668,3 +668,43 @@ func TestPooledTemplateIsAWarmClaim(t *testing.T) {
 		t.Fatalf("detail of the claimed sandbox: %v", d)
 	}
 }
+
+// TestTenantAdminFencedEveryRoute: a tenant admin of another tenant
+// addresses acme's sandbox on every route of the E2B face that names one:
+// each answers 404 (or the 501 of a route that names no sandbox it looks
+// up), and lists show none of acme's sandboxes. acme's sandbox is intact.
+func TestTenantAdminFencedEveryRoute(t *testing.T) {
+	h := newHarness(t)
+	op, zetaAdmin := h.key(t, "acme", tenant.RoleOperator), h.key(t, "zeta", tenant.RoleAdmin)
+	r := h.do(t, op, "POST", "/v2/sandboxes", `{"templateID":"base"}`, false)
+	if r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	id := r.obj(t)["sandboxID"].(string)
+	bodies := map[string]string{"POST /sandboxes/{id}/timeout": `{"timeout":60}`, "POST /sandboxes/{id}/connect": `{"timeout":60}`,
+		"POST /v2/sandboxes/{id}/connect": `{"timeout":60}`, "POST /sandboxes/{id}/resume": `{"timeout":60}`, "POST /sandboxes/{id}/snapshots": `{}`}
+	n := 0
+	for _, rt := range e2b.New(e2b.Config{Domain: "sbx.example.test"}, h.svc, nil).Face().Routes {
+		method, pattern, _ := strings.Cut(rt.Pattern, " ")
+		if !strings.Contains(pattern, "{id}") || !strings.HasPrefix(strings.TrimPrefix(pattern, "/v2"), "/sandboxes/") {
+			continue
+		}
+		n++
+		path := strings.ReplaceAll(pattern, "{id}", id)
+		got := h.do(t, zetaAdmin, method, path, bodies[rt.Pattern], false)
+		if got.code != 404 && got.code != 501 {
+			t.Errorf("zeta admin %s %s: %d %s, want 404", method, path, got.code, got.raw)
+		}
+	}
+	if n < 14 {
+		t.Errorf("only %d sandbox routes checked", n)
+	}
+	for _, p := range []string{"/sandboxes", "/v2/sandboxes", "/snapshots"} {
+		if got := h.do(t, zetaAdmin, "GET", p, "", false); got.code != 200 || strings.Contains(string(got.raw), id) {
+			t.Errorf("zeta admin GET %s: %d %s", p, got.code, got.raw)
+		}
+	}
+	if sb, err := h.svc.Get(context.Background(), id); err != nil || sb.Status.State != "Running" {
+		t.Errorf("acme's sandbox after the calls: %+v %v", sb.Status, err)
+	}
+}

@@ -30,13 +30,25 @@ type PolicyService interface {
 	Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error)
 }
 
+// LayeredService is implemented by policy services whose sandboxes may
+// sit under a tenant guardrail (the lifecycle's): /policy answers then
+// show the guardrail and the effective policy too (a moat extension), and
+// mode is the effective policy's.
+type LayeredService interface {
+	Layers(id string) (policy.Layers, error)
+}
+
 // PolicyStatusResponse is the body of every successful /policy call.
+// Policy is the sandbox's own policy (what /policy sets); under a tenant
+// guardrail, TenantPolicy and EffectivePolicy (what is enforced) are set.
 type PolicyStatusResponse struct {
 	Status          string                `json:"status"`
 	Mode            string                `json:"mode"`
 	EnforcementMode string                `json:"enforcementMode"`
 	Reason          string                `json:"reason,omitempty"`
 	Policy          *policy.NetworkPolicy `json:"policy,omitempty"`
+	TenantPolicy    *policy.NetworkPolicy `json:"tenantPolicy,omitempty"`
+	EffectivePolicy *policy.NetworkPolicy `json:"effectivePolicy,omitempty"`
 }
 
 // HandlerOptions configures NewHandler.
@@ -146,7 +158,7 @@ func (h *handler) get(w http.ResponseWriter, _ *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeStatus(w, p, "")
+	h.writeStatus(w, p, "")
 	return nil
 }
 
@@ -167,7 +179,7 @@ func (h *handler) replace(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeStatus(w, got, reason)
+	h.writeStatus(w, got, reason)
 	return nil
 }
 
@@ -186,7 +198,7 @@ func (h *handler) patch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeStatus(w, got, "")
+	h.writeStatus(w, got, "")
 	return nil
 }
 
@@ -205,17 +217,21 @@ func (h *handler) remove(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeStatus(w, got, "")
+	h.writeStatus(w, got, "")
 	return nil
 }
 
-func writeStatus(w http.ResponseWriter, p policy.NetworkPolicy, reason string) {
+func (h *handler) writeStatus(w http.ResponseWriter, p policy.NetworkPolicy, reason string) {
 	if p.Egress == nil {
 		p.Egress = []policy.Rule{}
 	}
+	resp := PolicyStatusResponse{Status: "ok", Mode: p.Mode(), EnforcementMode: EnforcementMode, Reason: reason, Policy: &p}
+	if ls, ok := h.svc.(LayeredService); ok {
+		if l, err := ls.Layers(h.id); err == nil && l.Tenant != nil {
+			resp.TenantPolicy, resp.EffectivePolicy, resp.Mode = l.Tenant, &l.Effective, l.Effective.Mode()
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	_ = json.NewEncoder(w).Encode(PolicyStatusResponse{
-		Status: "ok", Mode: p.Mode(), EnforcementMode: EnforcementMode, Reason: reason, Policy: &p,
-	})
+	_ = json.NewEncoder(w).Encode(resp)
 }

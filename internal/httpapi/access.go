@@ -1,11 +1,16 @@
 package httpapi
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/gen/lifecycleapi"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
@@ -14,8 +19,13 @@ import (
 )
 
 // Access API (moat extension): the caller's principal, API keys and
-// tenants. Keys and tenants are admin-only (the route table says so);
-// GET /tenants/{name} lets other roles read their own tenant's quota.
+// tenants. A tenant's admin manages its own tenant's keys (up to admin);
+// the platform role manages every tenant's keys, the tenants themselves
+// (quotas, egress guardrails) and is the only role that grants nothing
+// it does not hold. GET /tenants/{name} lets every role read its own
+// tenant's quota and usage. A key or tenant outside the caller's scope is
+// not found, as another tenant's sandbox is; a platform key is invisible
+// to every other role.
 
 // accessRoutes are the access API's routes (part of routes).
 func (s *Server) accessRoutes() []route {
@@ -28,8 +38,11 @@ func (s *Server) accessRoutes() []route {
 		{"DELETE /keys/{keyId}", tenant.AccessAdmin, h(s.revokeKey)},
 		{"GET /tenants", tenant.AccessAdmin, h(s.listTenants)},
 		{"GET /tenants/{tenantName}", tenant.AccessRead, h(s.getTenant)},
-		{"PUT /tenants/{tenantName}", tenant.AccessAdmin, h(s.putTenant)},
-		{"DELETE /tenants/{tenantName}", tenant.AccessAdmin, h(s.deleteTenant)},
+		{"PUT /tenants/{tenantName}", tenant.AccessPlatform, h(s.putTenant)},
+		{"DELETE /tenants/{tenantName}", tenant.AccessPlatform, h(s.deleteTenant)},
+		{"GET /tenants/{tenantName}/egress", tenant.AccessRead, h(s.getTenantEgress)},
+		{"PUT /tenants/{tenantName}/egress", tenant.AccessPlatform, h(s.putTenantEgress)},
+		{"DELETE /tenants/{tenantName}/egress", tenant.AccessPlatform, h(s.deleteTenantEgress)},
 	}
 }
 
@@ -53,8 +66,27 @@ func principalOf(r *http.Request) tenant.Principal {
 func (s *Server) whoami(w http.ResponseWriter, r *http.Request) error {
 	p := principalOf(r)
 	web.WriteJSON(w, http.StatusOK, lifecycleapi.Principal{KeyID: p.KeyID, Tenant: p.Tenant,
-		Role: lifecycleapi.PrincipalRole(p.Role), AllTenants: p.AllTenants})
+		Role: lifecycleapi.PrincipalRole(p.Role), AllTenants: p.AllTenants, Sees: optString(sees(p))})
 	return nil
+}
+
+// sees says in words what p's calls reach.
+func sees(p tenant.Principal) string {
+	switch {
+	case p.AllTenants:
+		return "all tenants"
+	case p.Role == tenant.RolePlatform:
+		return "tenant " + p.Tenant + " (a platform key narrowed with " + TenantHeader + ")"
+	case p.Role == tenant.RoleAdmin:
+		return "tenant " + p.Tenant + " only (its resources and its keys)"
+	}
+	return "tenant " + p.Tenant + " only"
+}
+
+// keyVisible reports whether the caller may see key k: k's tenant is in
+// scope, and a platform key only to a platform caller.
+func keyVisible(r *http.Request, k tenant.Key) bool {
+	return tenant.ScopeOf(r.Context()).Sees(k.Tenant) && (k.Role != tenant.RolePlatform || principalOf(r).Role == tenant.RolePlatform)
 }
 
 func (s *Server) keyJSON(k tenant.Key) lifecycleapi.APIKey {
@@ -89,7 +121,9 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	out := lifecycleapi.ListKeysResponse{Items: []lifecycleapi.APIKey{}}
 	if t != "\x00" {
 		for _, k := range reg.Keys(t) {
-			out.Items = append(out.Items, s.keyJSON(k))
+			if keyVisible(r, k) {
+				out.Items = append(out.Items, s.keyJSON(k))
+			}
 		}
 	}
 	web.WriteJSON(w, http.StatusOK, out)
@@ -114,6 +148,13 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := tenantInScope(r, body.Tenant); err != nil {
 		return err
+	}
+	if p := principalOf(r); role == tenant.RolePlatform && !p.CanGrantPlatform() {
+		return errdefs.WithPublic(fmt.Errorf("grant platform by %s: %w", p.KeyID, errdefs.ErrPermissionDenied), "PERMISSION_DENIED",
+			"only the server's own key may create platform keys")
+	} else if !p.Role.Covers(role) {
+		return errdefs.WithPublic(fmt.Errorf("grant %s by %s: %w", role, p.Role, errdefs.ErrPermissionDenied), "PERMISSION_DENIED",
+			fmt.Sprintf("a %s key may not create %s keys", p.Role, role))
 	}
 	req := tenant.NewKey{Tenant: body.Tenant, Role: role, ExpiresAt: body.ExpiresAt, CreatedBy: principalOf(r).KeyID}
 	if body.Name != nil {
@@ -140,7 +181,7 @@ func (s *Server) getKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if !tenant.ScopeOf(r.Context()).Sees(k.Tenant) {
+	if !keyVisible(r, k) {
 		return errdefs.WithPublic(fmt.Errorf("key %q: %w", k.ID, errdefs.ErrNotFound), "KEY::NOT_FOUND", fmt.Sprintf("key %s not found", k.ID))
 	}
 	web.WriteJSON(w, http.StatusOK, s.keyJSON(k))
@@ -153,7 +194,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("keyId")
-	if k, err := reg.Key(id); err == nil && !tenant.ScopeOf(r.Context()).Sees(k.Tenant) {
+	if k, err := reg.Key(id); err == nil && !keyVisible(r, k) {
 		return errdefs.WithPublic(fmt.Errorf("key %q: %w", id, errdefs.ErrNotFound), "KEY::NOT_FOUND", fmt.Sprintf("key %s not found", id))
 	}
 	if _, err := reg.RevokeKey(r.Context(), id); err != nil {
@@ -328,4 +369,104 @@ func tenantInScope(r *http.Request, name string) error {
 		return nil
 	}
 	return errdefs.WithPublic(fmt.Errorf("tenant %q: %w", name, errdefs.ErrNotFound), "TENANT::NOT_FOUND", fmt.Sprintf("tenant %s not found", name))
+}
+
+// Tenant egress guardrails: GET for every role in scope, PUT and DELETE
+// for the platform role. The change reaches the tenant's sandboxes at once
+// (lifecycle.Service.ApplyGuardrail).
+
+// egressJSON is the wire form of a tenant's guardrail.
+func egressJSON(name string, p *policy.NetworkPolicy, applied *int) (lifecycleapi.TenantEgress, error) {
+	out := lifecycleapi.TenantEgress{Tenant: name, Applied: applied}
+	if p != nil {
+		b, err := json.Marshal(p)
+		if err != nil {
+			return out, err
+		}
+		out.Policy = &lifecycleapi.NetworkPolicy{}
+		if err := json.Unmarshal(b, out.Policy); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) getTenantEgress(w http.ResponseWriter, r *http.Request) error {
+	reg, err := s.registry()
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("tenantName")
+	if err := tenantInScope(r, name); err != nil {
+		return err
+	}
+	t, err := reg.Tenant(name)
+	if err != nil {
+		return err
+	}
+	out, err := egressJSON(t.Name, t.Egress, nil)
+	if err != nil {
+		return err
+	}
+	web.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// codeInvalidEgress is the code of a guardrail that does not parse.
+const codeInvalidEgress = "TENANT::INVALID_EGRESS_POLICY"
+
+func (s *Server) putTenantEgress(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		return errdefs.Invalid(codeInvalidEgress, "egress policy: request body unreadable or larger than 1 MiB")
+	}
+	if strings.TrimSpace(string(body)) == "" {
+		return errdefs.Invalid(codeInvalidEgress, "egress policy: a body is required (a networkPolicy object; {} denies all egress)")
+	}
+	p, err := policy.Parse(body)
+	if err != nil {
+		msg := "invalid policy"
+		if pub, ok := errdefs.PublicOf(err); ok {
+			msg = pub.Message
+		}
+		return errdefs.Invalid(codeInvalidEgress, "egress policy: "+msg)
+	}
+	return s.setTenantEgress(w, r, &p)
+}
+
+func (s *Server) deleteTenantEgress(w http.ResponseWriter, r *http.Request) error {
+	return s.setTenantEgress(w, r, nil)
+}
+
+// setTenantEgress records tenant's guardrail p (nil: none) and applies it
+// to the tenant's sandboxes.
+func (s *Server) setTenantEgress(w http.ResponseWriter, r *http.Request, p *policy.NetworkPolicy) error {
+	reg, err := s.registry()
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("tenantName")
+	if err := tenantInScope(r, name); err != nil {
+		return err
+	}
+	if p != nil && (s.svc == nil || !s.svc.EnforcesEgress()) {
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+			"this server's runtime enforces no egress policy: a tenant guardrail cannot be enforced")
+	}
+	t, err := reg.SetEgress(r.Context(), name, p)
+	if err != nil {
+		return err
+	}
+	n := 0
+	if s.svc != nil {
+		// Failures are logged per sandbox; the guardrail is recorded and
+		// re-applied to each sandbox at its next attach or restart.
+		n, _ = s.svc.ApplyGuardrail(context.WithoutCancel(r.Context()), name)
+	}
+	out, err := egressJSON(t.Name, t.Egress, &n)
+	if err != nil {
+		return err
+	}
+	web.WriteJSON(w, http.StatusOK, out)
+	return nil
 }

@@ -35,9 +35,9 @@ type SessionResolver interface {
 	ResolveSession(r *http.Request) (p tenant.Principal, ok bool, err error)
 }
 
-// TenantHeader lets an admin act in one tenant: its resources only, and
-// what it creates belongs to that tenant. Other roles may name only their
-// own tenant.
+// TenantHeader lets a platform key act in one tenant: its resources only,
+// and what it creates belongs to that tenant. Other roles (admins
+// included) may name only their own tenant.
 const TenantHeader = "X-Moat-Tenant"
 
 // Route is one API route, for tests that must cover every route: its
@@ -76,7 +76,7 @@ func (s *Server) Routes() []Route {
 		out = append(out, Route{Method: m, Pattern: path, Access: rt.access})
 	}
 	if s.cfg.Metrics != nil {
-		out = append(out, Route{Method: "GET", Pattern: "/metrics", Access: tenant.AccessAdmin})
+		out = append(out, Route{Method: "GET", Pattern: "/metrics", Access: tenant.AccessPlatform})
 	}
 	return out
 }
@@ -171,10 +171,10 @@ func (s *Server) narrow(r *http.Request, p tenant.Principal) (tenant.Principal, 
 	if err := tenant.ValidName(name); err != nil {
 		return p, err
 	}
-	if p.Role != tenant.RoleAdmin {
+	if p.Role != tenant.RolePlatform {
 		if name != p.Tenant {
 			return p, errdefs.WithPublic(fmt.Errorf("tenant header %q: %w", name, errdefs.ErrPermissionDenied), "PERMISSION_DENIED",
-				fmt.Sprintf("only admins may act in another tenant (this key belongs to tenant %s)", p.Tenant))
+				fmt.Sprintf("only platform keys may act in another tenant (this %s key belongs to tenant %s)", p.Role, p.Tenant))
 		}
 		return p, nil
 	}
@@ -262,10 +262,12 @@ func authError(err error) error {
 
 func needs(a tenant.Access) string {
 	switch a {
+	case tenant.AccessPlatform:
+		return "platform"
 	case tenant.AccessAdmin:
-		return "admin"
+		return "admin or platform"
 	case tenant.AccessWrite:
-		return "operator or admin"
+		return "operator, admin or platform"
 	}
 	return "any role"
 }

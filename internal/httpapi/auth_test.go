@@ -68,6 +68,7 @@ func newTenantAPI(t *testing.T, cfg sandbox.Config, deps sandbox.Deps) *tenantAP
 	if deps.Quotas == nil {
 		deps.Quotas = reg
 	}
+	deps.Guardrails = reg
 	svc, err := sandbox.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)

@@ -236,7 +236,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	if m := s.cfg.Metrics; m != nil {
 		mux.Handle("GET /metrics", m.Handler())
-		access["GET /metrics"] = tenant.AccessAdmin
+		access["GET /metrics"] = tenant.AccessPlatform // every tenant's counts
 	}
 	routed := web.NotFoundJSON(mux, "SANDBOX::NOT_FOUND", "SANDBOX::METHOD_NOT_ALLOWED")
 	api := s.authenticate(mux, access, routed, s.web)

@@ -164,6 +164,7 @@ var bodies = map[string]string{
 	"POST /keys":                            `{"tenant":"acme","role":"viewer"}`,
 	"POST /templates":                       `{"id":"other","image":"busybox"}`,
 	"PUT /tenants/{tenantName}":             `{"quota":{"sandboxes":100}}`,
+	"PUT /tenants/{tenantName}/egress":      `{"defaultAction":"allow"}`,
 }
 
 func routeKey(r httpapi.Route) string {
@@ -194,9 +195,12 @@ func owned(pattern string) bool {
 
 // TestCrossTenantEveryRoute addresses tenant acme's sandbox, snapshot,
 // pool, key and tenant on every route of the route table (both prefixes)
-// with tenant beta's keys: an operator (scoped to beta), and an admin
-// narrowed to beta with X-Moat-Tenant. Every route that names a resource
-// must answer 404 with {code, message}, as if it did not exist, and acme's
+// with keys that must not reach them: beta's operator, beta's admin (a
+// tenant admin is fenced to its tenant), beta's admin naming its own
+// tenant with X-Moat-Tenant, and the platform key narrowed to beta. Every
+// route that names a resource must answer 404 with {code, message}, as if
+// it did not exist (403 PERMISSION_DENIED where the role may not use the
+// route at all: a tenant admin on the platform routes), and acme's
 // resources must be untouched afterwards. Collection routes must not list
 // acme's resources. A route the test does not know fails it.
 func TestCrossTenantEveryRoute(t *testing.T) {
@@ -238,7 +242,7 @@ func TestCrossTenantEveryRoute(t *testing.T) {
 		"POST /keys": nil, // admin only; acme is named in the body (TestAdminAPI)
 		"GET /metrics": func(t *testing.T, code int, body map[string]any) {
 			if code != 403 && code != 200 {
-				t.Errorf("metrics: %d %v", code, body) // admin only: counts, no ids
+				t.Errorf("metrics: %d %v", code, body) // platform only: counts, no ids
 			}
 		},
 		"GET /volumes": func(t *testing.T, code int, body map[string]any) {
@@ -260,10 +264,13 @@ func TestCrossTenantEveryRoute(t *testing.T) {
 	for _, who := range []struct {
 		name string
 		key  string
+		role tenant.Role
 		hdr  []string
 	}{
-		{"beta operator", "beta-operator", nil},
-		{"admin narrowed to beta", "beta-admin", []string{httpapi.TenantHeader, "beta"}},
+		{"beta operator", "beta-operator", tenant.RoleOperator, nil},
+		{"beta tenant admin", "beta-admin", tenant.RoleAdmin, nil},
+		{"beta tenant admin naming beta", "beta-admin", tenant.RoleAdmin, []string{httpapi.TenantHeader, "beta"}},
+		{"platform narrowed to beta", "root", tenant.RolePlatform, []string{httpapi.TenantHeader, "beta"}},
 	} {
 		for _, rt := range routes {
 			k := routeKey(rt)
@@ -281,14 +288,17 @@ func TestCrossTenantEveryRoute(t *testing.T) {
 					if !known {
 						t.Fatalf("route %s is not covered by the isolation test: add it", k)
 					}
+					if !who.role.Allows(rt.Access) && code != 403 {
+						t.Errorf("%s %s: %d %v, want 403 (%s route)", methodOf(rt), path, code, body, rt.Access)
+					}
 					if check != nil {
 						check(t, code, body)
 					}
 					return
 				}
-				if who.key == "beta-operator" && rt.Access == tenant.AccessAdmin {
-					if code != 403 {
-						t.Errorf("%s %s: %d %v, want 403 (admin route)", methodOf(rt), path, code, body)
+				if !who.role.Allows(rt.Access) {
+					if code != 403 || body["code"] != "PERMISSION_DENIED" {
+						t.Errorf("%s %s: %d %v, want 403 (%s route)", methodOf(rt), path, code, body, rt.Access)
 					}
 					return
 				}
@@ -428,18 +438,21 @@ func TestRolesEveryRoute(t *testing.T) {
 		t.Fatalf("revoke: %d", code)
 	}
 	ta.keys["acme-revoked"] = body["key"].(string)
-	var seenWrite, seenAdmin int
+	var seenWrite, seenAdmin, seenPlatform int
 	for _, rt := range ta.api.Routes() {
 		k := routeKey(rt)
 		path := fx.concrete(rt.Pattern)
 		t.Run(methodOf(rt)+" "+rt.Pattern, func(t *testing.T) {
-			for _, role := range []tenant.Role{tenant.RoleViewer, tenant.RoleOperator} {
+			for _, role := range []tenant.Role{tenant.RoleViewer, tenant.RoleOperator, tenant.RoleAdmin} {
 				if role.Allows(rt.Access) {
 					continue
 				}
-				if rt.Access == tenant.AccessWrite {
+				switch {
+				case rt.Access == tenant.AccessWrite:
 					seenWrite++
-				} else {
+				case role == tenant.RoleAdmin:
+					seenPlatform++
+				default:
 					seenAdmin++
 				}
 				code, body := ta.do(t, "acme-"+string(role), methodOf(rt), path, bodies[k])
@@ -473,10 +486,12 @@ func TestRolesEveryRoute(t *testing.T) {
 			}
 		})
 	}
-	// 12 write routes refuse viewers, 7 admin routes refuse both roles
-	// (GET /tenants/{name} is read), under two prefixes.
-	if seenWrite < 24 || seenAdmin < 28 {
-		t.Errorf("only %d write and %d admin refusals checked", seenWrite, seenAdmin)
+	// 12 write routes refuse viewers, 9 admin and platform routes refuse
+	// viewers and operators (GET /tenants/{name} and its egress are read),
+	// 4 platform routes refuse tenant admins, under two prefixes; and
+	// /metrics.
+	if seenWrite < 24 || seenAdmin < 36 || seenPlatform < 9 {
+		t.Errorf("only %d write, %d admin and %d platform refusals checked", seenWrite, seenAdmin, seenPlatform)
 	}
 	if after := snapshotState(t, ta, fx); after != before {
 		t.Errorf("refused calls changed acme's resources:\nbefore %s\nafter  %s", before, after)

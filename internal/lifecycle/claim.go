@@ -8,6 +8,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // MaxBatch is the largest batch create.
@@ -143,21 +144,32 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 			return nil, errdefs.WithPublic(err, "SANDBOX::CLAIM_FAILED", "could not apply env to the claimed sandbox")
 		}
 	}
-	if proto.NetworkPolicy != nil {
-		for _, e := range claimed {
-			st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
-			if err == nil {
-				err = attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *proto.NetworkPolicy)
-			}
-			if err != nil {
-				for _, e := range claimed {
-					e.delete(ctx, ReasonStopping) // detaches too
-				}
-				return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
-			}
-			np := *proto.NetworkPolicy
-			e.sb.NetworkPolicy, e.sb.EgressToken = &np, newToken()
+	for _, e := range claimed {
+		eff, err := s.effective(e.owner, proto.NetworkPolicy)
+		if err == nil && eff == nil {
+			continue
 		}
+		if err == nil && s.deps.Egress == nil {
+			err = fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", e.owner, errdefs.ErrNotImplemented)
+		}
+		var st runtime.Status
+		if err == nil {
+			st, err = s.deps.Runtime.Status(ctx, e.sb.ID)
+		}
+		if err == nil {
+			err = attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *eff)
+		}
+		if err != nil {
+			for _, e := range claimed {
+				e.delete(ctx, ReasonStopping) // detaches too
+			}
+			return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+		}
+		if proto.NetworkPolicy != nil {
+			np := proto.NetworkPolicy.Clone()
+			e.sb.NetworkPolicy = &np
+		}
+		e.sb.EgressToken = newToken()
 	}
 	kv := make(map[string]any, len(claimed))
 	prev := make([]Sandbox, len(claimed))

@@ -395,10 +395,20 @@ func (e *Entry) startFailed(ctx context.Context, err error) error {
 func (e *Entry) attach(ctx context.Context, ip string) error {
 	s := e.svc
 	sb := &e.sb
-	if sb.NetworkPolicy == nil {
+	eff, err := s.effective(sb.Tenant, sb.NetworkPolicy)
+	if err == nil && eff == nil {
 		return nil
 	}
-	if err := attachEgress(ctx, s.deps.Egress, sb.ID, ip, *sb.NetworkPolicy); err != nil {
+	if err == nil && s.deps.Egress == nil {
+		err = fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", sb.Tenant, errdefs.ErrNotImplemented)
+	}
+	if sb.EgressToken == "" {
+		sb.EgressToken = newToken() // filtered by its tenant's guardrail only
+	}
+	if err == nil {
+		err = attachEgress(ctx, s.deps.Egress, sb.ID, ip, *eff)
+	}
+	if err != nil {
 		e.cleanupFailed(ctx)
 		e.fail(ReasonProvisionFailed, "could not apply the network policy")
 		return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")

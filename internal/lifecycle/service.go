@@ -123,6 +123,8 @@ type Deps struct {
 	Metrics Metrics
 	// Quotas is optional; nil limits no tenant (see tenancy.go).
 	Quotas Quotas
+	// Guardrails is optional; nil: no tenant egress guardrails.
+	Guardrails Guardrails
 }
 
 // Metrics receives lifecycle observations (see internal/metrics). Calls
@@ -492,7 +494,7 @@ func (e *Entry) delete(ctx context.Context, reason string) error {
 	if err := e.transition(StateStopping, reason, ""); err != nil {
 		return err
 	}
-	if e.sb.NetworkPolicy != nil && s.deps.Egress != nil {
+	if e.sb.EgressToken != "" && s.deps.Egress != nil {
 		if err := s.deps.Egress.Detach(ctx, id); err != nil {
 			s.log.Warn("detach egress", "id", id, "err", err)
 		}
@@ -768,18 +770,39 @@ type EgressPolicies struct {
 	ctx context.Context
 }
 
-// Get returns the policy in force on sandbox id.
+// Get returns sandbox id's own policy (allow-all when it has none: it is
+// filtered by its tenant's guardrail only).
 func (p EgressPolicies) Get(id string) (policy.NetworkPolicy, error) {
-	if _, err := p.s.get(p.ctx, id); err != nil {
-		return policy.NetworkPolicy{}, err
-	}
-	if p.s.deps.Egress == nil {
-		return policy.NetworkPolicy{}, errdefs.ErrNotFound
-	}
-	return p.s.deps.Egress.Get(id)
+	l, err := p.Layers(id)
+	return l.Own, err
 }
 
-// Modify changes the policy of sandbox id and records it.
+// Layers returns sandbox id's own policy, its tenant's guardrail and the
+// effective policy in force.
+func (p EgressPolicies) Layers(id string) (policy.Layers, error) {
+	e, err := p.s.get(p.ctx, id)
+	if err != nil {
+		return policy.Layers{}, err
+	}
+	if p.s.deps.Egress == nil {
+		return policy.Layers{}, errdefs.ErrNotFound
+	}
+	eff, err := p.s.deps.Egress.Get(id)
+	if err != nil {
+		return policy.Layers{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l := policy.Layers{Own: policy.AllowAll(), Effective: eff}
+	if e.sb.NetworkPolicy != nil {
+		l.Own = e.sb.NetworkPolicy.Clone()
+	}
+	l.Tenant = p.s.EgressGuardrail(e.owner)
+	return l, nil
+}
+
+// Modify changes the own policy of sandbox id (fn gets the current one),
+// enforces it under the tenant's guardrail and records it.
 func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.NetworkPolicy) (policy.NetworkPolicy, error)) (policy.NetworkPolicy, error) {
 	e, err := p.s.get(ctx, id)
 	if err != nil {
@@ -790,15 +813,30 @@ func (p EgressPolicies) Modify(ctx context.Context, id string, fn func(policy.Ne
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	np, err := p.s.deps.Egress.Modify(ctx, id, fn)
-	if err != nil {
-		return np, err
+	own := policy.AllowAll()
+	if e.sb.NetworkPolicy != nil {
+		own = e.sb.NetworkPolicy.Clone()
 	}
-	e.sb.NetworkPolicy = &np
-	return np, e.persist()
+	next, err := fn(own)
+	if err != nil {
+		return next, err
+	}
+	if next, err = policy.Normalize(next); err != nil {
+		return next, err
+	}
+	eff, err := p.s.effective(e.owner, &next)
+	if err != nil {
+		return next, err
+	}
+	if _, err := p.s.deps.Egress.Modify(ctx, id, func(policy.NetworkPolicy) (policy.NetworkPolicy, error) { return *eff, nil }); err != nil {
+		return next, err
+	}
+	e.sb.NetworkPolicy = &next
+	return next, e.persist()
 }
 
-// EgressToken returns the egress API token of a sandbox ("" if it has no policy).
+// EgressToken returns the egress API token of a sandbox ("" if it is not
+// filtered).
 func (s *Service) EgressToken(ctx context.Context, id string) (string, error) {
 	e, err := s.get(ctx, id)
 	if err != nil {
@@ -806,8 +844,5 @@ func (s *Service) EgressToken(ctx context.Context, id string) (string, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sb.NetworkPolicy == nil {
-		return "", nil
-	}
-	return e.sb.EgressToken, nil
+	return e.sb.EgressToken, nil // "" unless filtered (its own policy or its tenant's guardrail)
 }

@@ -2,8 +2,12 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
@@ -171,4 +175,81 @@ func (s *Service) TenantSandboxes(name string) int {
 		}
 	}
 	return n
+}
+
+// Guardrails gives each tenant's egress guardrail (tenant.Registry).
+// Deps.Guardrails nil: no tenant has one.
+type Guardrails interface {
+	// EgressGuardrail returns the guardrail of tenant (nil: none).
+	EgressGuardrail(tenant string) *policy.NetworkPolicy
+}
+
+// effective is the policy enforced on a sandbox of owner whose own policy
+// is own (nil: none): policy.Effective under owner's guardrail. Nil: the
+// sandbox is not filtered.
+func (s *Service) effective(owner string, own *policy.NetworkPolicy) (*policy.NetworkPolicy, error) {
+	return policy.Effective(s.EgressGuardrail(owner), own)
+}
+
+// EgressGuardrail returns the egress guardrail of tenant owner (nil: none).
+func (s *Service) EgressGuardrail(owner string) *policy.NetworkPolicy {
+	if s.deps.Guardrails == nil {
+		return nil
+	}
+	return s.deps.Guardrails.EgressGuardrail(owner)
+}
+
+// EnforcesEgress reports whether this server enforces network policies
+// (tenant guardrails need it).
+func (s *Service) EnforcesEgress() bool { return s.deps.Egress != nil }
+
+// ApplyGuardrail enforces tenant name's current guardrail on its sandboxes
+// at once: each filtered sandbox gets its new effective policy through the
+// same live update as the egress API's PATCH /policy, and a running one
+// that was not filtered (no policy of its own) is attached. It returns how
+// many sandboxes it changed. Idle warm-pool sandboxes get theirs when
+// claimed. A sandbox that cannot be updated is logged and counted out.
+func (s *Service) ApplyGuardrail(ctx context.Context, name string) (int, error) {
+	if s.deps.Egress == nil {
+		return 0, nil
+	}
+	name = tenant.Normalize(name)
+	n := 0
+	var errs []error
+	s.Each(func(e *Entry) {
+		sb := &e.sb
+		if tenant.Normalize(e.owner) != name || sb.Warm || isTerminal(sb.Status.State) {
+			return
+		}
+		eff, err := s.effective(e.owner, sb.NetworkPolicy)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", sb.ID, err))
+			return
+		}
+		switch {
+		case sb.EgressToken != "":
+			next := policy.AllowAll() // own policy nil and guardrail removed: nothing to filter
+			if eff != nil {
+				next = *eff
+			}
+			_, err = s.deps.Egress.Modify(ctx, sb.ID, func(policy.NetworkPolicy) (policy.NetworkPolicy, error) { return next, nil })
+		case eff != nil && sb.Status.State == StateRunning:
+			var st runtime.Status
+			if st, err = s.deps.Runtime.Status(ctx, sb.ID); err == nil {
+				if err = attachEgress(ctx, s.deps.Egress, sb.ID, st.IP, *eff); err == nil {
+					sb.EgressToken = newToken()
+					err = e.persist()
+				}
+			}
+		default:
+			return
+		}
+		if err != nil {
+			s.log.Error("apply tenant egress guardrail", "tenant", name, "id", sb.ID, "err", err)
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", sb.ID, err))
+			return
+		}
+		n++
+	})
+	return n, errors.Join(errs...)
 }

@@ -94,7 +94,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	s.svc, err = sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: cfg.MaxTimeout, SecureAccess: cfg.IngressListen != "",
 		OrphanGrace: cfg.Kubernetes.OrphanGrace}, AllowedHostPaths: cfg.AllowedHostPaths}, sandbox.Deps{Deps: lifecycle.Deps{
 		Store: s.db, Events: be.events, Leader: be.leader, Runtime: s.rt, Images: imagesFor(be, s.images), Egress: be.egress, Log: log,
-		Metrics: reg, Quotas: quotas}, Committer: be.committer, Sealer: sealer,
+		Metrics: reg, Quotas: quotas, Guardrails: s.guardrails()}, Committer: be.committer, Sealer: sealer,
 	})
 	if err != nil {
 		return nil, err
@@ -176,6 +176,14 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 		return nil, err
 	}
 	return s.tenants, nil
+}
+
+// guardrails are the tenants' egress guardrails (none without auth).
+func (s *Server) guardrails() lifecycle.Guardrails {
+	if s.tenants == nil {
+		return nil
+	}
+	return s.tenants
 }
 
 // buildAPI builds the HTTP API over s.svc, with ingress signing, the

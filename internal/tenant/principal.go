@@ -10,6 +10,10 @@
 // principal is the server itself (the reaper, pool refills, a server
 // started with auth disabled): it sees every tenant.
 //
+// Roles fence a key to its tenant, admins included: only the platform
+// role (the server's own key, and keys it grants that role) acts across
+// tenants, sets quotas and egress guardrails, and reads /metrics.
+//
 // Keys and tenants are kept in the state store (Registry); keys are stored
 // as HMAC-SHA256 digests under a server secret and compared in constant
 // time.
@@ -29,7 +33,7 @@ import (
 const Default = "default"
 
 // RootKeyID is the key id of the server's own key (the single key of
-// servers before tenants): an admin of the Default tenant. It lives in the
+// servers before tenants): the platform role, in the Default tenant. It lives in the
 // server's configuration, not in the registry, and cannot be revoked
 // through the API (rotate the key file instead).
 const RootKeyID = "root"
@@ -39,8 +43,12 @@ type Role string
 
 // Roles, from most to least privileged.
 const (
-	// RoleAdmin sees and changes every tenant's resources and manages
-	// keys and tenants.
+	// RolePlatform sees and changes every tenant's resources, manages
+	// tenants (quotas, egress guardrails) and every tenant's keys. The
+	// server's own key holds it; only that key may grant it.
+	RolePlatform Role = "platform"
+	// RoleAdmin has full control of its own tenant: its resources and
+	// its keys (up to admin). It sees no other tenant.
 	RoleAdmin Role = "admin"
 	// RoleOperator has full control of its own tenant's resources.
 	RoleOperator Role = "operator"
@@ -48,8 +56,11 @@ const (
 	RoleViewer Role = "viewer"
 )
 
-// Roles lists every role.
-var Roles = []Role{RoleAdmin, RoleOperator, RoleViewer}
+// Roles lists every role, from most to least privileged.
+var Roles = []Role{RolePlatform, RoleAdmin, RoleOperator, RoleViewer}
+
+// CodeInvalidRole is the API code of a role that does not exist.
+const CodeInvalidRole = "KEY::INVALID_ROLE"
 
 // ParseRole parses a role name.
 func ParseRole(s string) (Role, error) {
@@ -58,8 +69,27 @@ func ParseRole(s string) (Role, error) {
 			return r, nil
 		}
 	}
-	return "", errdefs.Invalid("KEY::INVALID_ROLE", fmt.Sprintf("role %q: want admin, operator or viewer", s))
+	return "", errdefs.Invalid(CodeInvalidRole, fmt.Sprintf("role %q does not exist: want platform, admin, operator or viewer", s))
 }
+
+// rank orders roles (higher is more privileged; 0: not a role).
+func (r Role) rank() int {
+	switch r {
+	case RolePlatform:
+		return 4
+	case RoleAdmin:
+		return 3
+	case RoleOperator:
+		return 2
+	case RoleViewer:
+		return 1
+	}
+	return 0
+}
+
+// Covers reports whether r holds every right of o (a key may only grant
+// roles its own covers).
+func (r Role) Covers(o Role) bool { return o.rank() > 0 && r.rank() >= o.rank() }
 
 // Access is what a route needs from its caller.
 type Access int
@@ -75,10 +105,15 @@ const (
 	AccessData
 	// AccessRead needs any role.
 	AccessRead
-	// AccessWrite changes a tenant's resources: operator or admin.
+	// AccessWrite changes a tenant's resources: operator, admin or
+	// platform.
 	AccessWrite
-	// AccessAdmin manages keys and tenants: admin only.
+	// AccessAdmin manages a tenant's keys: admin (its own tenant) or
+	// platform.
 	AccessAdmin
+	// AccessPlatform manages tenants (quotas, egress guardrails) and reads
+	// server-wide data (/metrics): platform only.
+	AccessPlatform
 )
 
 func (a Access) String() string {
@@ -93,6 +128,8 @@ func (a Access) String() string {
 		return "write"
 	case AccessAdmin:
 		return "admin"
+	case AccessPlatform:
+		return "platform"
 	}
 	return fmt.Sprintf("Access(%d)", int(a))
 }
@@ -101,11 +138,13 @@ func (a Access) String() string {
 func (r Role) Allows(a Access) bool {
 	switch a {
 	case AccessPublic, AccessData, AccessRead:
-		return r == RoleAdmin || r == RoleOperator || r == RoleViewer
+		return r.Covers(RoleViewer)
 	case AccessWrite:
-		return r == RoleAdmin || r == RoleOperator
+		return r.Covers(RoleOperator)
 	case AccessAdmin:
-		return r == RoleAdmin
+		return r.Covers(RoleAdmin)
+	case AccessPlatform:
+		return r.Covers(RolePlatform)
 	}
 	return false
 }
@@ -121,14 +160,20 @@ type Principal struct {
 	Tenant string `json:"tenant"`
 	// Role is the key's role.
 	Role Role `json:"role"`
-	// AllTenants lets the request see every tenant's resources (admins,
-	// unless they narrowed their scope to one tenant).
+	// AllTenants lets the request see every tenant's resources (platform
+	// keys, unless they narrowed their scope to one tenant).
 	AllTenants bool `json:"allTenants,omitempty"`
 }
 
 // Anonymous is the principal of a server that runs without auth
-// (--insecure-no-auth): an admin of the Default tenant.
-var Anonymous = Principal{Tenant: Default, Role: RoleAdmin, AllTenants: true}
+// (--insecure-no-auth): the platform role, in the Default tenant.
+var Anonymous = Principal{Tenant: Default, Role: RolePlatform, AllTenants: true}
+
+// CanGrantPlatform reports whether p may create platform keys: only the
+// server's own key (and a server without auth) may.
+func (p Principal) CanGrantPlatform() bool {
+	return p.Role == RolePlatform && (p.KeyID == RootKeyID || p.KeyID == "")
+}
 
 type principalKey struct{}
 

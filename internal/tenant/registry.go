@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/store"
 )
@@ -25,7 +26,24 @@ import (
 const (
 	KeyBucket    = "keys"
 	TenantBucket = "tenants"
+	// MetaBucket holds the registry's schema record (SchemaKey).
+	MetaBucket = "registry"
+	SchemaKey  = "schema"
 )
+
+// SchemaVersion is the version of the registry's records. Version 2
+// fenced admins to their tenant: Open migrates a store of version 1 (no
+// schema record) once, turning every admin key of tenant default into a
+// platform key, so that they keep acting across tenants as they did; admin
+// keys of other tenants become admins of their tenant only.
+const SchemaVersion = 2
+
+// schema is the record under MetaBucket/SchemaKey.
+type schema struct {
+	Version int `json:"version"`
+	// Promoted lists the key ids the version 2 migration made platform.
+	Promoted []string `json:"promoted,omitempty"`
+}
 
 // Key format: "moat_" + 16 hex id + "_" + 64 hex secret (256 random bits).
 // The id is not secret: it names the key in listings and audit records,
@@ -65,9 +83,13 @@ func (k Key) Active(now time.Time) bool {
 
 // Tenant is the record of a tenant.
 type Tenant struct {
-	Name      string    `json:"name"`
-	Quota     Quota     `json:"quota"`
-	CreatedAt time.Time `json:"createdAt"`
+	Name  string `json:"name"`
+	Quota Quota  `json:"quota"`
+	// Egress is the tenant's egress guardrail (nil: none): every sandbox
+	// of the tenant is enforced with it intersected with its own policy
+	// (policy.Effective).
+	Egress    *policy.NetworkPolicy `json:"egress,omitempty"`
+	CreatedAt time.Time             `json:"createdAt"`
 }
 
 // Options configure a Registry.
@@ -118,6 +140,9 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load keys: %w", err)
 	}
+	if keys, err = migrate(db, keys); err != nil {
+		return nil, err
+	}
 	for _, k := range keys {
 		r.keys[k.ID] = k
 	}
@@ -132,6 +157,33 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 		r.follow(w)
 	}
 	return r, nil
+}
+
+// migrate brings keys of an older schema to SchemaVersion and records it
+// (see SchemaVersion); it returns the keys as they are now.
+func migrate(db store.Store, keys []Key) ([]Key, error) {
+	var sc schema
+	if err := db.Get(MetaBucket, SchemaKey, &sc); err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("load registry schema: %w", err)
+	}
+	if sc.Version >= SchemaVersion {
+		return keys, nil
+	}
+	sc = schema{Version: SchemaVersion}
+	for i, k := range keys {
+		if k.Role == RoleAdmin && Normalize(k.Tenant) == Default {
+			k.Role = RolePlatform
+			if err := db.Put(KeyBucket, k.ID, k); err != nil {
+				return nil, fmt.Errorf("migrate key %s: %w", k.ID, err)
+			}
+			keys[i] = k
+			sc.Promoted = append(sc.Promoted, k.ID)
+		}
+	}
+	if err := db.Put(MetaBucket, SchemaKey, sc); err != nil {
+		return nil, fmt.Errorf("record registry schema: %w", err)
+	}
+	return keys, nil
 }
 
 // follow keeps the registry current with the keys and tenants other
@@ -256,7 +308,7 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 		key = rest
 	}
 	if r.IsRootKey(key) {
-		return Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}, nil
+		return rootPrincipal(), nil
 	}
 	id, ok := parseKey(key)
 	if !ok {
@@ -279,8 +331,15 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 	return k.principal(), nil
 }
 
+// rootPrincipal is the principal of the server's own key.
+func rootPrincipal() Principal {
+	return Principal{KeyID: RootKeyID, Tenant: Default, Role: RolePlatform, AllTenants: true}
+}
+
+// principal is the key's principal: only the platform role sees every
+// tenant; an admin is fenced to its tenant like every other role.
 func (k Key) principal() Principal {
-	return Principal{KeyID: k.ID, Tenant: Normalize(k.Tenant), Role: k.Role, AllTenants: k.Role == RoleAdmin}
+	return Principal{KeyID: k.ID, Tenant: Normalize(k.Tenant), Role: k.Role, AllTenants: k.Role == RolePlatform}
 }
 
 func (r *Registry) usable(k Key) error {
@@ -299,7 +358,7 @@ func (r *Registry) usable(k Key) error {
 // changed, takes effect on the next request.
 func (r *Registry) PrincipalOf(keyID string) (Principal, error) {
 	if keyID == RootKeyID && r.rootKey != "" {
-		return Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}, nil
+		return rootPrincipal(), nil
 	}
 	r.mu.RLock()
 	k, ok := r.keys[keyID]
@@ -390,7 +449,7 @@ func keyNotFound(id string) error {
 
 // rootKeyRecord describes the server's own key in listings.
 func rootKeyRecord() Key {
-	return Key{ID: RootKeyID, Name: "server key (MOAT_API_KEY or <root>/api-key)", Tenant: Default, Role: RoleAdmin}
+	return Key{ID: RootKeyID, Name: "server key (MOAT_API_KEY or <root>/api-key)", Tenant: Default, Role: RolePlatform}
 }
 
 // Key returns the record of key id (the server's own key included).
@@ -519,6 +578,48 @@ func (r *Registry) PutTenant(ctx context.Context, name string, q Quota) (t Tenan
 	}
 	r.tenants[name] = t
 	return t, !ok, nil
+}
+
+// EgressGuardrail returns the egress guardrail of tenant (nil: none).
+func (r *Registry) EgressGuardrail(tenant string) *policy.NetworkPolicy {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if p := r.tenants[Normalize(tenant)].Egress; p != nil {
+		c := p.Clone()
+		return &c
+	}
+	return nil
+}
+
+// SetEgress sets (nil: removes) the egress guardrail of tenant name, which
+// must exist (the Default tenant always does). p is validated and
+// normalized.
+func (r *Registry) SetEgress(ctx context.Context, name string, p *policy.NetworkPolicy) (Tenant, error) {
+	if err := ValidName(name); err != nil {
+		return Tenant{}, err
+	}
+	if p != nil {
+		n, err := policy.Normalize(*p)
+		if err != nil {
+			return Tenant{}, err
+		}
+		p = &n
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tenants[name]
+	if !ok {
+		if name != Default {
+			return Tenant{}, tenantNotFound(name)
+		}
+		t = Tenant{Name: Default, CreatedAt: r.now().UTC()}
+	}
+	t.Egress = p
+	if err := r.put(TenantBucket, name, t); err != nil {
+		return Tenant{}, err
+	}
+	r.tenants[name] = t
+	return t, nil
 }
 
 // ErrTenantInUse is the class of a refused tenant deletion.

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/store"
 )
@@ -31,7 +32,7 @@ func publicCode(err error) string {
 	return ""
 }
 
-func TestRootKeyIsAdminOfDefault(t *testing.T) {
+func TestRootKeyIsPlatformInDefault(t *testing.T) {
 	r, err := Open(nil, Options{RootKey: "legacy-key"})
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +41,7 @@ func TestRootKeyIsAdminOfDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p != (Principal{KeyID: RootKeyID, Tenant: Default, Role: RoleAdmin, AllTenants: true}) {
+	if p != (Principal{KeyID: RootKeyID, Tenant: Default, Role: RolePlatform, AllTenants: true}) || !p.CanGrantPlatform() {
 		t.Errorf("root principal = %+v", p)
 	}
 	for _, bad := range []string{"", "legacy-ke", "legacy-key ", "LEGACY-KEY"} {
@@ -51,7 +52,7 @@ func TestRootKeyIsAdminOfDefault(t *testing.T) {
 	if _, err := r.RevokeKey(context.Background(), RootKeyID); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("revoke root key: %v, want failed precondition", err)
 	}
-	if p, err := r.PrincipalOf(RootKeyID); err != nil || p.Role != RoleAdmin {
+	if p, err := r.PrincipalOf(RootKeyID); err != nil || p.Role != RolePlatform {
 		t.Errorf("PrincipalOf(root) = %+v, %v", p, err)
 	}
 	// Without a root key, "root" is just an unknown id.
@@ -287,7 +288,9 @@ func TestRolesAndScope(t *testing.T) {
 	}{
 		{RoleViewer, AccessRead, true}, {RoleViewer, AccessWrite, false}, {RoleViewer, AccessAdmin, false},
 		{RoleOperator, AccessWrite, true}, {RoleOperator, AccessAdmin, false},
-		{RoleAdmin, AccessAdmin, true}, {Role("x"), AccessRead, false},
+		{RoleAdmin, AccessAdmin, true}, {RoleAdmin, AccessPlatform, false}, {RoleAdmin, AccessWrite, true},
+		{RolePlatform, AccessPlatform, true}, {RolePlatform, AccessAdmin, true}, {RoleOperator, AccessPlatform, false},
+		{Role("x"), AccessRead, false}, {Role("x"), AccessPlatform, false},
 	} {
 		if got := tc.r.Allows(tc.a); got != tc.want {
 			t.Errorf("%s.Allows(%s) = %v", tc.r, tc.a, got)
@@ -368,5 +371,107 @@ func TestE2BKeyForm(t *testing.T) {
 		if _, err := r.Authenticate(f); !errors.Is(err, errdefs.ErrUnauthenticated) {
 			t.Fatalf("Authenticate(%q) = %v", f, err)
 		}
+	}
+}
+
+// TestAdminsFenced: an admin key sees its own tenant only; a platform key
+// sees every tenant; only the server's own key may grant platform.
+func TestAdminsFenced(t *testing.T) {
+	r, _ := Open(nil, Options{RootKey: "root-key"})
+	ctx := context.Background()
+	_, admin, _ := r.CreateKey(ctx, NewKey{Tenant: "acme", Role: RoleAdmin})
+	_, plat, _ := r.CreateKey(ctx, NewKey{Tenant: Default, Role: RolePlatform})
+	p, err := r.Authenticate(admin)
+	if err != nil || p.AllTenants || p.Tenant != "acme" || ScopeOf(WithPrincipal(ctx, p)).Sees(Default) {
+		t.Errorf("acme admin: %+v %v", p, err)
+	}
+	if p.CanGrantPlatform() {
+		t.Error("an admin may grant platform")
+	}
+	p, err = r.Authenticate(plat)
+	if err != nil || !p.AllTenants || !ScopeOf(WithPrincipal(ctx, p)).Sees("acme") || p.CanGrantPlatform() {
+		t.Errorf("platform key: %+v %v (only the server's own key grants platform)", p, err)
+	}
+	for _, tc := range []struct {
+		r, o Role
+		want bool
+	}{{RolePlatform, RoleAdmin, true}, {RoleAdmin, RolePlatform, false}, {RoleAdmin, RoleAdmin, true}, {RoleOperator, RoleAdmin, false}, {RoleAdmin, Role("root"), false}} {
+		if got := tc.r.Covers(tc.o); got != tc.want {
+			t.Errorf("%s.Covers(%s) = %v", tc.r, tc.o, got)
+		}
+	}
+	if _, err := ParseRole("superuser"); publicCode(err) != CodeInvalidRole || !strings.Contains(err.Error(), "platform, admin, operator or viewer") {
+		t.Errorf("unknown role: %v", err)
+	}
+}
+
+// TestMigrationPromotesDefaultAdmins: a registry written before admins were
+// fenced (no schema record) is migrated once: default's admin keys become
+// platform keys, other tenants' admins stay admins (now fenced), and an
+// admin of default created after the migration stays an admin.
+func TestMigrationPromotesDefaultAdmins(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	db := openDB(t, path)
+	old := map[string]Key{
+		"0000000000000001": {ID: "0000000000000001", Tenant: "", Role: RoleAdmin},
+		"0000000000000002": {ID: "0000000000000002", Tenant: Default, Role: RoleAdmin},
+		"0000000000000003": {ID: "0000000000000003", Tenant: "acme", Role: RoleAdmin},
+		"0000000000000004": {ID: "0000000000000004", Tenant: Default, Role: RoleOperator},
+	}
+	for id, k := range old {
+		if err := db.Put(KeyBucket, id, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := Open(db, Options{Secret: make([]byte, SecretLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Role{"0000000000000001": RolePlatform, "0000000000000002": RolePlatform, "0000000000000003": RoleAdmin, "0000000000000004": RoleOperator}
+	for id, role := range want {
+		if k, err := r.Key(id); err != nil || k.Role != role {
+			t.Errorf("key %s: %+v %v, want role %s", id, k, err, role)
+		}
+	}
+	var sc schema
+	if err := db.Get(MetaBucket, SchemaKey, &sc); err != nil || sc.Version != SchemaVersion || len(sc.Promoted) != 2 {
+		t.Errorf("schema record: %+v %v", sc, err)
+	}
+	// A new admin of default stays an admin across reopening.
+	k, _, err := r.CreateKey(context.Background(), NewKey{Tenant: Default, Role: RoleAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := Open(db, Options{Secret: make([]byte, SecretLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r2.Key(k.ID); got.Role != RoleAdmin {
+		t.Errorf("a post-migration admin of default became %s", got.Role)
+	}
+}
+
+func TestTenantEgress(t *testing.T) {
+	r, _ := Open(nil, Options{})
+	ctx := context.Background()
+	if _, err := r.SetEgress(ctx, "nope", &policy.NetworkPolicy{}); publicCode(err) != "TENANT::NOT_FOUND" {
+		t.Errorf("unknown tenant: %v", err)
+	}
+	if _, err := r.SetEgress(ctx, Default, &policy.NetworkPolicy{DefaultAction: "maybe"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("bad policy: %v", err)
+	}
+	p := policy.NetworkPolicy{DefaultAction: "DENY", Egress: []policy.Rule{{Action: "allow", Target: "Example.TEST."}}}
+	if _, err := r.SetEgress(ctx, Default, &p); err != nil {
+		t.Fatal(err)
+	}
+	g := r.EgressGuardrail("")
+	if g == nil || g.DefaultAction != policy.Deny || g.Egress[0].Target != "example.test" {
+		t.Errorf("guardrail = %+v, want it normalized", g)
+	}
+	if _, _, err := r.PutTenant(ctx, Default, Quota{Sandboxes: 3}); err != nil || r.EgressGuardrail(Default) == nil {
+		t.Errorf("setting a quota dropped the guardrail: %v", err)
+	}
+	if _, err := r.SetEgress(ctx, Default, nil); err != nil || r.EgressGuardrail(Default) != nil {
+		t.Errorf("remove: %v", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // TestTenants drives tenants, keys and roles through a real `moat serve`
 // (native runtime) and the real `moat` CLI: keys made with `moat key
-// create` (the server's own key is the admin of tenant default), one
+// create` (the server's own key is the platform key of tenant default), one
 // tenant's sandbox invisible to another on the API, the server proxy and
 // the ingress gateway, a viewer refused every change, a quota refusal,
 // the audit log naming key and tenant, keys and quotas surviving a server
@@ -133,13 +133,13 @@ func TestTenants(t *testing.T) {
 		t.Errorf("tenant usage: %q", r.stdout)
 	}
 
-	// The server's own key is the admin of tenant default: it sees acme's
-	// sandbox, and can act in acme.
+	// The server's own key is the platform key of tenant default: it sees
+	// acme's sandbox, and can act in acme.
 	if code, body := as(srv.key, "GET", "/v1/sandboxes/"+id, nil); code != 200 {
 		t.Errorf("server key get: %d %v", code, body)
 	}
 	if _, body := as(srv.key, "GET", "/v1/sandboxes", nil, "X-Moat-Tenant", "beta"); strings.Contains(jsonString(body), id) {
-		t.Errorf("admin narrowed to beta sees acme's sandbox")
+		t.Errorf("platform key narrowed to beta sees acme's sandbox")
 	}
 
 	// The audit log names the key and tenant of acme's create.

@@ -356,18 +356,27 @@ type NetworkRule struct {
 
 // PolicyStatusResponse defines model for PolicyStatusResponse.
 type PolicyStatusResponse struct {
+	// EffectivePolicy moat extension, with `tenantPolicy`: what is enforced, the own policy intersected with the tenant's
+	// (a sandbox narrows its guardrail, never widens it; docs/NETWORKING.md).
+	EffectivePolicy *NetworkPolicy `json:"effectivePolicy,omitempty"`
+
 	// EnforcementMode moat always enforces with DNS filtering plus nftables (`dns+nft`).
 	EnforcementMode PolicyStatusResponseEnforcementMode `json:"enforcementMode"`
 
 	// Mode `allow_all`: default allow with no rules; `deny_all`: default deny with no rules; `enforcing`: any rules.
 	Mode PolicyStatusResponseMode `json:"mode"`
 
-	// Policy The policy in force; `egress` is always present (`[]` when empty).
+	// Policy The sandbox's own policy (what `/policy` sets); `egress` is always present (`[]` when empty). Without a
+	// tenant guardrail it is the policy in force.
 	Policy *NetworkPolicy `json:"policy,omitempty"`
 
 	// Reason Why the policy changed, when it is notable (e.g. `policy reset to default deny-all`).
 	Reason *string                    `json:"reason,omitempty"`
 	Status PolicyStatusResponseStatus `json:"status"`
+
+	// TenantPolicy moat extension: the egress guardrail of the sandbox's tenant (`PUT /v1/tenants/{name}/egress`), when it
+	// has one. `mode` is then the effective policy's.
+	TenantPolicy *NetworkPolicy `json:"tenantPolicy,omitempty"`
 }
 
 // PolicyStatusResponseEnforcementMode moat always enforces with DNS filtering plus nftables (`dns+nft`).

@@ -14,6 +14,7 @@ import (
 const (
 	APIKeyRoleAdmin    APIKeyRole = "admin"
 	APIKeyRoleOperator APIKeyRole = "operator"
+	APIKeyRolePlatform APIKeyRole = "platform"
 	APIKeyRoleViewer   APIKeyRole = "viewer"
 )
 
@@ -23,6 +24,8 @@ func (e APIKeyRole) Valid() bool {
 	case APIKeyRoleAdmin:
 		return true
 	case APIKeyRoleOperator:
+		return true
+	case APIKeyRolePlatform:
 		return true
 	case APIKeyRoleViewer:
 		return true
@@ -35,6 +38,7 @@ func (e APIKeyRole) Valid() bool {
 const (
 	CreateKeyRequestRoleAdmin    CreateKeyRequestRole = "admin"
 	CreateKeyRequestRoleOperator CreateKeyRequestRole = "operator"
+	CreateKeyRequestRolePlatform CreateKeyRequestRole = "platform"
 	CreateKeyRequestRoleViewer   CreateKeyRequestRole = "viewer"
 )
 
@@ -44,6 +48,8 @@ func (e CreateKeyRequestRole) Valid() bool {
 	case CreateKeyRequestRoleAdmin:
 		return true
 	case CreateKeyRequestRoleOperator:
+		return true
+	case CreateKeyRequestRolePlatform:
 		return true
 	case CreateKeyRequestRoleViewer:
 		return true
@@ -56,6 +62,7 @@ func (e CreateKeyRequestRole) Valid() bool {
 const (
 	CreatedKeyRoleAdmin    CreatedKeyRole = "admin"
 	CreatedKeyRoleOperator CreatedKeyRole = "operator"
+	CreatedKeyRolePlatform CreatedKeyRole = "platform"
 	CreatedKeyRoleViewer   CreatedKeyRole = "viewer"
 )
 
@@ -65,6 +72,8 @@ func (e CreatedKeyRole) Valid() bool {
 	case CreatedKeyRoleAdmin:
 		return true
 	case CreatedKeyRoleOperator:
+		return true
+	case CreatedKeyRolePlatform:
 		return true
 	case CreatedKeyRoleViewer:
 		return true
@@ -206,6 +215,7 @@ func (e PlatformOs) Valid() bool {
 const (
 	PrincipalRoleAdmin    PrincipalRole = "admin"
 	PrincipalRoleOperator PrincipalRole = "operator"
+	PrincipalRolePlatform PrincipalRole = "platform"
 	PrincipalRoleViewer   PrincipalRole = "viewer"
 )
 
@@ -215,6 +225,8 @@ func (e PrincipalRole) Valid() bool {
 	case PrincipalRoleAdmin:
 		return true
 	case PrincipalRoleOperator:
+		return true
+	case PrincipalRolePlatform:
 		return true
 	case PrincipalRoleViewer:
 		return true
@@ -826,12 +838,15 @@ type PoolTemplate struct {
 
 // Principal defines model for Principal.
 type Principal struct {
-	// AllTenants The request sees every tenant's resources (admins, unless `X-Moat-Tenant` narrows them).
+	// AllTenants The request sees every tenant's resources (platform keys, unless `X-Moat-Tenant` narrows them).
 	AllTenants bool `json:"allTenants"`
 
 	// KeyID The key's id (`root` for the server's own key); never the key.
 	KeyID string        `json:"keyId"`
 	Role  PrincipalRole `json:"role"`
+
+	// Sees What the request reaches, in words ("all tenants", "tenant acme only").
+	Sees *string `json:"sees,omitempty"`
 
 	// Tenant The tenant the request acts in (owns what it creates).
 	Tenant string `json:"tenant"`
@@ -940,6 +955,17 @@ type Tenant struct {
 	// Quota Limits on a tenant's live sandboxes; an absent field is unlimited.
 	Quota TenantQuota `json:"quota"`
 	Usage TenantUsage `json:"usage"`
+}
+
+// TenantEgress defines model for TenantEgress.
+type TenantEgress struct {
+	// Applied How many running sandboxes the change was applied to (PUT and DELETE).
+	Applied *int `json:"applied,omitempty"`
+
+	// Policy Egress policy; the same shape the egress sidecar's `/policy` accepts (see egress.yaml). moat does not
+	// apply it yet: a non-null value → 501 `SANDBOX::API_NOT_SUPPORTED`.
+	Policy *NetworkPolicy `json:"policy,omitempty"`
+	Tenant string         `json:"tenant"`
 }
 
 // TenantQuota Limits on a tenant's live sandboxes; an absent field is unlimited.
@@ -1147,6 +1173,9 @@ type CreateTemplateJSONRequestBody = CreateTemplateRequest
 
 // PutTenantJSONRequestBody defines body for PutTenant for application/json ContentType.
 type PutTenantJSONRequestBody = PutTenantRequest
+
+// PutTenantEgressJSONRequestBody defines body for PutTenantEgress for application/json ContentType.
+type PutTenantEgressJSONRequestBody = NetworkPolicy
 
 // Getter for additional properties for Extensions. Returns the specified
 // element and whether it was found

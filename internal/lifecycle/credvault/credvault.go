@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/egress/mitm"
@@ -203,17 +204,42 @@ func (v CredentialVaults) locked(ctx context.Context, id string, fn func(e *life
 	})
 }
 
-// hostCheck is the sandbox's current policy as a vault.HostCheck.
-func (v CredentialVaults) hostCheck(id string) (vault.HostCheck, error) {
-	p, err := v.s.egress.Get(id)
-	if err != nil {
-		return nil, err
+// hostCheck is sandbox e's own policy as a vault.HostCheck: a binding's
+// host must be named by an explicit allow rule of it. The caller holds e's
+// lock.
+func (v CredentialVaults) hostCheck(e *lifecycle.Entry) (vault.HostCheck, error) {
+	own := e.Sandbox().NetworkPolicy
+	if own == nil {
+		return func(string) bool { return false }, nil
 	}
-	m, err := policy.Compile(p)
+	m, err := policy.Compile(*own)
 	if err != nil {
 		return nil, err
 	}
 	return m.ExplicitlyAllows, nil
+}
+
+// inGuardrail checks that every host of next's bindings falls inside the
+// egress guardrail of e's tenant (every name it denotes allowed): a
+// binding cannot carry a credential towards a host the tenant denies.
+func (v CredentialVaults) inGuardrail(e *lifecycle.Entry, next *vault.State) error {
+	g := v.s.core.EgressGuardrail(e.Owner())
+	if g == nil || next == nil {
+		return nil
+	}
+	m, err := policy.Compile(*g)
+	if err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(next.Bindings)) {
+		for _, h := range next.Bindings[name].Match.Hosts {
+			if !m.Covers(h) {
+				return errdefs.Invalid(vault.CodeInvalid, fmt.Sprintf(
+					"binding %q: host %q is outside the egress guardrail of tenant %s (its policy denies it)", name, h, e.Owner()))
+			}
+		}
+	}
+	return nil
 }
 
 // commit persists next (nil: no vault) for e and then applies it to the
@@ -241,12 +267,15 @@ func (v CredentialVaults) CreateVault(ctx context.Context, id string, req vault.
 		if c.state != nil {
 			return vault.ErrExists
 		}
-		check, err := v.hostCheck(id)
+		check, err := v.hostCheck(e)
 		if err != nil {
 			return err
 		}
 		next, err := vault.New(req, check)
 		if err != nil {
+			return err
+		}
+		if err := v.inGuardrail(e, next); err != nil {
 			return err
 		}
 		if err := v.commit(e, c, next); err != nil {
@@ -276,12 +305,15 @@ func (v CredentialVaults) PatchVault(ctx context.Context, id string, req vault.P
 		if c.state == nil {
 			return vault.ErrNotFound
 		}
-		check, err := v.hostCheck(id)
+		check, err := v.hostCheck(e)
 		if err != nil {
 			return err
 		}
 		next, err := c.state.Apply(req, check)
 		if err != nil {
+			return err
+		}
+		if err := v.inGuardrail(e, next); err != nil {
 			return err
 		}
 		if err := v.commit(e, c, next); err != nil {

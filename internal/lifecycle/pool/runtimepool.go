@@ -199,10 +199,10 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 	if err != nil {
 		return nil, err
 	}
-	if proto.NetworkPolicy != nil {
-		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy is not supported on sandboxes claimed from this runtime's pools")
-	}
 	owner := lifecycle.OwnerOf(ctx)
+	if proto.NetworkPolicy != nil || s.core.EgressGuardrail(owner) != nil {
+		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy (or a tenant egress guardrail) is not supported on sandboxes claimed from this runtime's pools")
+	}
 	if err := s.core.Quota().Check(owner, n, proto.Resources.CPUMillis, proto.Resources.MemoryBytes); err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ func TestPreTenantRecordsBelongToDefault(t *testing.T) {
 	}{
 		{as(tenant.Default, tenant.RoleViewer), true},
 		{as("acme", tenant.RoleOperator), false},
-		{tenant.WithPrincipal(ctx, tenant.Principal{Tenant: "acme", Role: tenant.RoleAdmin, AllTenants: true}), true},
+		{tenant.WithPrincipal(ctx, tenant.Principal{Tenant: "acme", Role: tenant.RolePlatform, AllTenants: true}), true},
 	} {
 		_, err := svc.Get(tc.ctx, sb.ID)
 		if (err == nil) != tc.want {

@@ -6,7 +6,7 @@
 export interface Principal {
   keyId?: string
   tenant?: string
-  role: 'admin' | 'operator' | 'viewer' | string
+  role: 'platform' | 'admin' | 'operator' | 'viewer' | string
 }
 
 export interface SessionInfo {

@@ -34,10 +34,16 @@ function useRoute(): string[] {
 
 function meOf(s: SessionInfo): Me {
   const role = s.principal.role
-  return { principal: s.principal, canMutate: role === 'admin' || role === 'operator', isAdmin: role === 'admin' }
+  const platform = role === 'platform'
+  return {
+    principal: s.principal,
+    canMutate: platform || role === 'admin' || role === 'operator',
+    isAdmin: platform || role === 'admin',
+    isPlatform: platform,
+  }
 }
 
-/** TenantScope lets an admin narrow every page to one tenant. */
+/** TenantScope lets a platform key narrow every page to one tenant. */
 function TenantScope({ scope, onChange }: { scope: string; onChange: (t: string) => void }) {
   const [names, setNames] = useState<string[]>([])
   const load = () =>
@@ -122,7 +128,7 @@ function App() {
             {me.isAdmin && nav('#/tenants', 'Tenants', 'tenants')}
             {me.isAdmin && nav('#/keys', 'API keys', 'keys')}
           </nav>
-          {me.isAdmin && <TenantScope scope={scope} onChange={changeScope} />}
+          {me.isPlatform && <TenantScope scope={scope} onChange={changeScope} />}
           <div class="whoami">
             <div class="who" data-testid="whoami">
               <span class={`role role-${me.principal.role}`}>{me.principal.role}</span>

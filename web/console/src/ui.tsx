@@ -9,10 +9,13 @@ import { errText } from './api'
 export interface Me {
   principal: Principal
   canMutate: boolean
+  /** isAdmin: manages keys (a tenant admin its own tenant's, platform every tenant's). */
   isAdmin: boolean
+  /** isPlatform: acts across tenants (tenant scope, quotas, guardrails). */
+  isPlatform: boolean
 }
 
-export const MeContext = createContext<Me>({ principal: { role: 'viewer' }, canMutate: false, isAdmin: false })
+export const MeContext = createContext<Me>({ principal: { role: 'viewer' }, canMutate: false, isAdmin: false, isPlatform: false })
 
 export function useMe() {
   return useContext(MeContext)

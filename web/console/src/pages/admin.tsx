@@ -1,4 +1,5 @@
-// Tenants and API keys (admins only; the API refuses other roles).
+// Tenants and API keys (admins only; the API refuses other roles). A
+// tenant admin sees its own tenant and keys; a platform key sees all.
 import { useState } from 'preact/hooks'
 import { api } from '../api'
 import { Empty, ErrorBox, Field, since, useAction, useMe, usePoll } from '../ui'
@@ -113,6 +114,7 @@ function Tenants() {
 }
 
 function Keys() {
+  const me = useMe()
   const list = usePoll(() => api<{ items: Key[] }>('GET', '/v1/keys'), 5000)
   const [tenant, setTenant] = useState('')
   const [role, setRole] = useState('operator')
@@ -145,7 +147,8 @@ function Keys() {
           <select name="role" value={role} onChange={(e) => setRole((e.target as HTMLSelectElement).value)}>
             <option value="viewer">viewer (read only)</option>
             <option value="operator">operator (its tenant)</option>
-            <option value="admin">admin (all tenants, keys)</option>
+            <option value="admin">admin (its tenant, its keys)</option>
+            {me.isPlatform && <option value="platform">platform (every tenant; server key only)</option>}
           </select>
         </Field>
         <Field label="Name">
@@ -219,6 +222,6 @@ function Keys() {
 
 export function Admin({ tab }: { tab: 'tenants' | 'keys' }) {
   const me = useMe()
-  if (!me.isAdmin) return <div class="empty">Tenants and keys are managed by admins.</div>
+  if (!me.isAdmin) return <div class="empty">Tenants and keys are managed by admins (a tenant admin manages its own tenant).</div>
   return tab === 'tenants' ? <Tenants /> : <Keys />
 }
