@@ -63,7 +63,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
-	envdSrv := serveEnvd(cfg.EnvdListen, srv, log)
+	envdSrv := serveFace("envd", cfg.EnvdListen, srv.EnvdHandler(), log)
+	codeSrv := serveFace("code interpreter", cfg.CodeListen, srv.CodeInterpreterHandler(), log)
 
 	entry := runEntrypoint(reaper, cfg.Entrypoint, baseEnv, log)
 	waitForShutdown(ctx, serveErr, sigs, entry, log)
@@ -72,8 +73,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer stop()
 	hs.Shutdown(shutdownCtx)
 	hs.Close()
-	if envdSrv != nil {
-		envdSrv.Close()
+	for _, hs := range []*http.Server{envdSrv, codeSrv} {
+		if hs != nil {
+			hs.Close()
+		}
 	}
 	if entry != nil {
 		entry.Signal(syscall.SIGKILL)
@@ -82,19 +85,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// serveEnvd serves the E2B envd face on addr (none when addr is empty),
-// over HTTP/1.1 and h2c as envd does. A failure to listen is logged, not
-// fatal: the execd API goes on without it.
-func serveEnvd(addr string, srv *Server, log *slog.Logger) *http.Server {
+// serveFace serves one of the agent's E2B faces (envd, the code
+// interpreter) on addr (none when addr is empty), over HTTP/1.1 and h2c as
+// envd does. A failure to listen is logged, not fatal: the execd API goes
+// on without it.
+func serveFace(name, addr string, h http.Handler, log *slog.Logger) *http.Server {
 	if addr == "" {
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Error("envd listen failed; serving without the E2B face", "addr", addr, "err", err)
+		log.Error(name+" listen failed; serving without it", "addr", addr, "err", err)
 		return nil
 	}
-	hs := web.NewServer(addr, srv.EnvdHandler(), log)
+	hs := web.NewServer(addr, h, log)
 	// Streams live long: no idle cut while one is open, keepalives flow.
 	hs.IdleTimeout = 10 * time.Minute
 	hs.Protocols = new(http.Protocols)
@@ -102,10 +106,10 @@ func serveEnvd(addr string, srv *Server, log *slog.Logger) *http.Server {
 	hs.Protocols.SetUnencryptedHTTP2(true)
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("envd server failed", "err", err)
+			log.Error(name+" server failed", "err", err)
 		}
 	}()
-	log.Info("envd listening", "addr", ln.Addr().String())
+	log.Info(name+" listening", "addr", ln.Addr().String())
 	return hs
 }
 
