@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/internal/tenant"
+	"github.com/moat-sandbox/moat/internal/testutil"
+)
+
+// importE2BImages imports the test images of E2B's built-in templates
+// (scripts/build-test-images.sh: e2b-base, and the code-interpreter image,
+// which is debian-kernels) into srv's store under the names the templates
+// `base` and `code-interpreter-v1` use, before srv starts.
+func importE2BImages(t *testing.T, srv *server) {
+	t.Helper()
+	script := filepath.Join(testutil.RepoRoot(t), "scripts", "build-test-images.sh")
+	for image, ref := range map[string]string{
+		"e2b-base":             "moat-e2b-base:latest",
+		"e2b-code-interpreter": "moat-e2b-code-interpreter:latest",
+	} {
+		out, err := exec.Command("bash", script, image).Output()
+		if err != nil {
+			t.Fatalf("build test image %s: %v (run make deps-images)", image, err)
+		}
+		if b, err := exec.Command(srv.bin, "image", "import", "--root", srv.root, ref, strings.TrimSpace(string(out))).CombinedOutput(); err != nil {
+			t.Fatalf("import %s: %v\n%s", ref, err, b)
+		}
+	}
+}
+
+// TestCompatE2BCodeInterpreter runs test/compat/e2b/codeinterpreter.test.mjs:
+// E2B's official code-interpreter SDK (@e2b/code-interpreter, pinned,
+// unchanged) against a real `moat serve` in the SDK's explicit-URL mode,
+// on the built-in templates `base` and `code-interpreter-v1` over the
+// test images: runCode in every language the image has, contexts,
+// streaming callbacks, and bad input. The suite kills what it makes.
+func TestCompatE2BCodeInterpreter(t *testing.T) {
+	node := lookNode(t)
+	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "e2b")
+	npmCI(t, dir)
+	srv := newServer(t)
+	importE2BImages(t, srv)
+	srv.start()
+
+	var k struct{ Key string }
+	srv.mustJSON(201, "POST", "/v1/keys", map[string]string{"tenant": "e2b-ci", "role": "operator", "name": "e2b code interpreter suite"}, &k)
+	cmd := exec.Command(node, "--test", "--test-concurrency=1", "--test-reporter=spec", "codeinterpreter.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"MOAT_URL=http://"+srv.addr,
+		"MOAT_E2B_KEY="+tenant.E2BKey(k.Key),
+		"NO_COLOR=1",
+	)
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("node --test did not finish in 15 minutes:\n%s", out)
+	}
+	if err != nil {
+		t.Fatalf("node --test failed: %v\n%s", err, out)
+	}
+	if pass, fail := summary(string(out), "pass"), summary(string(out), "fail"); fail != 0 || pass < 5 {
+		t.Fatalf("node --test: %d passed, %d failed:\n%s", pass, fail, out)
+	}
+	t.Logf("%s", tail(string(out), 4000))
+	if os.Getenv("MOAT_E2B_BENCH") != "" {
+		// The runCode round trip (docs/BENCHMARKS.md), on request only.
+		bench := exec.Command(node, "runcode.bench.mjs")
+		bench.Dir, bench.Env = dir, cmd.Env
+		b, err := bench.CombinedOutput()
+		if err != nil {
+			t.Fatalf("runcode.bench.mjs: %v\n%s", err, b)
+		}
+		t.Logf("runCode round trip:\n%s", b)
+	}
+	var list struct{ Items []struct{ ID string } }
+	code, body, _ := srv.do("GET", "/v1/sandboxes", nil, "OPEN-SANDBOX-API-KEY", k.Key)
+	if code != 200 || json.Unmarshal(body, &list) != nil || len(list.Items) != 0 {
+		t.Fatalf("sandboxes left after the suite: %d %s", code, body)
+	}
+}
