@@ -46,16 +46,6 @@ func (s *Service) Contexts() []ContextInfo {
 	return out
 }
 
-// Default returns the default context of language (its oldest), created
-// when there is none.
-func (s *Service) Default(ctx context.Context, language string) (ContextInfo, error) {
-	c, err := s.defaultContext(ctx, language)
-	if err != nil {
-		return ContextInfo{}, err
-	}
-	return c.info(), nil
-}
-
 // Remove kills the interpreter of context id and forgets the context.
 func (s *Service) Remove(id string) error { return s.removeContext(id) }
 
