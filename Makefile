@@ -123,7 +123,8 @@ generate-k8s: ## Regenerate deepcopy, CRDs and RBAC (controller-gen) and copy th
 deps-docker: ## Install and start dockerd for the docker backend tests (root, idempotent)
 	@bash scripts/docker-setup.sh
 
-deps-images: ## Build the debootstrap test image (Jupyter kernels, JDK, node) into the cache (a few minutes once, then instant)
+deps-images: ## Build the debootstrap test images (E2B's base; Jupyter kernels, JDK, node on top of it) into the cache (a few minutes once, then instant)
+	@bash scripts/build-test-images.sh e2b-base >/dev/null
 	@bash scripts/build-test-images.sh debian-kernels >/dev/null
 
 deps-guest: ## Build the stock Debian 12 guest (QEMU, Debian's kernel, cgroup v2) the guest tests boot (test/guest; a few minutes once, then instant)

@@ -4,10 +4,15 @@
 # package-lock.json), cached by suite, package list and lockfile so reruns
 # are instant. No container registry is involved.
 #
-#   build-test-images.sh [debian-kernels]
-#     Every code-context backend in one image (test/e2e
-#     TestJupyterInSandbox, TestCodeLanguagesInSandbox and the JS SDK
-#     code-context suite TestCompatJSCodeContexts):
+#   build-test-images.sh [e2b-base | debian-kernels | e2b-code-interpreter]
+#     e2b-base: an image like E2B's base template (the E2B SDK suite,
+#     test/compat/e2b): bash, python3, node, git, sudo, and the account
+#     `user` (uid 1000, home /home/user, sudo without a password).
+#     debian-kernels (alias e2b-code-interpreter): e2b-base plus every
+#     code-context backend, made from the e2b-base tarball rather than a
+#     second debootstrap (test/e2e TestJupyterInSandbox,
+#     TestCodeLanguagesInSandbox, the JS SDK code-context suite
+#     TestCompatJSCodeContexts, and the E2B code-interpreter suite):
 #     Jupyter kernels for python (python3-ipykernel), R (r-cran-irkernel)
 #     and TypeScript (tslab, npm, scripts/testimages/tslab), and the
 #     runtimes of the agent's built-in drivers: a JDK (jshell) for Java,
@@ -23,21 +28,32 @@ SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TSLAB=
+BASE= # the image this one is made from (its tarball, unpacked)
 case $NAME in
-debian-kernels)
+e2b-base)
+	PKGS="bash python3 nodejs git sudo ca-certificates procps"
+	;;
+debian-kernels | e2b-code-interpreter)
+	NAME=debian-kernels
+	BASE=e2b-base
 	PKGS="python3-ipykernel r-cran-irkernel default-jdk-headless nodejs node-typescript"
 	TSLAB=$HERE/testimages/tslab
 	;;
 *)
-	echo "build-test-images: unknown image $NAME (debian-kernels)" >&2
+	echo "build-test-images: unknown image $NAME (e2b-base, debian-kernels, e2b-code-interpreter)" >&2
 	exit 2
 	;;
 esac
-LAYOUT=2 # bump when the build steps change what an image holds
+BASE_TAR=
+if [[ -n $BASE ]]; then
+	BASE_TAR=$(bash "${BASH_SOURCE[0]}" "$BASE")
+fi
+LAYOUT=3 # bump when the build steps change what an image holds
 KEY=$({
 	printf '%s %s' "$SUITE" "$PKGS"
 	echo "layout $LAYOUT"
-	cat "$TSLAB/package-lock.json"
+	echo "base $(basename "${BASE_TAR:-none}")"
+	[[ -z $TSLAB ]] || cat "$TSLAB/package-lock.json"
 } | sha256sum | cut -c1-12)
 OUT=$CACHE/$NAME-$KEY.tar.gz
 
@@ -56,11 +72,23 @@ fi
 command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
 work=$(mktemp -d "$CACHE/.build-XXXXXX")
 trap 'umount -R "$work/root" 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "build-test-images: debootstrap $SUITE + $PKGS (a few minutes, once)" >&2
-debootstrap --variant=minbase "$SUITE" "$work/root" "$MIRROR" >"$work/log" 2>&1 || {
-	tail -20 "$work/log" >&2
-	exit 1
-}
+if [[ -z $BASE ]]; then
+	echo "build-test-images: debootstrap $SUITE + $PKGS (a few minutes, once)" >&2
+	debootstrap --variant=minbase "$SUITE" "$work/root" "$MIRROR" >"$work/log" 2>&1 || {
+		tail -20 "$work/log" >&2
+		exit 1
+	}
+else
+	# Layered: the base image's tree plus packages (its apt lists were
+	# dropped, so they are fetched again).
+	echo "build-test-images: $BASE + $PKGS (a few minutes, once)" >&2
+	mkdir "$work/root"
+	tar -C "$work/root" -xzf "$BASE_TAR"
+	chroot "$work/root" apt-get update -q >"$work/log" 2>&1 || {
+		tail -20 "$work/log" >&2
+		exit 1
+	}
+fi
 # debootstrap's own --include resolver pulls recommends and fails on
 # this set; apt inside the new root resolves it properly.
 mount -t proc proc "$work/root/proc"
@@ -70,6 +98,13 @@ chroot "$work/root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --n
 }
 chroot "$work/root" apt-get clean
 umount "$work/root/proc"
+
+if [[ $NAME == e2b-base ]]; then
+	# E2B's account: `user`, uid 1000, sudo without a password.
+	chroot "$work/root" useradd --create-home --shell /bin/bash --uid 1000 --user-group user
+	echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' >"$work/root/etc/sudoers.d/user"
+	chmod 0440 "$work/root/etc/sudoers.d/user"
+fi
 
 kernels=$work/root/usr/local/share/jupyter/kernels
 if [[ $NAME == debian-kernels ]]; then

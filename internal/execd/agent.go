@@ -38,9 +38,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("execd listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
-	// envd's too: the server reports a sandbox ready once execd answers,
-	// and E2B's SDKs call envd at once.
-	envdLn := listenEnvd(cfg.EnvdListen, log)
+	// The E2B faces' too: the server reports a sandbox ready once execd
+	// answers, and E2B's SDKs call envd (and the code interpreter) at once.
+	envdLn := listenFace("envd", cfg.EnvdListen, log)
+	codeLn := listenFace("code interpreter", cfg.CodeListen, log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -60,8 +61,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		EnvdUser: cfg.EnvdUser, EnvdWorkdir: cfg.EnvdWorkdir,
 	})
 	if err != nil {
-		if envdLn != nil {
-			envdLn.Close()
+		for _, l := range []net.Listener{envdLn, codeLn} {
+			if l != nil {
+				l.Close()
+			}
 		}
 		return err
 	}
@@ -69,7 +72,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("execd listening", "addr", ln.Addr().String(), "pid1", pid1, "auth", cfg.Token != "")
-	envdSrv := serveEnvd(envdLn, srv, log)
+	envdSrv := serveFace("envd", envdLn, srv.EnvdHandler(), log)
+	codeSrv := serveFace("code interpreter", codeLn, srv.CodeInterpreterHandler(), log)
 
 	entry := runEntrypoint(reaper, cfg.Entrypoint, baseEnv, log)
 	waitForShutdown(ctx, serveErr, sigs, entry, log)
@@ -78,8 +82,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer stop()
 	hs.Shutdown(shutdownCtx)
 	hs.Close()
-	if envdSrv != nil {
-		envdSrv.Close()
+	for _, hs := range []*http.Server{envdSrv, codeSrv} {
+		if hs != nil {
+			hs.Close()
+		}
 	}
 	if entry != nil {
 		entry.Signal(syscall.SIGKILL)
@@ -88,28 +94,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// listenEnvd listens on the E2B envd face's address (none when addr is
-// empty). A failure is logged, not fatal: the execd API goes on without
-// it.
-func listenEnvd(addr string, log *slog.Logger) net.Listener {
+// listenFace listens on the address of one of the agent's E2B faces
+// (envd, the code interpreter; none when addr is empty). A failure is
+// logged, not fatal: the execd API goes on without it.
+func listenFace(name, addr string, log *slog.Logger) net.Listener {
 	if addr == "" {
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Error("envd listen failed; serving without the E2B face", "addr", addr, "err", err)
+		log.Error(name+" listen failed; serving without it", "addr", addr, "err", err)
 		return nil
 	}
 	return ln
 }
 
-// serveEnvd serves the E2B envd face on ln (none when ln is nil), over
-// HTTP/1.1 and h2c as envd does.
-func serveEnvd(ln net.Listener, srv *Server, log *slog.Logger) *http.Server {
+// serveFace serves one of the agent's E2B faces on ln (none when ln is
+// nil), over HTTP/1.1 and h2c as envd does.
+func serveFace(name string, ln net.Listener, h http.Handler, log *slog.Logger) *http.Server {
 	if ln == nil {
 		return nil
 	}
-	hs := web.NewServer(ln.Addr().String(), srv.EnvdHandler(), log)
+	hs := web.NewServer(ln.Addr().String(), h, log)
 	// Streams live long: no idle cut while one is open, keepalives flow.
 	hs.IdleTimeout = 10 * time.Minute
 	hs.Protocols = new(http.Protocols)
@@ -117,10 +123,10 @@ func serveEnvd(ln net.Listener, srv *Server, log *slog.Logger) *http.Server {
 	hs.Protocols.SetUnencryptedHTTP2(true)
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("envd server failed", "err", err)
+			log.Error(name+" server failed", "err", err)
 		}
 	}()
-	log.Info("envd listening", "addr", ln.Addr().String())
+	log.Info(name+" listening", "addr", ln.Addr().String())
 	return hs
 }
 

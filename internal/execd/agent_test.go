@@ -41,11 +41,11 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startAgent starts an agent without its envd face (which would take the
-// fixed port 49983 on the test host).
+// startAgent starts an agent without its E2B faces (which would take the
+// fixed ports 49983 and 49999 on the test host).
 func startAgent(t *testing.T, newPIDNS bool, token string, entry ...string) *agentProc {
 	t.Helper()
-	return startAgentArgs(t, newPIDNS, token, []string{"--envd-listen", "off"}, entry...)
+	return startAgentArgs(t, newPIDNS, token, []string{"--envd-listen", "off", "--code-interpreter-listen", "off"}, entry...)
 }
 
 // startAgentArgs starts an agent with extra flags.

@@ -55,6 +55,10 @@ type Config struct {
 	// EnvdWorkdir is envd's default working directory (--envd-workdir,
 	// default the user's home).
 	EnvdWorkdir string
+	// CodeListen is the address of the E2B code interpreter
+	// (--code-interpreter-listen; default Listen's host on port 49999;
+	// "" = off).
+	CodeListen string
 }
 
 // ParseArgs builds a Config from the arguments after "execd" and the
@@ -69,6 +73,7 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	stateDir := fs.String("state-dir", "", "directory for command output files (default $TMPDIR)")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
 	envdListen := fs.String("envd-listen", "", "E2B envd listen address host:port, or off (default: the listen host, port 49983)")
+	codeListen := fs.String("code-interpreter-listen", "", "E2B code interpreter listen address host:port, or off (default: the listen host, port 49999)")
 	// A template's user and workdir reach the agent as env (agentproto);
 	// the flags, when given, win.
 	envdUser := fs.String("envd-user", cmp.Or(getenv(agentproto.EnvdUserEnv), "root"), "E2B envd default user (default $"+agentproto.EnvdUserEnv+", else root)")
@@ -133,6 +138,14 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	default:
 		cfg.EnvdListen = *envdListen
 	}
+	switch *codeListen {
+	case "off":
+	case "":
+		host, _, _ := net.SplitHostPort(cfg.Listen)
+		cfg.CodeListen = net.JoinHostPort(host, strconv.Itoa(agentproto.CodeInterpreterPort))
+	default:
+		cfg.CodeListen = *codeListen
+	}
 	cfg.EnvdUser, cfg.EnvdWorkdir = *envdUser, *envdWorkdir
 	if *logLevel != "" {
 		cfg.LogLevel = *logLevel
@@ -151,6 +164,14 @@ func (c Config) Validate() error {
 		}
 		if c.EnvdListen == c.Listen {
 			return errdefs.Invalid("INVALID_ARGUMENT", "envd listen address must differ from the execd one")
+		}
+	}
+	if c.CodeListen != "" {
+		if _, _, err := net.SplitHostPort(c.CodeListen); err != nil {
+			return errdefs.Invalid("INVALID_ARGUMENT", "code interpreter listen address: "+err.Error())
+		}
+		if c.CodeListen == c.Listen || c.CodeListen == c.EnvdListen {
+			return errdefs.Invalid("INVALID_ARGUMENT", "code interpreter listen address must differ from the execd and envd ones")
 		}
 	}
 	if c.EnvdWorkdir != "" && !filepath.IsAbs(c.EnvdWorkdir) {

@@ -63,7 +63,7 @@ func TestAgentServesEnvd(t *testing.T) {
 	envdPort := freePort(t)
 	envdURL := fmt.Sprintf("http://127.0.0.1:%d", envdPort)
 	const token = "envd-agent-token-1"
-	a := startAgentArgs(t, false, token, []string{"--envd-listen", net.JoinHostPort("127.0.0.1", fmt.Sprint(envdPort))})
+	a := startAgentArgs(t, false, token, []string{"--envd-listen", net.JoinHostPort("127.0.0.1", fmt.Sprint(envdPort)), "--code-interpreter-listen", "off"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// /health over HTTP/1.1, once the listener is up.

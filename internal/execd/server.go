@@ -5,7 +5,8 @@
 // and wire framing); this package wires them, holds the route table, the
 // token and moat extensions, and the main loop; cmd/moat-agent guards what
 // it links. The E2B envd face (package envd) is served on a listener of its
-// own over the same runner and token.
+// own over the same runner and token, and the E2B code interpreter
+// (package e2bcode) on another, over the same code contexts.
 package execd
 
 import (
@@ -20,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/execd/code"
 	"github.com/moat-sandbox/moat/internal/execd/command"
+	"github.com/moat-sandbox/moat/internal/execd/e2bcode"
 	"github.com/moat-sandbox/moat/internal/execd/envd"
 	"github.com/moat-sandbox/moat/internal/execd/files"
 	"github.com/moat-sandbox/moat/internal/execd/proc"
@@ -81,6 +83,7 @@ type Server struct {
 	code     *code.Service
 	proxy    *proxy.Handler
 	envd     *envd.Service
+	e2bcode  *e2bcode.Service
 
 	// token is the access token ("" = no auth); POST /moat/v1/token
 	// replaces it.
@@ -109,6 +112,7 @@ func NewServer(opts Options) (*Server, error) {
 		proxy:    &proxy.Handler{Log: opts.Log, TokenHeader: TokenHeader},
 	}
 	s.envd = envd.New(run, envd.Options{Token: s.currentToken, DefaultUser: opts.EnvdUser, DefaultWorkdir: opts.EnvdWorkdir})
+	s.e2bcode = e2bcode.New(s.code, e2bcode.Options{Token: s.currentToken, Workdir: s.envd.DefaultWorkdir, Log: opts.Log})
 	s.token.Store(&opts.Token)
 	s.handler = s.routes()
 	return s, nil
@@ -120,6 +124,12 @@ func (s *Server) currentToken() string { return *s.token.Load() }
 // EnvdHandler serves the E2B envd face (its own listener): the same
 // processes, runner and access token as the execd API.
 func (s *Server) EnvdHandler() http.Handler { return web.Recover(s.log, s.envd.Handler()) }
+
+// CodeInterpreterHandler serves the E2B code interpreter (its own
+// listener) over the execd API's code contexts.
+func (s *Server) CodeInterpreterHandler() http.Handler {
+	return web.Recover(s.log, s.e2bcode.Handler())
+}
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

@@ -64,11 +64,21 @@ type e2bEnv struct {
 // The tenant "e2b-sdk" has an operator key and the template e2b-suite.
 func startE2B(t *testing.T, extra ...string) *e2bEnv {
 	t.Helper()
+	return startE2BWith(t, nil, extra...)
+}
+
+// startE2BWith is startE2B with before run on the server before it starts
+// (e.g. to import images).
+func startE2BWith(t *testing.T, before func(*server), extra ...string) *e2bEnv {
+	t.Helper()
 	lookNode(t)
 	e := &e2bEnv{dir: filepath.Join(testutil.RepoRoot(t), "test", "compat", "e2b")}
 	npmCI(t, e.dir)
 	e.srv = newServer(t)
 	e.ref = importKernelsImage(t, e.srv)
+	if before != nil {
+		before(e.srv)
+	}
 	ca, cert, key := writeTestPKI(t, t.TempDir(), e2bTestDomain)
 	addr := loopback443(t)
 	e.srv.start(append([]string{"--e2b-domain", e2bTestDomain, "--tls-cert", cert, "--tls-key", key, "--tls-listen", addr}, extra...)...)

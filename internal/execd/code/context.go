@@ -18,7 +18,7 @@ type backend interface {
 	// init and the final event). It calls x.markStarted once the
 	// interpreter has begun running the cell, and returns the error that
 	// ended the cell, nil on success.
-	exec(ctx context.Context, x *execution, code string, stream *wire.Stream) *wire.EventError
+	exec(ctx context.Context, x *execution, code string, stream Sink) *wire.EventError
 	// interrupt interrupts the running cell (SIGINT to the interpreter,
 	// or a Jupyter interrupt_request); ctx bounds a wait for the answer.
 	interrupt(ctx context.Context) error
@@ -35,10 +35,15 @@ type codeContext struct {
 	key               string // languageKey(language)
 	dir               string // private files (cells, connection file, logs)
 	backend           backend
+	// turn queues the executions of Exec: one holds it at a time.
+	turn chan struct{}
 
 	mu   sync.Mutex
 	cur  *execution // the running execution, if any (guarded by mu)
 	runs int        // executions started (guarded by mu)
+	// restarts counts Restart's replacements of the interpreter
+	// (guarded by mu).
+	restarts int
 }
 
 // begin claims the context for one execution.

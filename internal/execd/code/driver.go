@@ -203,7 +203,7 @@ func (dp *driverProc) interrupt(context.Context) error {
 
 // exec sends one cell to the driver and streams its messages until
 // "done".
-func (dp *driverProc) exec(ctx context.Context, x *execution, code string, stream *wire.Stream) *wire.EventError {
+func (dp *driverProc) exec(ctx context.Context, x *execution, code string, stream Sink) *wire.EventError {
 	line := []byte(nil)
 	if dp.d.cellFile {
 		cell := filepath.Join(dp.dir, "cell-"+strconv.Itoa(x.n)+dp.d.ext)

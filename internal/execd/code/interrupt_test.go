@@ -17,7 +17,7 @@ type recordingBackend struct {
 	times []time.Time
 }
 
-func (b *recordingBackend) exec(context.Context, *execution, string, *wire.Stream) *wire.EventError {
+func (b *recordingBackend) exec(context.Context, *execution, string, Sink) *wire.EventError {
 	return nil
 }
 

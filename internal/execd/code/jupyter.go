@@ -568,7 +568,7 @@ func (k *kernelClient) interrupt(ctx context.Context) error {
 // replied. The cell counts as started (for held interrupts) at its
 // execute_input, which kernels publish once they run the cell, or shortly
 // after "busy" for a kernel that does not publish it.
-func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stream *wire.Stream) *wire.EventError {
+func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stream Sink) *wire.EventError {
 	for attempt := 1; ; attempt++ {
 		final, aborted := k.execOnce(x, code, stream)
 		// A kernel may refuse a request for a moment after a failed cell
@@ -583,7 +583,7 @@ func (k *kernelClient) exec(ctx context.Context, x *execution, code string, stre
 
 // execOnce sends one execute_request; aborted reports that the kernel
 // refused it without running it.
-func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) (_ *wire.EventError, aborted bool) {
+func (k *kernelClient) execOnce(x *execution, code string, stream Sink) (_ *wire.EventError, aborted bool) {
 	// stop_on_error is false: the agent runs one cell at a time, and with
 	// true ipykernel answers "aborted" to a request that comes right after
 	// a failed one (it aborts its queue for a moment).
@@ -629,7 +629,7 @@ func (k *kernelClient) execOnce(x *execution, code string, stream *wire.Stream) 
 type cellRun struct {
 	k      *kernelClient
 	x      *execution
-	stream *wire.Stream
+	stream Sink
 	// gate places this attempt's interrupts inside the cell; it closes
 	// (no more SIGINT) once the kernel has answered the cell or the
 	// attempt is over.

@@ -73,13 +73,27 @@ type ContextInfo struct {
 
 // createContext starts a context's interpreter and registers it.
 func (s *Service) createContext(ctx context.Context, language, cwd string) (*codeContext, error) {
+	c, err := s.startContext(ctx, wire.NewID(), "", language, cwd)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.contexts.Add(c.id, c); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// startContext starts the interpreter of a context (not registered yet);
+// gen tells a restarted context's files from its predecessor's.
+func (s *Service) startContext(ctx context.Context, id, gen, language, cwd string) (*codeContext, error) {
 	if !validLanguage(language) {
 		return nil, wire.BadBody("invalid language %q", language)
 	}
 	if s.run.Closed() {
 		return nil, wire.Unavailable()
 	}
-	c := &codeContext{id: wire.NewID(), language: language, key: languageKey(language)}
+	c := &codeContext{id: id, language: language, key: languageKey(language), turn: make(chan struct{}, 1)}
 	if cwd != "" {
 		c.cwd = s.run.Expand(cwd)
 		if st, err := os.Stat(c.cwd); err != nil || !st.IsDir() {
@@ -90,7 +104,7 @@ func (s *Service) createContext(ctx context.Context, language, cwd string) (*cod
 	if err != nil {
 		return nil, err
 	}
-	c.dir = filepath.Join(s.run.Dir(), "code-"+c.id)
+	c.dir = filepath.Join(s.run.Dir(), "code-"+c.id+gen)
 	if err := os.Mkdir(c.dir, 0o700); err != nil {
 		return nil, wire.Runtime(err, "")
 	}
@@ -101,10 +115,6 @@ func (s *Service) createContext(ctx context.Context, language, cwd string) (*cod
 	}
 	if err != nil {
 		os.RemoveAll(c.dir)
-		return nil, err
-	}
-	if err := s.contexts.Add(c.id, c); err != nil {
-		c.close()
 		return nil, err
 	}
 	return c, nil
@@ -271,29 +281,8 @@ func (s *Service) Run(w http.ResponseWriter, r *http.Request) error {
 	stream.StartPings()
 	defer stream.StopPings()
 
-	// A client that goes away mid-execution interrupts the cell, so the
-	// context is usable again (and only then: stopWatch closes first).
-	stopWatch := make(chan struct{})
-	unwatch := sync.OnceFunc(func() { close(stopWatch) })
-	defer unwatch()
-	go func() {
-		select {
-		case <-r.Context().Done():
-			select {
-			case <-stopWatch:
-			default:
-				x.cancel(s.run.Context())
-			}
-		case <-stopWatch:
-		}
-	}()
-
 	started := time.Now()
-	final := c.backend.exec(r.Context(), x, req.Code, stream)
-	unwatch()
-	if final == nil && x.cancelled() {
-		final = &wire.EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
-	}
+	final := s.runCell(r.Context(), c, x, req.Code, stream)
 	x.end()
 	if final != nil {
 		stream.Send(wire.Event{Type: wire.EvStatus, Text: "error"})
@@ -303,6 +292,33 @@ func (s *Service) Run(w http.ResponseWriter, r *http.Request) error {
 	ms := time.Since(started).Milliseconds()
 	stream.Send(wire.Event{Type: wire.EvExecutionComplete, ExecutionTime: &ms})
 	return nil
+}
+
+// runCell runs code in x's context, streaming its events to sink, and
+// returns the error that ended it (nil on success). A ctx that ends
+// mid-execution (the client went away) interrupts the cell, so the
+// context is usable again.
+func (s *Service) runCell(ctx context.Context, c *codeContext, x *execution, code string, sink Sink) *wire.EventError {
+	stopWatch := make(chan struct{})
+	unwatch := sync.OnceFunc(func() { close(stopWatch) })
+	defer unwatch()
+	go func() {
+		select {
+		case <-ctx.Done():
+			select {
+			case <-stopWatch:
+			default:
+				x.cancel(s.run.Context())
+			}
+		case <-stopWatch:
+		}
+	}()
+	final := c.backend.exec(ctx, x, code, sink)
+	unwatch()
+	if final == nil && x.cancelled() {
+		final = &wire.EventError{EName: "ContextCancelled", EValue: "Interrupt kernel", Traceback: []string{}}
+	}
+	return final
 }
 
 // errBusy is the error of a second execution in a context that is

@@ -125,3 +125,16 @@ func mkdirAll(dir string) error {
 	}
 	return nil
 }
+
+// DefaultWorkdir is the directory a request that names none starts in:
+// the template's workdir, else the default user's home (root's when that
+// user is unknown).
+func (s *Service) DefaultWorkdir() string {
+	if s.opts.DefaultWorkdir != "" {
+		return s.opts.DefaultWorkdir
+	}
+	if a, err := lookupAccount(s.opts.DefaultUser); err == nil {
+		return a.home
+	}
+	return "/root"
+}

@@ -70,6 +70,21 @@ func (r *Registry[T]) Remove(id string) (T, error) {
 	return e.v, nil
 }
 
+// Replace swaps the value under id for v, keeping its place in the
+// creation order, and returns the old value; a 404 error when id is not
+// registered.
+func (r *Registry[T]) Replace(id string, v T) (T, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.items[id]
+	if !ok {
+		var zero T
+		return zero, wire.ContextNotFound(r.kind, id)
+	}
+	r.items[id] = registered[T]{v: v, seq: e.seq}
+	return e.v, nil
+}
+
 // List returns the values for which keep reports true (nil keeps all), in
 // creation order. keep runs under the registry's lock.
 func (r *Registry[T]) List(keep func(T) bool) []T {

@@ -34,8 +34,18 @@ func TestRegistry(t *testing.T) {
 	if got := reg.List(func(v int) bool { return v != 1 }); !slices.Equal(got, []int{0, 2}) {
 		t.Fatalf("filtered List = %v; want [0 2]", got)
 	}
-	if v, err := reg.Remove("c"); err != nil || v != 0 {
-		t.Fatalf("Remove(c) = %d, %v; want 0", v, err)
+	// Replace keeps the place in the order.
+	if old, err := reg.Replace("c", 10); err != nil || old != 0 {
+		t.Fatalf("Replace(c) = %d, %v; want 0", old, err)
+	}
+	if got := reg.List(nil); !slices.Equal(got, []int{10, 1, 2}) {
+		t.Fatalf("List after Replace = %v; want [10 1 2]", got)
+	}
+	if _, err := reg.Replace("x", 1); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Replace(x) error = %v; want not found", err)
+	}
+	if v, err := reg.Remove("c"); err != nil || v != 10 {
+		t.Fatalf("Remove(c) = %d, %v; want 10", v, err)
 	}
 	if _, err := reg.Remove("c"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("second Remove(c) error = %v; want not found", err)

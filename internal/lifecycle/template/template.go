@@ -71,12 +71,13 @@ type Template struct {
 var DefaultEntrypoint = []string{"tail", "-f", "/dev/null"}
 
 // Builtins are the templates every tenant has: E2B's default templates
-// of the JS/Python SDK (base) and of the code-interpreter SDKs.
+// of the JS/Python SDK (base) and of the code-interpreter SDKs. Neither
+// has a start command: the agent serves envd and the code interpreter
+// (over the image's Jupyter kernels) itself.
 func Builtins() []Template {
 	return []Template{
 		{ID: "base", Image: "moat-e2b-base:latest", User: "user", Workdir: "/home/user", BuiltIn: true},
-		{ID: "code-interpreter-v1", Image: "moat-e2b-code-interpreter:latest", User: "user", Workdir: "/home/user",
-			Entrypoint: []string{"/root/.jupyter/start-up.sh"}, BuiltIn: true},
+		{ID: "code-interpreter-v1", Image: "moat-e2b-code-interpreter:latest", User: "user", Workdir: "/home/user", BuiltIn: true},
 	}
 }
 
