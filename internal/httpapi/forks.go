@@ -46,11 +46,10 @@ func (o forkOverride) override(field string) (fork.Override, error) {
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	var body forkRequest
-	if err := web.DecodeJSON(r, &body, false); err != nil {
+	// An empty body is count 0: the source is looked up first (another
+	// tenant's answers 404 whatever the body), then count is refused.
+	if err := web.DecodeJSON(r, &body, true); err != nil {
 		return err
-	}
-	if body.Count < 1 || body.Count > fork.MaxCount {
-		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("count must be between 1 and %d", fork.MaxCount))
 	}
 	all, err := body.override("")
 	if err != nil {

@@ -116,7 +116,9 @@ func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
 		s.auth = reg
 	}
 	s.web = &web.Adapter{Log: log, Codes: codeOf}
-	s.idem = idempotency.New(svc.Deps().Store, svc.Now, idempotency.DefaultTTL, log)
+	if svc != nil {
+		s.idem = idempotency.New(svc.Deps().Store, svc.Now, idempotency.DefaultTTL, log)
+	}
 	s.proxy = newProxy(svc, s.web, log)
 	s.proxy.egress = s.egressHandler
 	return s
@@ -166,6 +168,9 @@ func (s *Server) routes() []route {
 	// idem makes a route honour Idempotency-Key (every route that makes
 	// or changes something a retry must not make twice).
 	idem := func(next http.Handler) http.Handler {
+		if s.idem == nil {
+			return next
+		}
 		return s.idem.Wrap(next, func(r *http.Request) string { return lifecycle.OwnerOf(r.Context()) }, s.web.WriteError)
 	}
 	const (

@@ -185,7 +185,7 @@ func (k *Keys) claim(sk, fp string) (*record, error) {
 	switch {
 	case err == nil && k.now().Sub(prev.Created) <= k.ttl:
 		if prev.Fingerprint != fp {
-			return nil, errdefs.WithPublic(fmt.Errorf("idempotency key reused: %w", errdefs.ErrInvalidArgument),
+			return nil, errdefs.WithPublic(fmt.Errorf("idempotency key reused: %w", errdefs.ErrConflict),
 				CodeReused, "this Idempotency-Key was used for another request (a different route or body)")
 		}
 		if prev.Pending {

@@ -1125,9 +1125,6 @@ type Conflict = ErrorResponse
 // Forbidden The body of every non-2xx lifecycle response.
 type Forbidden = ErrorResponse
 
-// IdempotencyKeyReused The body of every non-2xx lifecycle response.
-type IdempotencyKeyReused = ErrorResponse
-
 // InternalError The body of every non-2xx lifecycle response.
 type InternalError = ErrorResponse
 
@@ -1179,7 +1176,7 @@ type ListSandboxesParams struct {
 type CreateSandboxParams struct {
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
-	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 422
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
 	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
 	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
@@ -1191,7 +1188,7 @@ type CreateSandboxParams struct {
 type CreateSandboxBatchParams struct {
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
-	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 422
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
 	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
 	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
@@ -1227,7 +1224,7 @@ type GetSandboxEndpointParams struct {
 type ForkSandboxParams struct {
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
-	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 422
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
 	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
 	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
@@ -1239,7 +1236,7 @@ type ForkSandboxParams struct {
 type PauseSandboxParams struct {
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
-	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 422
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
 	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
 	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
@@ -1251,7 +1248,7 @@ type PauseSandboxParams struct {
 type CreateSnapshotParams struct {
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
-	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 422
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
 	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
 	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible

@@ -261,12 +261,6 @@ type source struct {
 // children in the background. It returns the Running operation; the
 // source keeps running (frozen only while its snapshot is taken).
 func (f *Forks) Fork(ctx context.Context, id string, req Request) (Operation, error) {
-	if req.Count < 1 || req.Count > MaxCount {
-		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("count must be between 1 and %d", MaxCount))
-	}
-	if len(req.Children) > req.Count {
-		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("children has %d entries, more than count (%d)", len(req.Children), req.Count))
-	}
 	var src source
 	err := f.core.WithLock(ctx, id, func(e *lifecycle.Entry) error {
 		src.sb = e.Sandbox().Clone()
@@ -274,6 +268,12 @@ func (f *Forks) Fork(ctx context.Context, id string, req Request) (Operation, er
 	})
 	if err != nil {
 		return Operation{}, err
+	}
+	if req.Count < 1 || req.Count > MaxCount {
+		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("count must be between 1 and %d", MaxCount))
+	}
+	if len(req.Children) > req.Count {
+		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("children has %d entries, more than count (%d)", len(req.Children), req.Count))
 	}
 	if st := src.sb.Status.State; st != lifecycle.StateRunning {
 		return Operation{}, errdefs.WithPublic(
@@ -440,6 +440,20 @@ func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateR
 			break
 		}
 	}
+	if first != nil {
+		// Clean up before the operation says Failed, so that a client
+		// that sees Failed sees no child.
+		f.log.Warn("fork failed", "operation", op.ID, "source", op.SourceID, "err", first)
+		for _, c := range children {
+			if c.ID != "" {
+				if err := f.creator.Delete(ctx, c.ID); err != nil && !errdefs.IsNotFound(err) {
+					f.log.Error("fork: delete a child of a failed fork", "child", c.ID, "err", err)
+				}
+			}
+		}
+		f.removeChildren(ctx, op.ID)
+		f.dropSnapshot(ctx, op.SnapshotID)
+	}
 	f.mu.Lock()
 	op.UpdatedAt = f.core.Now()
 	if first != nil {
@@ -455,19 +469,6 @@ func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateR
 	}
 	rec := clone(op)
 	f.mu.Unlock()
-	if first != nil {
-		f.log.Warn("fork failed", "operation", op.ID, "source", op.SourceID, "err", first)
-		for _, c := range children {
-			if c.ID != "" {
-				if err := f.creator.Delete(ctx, c.ID); err != nil && !errdefs.IsNotFound(err) {
-					f.log.Error("fork: delete a child of a failed fork", "child", c.ID, "err", err)
-				}
-			}
-		}
-		// Children that failed while being made were already removed.
-		f.removeChildren(ctx, op.ID)
-		f.dropSnapshot(ctx, op.SnapshotID)
-	}
 	if err := f.db.Put(Bucket, op.ID, &rec); err != nil {
 		f.log.Error("persist operation", "operation", op.ID, "err", err)
 	}
