@@ -232,3 +232,47 @@ func countSandboxes(srv *server) int {
 	}
 	return n
 }
+
+// TestForkMemory forks a running gVisor sandbox with its memory: the
+// children continue the source's background process, and each has its
+// own hostname, machine-id and token. It needs a runsc that can
+// checkpoint (scripts/build-runsc.sh; `make test` puts it first on PATH).
+func TestForkMemory(t *testing.T) {
+	srv := newServer(t)
+	ref := startRegistry(t)
+	srv.start("--runtime-class", "runsc")
+	var src sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{
+		"image": map[string]any{"uri": ref}, "entrypoint": []string{"sleep", "3600"}, "timeout": 600,
+	}, &src)
+	if out, ok := shell(t, srv, src.ID, "echo src > /tmp/state; (sleep 3333 </dev/null >/dev/null 2>&1 &); echo started"); !ok || out != "started" {
+		t.Fatalf("start background process: %q", out)
+	}
+	srcIdentity, _ := shell(t, srv, src.ID, "cat /etc/machine-id 2>/dev/null; hostname")
+	var op operationResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes/"+src.ID+"/fork", map[string]any{"count": 2, "env": map[string]string{"ROLE": "child"}}, &op)
+	done := srv.waitOperation(op.ID)
+	if done.State != "Succeeded" || len(done.Children) != 2 {
+		t.Fatalf("operation: %+v", done)
+	}
+	seen := map[string]bool{srcIdentity: true}
+	for _, c := range done.Children {
+		out, ok := shell(t, srv, c.ID, "cat /tmp/state; ps -o args | grep -c '^sleep 3333'; echo $ROLE; cat /etc/machine-id; hostname")
+		lines := strings.Split(out, "\n")
+		if !ok || len(lines) != 5 || lines[0] != "src" || lines[1] != "1" || lines[2] != "child" {
+			t.Fatalf("child %s: %q", c.ID, out)
+		}
+		id := strings.Join(lines[3:], "\n")
+		if seen[id] || lines[3] != c.MachineID || lines[4] != c.Hostname || strings.Contains(srcIdentity, lines[4]) {
+			t.Errorf("child %s identity %q (operation %+v, source %q)", c.ID, id, c, srcIdentity)
+		}
+		seen[id] = true
+	}
+	// A write in one child is seen nowhere else.
+	shell(t, srv, done.Children[0].ID, "echo mine > /tmp/state")
+	for _, id := range []string{src.ID, done.Children[1].ID} {
+		if out, _ := shell(t, srv, id, "cat /tmp/state"); out != "src" {
+			t.Errorf("%s sees %q", id, out)
+		}
+	}
+}

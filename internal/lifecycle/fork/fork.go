@@ -284,6 +284,10 @@ func (f *Forks) Fork(ctx context.Context, id string, req Request) (Operation, er
 		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
 			fmt.Sprintf("sandbox %s mounts volumes, which a fork cannot share or copy", id))
 	}
+	if src.sb.CredentialProxy != nil && lifecycle.Checkpointer(f.core.Deps().Runtime, src.sb.Class) != nil {
+		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
+			fmt.Sprintf("sandbox %s has a credential proxy and forks with its memory, which restores without the children's own CAs", id))
+	}
 	reqs := make([]lifecycle.CreateRequest, req.Count)
 	for i := range reqs {
 		o := req.All
