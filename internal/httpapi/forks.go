@@ -27,6 +27,9 @@ type forkRequest struct {
 	forkOverride
 	Count    int            `json:"count"`
 	Children []forkOverride `json:"children"`
+	// CopyCredentialVault copies the source's Credential Vault into
+	// every child (default: each child's vault starts empty).
+	CopyCredentialVault bool `json:"copyCredentialVault"`
 }
 
 func (o forkOverride) override(field string) (fork.Override, error) {
@@ -55,7 +58,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	req := fork.Request{Count: body.Count, All: all}
+	req := fork.Request{Count: body.Count, All: all, CopyCredentialVault: body.CopyCredentialVault}
 	for i, c := range body.Children {
 		o, err := c.override(fmt.Sprintf("children[%d].", i))
 		if err != nil {

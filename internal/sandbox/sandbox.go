@@ -78,8 +78,10 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	im, _ := d.Metrics.(idle.Metrics)
 	idl := idle.New(core, cfg.Idle, im)
 	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults, Idle: idl})
+	forks := fork.New(core, core, snaps, nil)
+	forks.Vaults = vaults.CredentialVaults()
 	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults, Idle: idl,
-		Templates: template.New(d.Store, d.Now), Forks: fork.New(core, core, snaps, nil)}, nil
+		Templates: template.New(d.Store, d.Now), Forks: forks}, nil
 }
 
 // Run runs the core's reaper and the idle sweeps until ctx is done.

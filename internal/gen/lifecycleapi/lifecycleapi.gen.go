@@ -689,6 +689,11 @@ type ForkSandboxRequest struct {
 	// Children Per-child overrides (child i gets `children[i]` over the top-level fields); at most `count`.
 	Children *[]ForkOverride `json:"children,omitempty"`
 
+	// CopyCredentialVault Copy the source's Credential Vault (credentials and bindings) into every child; every binding's
+	// hosts must be allowed by the child's network policy. By default a child's vault starts empty.
+	// A source without a credential proxy → 400.
+	CopyCredentialVault *bool `json:"copyCredentialVault,omitempty"`
+
 	// Count How many children. Out of range → 400 `SANDBOX::INVALID_PARAMETER`.
 	Count int `json:"count"`
 

@@ -118,6 +118,16 @@ type Request struct {
 	// to child i, over All.
 	All      Override
 	Children []Override
+	// CopyCredentialVault copies the source's Credential Vault
+	// (credentials and bindings) into every child; by default a child's
+	// vault starts empty.
+	CopyCredentialVault bool
+}
+
+// VaultCopier copies a sandbox's Credential Vault into another's (the
+// credvault feature).
+type VaultCopier interface {
+	CopyVault(ctx context.Context, from, to string) error
 }
 
 // Creator makes a sandbox (the core's Create) and deletes one.
@@ -143,6 +153,8 @@ type Forks struct {
 	hygiene Hygiene
 	db      store.Store
 	log     *slog.Logger
+	// Vaults copies vaults for CopyCredentialVault (nil: refused).
+	Vaults VaultCopier
 
 	mu  sync.Mutex
 	ops map[string]*Operation
@@ -284,6 +296,10 @@ func (f *Forks) Fork(ctx context.Context, id string, req Request) (Operation, er
 		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
 			fmt.Sprintf("sandbox %s mounts volumes, which a fork cannot share or copy", id))
 	}
+	if req.CopyCredentialVault && (src.sb.CredentialProxy == nil || f.Vaults == nil) {
+		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
+			fmt.Sprintf("copyCredentialVault: sandbox %s has no credential proxy", id))
+	}
 	if src.sb.CredentialProxy != nil && lifecycle.Checkpointer(f.core.Deps().Runtime, src.sb.Class) != nil {
 		return Operation{}, errdefs.Invalid("SANDBOX::INVALID_PARAMETER",
 			fmt.Sprintf("sandbox %s has a credential proxy and forks with its memory, which restores without the children's own CAs", id))
@@ -355,7 +371,7 @@ func (f *Forks) Fork(ctx context.Context, id string, req Request) (Operation, er
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		f.run(context.WithoutCancel(ctx), op, reqs)
+		f.run(context.WithoutCancel(ctx), op, reqs, req.CopyCredentialVault)
 	}()
 	return out, nil
 }
@@ -422,7 +438,7 @@ func (s source) child(o Override, now time.Time) (lifecycle.CreateRequest, error
 }
 
 // run makes the children of op, all or nothing, and ends op.
-func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateRequest) {
+func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateRequest, copyVault bool) {
 	children := make([]Child, len(reqs))
 	errs := make([]error, len(reqs))
 	sem := make(chan struct{}, concurrency)
@@ -433,7 +449,7 @@ func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateR
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			children[i], errs[i] = f.makeChild(ctx, reqs[i], op.Memory)
+			children[i], errs[i] = f.makeChild(ctx, op, reqs[i], copyVault)
 		}()
 	}
 	wg.Wait()
@@ -479,13 +495,21 @@ func (f *Forks) run(ctx context.Context, op *Operation, reqs []lifecycle.CreateR
 }
 
 // makeChild creates one child and gives it its identity.
-func (f *Forks) makeChild(ctx context.Context, req lifecycle.CreateRequest, memory bool) (Child, error) {
+func (f *Forks) makeChild(ctx context.Context, op *Operation, req lifecycle.CreateRequest, copyVault bool) (Child, error) {
 	sb, err := f.creator.Create(ctx, req)
 	c := Child{ID: sb.ID}
 	if err != nil {
 		return c, err
 	}
-	id, err := f.hygiene.Apply(ctx, sb, memory)
+	if copyVault {
+		if err := f.Vaults.CopyVault(ctx, op.SourceID, sb.ID); err != nil {
+			if _, ok := errdefs.PublicOf(err); ok {
+				return c, err
+			}
+			return c, errdefs.WithPublic(err, "SANDBOX::FORK_FAILED", fmt.Sprintf("the source's credential vault could not be copied to child %s", sb.ID))
+		}
+	}
+	id, err := f.hygiene.Apply(ctx, sb, op.Memory)
 	if err != nil {
 		return c, errdefs.WithPublic(err, "SANDBOX::FORK_FAILED", fmt.Sprintf("child %s could not be given its own identity", sb.ID))
 	}
