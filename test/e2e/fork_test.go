@@ -276,3 +276,50 @@ func TestForkMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestForkCredentialVault: a fork's children have their own Credential
+// Vault, empty unless the fork asks for a copy of the source's.
+func TestForkCredentialVault(t *testing.T) {
+	srv := newServer(t)
+	ref := startRegistry(t)
+	env := newVaultEnv(t, srv)
+	srv.start(env.flags...)
+	v := newVaultSandbox(t, t, srv, ref, "runc", env.probe)
+	v.mustVault(201, "POST", "/credential-vault", vaultCreate)
+	srcView := v.mustVault(200, "GET", "/credential-vault", "")
+
+	child := func(body map[string]any) *vaultSandbox {
+		t.Helper()
+		var op operationResp
+		srv.mustJSON(202, "POST", "/v1/sandboxes/"+v.id+"/fork", body, &op)
+		done := srv.waitOperation(op.ID)
+		if done.State != "Succeeded" || len(done.Children) != 1 {
+			t.Fatalf("fork %v: %+v", body, done)
+		}
+		c := &vaultSandbox{t: t, srv: srv, id: done.Children[0].ID}
+		var ep endpointResp
+		srv.mustJSON(200, "GET", "/v1/sandboxes/"+c.id+"/endpoints/18080", nil, &ep)
+		c.egress, c.tok = "http://"+ep.Endpoint, ep.Headers["OPENSANDBOX-EGRESS-AUTH"]
+		if c.tok == "" || c.tok == v.tok {
+			t.Fatalf("child egress token %q (source %q)", c.tok, v.tok)
+		}
+		return c
+	}
+	plain := child(map[string]any{"count": 1})
+	plain.mustVault(404, "GET", "/credential-vault", "")
+	copied := child(map[string]any{"count": 1, "copyCredentialVault": true})
+	got := copied.mustVault(200, "GET", "/credential-vault", "")
+	for _, name := range []string{`"bearer"`, `"api-v1"`, `"basic"`} {
+		if !strings.Contains(got, name) || !strings.Contains(srcView, name) {
+			t.Errorf("copied vault lacks %s: %s", name, got)
+		}
+	}
+	// The copy is the child's own: deleting it leaves the source's.
+	copied.mustVault(204, "DELETE", "/credential-vault", "")
+	v.mustVault(200, "GET", "/credential-vault", "")
+	// A source without a credential proxy cannot copy one.
+	var bare sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}, &bare)
+	code, b, _ := srv.do("POST", "/v1/sandboxes/"+bare.ID+"/fork", map[string]any{"count": 1, "copyCredentialVault": true})
+	wantError(t, "copy without a vault", code, b, 400, "SANDBOX::INVALID_PARAMETER")
+}
