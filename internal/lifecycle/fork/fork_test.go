@@ -281,3 +281,31 @@ func TestReconcileInterruptedFork(t *testing.T) {
 		t.Errorf("source after restart: %+v %v", sb, err)
 	}
 }
+
+// The fork's snapshot goes once its last child is gone.
+func TestSweepDropsTheForkSnapshot(t *testing.T) {
+	h := newHarness(t)
+	src := h.source(t)
+	ctx := context.Background()
+	op, err := h.forks.Fork(ctx, src.ID, fork.Request{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op = h.wait(t, op.ID)
+	h.forks.Sweep(ctx)
+	if _, err := h.snaps.GetSnapshot(ctx, op.SnapshotID); err != nil {
+		t.Fatalf("the snapshot went while children use it: %v", err)
+	}
+	for _, c := range op.Children {
+		if err := h.core.Delete(ctx, c.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.forks.Sweep(ctx)
+	if _, err := h.snaps.GetSnapshot(ctx, op.SnapshotID); !errdefs.IsNotFound(err) {
+		t.Fatalf("the snapshot of a fork without children: %v", err)
+	}
+	if got, err := h.forks.Get(ctx, op.ID); err != nil || got.State != fork.StateSucceeded {
+		t.Fatalf("the operation after the sweep: %+v %v", got, err)
+	}
+}
