@@ -163,6 +163,21 @@ func TestForkAPI(t *testing.T) {
 	code, b, _ = srv.do("POST", "/v1/sandboxes/"+paused.ID+"/fork", map[string]any{"count": 1})
 	wantError(t, "paused source", code, b, 409, "SANDBOX::INVALID_STATE")
 
+	// The CLI forks and waits: it prints the children's ids.
+	r := mustCLI(t, srv, 0, "sandbox", "fork", src.ID, "--count", "2", "--metadata", "via=cli", "--wait")
+	ids := strings.Fields(r.stdout)
+	if len(ids) != 2 {
+		t.Fatalf("moat sandbox fork: %q", r.stdout)
+	}
+	for _, id := range ids {
+		var sb sandboxResp
+		srv.mustJSON(200, "GET", "/v1/sandboxes/"+id, nil, &sb)
+		if sb.Status.State != "Running" || sb.Metadata["via"] != "cli" {
+			t.Errorf("CLI child %s: %+v", id, sb)
+		}
+		srv.mustJSON(204, "DELETE", "/v1/sandboxes/"+id, nil, nil)
+	}
+
 	// An idempotent create, then a restart: both retries answer the first.
 	ckey := []string{"Idempotency-Key", "e2e-create-" + src.ID}
 	create := map[string]any{"image": map[string]any{"uri": ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600}
