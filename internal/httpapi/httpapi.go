@@ -19,6 +19,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/idempotency"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/ingress"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
@@ -103,6 +104,8 @@ type Server struct {
 	web   *web.Adapter
 	proxy *proxy
 	auth  *tenant.Registry // nil: authentication off
+	// idem keeps the answers of requests with an Idempotency-Key.
+	idem *idempotency.Keys
 }
 
 // New returns the API server.
@@ -119,6 +122,9 @@ func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
 		s.auth = reg
 	}
 	s.web = &web.Adapter{Log: log, Codes: codeOf}
+	if svc != nil {
+		s.idem = idempotency.New(svc.Deps().Store, svc.Now, idempotency.DefaultTTL, log)
+	}
 	s.proxy = newProxy(svc, s.web, log)
 	s.proxy.egress = s.egressHandler
 	return s
@@ -165,6 +171,14 @@ func codeOf(err error) (int, string) {
 // covered by the isolation tests, which iterate Routes.
 func (s *Server) routes() []route {
 	h := s.web.Handle
+	// idem makes a route honour Idempotency-Key (every route that makes
+	// or changes something a retry must not make twice).
+	idem := func(next http.Handler) http.Handler {
+		if s.idem == nil {
+			return next
+		}
+		return s.idem.Wrap(next, func(r *http.Request) string { return lifecycle.OwnerOf(r.Context()) }, s.web.WriteError)
+	}
 	const (
 		public = tenant.AccessPublic
 		data   = tenant.AccessData
@@ -174,17 +188,19 @@ func (s *Server) routes() []route {
 	rts := []route{
 		{"GET /health", public, h(s.health)},
 		{"POST /metrics/events", read, h(s.metricsEvent)},
-		{"POST /sandboxes", write, h(s.create)},
+		{"POST /sandboxes", write, idem(h(s.create))},
 		{"GET /sandboxes", read, h(s.list)},
 		{"GET /sandboxes/{id}", read, h(s.get)},
 		{"DELETE /sandboxes/{id}", write, h(s.delete)},
-		{"POST /sandboxes/{id}/pause", write, h(s.pause)},
+		{"POST /sandboxes/{id}/pause", write, idem(h(s.pause))},
 		{"POST /sandboxes/{id}/resume", write, h(s.resume)},
 		{"POST /sandboxes/{id}/renew-expiration", write, h(s.renew)},
 		{"PATCH /sandboxes/{id}/metadata", write, h(s.patchMetadata)},
 		{"GET /sandboxes/{id}/endpoints/{port}", read, h(s.endpoint)},
-		{"POST /sandboxes/batch", write, h(s.createBatch)},
-		{"POST /sandboxes/{id}/snapshots", write, h(s.createSnapshot)},
+		{"POST /sandboxes/batch", write, idem(h(s.createBatch))},
+		{"POST /sandboxes/{id}/snapshots", write, idem(h(s.createSnapshot))},
+		{"POST /sandboxes/{id}/fork", write, idem(h(s.forkSandbox))},
+		{"GET /operations/{operationId}", read, h(s.getOperation)},
 		{"GET /snapshots", read, h(s.listSnapshots)},
 		{"GET /snapshots/{snapshotId}", read, h(s.getSnapshot)},
 		{"DELETE /snapshots/{snapshotId}", write, h(s.deleteSnapshot)},

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -72,6 +73,7 @@ type fixture struct {
 	sandbox, snapshot, pool, key string
 	egressToken                  string
 	template                     string
+	operation                    string
 }
 
 const policyBody = `{"defaultAction":"deny","egress":[{"action":"allow","target":"example.test"}]}`
@@ -121,6 +123,27 @@ func newIsolationAPI(t *testing.T) (*tenantAPI, fixture) {
 	if code, body := ta.do(t, "acme-operator", "POST", "/v1/templates", `{"id":"acme-only","image":"busybox"}`); code != 201 {
 		t.Fatalf("acme template: %d %v", code, body)
 	}
+	// A fork of an acme sandbox without volumes (a source with volumes
+	// cannot fork).
+	code, body = ta.do(t, "acme-operator", "POST", "/v1/sandboxes", `{"image":{"uri":"busybox"},"entrypoint":["sh"]}`)
+	if code != 202 {
+		t.Fatalf("acme fork source: %d %v", code, body)
+	}
+	src := body["id"].(string)
+	code, body = ta.do(t, "acme-operator", "POST", "/v1/sandboxes/"+src+"/fork", `{"count":1}`)
+	if code != 202 {
+		t.Fatalf("acme fork: %d %v", code, body)
+	}
+	fx.operation = body["id"].(string)
+	for deadline := time.Now().Add(10 * time.Second); body["state"] == "Running"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("acme fork: still %v", body)
+		}
+		_, body = ta.do(t, "acme-operator", "GET", "/v1/operations/"+fx.operation, "")
+	}
+	if code, body := ta.do(t, "acme-operator", "DELETE", "/v1/sandboxes/"+src, ""); code != 204 {
+		t.Fatalf("delete the acme fork source: %d %v", code, body)
+	}
 	fx.key = ta.ids["acme-viewer"]
 	return ta, fx
 }
@@ -145,6 +168,8 @@ func (fx fixture) concrete(pattern string) string {
 			return "acme"
 		case "{templateId}":
 			return fx.template
+		case "{operationId}":
+			return fx.operation
 		}
 		panic("route parameter without a fixture: " + m)
 	})
@@ -158,6 +183,7 @@ var bodies = map[string]string{
 	"POST /sandboxes/{id}/renew-expiration": `{"expiresAt":"2099-01-01T00:00:00Z"}`,
 	"PATCH /sandboxes/{id}/metadata":        `{"k":"v"}`,
 	"POST /sandboxes/batch":                 `{"count":1,"image":{"uri":"busybox"},"entrypoint":["sh"]}`,
+	"POST /sandboxes/{id}/fork":             `{"count":1}`,
 	"POST /sandboxes/{id}/snapshots":        `{"name":"x"}`,
 	"POST /pools":                           `{"name":"other","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"poolMax":1}}`,
 	"PUT /pools/{name}":                     `{"name":"private","template":{"image":{"uri":"busybox"},"entrypoint":["sh"]},"capacitySpec":{"poolMax":2}}`,
@@ -185,7 +211,7 @@ func methodOf(r httpapi.Route) string {
 // owned reports whether a route addresses one tenant resource by id or
 // name in its path (as opposed to a collection).
 func owned(pattern string) bool {
-	for _, p := range []string{"{id}", "{snapshotId}", "{name}", "{keyId}", "{tenantName}", "{templateId}"} {
+	for _, p := range []string{"{id}", "{snapshotId}", "{name}", "{keyId}", "{tenantName}", "{templateId}", "{operationId}"} {
 		if strings.Contains(pattern, p) {
 			return true
 		}

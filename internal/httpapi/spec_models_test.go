@@ -78,6 +78,13 @@ func TestHandlersMatchSpecModels(t *testing.T) {
 	sn := expect[lifecycleapi.Snapshot](t, srv, "POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"s1"}`, 202)
 	expect[lifecycleapi.Snapshot](t, srv, "POST", "/v1/sandboxes/"+id+"/snapshots", "", 202)
 	expect[lifecycleapi.Snapshot](t, srv, "GET", "/v1/snapshots/"+sn.ID, "", 200)
+	op := expect[lifecycleapi.Operation](t, srv, "POST", "/v1/sandboxes/"+id+"/fork", `{"count":1,"metadata":{"k":"v"}}`, 202)
+	for deadline := time.Now().Add(10 * time.Second); op.State == lifecycleapi.OperationStateRunning && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		op = expect[lifecycleapi.Operation](t, srv, "GET", "/v1/operations/"+op.ID, "", 200)
+	}
+	if op.State == lifecycleapi.OperationStateRunning {
+		t.Fatalf("fork %s still Running", op.ID)
+	}
 	expect[lifecycleapi.ListSnapshotsResponse](t, srv, "GET", "/v1/snapshots?sandboxId="+id, "", 200)
 
 	pool := `{"name":"warm","template":{"image":{"uri":"busybox"},"entrypoint":["sh"],"env":{"A":"b"},"extensions":{"other":"v"}},"capacitySpec":{"bufferMin":0,"bufferMax":1,"poolMin":0,"poolMax":2}}`

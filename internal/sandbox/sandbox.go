@@ -8,10 +8,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/lifecycle"
 	"github.com/moat-sandbox/moat/internal/lifecycle/credvault"
+	"github.com/moat-sandbox/moat/internal/lifecycle/fork"
 	"github.com/moat-sandbox/moat/internal/lifecycle/idle"
 	"github.com/moat-sandbox/moat/internal/lifecycle/mounts"
 	"github.com/moat-sandbox/moat/internal/lifecycle/pool"
@@ -53,6 +55,9 @@ type Service struct {
 	// Templates are the sandbox templates both APIs create from (not
 	// embedded: its Create and Get are the templates').
 	Templates *template.Templates
+	// Forks are the fork operations (not embedded: its Get and Run are
+	// the forks').
+	Forks *fork.Forks
 }
 
 // New returns the service. Call Recover before serving, and Run to start
@@ -73,8 +78,10 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	im, _ := d.Metrics.(idle.Metrics)
 	idl := idle.New(core, cfg.Idle, im)
 	core.Use(lifecycle.Features{Pools: pools, Snapshots: snaps, Volumes: vols, Vault: vaults, Idle: idl})
+	forks := fork.New(core, core, snaps, nil)
+	forks.Vaults = vaults.CredentialVaults()
 	return &Service{Service: core, Pools: pools, Snapshots: snaps, Volumes: vols, Proxies: vaults, Idle: idl,
-		Templates: template.New(d.Store, d.Now)}, nil
+		Templates: template.New(d.Store, d.Now), Forks: forks}, nil
 }
 
 // Run runs the core's reaper and the idle sweeps until ctx is done.
@@ -84,18 +91,31 @@ func (s *Service) Run(ctx context.Context) {
 		defer close(done)
 		s.Idle.Run(ctx)
 	}()
+	forks := make(chan struct{})
+	go func() {
+		defer close(forks)
+		s.Forks.Run(ctx, time.Minute)
+	}()
+	defer func() { <-forks }()
 	s.Service.Run(ctx)
 	<-done
 }
 
 // Recover re-adopts the sandboxes and pools after a restart (see
 // lifecycle.Service.Recover).
-func (s *Service) Recover(ctx context.Context) error { return s.Service.Recover(ctx) }
+// The fork operations are reconciled after the sandboxes (fork.Forks.Reconcile).
+func (s *Service) Recover(ctx context.Context) error {
+	if err := s.Service.Recover(ctx); err != nil {
+		return err
+	}
+	return s.Forks.Reconcile(ctx)
+}
 
 // Close stops the pools' refill loops and the core's background loops
 // (sandboxes keep running).
 func (s *Service) Close() {
 	s.Pools.Close()
+	s.Forks.Wait()
 	s.Service.Close()
 }
 

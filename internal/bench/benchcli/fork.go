@@ -22,6 +22,7 @@ func newBenchForkCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.RuntimeClass, "runtime-class", "crun", "runtime class of the forks")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes to fork")
-	f.BoolVar(&o.SkipCold, "skip-cold", false, "skip the cold fork")
+	f.BoolVar(&o.SkipCold, "skip-cold", false, "skip the cold forks")
+	f.BoolVar(&o.APIOnly, "cold-only", false, "stop after the cold forks (no fork pool)")
 	return cmd
 }

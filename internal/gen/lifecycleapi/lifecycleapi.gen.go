@@ -175,6 +175,27 @@ func (e NetworkPolicyEgressAction) Valid() bool {
 	}
 }
 
+// Defines values for OperationState.
+const (
+	OperationStateFailed    OperationState = "Failed"
+	OperationStateRunning   OperationState = "Running"
+	OperationStateSucceeded OperationState = "Succeeded"
+)
+
+// Valid indicates whether the value is a known member of the OperationState enum.
+func (e OperationState) Valid() bool {
+	switch e {
+	case OperationStateFailed:
+		return true
+	case OperationStateRunning:
+		return true
+	case OperationStateSucceeded:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PlatformArch.
 const (
 	PlatformArchAmd64 PlatformArch = "amd64"
@@ -650,6 +671,58 @@ type Extensions struct {
 // ExtensionsMoatRuntime defines model for Extensions.MoatRuntime.
 type ExtensionsMoatRuntime string
 
+// ForkChild defines model for ForkChild.
+type ForkChild struct {
+	Hostname *string `json:"hostname,omitempty"`
+	ID       string  `json:"id"`
+
+	// MachineID The child's fresh `/etc/machine-id`.
+	MachineID *string `json:"machineId,omitempty"`
+}
+
+// ForkOverride What children change from their source; an omitted field keeps the source's.
+type ForkOverride struct {
+	// Env Merged over the source's env.
+	Env *map[string]string `json:"env,omitempty"`
+
+	// Metadata Merged over the source's metadata.
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// NetworkPolicy Egress policy; the same shape the egress sidecar's `/policy` accepts (see egress.yaml). moat does not
+	// apply it yet: a non-null value → 501 `SANDBOX::API_NOT_SUPPORTED`.
+	NetworkPolicy *NetworkPolicy `json:"networkPolicy,omitempty"`
+
+	// Timeout Lifetime in seconds; omitted → the child expires when the source does.
+	Timeout *int `json:"timeout,omitempty"`
+}
+
+// ForkSandboxRequest defines model for ForkSandboxRequest.
+type ForkSandboxRequest struct {
+	// Children Per-child overrides (child i gets `children[i]` over the top-level fields); at most `count`.
+	Children *[]ForkOverride `json:"children,omitempty"`
+
+	// CopyCredentialVault Copy the source's Credential Vault (credentials and bindings) into every child; every binding's
+	// hosts must be allowed by the child's network policy. By default a child's vault starts empty.
+	// A source without a credential proxy → 400.
+	CopyCredentialVault *bool `json:"copyCredentialVault,omitempty"`
+
+	// Count How many children. Out of range → 400 `SANDBOX::INVALID_PARAMETER`.
+	Count int `json:"count"`
+
+	// Env Merged over the source's env.
+	Env *map[string]string `json:"env,omitempty"`
+
+	// Metadata Merged over the source's metadata.
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// NetworkPolicy Egress policy; the same shape the egress sidecar's `/policy` accepts (see egress.yaml). moat does not
+	// apply it yet: a non-null value → 501 `SANDBOX::API_NOT_SUPPORTED`.
+	NetworkPolicy *NetworkPolicy `json:"networkPolicy,omitempty"`
+
+	// Timeout Lifetime in seconds; omitted → the child expires when the source does.
+	Timeout *int `json:"timeout,omitempty"`
+}
+
 // ImageSpec defines model for ImageSpec.
 type ImageSpec struct {
 	// Auth Per-request registry credentials. Never echoed back.
@@ -742,6 +815,33 @@ type NetworkPolicyDefaultAction string
 
 // NetworkPolicyEgressAction defines model for NetworkPolicy.Egress.Action.
 type NetworkPolicyEgressAction string
+
+// Operation defines model for Operation.
+type Operation struct {
+	// Children The children, in request order, once `state` is `Succeeded` (empty before and on failure).
+	Children  []ForkChild `json:"children"`
+	Count     int         `json:"count"`
+	CreatedAt time.Time   `json:"createdAt"`
+
+	// Error The body of every non-2xx lifecycle response.
+	Error *ErrorResponse `json:"error,omitempty"`
+	ID    string         `json:"id"`
+
+	// Kind `fork`
+	Kind string `json:"kind"`
+
+	// Memory The children continue the source's processes (a memory snapshot), not only its files.
+	Memory *bool `json:"memory,omitempty"`
+
+	// SnapshotID The snapshot the children were made from.
+	SnapshotID *string        `json:"snapshotId,omitempty"`
+	SourceID   string         `json:"sourceId"`
+	State      OperationState `json:"state"`
+	UpdatedAt  time.Time      `json:"updatedAt"`
+}
+
+// OperationState defines model for OperationState.
+type OperationState string
 
 // PaginationInfo defines model for PaginationInfo.
 type PaginationInfo struct {
@@ -1038,6 +1138,9 @@ type VolumeOssfsVersion string
 // DiagnosticScope defines model for DiagnosticScope.
 type DiagnosticScope = string
 
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
 // Port defines model for Port.
 type Port = int
 
@@ -1103,6 +1206,30 @@ type ListSandboxesParams struct {
 	PageSize *int `form:"pageSize,omitempty" json:"pageSize,omitempty"`
 }
 
+// CreateSandboxParams defines parameters for CreateSandbox.
+type CreateSandboxParams struct {
+	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
+	// restarts) answers what the first answered (status, `Location` and body; header
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
+	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
+	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
+	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
+	// ASCII characters, else 400.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// CreateSandboxBatchParams defines parameters for CreateSandboxBatch.
+type CreateSandboxBatchParams struct {
+	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
+	// restarts) answers what the first answered (status, `Location` and body; header
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
+	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
+	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
+	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
+	// ASCII characters, else 400.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
 // GetDiagnosticEventsParams defines parameters for GetDiagnosticEvents.
 type GetDiagnosticEventsParams struct {
 	// Scope `container`, `lifecycle`, `runtime`, `network`, `process` or `all` (case-insensitive). Omitted → the legacy
@@ -1125,6 +1252,42 @@ type GetSandboxEndpointParams struct {
 
 	// Expires Unix epoch seconds until which the returned signed route (OSEP-0011) is valid.
 	Expires *string `form:"expires,omitempty" json:"expires,omitempty"`
+}
+
+// ForkSandboxParams defines parameters for ForkSandbox.
+type ForkSandboxParams struct {
+	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
+	// restarts) answers what the first answered (status, `Location` and body; header
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
+	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
+	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
+	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
+	// ASCII characters, else 400.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// PauseSandboxParams defines parameters for PauseSandbox.
+type PauseSandboxParams struct {
+	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
+	// restarts) answers what the first answered (status, `Location` and body; header
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
+	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
+	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
+	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
+	// ASCII characters, else 400.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// CreateSnapshotParams defines parameters for CreateSnapshot.
+type CreateSnapshotParams struct {
+	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
+	// restarts) answers what the first answered (status, `Location` and body; header
+	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
+	// `SANDBOX::IDEMPOTENCY_KEY_REUSED`; while the first request runs → 409 `SANDBOX::IDEMPOTENCY_IN_PROGRESS`;
+	// if the server stopped during the first request → 409 `SANDBOX::IDEMPOTENCY_INTERRUPTED` (nothing of it
+	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
+	// ASCII characters, else 400.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ListSnapshotsParams defines parameters for ListSnapshots.
@@ -1155,6 +1318,9 @@ type CreateSandboxJSONRequestBody = CreateSandboxRequest
 
 // CreateSandboxBatchJSONRequestBody defines body for CreateSandboxBatch for application/json ContentType.
 type CreateSandboxBatchJSONRequestBody = BatchCreateSandboxRequest
+
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = ForkSandboxRequest
 
 // PatchSandboxMetadataJSONRequestBody defines body for PatchSandboxMetadata for application/json ContentType.
 type PatchSandboxMetadataJSONRequestBody = MetadataPatch
