@@ -218,11 +218,11 @@ func (r *Runtime) restoreProcess(name string, p *specs.Process) error {
 	return nil
 }
 
-// restore starts sandbox id from checkpoint name with `runsc restore
-// --detach` (the caller wraps it in runscStart).
-func (r *Runtime) restore(ctx context.Context, class, id, bundle, name string, io gorunc.IO, pidFile string) error {
+// restore starts sandbox id from the runsc image in directory img with
+// `runsc restore --detach` (the caller wraps it in runscStart).
+func (r *Runtime) restore(ctx context.Context, class, id, bundle, img string, io gorunc.IO, pidFile string) error {
 	_, err := r.runc(class).Restore(ctx, id, bundle, &gorunc.RestoreOpts{
-		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(r.checkpointDir(name), "image")},
+		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img},
 		IO:             io,
 		Detach:         true,
 		PidFile:        pidFile,
