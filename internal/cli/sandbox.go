@@ -33,7 +33,8 @@ func newSandboxCommand() *cobra.Command {
 			func(tw *tabwriter.Writer, sb *client.Sandbox) { sandboxDetail(tw, sb, time.Now()) }),
 		newRemoveCommand(sf, "rm ID...", "Delete sandboxes", (*client.Client).DeleteSandbox),
 		newEachCommand(sf, "pause ID...", nil, "Pause (freeze) running sandboxes", (*client.Client).Pause),
-		newEachCommand(sf, "resume ID...", nil, "Resume paused sandboxes", (*client.Client).Resume),
+		newEachCommand(sf, "hibernate ID...", nil, "Hibernate running sandboxes: stop their processes and free their memory (resume wakes them)", (*client.Client).Hibernate),
+		newEachCommand(sf, "resume ID...", nil, "Resume paused or hibernated sandboxes", (*client.Client).Resume),
 		newSandboxRenewCommand(sf),
 	)
 	return classifyTree(cmd)

@@ -70,6 +70,25 @@ func (e *Entry) hibernate(ctx context.Context, reason, msg string) (runtime.Hibe
 	return hb, e.persist()
 }
 
+// OnHibernationWake registers fn, called with a sandbox's ID once it
+// woke from hibernation: every network connection to it is gone, so a
+// client's kept-alive connections to it must be dropped (the server
+// proxy's and the ingress gateway's). fn must not block.
+func (s *Service) OnHibernationWake(fn func(id string)) {
+	s.mu.Lock()
+	s.wakeHooks = append(s.wakeHooks, fn)
+	s.mu.Unlock()
+}
+
+func (s *Service) wokeFromHibernation(id string) {
+	s.mu.RLock()
+	hooks := s.wakeHooks
+	s.mu.RUnlock()
+	for _, fn := range hooks {
+		fn(id)
+	}
+}
+
 // HibernationMessage tells what a hibernation did, for status messages
 // and events.
 func HibernationMessage(h runtime.Hibernation) string {

@@ -316,6 +316,24 @@ func (e Health200JSONResponseBodyStatus) Valid() bool {
 	}
 }
 
+// Defines values for PauseSandboxParamsMode.
+const (
+	PauseSandboxParamsModeFreeze    PauseSandboxParamsMode = "freeze"
+	PauseSandboxParamsModeHibernate PauseSandboxParamsMode = "hibernate"
+)
+
+// Valid indicates whether the value is a known member of the PauseSandboxParamsMode enum.
+func (e PauseSandboxParamsMode) Valid() bool {
+	switch e {
+	case PauseSandboxParamsModeFreeze:
+		return true
+	case PauseSandboxParamsModeHibernate:
+		return true
+	default:
+		return false
+	}
+}
+
 // APIKey defines model for ApiKey.
 type APIKey struct {
 	// Active Neither revoked nor expired.
@@ -1097,6 +1115,15 @@ type GetSandboxEndpointParams struct {
 	// Expires Unix epoch seconds until which the returned signed route (OSEP-0011) is valid.
 	Expires *string `form:"expires,omitempty" json:"expires,omitempty"`
 }
+
+// PauseSandboxParams defines parameters for PauseSandbox.
+type PauseSandboxParams struct {
+	// Mode `freeze` (the default) or `hibernate` (moat extension).
+	Mode *PauseSandboxParamsMode `form:"mode,omitempty" json:"mode,omitempty"`
+}
+
+// PauseSandboxParamsMode defines parameters for PauseSandbox.
+type PauseSandboxParamsMode string
 
 // ListSnapshotsParams defines parameters for ListSnapshots.
 type ListSnapshotsParams struct {
