@@ -51,7 +51,7 @@ func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 		Rewrite:       p.rewrite,
 		FlushInterval: -1, // SSE and streamed output go out as produced
 		Transport:     tr,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		// Sandbox content shares this server's origin: a service worker it
 		// registers must stay within its own /sandboxes/{id}/proxy/{port}/
 		// scope, never reach the web console's pages (internal/console).
