@@ -184,3 +184,65 @@ func cgroupProcs(id string) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+// TestHibernateKilledMidway: a server SIGKILLed while it checkpoints a
+// gVisor sandbox for hibernation (its record says so) leaves it running
+// or hibernated, never lost: after a restart it answers a command with
+// its files and memory state, and its delete leaves nothing behind.
+func TestHibernateKilledMidway(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("needs runsc (make test puts a current one on PATH)")
+	}
+	srv := newServer(t)
+	ref := startRegistry(t)
+	srv.start("--runtime-class", "runsc")
+	var sb sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{
+		"image":      map[string]any{"uri": ref},
+		"entrypoint": []string{"tail", "-f", "/dev/null"},
+		"timeout":    600,
+		"extensions": map[string]string{"moat.idle.timeout": "2", "moat.idle.action": "hibernate"},
+	}, &sb)
+	id := sb.ID
+	// Through the server proxy, so that a command under way is activity.
+	run := func(cmd string) string {
+		t.Helper()
+		evs := runCommand(t, "http://"+srv.addr+"/sandboxes/"+id+"/proxy/44772", map[string]string{"X-EXECD-ACCESS-TOKEN": srv.key}, cmd)
+		assertCompleted(t, evs)
+		return stdoutOf(evs)
+	}
+	// Memory to write makes the checkpoint last long enough to be caught.
+	if out := run("echo kept > /state.txt && dd if=/dev/urandom of=/dev/shm/fill bs=1M count=48 2>/dev/null && md5sum < /dev/shm/fill"); len(out) < 32 {
+		t.Fatalf("fill: %q", out)
+	}
+	sum := run("md5sum < /dev/shm/fill")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		recs, _ := filepath.Glob(filepath.Join(srv.root, "*", "sandboxes", id, "state.json"))
+		more, _ := filepath.Glob(filepath.Join(srv.root, "sandboxes", id, "state.json"))
+		saving := false
+		for _, p := range append(recs, more...) {
+			data, err := os.ReadFile(p)
+			saving = saving || err == nil && strings.Contains(string(data), `"hibernated":"saving"`)
+		}
+		if saving {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hibernate checkpoint was never seen under way")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	srv.kill9()
+	srv.start("--runtime-class", "runsc")
+	var got sandboxResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id, nil, &got)
+	if got.Status.State != "Running" && got.Status.State != "Paused" {
+		t.Fatalf("after a kill mid-hibernate and a restart: %+v", got.Status)
+	}
+	if out := run("cat /state.txt; md5sum < /dev/shm/fill"); out != "kept\n"+sum {
+		t.Fatalf("after the restart (%s): %q, want kept and %s", got.Status.State, out, sum)
+	}
+	srv.mustJSON(204, "DELETE", "/v1/sandboxes/"+id, nil, nil)
+	assertNoLeaks(t, srv, id)
+}

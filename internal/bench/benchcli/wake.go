@@ -22,6 +22,6 @@ func newBenchWakeCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringSliceVar(&o.Classes, "runtime-class", []string{"runc", "runsc"}, "runtime classes to measure")
 	f.IntVarP(&o.Rounds, "rounds", "n", 10, "idle pauses and wakes per sandbox")
-	f.IntVar(&o.FillMiB, "fill-mib", 64, "memory each sandbox holds (a file in /dev/shm) before it idles")
+	f.IntVar(&o.FillMiB, "fill-mib", 48, "memory each sandbox holds (a file of random bytes in /dev/shm) before it idles")
 	return cmd
 }

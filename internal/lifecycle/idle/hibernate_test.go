@@ -161,3 +161,27 @@ func TestCPUThresholdPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A request that reaches a sandbox before any sweep has seen it (right
+// after its create) counts: while it is under way the sandbox is not
+// idle, however long it takes.
+func TestAccessBeforeFirstSweep(t *testing.T) {
+	h := newHarness(t, idle.Config{})
+	ctx := context.Background()
+	id := h.create(t, map[string]string{idle.ExtTimeout: "60", idle.ExtAction: idle.ActionPause})
+	done, err := h.svc.Access(ctx, id, idle.ViaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Add(120 * time.Second)
+	h.svc.Sweep(ctx)
+	if st := h.status(t, id); st.State != lifecycle.StateRunning {
+		t.Fatalf("with a request under way since before the first sweep: %+v", st)
+	}
+	done()
+	h.clk.Add(61 * time.Second)
+	h.svc.Sweep(ctx)
+	if st := h.status(t, id); st.State != lifecycle.StatePaused {
+		t.Fatalf("61 s after the request ended: %+v", st)
+	}
+}

@@ -249,7 +249,15 @@ func (f *Idle) CheckPolicy(sb *lifecycle.Sandbox) error {
 func (f *Idle) Access(ctx context.Context, id, via string) (done func(), err error) {
 	f.mu.Lock()
 	r := f.sandboxes[id]
-	if r == nil || !lifecycle.Visible(ctx, r.owner) {
+	if r == nil {
+		// Not swept yet (created within the last sweep interval), or
+		// without a policy (the next sweep forgets it): its activity is
+		// counted for the first sweep, which a request under way (a
+		// long first command) must keep from pausing it. It is not paused,
+		// so there is nothing to wake.
+		r = &tracked{}
+		f.sandboxes[id] = r
+	} else if r.owner != "" && !lifecycle.Visible(ctx, r.owner) {
 		f.mu.Unlock()
 		return func() {}, nil
 	}
@@ -392,10 +400,10 @@ func (f *Idle) Sweep(ctx context.Context) {
 		f.mu.Lock()
 		r := f.sandboxes[sb.ID]
 		if r == nil {
-			r = &tracked{owner: e.Owner()}
+			r = &tracked{}
 			f.sandboxes[sb.ID] = r
 		}
-		r.swept = now
+		r.owner, r.swept = e.Owner(), now
 		r.paused = idlePaused(sb)
 		last := f.started
 		for _, t := range []time.Time{r.seen, sb.Status.LastTransitionAt} {
