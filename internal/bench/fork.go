@@ -147,9 +147,9 @@ func (f *forkRun) snapshot(ctx context.Context) error {
 
 // check: there are N forks, and the last sees the source's marker (and,
 // from a memory snapshot, its background process).
-func (f *forkRun) check(ctx context.Context, ids []string) error {
-	if len(ids) != f.o.N {
-		return fmt.Errorf("got %d forks, want %d", len(ids), f.o.N)
+func (f *forkRun) check(ctx context.Context, ids []string, n int) error {
+	if len(ids) != n {
+		return fmt.Errorf("got %d forks, want %d", len(ids), n)
 	}
 	ep, err := f.c.AgentEndpoint(ctx, ids[len(ids)-1])
 	if err != nil {
@@ -235,7 +235,10 @@ func (f *forkRun) coldBatch(ctx context.Context, n int) (all, batch time.Duratio
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("cold fork: %w", err)
 	}
-	if err := f.check(ctx, ids); err != nil {
+	if len(ids) != n {
+		return 0, 0, 0, fmt.Errorf("cold fork: got %d forks, want %d", len(ids), n)
+	}
+	if err := f.check(ctx, ids, n); err != nil {
 		return 0, 0, 0, fmt.Errorf("cold fork: %w", err)
 	}
 	return all, batch, mem, nil
@@ -276,7 +279,7 @@ func (f *forkRun) warm(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
-	if err := f.check(ctx, ids); err != nil {
+	if err := f.check(ctx, ids, f.o.N); err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
 	fmt.Fprintf(f.w, "  fork %d from a warm fork pool (one batch claim): %s\n", len(ids), d.Round(10*time.Microsecond))
