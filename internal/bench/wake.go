@@ -94,7 +94,7 @@ func wakeClass(ctx context.Context, c *Client, o WakeBenchOptions, image, class,
 	}
 	fmt.Fprintf(w, "  %s, wake from %s until the held command is answered: %s\n", class, action, Summarize(ds))
 	if len(freed) > 0 {
-		line := fmt.Sprintf("  %s, memory freed by hibernation (the cgroup's before): median %d MiB", class, median(freed))
+		line := fmt.Sprintf("  %s, memory freed by hibernation (the cgroup's before): first %d MiB, median %d MiB", class, freed[0], median(freed))
 		if len(img) > 0 {
 			line += fmt.Sprintf(", memory image on disk median %d MiB", median(img))
 		}

@@ -134,8 +134,8 @@ func hibernateRoundTrip(t *testing.T, srv *server, ref, class string) {
 }
 
 // TestHibernateAPI: pause?mode=hibernate hibernates a sandbox without an
-// idle policy (SANDBOX_HIBERNATED); a request does not wake it, resume
-// does; a bad mode is 400.
+// idle policy (SANDBOX_HIBERNATED) and resume wakes it with its files; a
+// bad mode is 400; a hibernated sandbox's delete leaves nothing behind.
 func TestHibernateAPI(t *testing.T) {
 	srv := newServer(t)
 	ref := startRegistry(t)
@@ -166,6 +166,8 @@ func TestHibernateAPI(t *testing.T) {
 	if out, ok := shell(t, srv, id, "cat /state.txt"); !ok || out != "kept" {
 		t.Fatalf("after resume: %v %q", ok, out)
 	}
+	// A hibernated sandbox's delete frees everything too.
+	srv.mustJSON(202, "POST", "/v1/sandboxes/"+id+"/pause?mode=hibernate", nil, nil)
 	srv.mustJSON(204, "DELETE", "/v1/sandboxes/"+id, nil, nil)
 	assertNoLeaks(t, srv, id)
 }
