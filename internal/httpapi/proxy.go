@@ -46,7 +46,9 @@ func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 	}
 	// A sandbox woken from hibernation has lost its connections: a kept
 	// one would be reset on first use.
-	svc.OnHibernationWake(func(string) { tr.CloseIdleConnections() })
+	if svc != nil {
+		svc.OnHibernationWake(func(string) { tr.CloseIdleConnections() })
+	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
 		FlushInterval: -1, // SSE and streamed output go out as produced
