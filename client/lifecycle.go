@@ -247,6 +247,15 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 	return c.lc.json(ctx, &call{method: http.MethodPost, path: sandboxPath(id, "pause")}, nil, nil)
 }
 
+// Hibernate hibernates a running sandbox (moat's pause?mode=hibernate):
+// its processes are stopped and their memory freed; Resume wakes it. On
+// gVisor the processes continue where they were, on runc and crun they
+// start afresh on the kept writable layer.
+func (c *Client) Hibernate(ctx context.Context, id string) error {
+	return c.lc.json(ctx, &call{method: http.MethodPost, path: sandboxPath(id, "pause"),
+		query: url.Values{"mode": {"hibernate"}}}, nil, nil)
+}
+
 // Resume thaws a paused sandbox.
 func (c *Client) Resume(ctx context.Context, id string) error {
 	return c.lc.json(ctx, &call{method: http.MethodPost, path: sandboxPath(id, "resume")}, nil, nil)

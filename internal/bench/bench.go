@@ -65,7 +65,9 @@ type CreateOptions struct {
 	Image        string
 	RuntimeClass string // "" = server default
 	Entrypoint   []string
-	poolRef      string
+	// Memory is the memory limit ("256Mi"); "" is the server's default.
+	Memory  string
+	poolRef string
 }
 
 // Create creates one sandbox and returns its id.
@@ -74,6 +76,9 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (string, error) {
 	if o.Image != "" {
 		body["image"] = map[string]string{"uri": o.Image}
 		body["entrypoint"] = o.Entrypoint
+	}
+	if o.Memory != "" {
+		body["resourceLimits"] = map[string]string{"memory": o.Memory}
 	}
 	ext := map[string]string{}
 	if o.RuntimeClass != "" {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -16,10 +18,16 @@ type ForkBenchOptions struct {
 	// with snapshotId) and warm (one batch claim from a fork pool).
 	N            int
 	RuntimeClass string
-	// SkipCold leaves out the cold forks (the batch and the fork API).
-	SkipCold bool
+	// SkipCold leaves out the cold forks (the batch and the fork API),
+	// SkipWarm the fork pool.
+	SkipCold, SkipWarm bool
 	// APIOnly stops after the cold forks (no fork pool).
 	APIOnly bool
+	// Memory is the source's memory limit ("256Mi"; "" the default) and
+	// FillMiB how much of it a file in its /dev/shm holds (in a memory
+	// snapshot, in every child's memory).
+	Memory  string
+	FillMiB int
 }
 
 // RunFork snapshots a sandbox that wrote a marker file, then forks N
@@ -54,6 +62,10 @@ func RunFork(ctx context.Context, o ForkBenchOptions, w io.Writer, log *slog.Log
 		}
 	}
 	if o.APIOnly {
+		f.cleanup(ctx)
+		return nil
+	}
+	if o.SkipWarm {
 		f.cleanup(ctx)
 		return nil
 	}
@@ -97,7 +109,7 @@ func (f *forkRun) cleanup(ctx context.Context) {
 // forks, a filesystem snapshot does not. (A busy one would load every
 // fork and measure the CPU, not the fork.)
 func (f *forkRun) source(ctx context.Context, image string) error {
-	src, err := f.c.Create(ctx, CreateOptions{Image: image, RuntimeClass: f.o.RuntimeClass, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+	src, err := f.c.Create(ctx, CreateOptions{Image: image, RuntimeClass: f.o.RuntimeClass, Entrypoint: []string{"tail", "-f", "/dev/null"}, Memory: f.o.Memory})
 	if src != "" {
 		f.all = append(f.all, src)
 	}
@@ -114,6 +126,11 @@ func (f *forkRun) source(ctx context.Context, image string) error {
 	}
 	if _, err := f.c.Run(ctx, ep, "sleep 86399 </dev/null >/dev/null 2>&1 &"); err != nil {
 		return fmt.Errorf("start background process: %w", err)
+	}
+	if f.o.FillMiB > 0 {
+		if _, err := f.c.Run(ctx, ep, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/fill bs=1M count=%d 2>/dev/null", f.o.FillMiB)); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
 	}
 	return nil
 }
@@ -140,9 +157,9 @@ func (f *forkRun) snapshot(ctx context.Context) error {
 
 // check: there are N forks, and the last sees the source's marker (and,
 // from a memory snapshot, its background process).
-func (f *forkRun) check(ctx context.Context, ids []string) error {
-	if len(ids) != f.o.N {
-		return fmt.Errorf("got %d forks, want %d", len(ids), f.o.N)
+func (f *forkRun) check(ctx context.Context, ids []string, n int) error {
+	if len(ids) != n {
+		return fmt.Errorf("got %d forks, want %d", len(ids), n)
 	}
 	ep, err := f.c.AgentEndpoint(ctx, ids[len(ids)-1])
 	if err != nil {
@@ -164,23 +181,25 @@ func (f *forkRun) check(ctx context.Context, ids []string) error {
 	return nil
 }
 
-// cold times N forks in one batch with snapshotId, then deletes them.
+// cold times one fork, then N forks in one batch with snapshotId until
+// the batch is answered and until every fork answered a command, with
+// the host memory they took; then it deletes them.
 func (f *forkRun) cold(ctx context.Context) error {
-	t0 := time.Now()
-	ids, err := f.c.batch(ctx, map[string]any{"count": f.o.N, "snapshotId": f.snap, "extensions": f.ext})
-	d := time.Since(t0)
-	f.all = append(f.all, ids...)
+	one, _, mem1, err := f.coldBatch(ctx, 1)
 	if err != nil {
-		return fmt.Errorf("cold fork: %w", err)
+		return err
 	}
-	if err := f.check(ctx, ids); err != nil {
-		return fmt.Errorf("cold fork: %w", err)
+	fmt.Fprintf(f.w, "  fork 1 cold: %s until it answers, host memory +%d MiB\n", one.Round(time.Millisecond), mem1>>20)
+	all, batch, memN, err := f.coldBatch(ctx, f.o.N)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(f.w, "  fork %d cold (one batch with snapshotId, %d cores): %s\n", len(ids), nproc(), d.Round(time.Millisecond))
-	for _, id := range ids {
-		f.c.Delete(ctx, id)
+	fmt.Fprintf(f.w, "  fork %d cold (one batch with snapshotId, %d cores): batch answered %s, every fork answered a command %s (%s per fork)\n",
+		f.o.N, nproc(), batch.Round(time.Millisecond), all.Round(time.Millisecond), (all / time.Duration(f.o.N)).Round(time.Millisecond))
+	if f.o.N > 1 {
+		fmt.Fprintf(f.w, "  host memory of %d forks +%d MiB; marginal per fork (N forks minus one, over N-1) %.1f MiB\n",
+			f.o.N, memN>>20, float64(memN-mem1)/float64(f.o.N-1)/(1<<20))
 	}
-	f.all = f.all[:1]
 	return nil
 }
 
@@ -213,7 +232,7 @@ func (f *forkRun) api(ctx context.Context) error {
 	if op.State != "Succeeded" {
 		return fmt.Errorf("fork API: operation %s %s: %+v", op.ID, op.State, op.Error)
 	}
-	if err := f.check(ctx, ids); err != nil {
+	if err := f.check(ctx, ids, f.o.N); err != nil {
 		return fmt.Errorf("fork API: %w", err)
 	}
 	fmt.Fprintf(f.w, "  fork %d cold through POST /fork (snapshot + children + identity, %d cores): %s (202 after %s)\n",
@@ -223,6 +242,77 @@ func (f *forkRun) api(ctx context.Context) error {
 	}
 	f.all = f.all[:1]
 	return nil
+}
+
+// coldBatch forks n cold in one batch and returns the time until every
+// fork answered a command, until the batch was answered, and the host
+// memory (MemTotal - MemAvailable) the forks added; it deletes them.
+func (f *forkRun) coldBatch(ctx context.Context, n int) (all, batch time.Duration, mem int64, err error) {
+	before := hostMemUsed()
+	t0 := time.Now()
+	ids, err := f.c.batch(ctx, map[string]any{"count": n, "snapshotId": f.snap, "extensions": f.ext})
+	batch = time.Since(t0)
+	f.all = append(f.all, ids...)
+	defer func() {
+		for _, id := range ids {
+			f.c.Delete(context.WithoutCancel(ctx), id)
+		}
+		f.all = f.all[:1]
+	}()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("cold fork: %w", err)
+	}
+	errs := make(chan error, len(ids))
+	for _, id := range ids {
+		go func() {
+			ep, err := f.c.AgentEndpoint(ctx, id)
+			if err == nil {
+				var out string
+				out, err = f.c.Run(ctx, ep, "echo ok")
+				if err == nil && out != "ok" {
+					err = fmt.Errorf("fork %s answered %q", id, out)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range ids {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	all = time.Since(t0)
+	mem = hostMemUsed() - before
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("cold fork: %w", err)
+	}
+	if len(ids) != n {
+		return 0, 0, 0, fmt.Errorf("cold fork: got %d forks, want %d", len(ids), n)
+	}
+	if err := f.check(ctx, ids, n); err != nil {
+		return 0, 0, 0, fmt.Errorf("cold fork: %w", err)
+	}
+	return all, batch, mem, nil
+}
+
+// hostMemUsed is MemTotal - MemAvailable of /proc/meminfo, in bytes.
+func hostMemUsed() int64 {
+	data, _ := os.ReadFile("/proc/meminfo")
+	var total, avail int64
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "MemTotal:":
+			total = n << 10
+		case "MemAvailable:":
+			avail = n << 10
+		}
+	}
+	return total - avail
 }
 
 // warm times the fill of the fork pool bench-fork, then a batch claim of
@@ -240,7 +330,7 @@ func (f *forkRun) warm(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
-	if err := f.check(ctx, ids); err != nil {
+	if err := f.check(ctx, ids, f.o.N); err != nil {
 		return fmt.Errorf("warm fork: %w", err)
 	}
 	fmt.Fprintf(f.w, "  fork %d from a warm fork pool (one batch claim): %s\n", len(ids), d.Round(10*time.Microsecond))

@@ -33,7 +33,8 @@ func newSandboxCommand() *cobra.Command {
 			func(tw *tabwriter.Writer, sb *client.Sandbox) { sandboxDetail(tw, sb, time.Now()) }),
 		newRemoveCommand(sf, "rm ID...", "Delete sandboxes", (*client.Client).DeleteSandbox),
 		newEachCommand(sf, "pause ID...", nil, "Pause (freeze) running sandboxes", (*client.Client).Pause),
-		newEachCommand(sf, "resume ID...", nil, "Resume paused sandboxes", (*client.Client).Resume),
+		newEachCommand(sf, "hibernate ID...", nil, "Hibernate running sandboxes: stop their processes and free their memory (resume wakes them)", (*client.Client).Hibernate),
+		newEachCommand(sf, "resume ID...", nil, "Resume paused or hibernated sandboxes", (*client.Client).Resume),
 		newSandboxRenewCommand(sf),
 		newSandboxForkCommand(sf),
 	)
@@ -43,7 +44,7 @@ func newSandboxCommand() *cobra.Command {
 // createFlags are the flags of `sandbox create` and `sandbox batch`.
 type createFlags struct {
 	image, snapshot, entrypoint, pool, runtime string
-	template, idleAction                       string
+	template, idleAction, idleCPUBelow         string
 	timeout, idleTimeout                       time.Duration
 	env, metadata, resources, extensions       []string
 	count                                      int
@@ -71,7 +72,8 @@ func (f *createFlags) register(cmd *cobra.Command, batch bool) {
 	fl.StringVar(&f.pool, "pool", "", "claim from this warm pool (extension poolRef)")
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc, crun, runsc, docker (extension moat.runtime)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "pause the sandbox after this long without a request through the server (whole seconds; extension moat.idle.timeout); a request wakes it")
-	fl.StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: pause (default) or hibernate (extension moat.idle.action)")
+	fl.StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: pause (default) or hibernate: stop the processes and free their memory (extension moat.idle.action)")
+	fl.StringVar(&f.idleCPUBelow, "idle-cpu-below", "", "with --idle-timeout: idle only while the CPU use over the timeout stays below this percentage of one core (extension moat.idle.cpuBelow)")
 	fl.StringVar(&f.networkPolicyFile, "network-policy-file", "", `egress policy JSON file {"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"}]} ("-" for stdin)`)
 	fl.BoolVar(&f.credentialProxy, "credential-proxy", false, "turn on the Credential Vault's proxy (needs --network-policy-file); see moat credential-vault")
 	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount CLAIM[/SUBPATH]:PATH[:ro] (a named volume, created if missing) or /HOST/PATH:PATH[:ro] (repeatable)")
@@ -103,6 +105,8 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		return req, invalid("--idle-timeout must be a whole number of seconds")
 	case f.idleAction != "" && f.idleTimeout == 0:
 		return req, invalid("--idle-action needs --idle-timeout")
+	case f.idleCPUBelow != "" && f.idleTimeout == 0:
+		return req, invalid("--idle-cpu-below needs --idle-timeout")
 	}
 	if f.image != "" {
 		req.Image = &client.ImageSpec{URI: f.image}
@@ -147,7 +151,7 @@ func (f *createFlags) request(argv []string) (client.CreateRequest, error) {
 		idleTimeout = strconv.Itoa(int(f.idleTimeout / time.Second))
 	}
 	for k, v := range map[string]string{"poolRef": f.pool, "moat.runtime": f.runtime,
-		"moat.idle.timeout": idleTimeout, "moat.idle.action": f.idleAction} {
+		"moat.idle.timeout": idleTimeout, "moat.idle.action": f.idleAction, "moat.idle.cpuBelow": strings.TrimSuffix(f.idleCPUBelow, "%")} {
 		if v == "" {
 			continue
 		}

@@ -513,8 +513,18 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// pause is the freezer pause, or with ?mode=hibernate (moat's) a
+// hibernation: processes stopped and their memory freed.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
-	if err := s.svc.Pause(r.Context(), r.PathValue("id")); err != nil {
+	op := s.svc.Pause
+	switch mode := r.URL.Query().Get("mode"); mode {
+	case "", "freeze":
+	case "hibernate":
+		op = s.svc.Hibernate
+	default:
+		return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", fmt.Sprintf("mode %q is not freeze or hibernate", mode))
+	}
+	if err := op(r.Context(), r.PathValue("id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)

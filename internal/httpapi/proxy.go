@@ -45,16 +45,22 @@ type proxy struct {
 
 func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
 	p := &proxy{svc: svc, web: wa}
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       60 * time.Second,
+		ResponseHeaderTimeout: 0, // long-running commands stream late
+	}
+	// A sandbox woken from hibernation has lost its connections: a kept
+	// one would be reset on first use.
+	if svc != nil {
+		svc.OnHibernationWake(func(string) { tr.CloseIdleConnections() })
+	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
 		FlushInterval: -1, // SSE and streamed output go out as produced
-		Transport: loopbackFallback{&http.Transport{
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost:   16,
-			IdleConnTimeout:       60 * time.Second,
-			ResponseHeaderTimeout: 0, // long-running commands stream late
-		}},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Transport:     loopbackFallback{tr},
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		// Sandbox content shares this server's origin: a service worker it
 		// registers must stay within its own /sandboxes/{id}/proxy/{port}/
 		// scope, never reach the web console's pages (internal/console).

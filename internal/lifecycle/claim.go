@@ -61,6 +61,43 @@ func (s *Service) released(key, id string) {
 // before it is charged and provisioned; a sandbox of the batch that
 // fails is then Released to its pool.
 func (s *Service) ColdBatch(ctx context.Context, req CreateRequest, n int, join func(sb *Sandbox) error) ([]Sandbox, error) {
+	reqs := make([]CreateRequest, n)
+	for i := range reqs {
+		reqs[i] = req
+	}
+	return s.coldEach(ctx, reqs, join)
+}
+
+// CreateEach creates one sandbox per request concurrently, all or
+// nothing: a batch whose sandboxes differ (a fork's children, each with
+// its own env, metadata or timeout). Requests naming a memory snapshot
+// (SnapshotID) restore its processes from the snapshot's one checkpoint:
+// every child reads the same image files, nothing is copied per child on
+// disk, and a child answers before its memory is all loaded (runtime
+// restore in the background, on gVisor). The whole set must fit the
+// caller's quota.
+func (s *Service) CreateEach(ctx context.Context, reqs []CreateRequest) ([]Sandbox, error) {
+	if len(reqs) < 1 || len(reqs) > MaxBatch {
+		return nil, errdefs.Invalid(codeInvalid, fmt.Sprintf("count must be between 1 and %d", MaxBatch))
+	}
+	var cpu, mem int64
+	for _, req := range reqs {
+		sb, err := s.Validate(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		cpu, mem = max(cpu, sb.Resources.CPUMillis), max(mem, sb.Resources.MemoryBytes)
+	}
+	if err := s.quota.Check(OwnerOf(ctx), len(reqs), cpu, mem); err != nil {
+		return nil, err
+	}
+	return s.coldEach(ctx, reqs, nil)
+}
+
+// coldEach is ColdBatch and CreateEach: one create per request, at most
+// coldConcurrency at once.
+func (s *Service) coldEach(ctx context.Context, reqs []CreateRequest, join func(sb *Sandbox) error) ([]Sandbox, error) {
+	n := len(reqs)
 	out := make([]Sandbox, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, coldConcurrency)
@@ -71,7 +108,7 @@ func (s *Service) ColdBatch(ctx context.Context, req CreateRequest, n int, join 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i], errs[i] = s.createOne(ctx, req, join)
+			out[i], errs[i] = s.createOne(ctx, reqs[i], join)
 		}()
 	}
 	wg.Wait()

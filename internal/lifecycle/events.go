@@ -37,6 +37,9 @@ const (
 const (
 	EventIdlePaused = "IdlePaused" // frozen after a time without activity
 	EventWoken      = "Woken"      // thawed by a request to an idle-paused sandbox
+	// EventHibernated: its processes stopped and their memory freed
+	// (through the API or by its idle policy; the reason tells).
+	EventHibernated = "Hibernated"
 )
 
 // Event scopes (the Diagnostics API scope the event belongs to).
@@ -144,6 +147,8 @@ func (l *eventLog) recordTransition(e *Entry, prev Status) {
 		}
 	case StatePaused:
 		switch {
+		case prev.State == StatePausing && (st.Reason == ReasonHibernated || st.Reason == ReasonIdleHibernated):
+			l.record(e.sb.ID, EventHibernated, ScopeLifecycle, st.Reason, st.Message)
 		case prev.State == StatePausing && st.Reason == ReasonIdlePaused:
 			l.record(e.sb.ID, EventIdlePaused, ScopeLifecycle, st.Reason, st.Message)
 		case prev.State == StatePausing:

@@ -196,6 +196,10 @@ type Service struct {
 
 	// quota charges live sandboxes to their tenants (tenancy.go).
 	quota *Ledger
+
+	// wakeHooks are called after a wake from hibernation (hibernate.go);
+	// guarded by mu.
+	wakeHooks []func(id string)
 }
 
 // New returns a service. Plug in its features (Use), call Recover before
@@ -565,7 +569,14 @@ func (e *Entry) pause(ctx context.Context, reason, msg string) error {
 // wake, ReasonWaking, records Woken instead of Resumed). The caller holds
 // e.mu.
 func (e *Entry) resume(ctx context.Context, reason, msg string) error {
-	return e.freeze(ctx, "resume", StateResuming, reason, msg, StateRunning, ReasonRunning, "", runtime.Pauser.Resume)
+	from := e.sb.Status.Reason
+	if err := e.freeze(ctx, "resume", StateResuming, reason, msg, StateRunning, ReasonRunning, "", runtime.Pauser.Resume); err != nil {
+		return err
+	}
+	if from == ReasonHibernated || from == ReasonIdleHibernated {
+		e.svc.wokeFromHibernation(e.sb.ID)
+	}
+	return nil
 }
 
 // freeze is pause and resume: the transition into the passing state (which

@@ -56,6 +56,12 @@ const (
 	ReasonIdlePaused = "SANDBOX_IDLE_PAUSED"
 	// ReasonWaking is the Resuming status of a sandbox a request wakes.
 	ReasonWaking = "SANDBOX_WAKING"
+	// ReasonHibernated is the Paused status of a sandbox hibernated
+	// through the API (Service.Hibernate): its memory is freed.
+	ReasonHibernated = "SANDBOX_HIBERNATED"
+	// ReasonIdleHibernated is the Paused status of a sandbox its idle
+	// policy hibernated: a request to it wakes it.
+	ReasonIdleHibernated = "SANDBOX_IDLE_HIBERNATED"
 )
 
 // transitions is the state machine: the states each state may move to.

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -263,6 +264,64 @@ func removeNetns(path string) error {
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove netns: %w", err)
+	}
+	return nil
+}
+
+// Readdress gives the sandbox end of id's network its addresses, default
+// routes and gateway neighbor entries again, as Setup made them; what is
+// still there is kept. gVisor's runsc takes the addresses off eth0 when
+// it starts a sandbox (its own netstack holds them from then on), so a
+// sandbox started again in the same namespace, a hibernated one waking,
+// needs them back for runsc to find them.
+func (m *Manager) Readdress(ctx context.Context, id string) error {
+	a, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %w: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+	}
+	ns, err := netns.GetFromPath(a.NetnsPath)
+	if err != nil {
+		return fmt.Errorf("network: sandbox netns %s: %w", a.NetnsPath, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink in sandbox netns: %w", err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName(sandboxIfName)
+	if err != nil {
+		return fmt.Errorf("network: sandbox %s: %w", sandboxIfName, err)
+	}
+	addrs := []*netlink.Addr{{IPNet: &net.IPNet{IP: a.IP.AsSlice(), Mask: net.CIDRMask(a.PrefixLen, 32)}}}
+	routes := []*netlink.Route{{LinkIndex: eth.Attrs().Index, Gw: a.Gateway.AsSlice(),
+		Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}}
+	if a.IP6.IsValid() {
+		addrs = append(addrs, &netlink.Addr{IPNet: &net.IPNet{IP: a.IP6.AsSlice(), Mask: net.CIDRMask(a.PrefixLen6, 128)}, Flags: unix.IFA_F_NODAD})
+		routes = append(routes, &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: a.Gateway6.AsSlice(),
+			Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}})
+	}
+	for _, addr := range addrs {
+		if err := h.AddrReplace(eth, addr); err != nil {
+			return fmt.Errorf("network: address %s on %s: %w", addr.IPNet, sandboxIfName, err)
+		}
+	}
+	for _, route := range routes {
+		if err := h.RouteReplace(route); err != nil {
+			return fmt.Errorf("network: default route via %s: %w", route.Gw, err)
+		}
+	}
+	for _, gw := range []netip.Addr{a.Gateway, a.Gateway6} {
+		if !gw.IsValid() {
+			continue
+		}
+		if err := h.NeighSet(permanentNeighbor(eth.Attrs().Index, gw, br.Attrs().HardwareAddr)); err != nil {
+			return fmt.Errorf("network: static neighbor entry for the gateway %s: %w", gw, err)
+		}
 	}
 	return nil
 }

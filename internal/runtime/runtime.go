@@ -215,6 +215,54 @@ type Checkpointer interface {
 	RemoveCheckpoint(ctx context.Context, name string) error
 }
 
+// Hibernation modes (Hibernator.HibernateMode).
+const (
+	// HibernateMemory: the sandbox's memory and process state are written
+	// to disk and its processes continue where they were on wake (gVisor
+	// runsc checkpoint and restore).
+	HibernateMemory = "memory"
+	// HibernateRestart: the writable layer stays on disk and the processes
+	// are stopped; on wake the sandbox starts afresh on that layer (its
+	// agent and entrypoint run again; what was only in memory is gone).
+	HibernateRestart = "restart"
+)
+
+// Hibernator is implemented by backends that can hibernate a sandbox:
+// stop its processes and free their memory, keeping on disk what starts
+// it again in place. Status reports a hibernated sandbox StatePaused (its
+// Message says hibernated), and Pauser.Resume wakes it with the same ID,
+// address and files.
+type Hibernator interface {
+	// HibernateMode tells how sandboxes of class hibernate:
+	// HibernateMemory, HibernateRestart, or "" if they cannot.
+	HibernateMode(class string) string
+	// Hibernate hibernates running sandbox id. A sandbox the call was
+	// interrupted in (a crash) is found running or hibernated, never
+	// lost. ErrNotImplemented if its class cannot hibernate,
+	// ErrFailedPrecondition if it is not running.
+	Hibernate(ctx context.Context, id string) (Hibernation, error)
+}
+
+// Hibernation describes what a Hibernate did.
+type Hibernation struct {
+	// Mode is HibernateMemory or HibernateRestart.
+	Mode string
+	// FreedBytes is the memory the sandbox's cgroup held before (0 if the
+	// backend cannot tell).
+	FreedBytes int64
+	// DiskBytes is the size of the saved memory image (HibernateMemory).
+	DiskBytes int64
+}
+
+// CPUReader is implemented by backends that can tell how much CPU time a
+// sandbox's processes used (its cgroup's counter).
+type CPUReader interface {
+	// CPUUsage is the CPU time sandbox id used since it started (a
+	// counter that only grows while it runs). ErrNotFound for an unknown
+	// ID; ErrUnavailable when it cannot be read (a hibernated sandbox).
+	CPUUsage(ctx context.Context, id string) (time.Duration, error)
+}
+
 // LogReader is implemented by backends that keep each sandbox's console
 // output (the agent's and the entrypoint's stdout and stderr).
 type LogReader interface {

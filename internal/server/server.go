@@ -394,6 +394,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	if s.cfg.IngressListen != "" {
 		gw := ingress.New(ingress.Config{Domain: s.cfg.IngressDomain, Signer: s.signer, Credentials: s.api}, ingressResolver{s.svc}, s.log)
+		s.svc.OnHibernationWake(func(string) { gw.CloseIdleConnections() })
 		go func() {
 			if err := gw.Serve(rctx, s.cfg.IngressListen); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("ingress: %w", err)

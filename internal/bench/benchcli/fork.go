@@ -24,5 +24,8 @@ func newBenchForkCommand() *cobra.Command {
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes to fork")
 	f.BoolVar(&o.SkipCold, "skip-cold", false, "skip the cold forks")
 	f.BoolVar(&o.APIOnly, "cold-only", false, "stop after the cold forks (no fork pool)")
+	f.BoolVar(&o.SkipWarm, "skip-warm", false, "skip the warm fork pool")
+	f.StringVar(&o.Memory, "memory", "", `memory limit of the source (e.g. "256Mi"; default: the server's)`)
+	f.IntVar(&o.FillMiB, "fill-mib", 0, "memory the source holds in a /dev/shm file before the snapshot")
 	return cmd
 }

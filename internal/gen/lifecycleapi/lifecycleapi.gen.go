@@ -349,6 +349,24 @@ func (e Health200JSONResponseBodyStatus) Valid() bool {
 	}
 }
 
+// Defines values for PauseSandboxParamsMode.
+const (
+	PauseSandboxParamsModeFreeze    PauseSandboxParamsMode = "freeze"
+	PauseSandboxParamsModeHibernate PauseSandboxParamsMode = "hibernate"
+)
+
+// Valid indicates whether the value is a known member of the PauseSandboxParamsMode enum.
+func (e PauseSandboxParamsMode) Valid() bool {
+	switch e {
+	case PauseSandboxParamsModeFreeze:
+		return true
+	case PauseSandboxParamsModeHibernate:
+		return true
+	default:
+		return false
+	}
+}
+
 // APIKey defines model for ApiKey.
 type APIKey struct {
 	// Active Neither revoked nor expired.
@@ -1268,6 +1286,9 @@ type ForkSandboxParams struct {
 
 // PauseSandboxParams defines parameters for PauseSandbox.
 type PauseSandboxParams struct {
+	// Mode `freeze` (the default) or `hibernate` (moat extension).
+	Mode *PauseSandboxParamsMode `form:"mode,omitempty" json:"mode,omitempty"`
+
 	// IdempotencyKey moat extension. A retry of a request with the same key (same tenant, within 24 hours, across server
 	// restarts) answers what the first answered (status, `Location` and body; header
 	// `Idempotent-Replayed: true`) and does nothing again. The same key with another route or body → 409
@@ -1277,6 +1298,9 @@ type PauseSandboxParams struct {
 	// ASCII characters, else 400.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
+
+// PauseSandboxParamsMode defines parameters for PauseSandbox.
+type PauseSandboxParamsMode string
 
 // CreateSnapshotParams defines parameters for CreateSnapshot.
 type CreateSnapshotParams struct {

@@ -1,9 +1,12 @@
 // Package idle is the idle policies of sandboxes: a sandbox created with
 // extension moat.idle.timeout (seconds) is paused (frozen, its memory
-// kept) once nothing has reached it for that long, and a request that
-// reaches it while it is so paused wakes it: the request is held while
-// the sandbox resumes, then proceeds. Many requests at once cause one
-// resume. It plugs into the lifecycle core as lifecycle.IdlePolicies.
+// kept) or hibernated (moat.idle.action hibernate: its processes stopped
+// and their memory freed) once nothing has reached it for that long and,
+// with moat.idle.cpuBelow, its CPU use over that time stayed below a
+// share of a core. A request that reaches it while it is so paused wakes
+// it: the request is held while the sandbox resumes, then proceeds. Many
+// requests at once cause one resume. It plugs into the lifecycle core as
+// lifecycle.IdlePolicies.
 //
 // Activity is what the server sees: requests through the server proxy,
 // the ingress gateway (plain and signed routes) and endpoint lookups (an
@@ -31,14 +34,23 @@ const (
 	// ExtAction is what happens when the timeout runs out: ActionPause
 	// (the default) or ActionHibernate.
 	ExtAction = lifecycle.ExtIdlePrefix + "action"
+	// ExtCPUBelow is an optional CPU threshold in percent of one core
+	// (0 < x <= MaxCPUBelow): the sandbox is idle only if its CPU use
+	// over the idle timeout averaged below it.
+	ExtCPUBelow = lifecycle.ExtIdlePrefix + "cpuBelow"
 )
+
+// MaxCPUBelow bounds ExtCPUBelow (percent: 64 cores).
+const MaxCPUBelow = 6400
 
 // Idle actions (ExtAction).
 const (
 	// ActionPause freezes the sandbox; its memory stays in place.
 	ActionPause = "pause"
-	// ActionHibernate would write the sandbox's memory to disk; no
-	// runtime class of this server does it yet, so it is refused.
+	// ActionHibernate stops its processes and frees their memory: on
+	// gVisor (runsc) the memory is written to disk and the processes
+	// continue on wake; on runc and crun the writable layer is kept and
+	// the processes start afresh on wake (runtime.Hibernator).
 	ActionHibernate = "hibernate"
 )
 
@@ -63,15 +75,20 @@ const (
 type Policy struct {
 	Timeout time.Duration
 	Action  string
+	// CPUBelow is ExtCPUBelow, in percent of one core; 0 is none.
+	CPUBelow float64
 }
 
 // PolicyOf parses the idle policy in a sandbox's extensions.
 func PolicyOf(ext map[string]string) (Policy, error) {
 	v, ok := ext[ExtTimeout]
 	action, hasAction := ext[ExtAction]
+	cpu, hasCPU := ext[ExtCPUBelow]
 	if !ok {
-		if hasAction {
-			return Policy{}, invalid(fmt.Sprintf("extensions[%s] needs extensions[%s]", ExtAction, ExtTimeout))
+		for k, set := range map[string]bool{ExtAction: hasAction, ExtCPUBelow: hasCPU} {
+			if set {
+				return Policy{}, invalid(fmt.Sprintf("extensions[%s] needs extensions[%s]", k, ExtTimeout))
+			}
 		}
 		return Policy{}, nil
 	}
@@ -85,7 +102,15 @@ func PolicyOf(ext map[string]string) (Policy, error) {
 	if action != ActionPause && action != ActionHibernate {
 		return Policy{}, invalid(fmt.Sprintf("extensions[%s]: %q is not %s or %s", ExtAction, action, ActionPause, ActionHibernate))
 	}
-	return Policy{Timeout: time.Duration(n) * time.Second, Action: action}, nil
+	p := Policy{Timeout: time.Duration(n) * time.Second, Action: action}
+	if hasCPU {
+		f, err := strconv.ParseFloat(cpu, 64)
+		if err != nil || !(f > 0 && f <= MaxCPUBelow) {
+			return Policy{}, invalid(fmt.Sprintf("extensions[%s]: must be a percentage of one core above 0 and at most %d", ExtCPUBelow, MaxCPUBelow))
+		}
+		p.CPUBelow = f
+	}
+	return p, nil
 }
 
 func invalid(msg string) error { return errdefs.Invalid("SANDBOX::INVALID_PARAMETER", msg) }
@@ -117,7 +142,8 @@ func (c *Config) setDefaults() {
 // Metrics receives the feature's observations (internal/metrics). Calls
 // must not block.
 type Metrics interface {
-	// ObserveIdlePause records a sandbox paused by its idle policy.
+	// ObserveIdlePause records a sandbox paused by its idle policy
+	// (action ActionPause or ActionHibernate).
 	ObserveIdlePause(action string)
 	// ObserveWake records a wake's outcome (WakeOK, WakeFailed, or
 	// WakeTimeout for each request that gave up) and, unless it timed
@@ -162,6 +188,9 @@ type tracked struct {
 	pausing, paused bool
 	// swept is when a sweep last found the sandbox.
 	swept time.Time
+	// cpu is the CPU counter's history over the idle timeout (a policy
+	// with CPUBelow), oldest first, while the sandbox runs.
+	cpu []cpuSample
 }
 
 // wake is one resume of an idle-paused sandbox; err is set before done
@@ -184,7 +213,8 @@ func New(core *lifecycle.Service, cfg Config, metrics Metrics) *Idle {
 }
 
 // CheckPolicy validates the idle policy of a new sandbox's record: its
-// runtime must be able to pause sandboxes, and hibernation is refused.
+// runtime must be able to pause sandboxes, hibernate those of its class
+// (ActionHibernate) and read their CPU use (CPUBelow).
 func (f *Idle) CheckPolicy(sb *lifecycle.Sandbox) error {
 	p, err := PolicyOf(sb.Extensions)
 	if err != nil || p.Timeout == 0 {
@@ -194,13 +224,17 @@ func (f *Idle) CheckPolicy(sb *lifecycle.Sandbox) error {
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
 			fmt.Sprintf("extensions[%s]: the %s runtime cannot pause sandboxes", ExtTimeout, f.rt.Name()))
 	}
-	if p.Action == ActionHibernate {
+	if p.Action == ActionHibernate && lifecycle.Hibernator(f.rt, sb.Class) == nil {
 		class := sb.Class
 		if class == "" {
 			class = f.rt.Name()
 		}
 		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
 			fmt.Sprintf("extensions[%s]: runtime %s cannot hibernate sandboxes; use %s", ExtAction, class, ActionPause))
+	}
+	if _, ok := f.rt.(runtime.CPUReader); p.CPUBelow > 0 && !ok {
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+			fmt.Sprintf("extensions[%s]: the %s runtime cannot tell the CPU use of sandboxes", ExtCPUBelow, f.rt.Name()))
 	}
 	return nil
 }
@@ -215,7 +249,15 @@ func (f *Idle) CheckPolicy(sb *lifecycle.Sandbox) error {
 func (f *Idle) Access(ctx context.Context, id, via string) (done func(), err error) {
 	f.mu.Lock()
 	r := f.sandboxes[id]
-	if r == nil || !lifecycle.Visible(ctx, r.owner) {
+	if r == nil {
+		// Not swept yet (created within the last sweep interval), or
+		// without a policy (the next sweep forgets it): its activity is
+		// counted for the first sweep, which a request under way (a
+		// long first command) must keep from pausing it. It is not paused,
+		// so there is nothing to wake.
+		r = &tracked{}
+		f.sandboxes[id] = r
+	} else if r.owner != "" && !lifecycle.Visible(ctx, r.owner) {
 		f.mu.Unlock()
 		return func() {}, nil
 	}
@@ -244,8 +286,10 @@ func (f *Idle) Access(ctx context.Context, id, via string) (done func(), err err
 	return done, nil
 }
 
+// idlePaused reports whether sb's idle policy paused or hibernated it.
 func idlePaused(sb *lifecycle.Sandbox) bool {
-	return sb.Status.State == lifecycle.StatePaused && sb.Status.Reason == lifecycle.ReasonIdlePaused
+	r := sb.Status.Reason
+	return sb.Status.State == lifecycle.StatePaused && (r == lifecycle.ReasonIdlePaused || r == lifecycle.ReasonIdleHibernated)
 }
 
 // startWakeLocked returns the wake in flight of sandbox id, starting
@@ -356,10 +400,10 @@ func (f *Idle) Sweep(ctx context.Context) {
 		f.mu.Lock()
 		r := f.sandboxes[sb.ID]
 		if r == nil {
-			r = &tracked{owner: e.Owner()}
+			r = &tracked{}
 			f.sandboxes[sb.ID] = r
 		}
-		r.swept = now
+		r.owner, r.swept = e.Owner(), now
 		r.paused = idlePaused(sb)
 		last := f.started
 		for _, t := range []time.Time{r.seen, sb.Status.LastTransitionAt} {
@@ -367,15 +411,31 @@ func (f *Idle) Sweep(ctx context.Context) {
 				last = t
 			}
 		}
+		running := sb.Status.State == lifecycle.StateRunning
+		cpuOK, cpuPct := true, 0.0
+		if p.CPUBelow > 0 {
+			cpuOK, cpuPct = f.cpuIdle(ctx, r, sb.ID, running, now, p)
+		}
 		// Decided and marked under mu: a request from now on wakes it.
-		due := leader && sb.Status.State == lifecycle.StateRunning && r.inflight == 0 && now.Sub(last) >= p.Timeout
+		due := leader && running && cpuOK && r.inflight == 0 && now.Sub(last) >= p.Timeout
 		r.pausing = due
 		f.mu.Unlock()
 		if !due {
 			return
 		}
 		msg := fmt.Sprintf("no activity for %ds (idle timeout %ds)", int(now.Sub(last).Seconds()), int(p.Timeout.Seconds()))
-		err = e.Pause(ctx, lifecycle.ReasonIdlePaused, msg)
+		if p.CPUBelow > 0 {
+			msg += fmt.Sprintf(", CPU %.1f%% (below %g%%)", cpuPct, p.CPUBelow)
+		}
+		if p.Action == ActionHibernate {
+			var h runtime.Hibernation
+			h, err = e.Hibernate(ctx, lifecycle.ReasonIdleHibernated, msg)
+			if err == nil {
+				f.log.Info("hibernated idle sandbox", "id", sb.ID, "mode", h.Mode, "freed", h.FreedBytes, "image", h.DiskBytes)
+			}
+		} else {
+			err = e.Pause(ctx, lifecycle.ReasonIdlePaused, msg)
+		}
 		f.mu.Lock()
 		r.pausing, r.paused = false, err == nil
 		f.mu.Unlock()
@@ -395,4 +455,74 @@ func (f *Idle) Sweep(ctx context.Context) {
 		}
 	}
 	f.mu.Unlock()
+}
+
+// cpuSamples is how many CPU readings cover an idle timeout at most.
+const cpuSamples = 64
+
+// cpuSample is a reading of a sandbox's CPU counter.
+type cpuSample struct {
+	at   time.Time
+	used time.Duration
+}
+
+// cpuIdle reads sandbox id's CPU counter into r's history (reset while it
+// does not run) and reports whether its use over the idle timeout is
+// known and below p.CPUBelow, and the use in percent of a core. The
+// caller holds f.mu.
+func (f *Idle) cpuIdle(ctx context.Context, r *tracked, id string, running bool, now time.Time, p Policy) (bool, float64) {
+	if !running {
+		r.cpu = nil
+		return false, 0
+	}
+	used, err := f.rt.(runtime.CPUReader).CPUUsage(ctx, id)
+	if err != nil {
+		r.cpu = nil
+		return false, 0
+	}
+	s := cpuSample{at: now, used: used}
+	pct, ok := cpuPercent(r.cpu, s, p.Timeout)
+	r.cpu = addSample(r.cpu, s, p.Timeout)
+	return ok && pct < p.CPUBelow, pct
+}
+
+// addSample appends s to the history samples, at most cpuSamples over a
+// window, and drops the readings older than needed to cover the window
+// before s. A counter that went back (a sandbox started again) restarts
+// the history.
+func addSample(samples []cpuSample, s cpuSample, window time.Duration) []cpuSample {
+	if n := len(samples); n > 0 && s.used < samples[n-1].used {
+		samples = samples[:0]
+	}
+	if n := len(samples); n == 0 || s.at.Sub(samples[n-1].at) >= window/cpuSamples {
+		samples = append(samples, s)
+	}
+	// Keep the newest reading at least a window old as the base.
+	i := 0
+	for i+1 < len(samples) && !samples[i+1].at.After(s.at.Add(-window)) {
+		i++
+	}
+	return samples[i:]
+}
+
+// cpuPercent is the CPU use between the history's base (its newest
+// reading at least a window before now) and now, in percent of one core;
+// ok is false while the history covers less than nine tenths of the
+// window, or the counter went back.
+func cpuPercent(samples []cpuSample, now cpuSample, window time.Duration) (pct float64, ok bool) {
+	base := -1
+	for i, s := range samples {
+		if !s.at.After(now.at.Add(-window * 9 / 10)) {
+			base = i
+		}
+	}
+	if base < 0 {
+		return 0, false
+	}
+	b := samples[base]
+	span := now.at.Sub(b.at)
+	if span <= 0 || now.used < b.used {
+		return 0, false
+	}
+	return 100 * float64(now.used-b.used) / float64(span), true
 }

@@ -142,9 +142,15 @@ func newHarness(t *testing.T, cfg idle.Config) *harness {
 
 func (h *harness) newService(t *testing.T) *sandbox.Service {
 	t.Helper()
+	return h.newServiceOn(t, h.rt)
+}
+
+// newServiceOn is newService with runtime rt (h.rt or a wrapper of it).
+func (h *harness) newServiceOn(t *testing.T, rt runtime.Runtime) *sandbox.Service {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	svc, err := sandbox.New(sandbox.Config{Config: lifecycle.Config{MaxTimeout: 24 * time.Hour}, Idle: h.cfg},
-		sandbox.Deps{Deps: lifecycle.Deps{Store: h.db, Runtime: h.rt, Images: images{}, Now: h.clk.Now, Log: log, Metrics: h.m}})
+		sandbox.Deps{Deps: lifecycle.Deps{Store: h.db, Runtime: rt, Images: images{}, Now: h.clk.Now, Log: log, Metrics: h.m}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -218,14 +218,22 @@ func (r *Runtime) restoreProcess(name string, p *specs.Process) error {
 	return nil
 }
 
-// restore starts sandbox id from checkpoint name with `runsc restore
-// --detach` (the caller wraps it in runscStart).
-func (r *Runtime) restore(ctx context.Context, class, id, bundle, name string, io gorunc.IO, pidFile string) error {
+// restore starts sandbox id from the runsc image in directory img with
+// `runsc restore --detach --background` (the caller wraps it in
+// runscStart). --background lets the Sentry go on loading the memory
+// pages after the restore returns (the image is uncompressed, runsc's
+// default), so the first command does not wait for the whole image:
+// runsc opens the image files itself and hands them to the sandbox, so
+// the files may be removed (a hibernation's, once woken) while it reads.
+// Every child of one snapshot reads the same image files (nothing is
+// copied per child on disk), through the host's page cache.
+func (r *Runtime) restore(ctx context.Context, class, id, bundle, img string, io gorunc.IO, pidFile string) error {
 	_, err := r.runc(class).Restore(ctx, id, bundle, &gorunc.RestoreOpts{
-		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(r.checkpointDir(name), "image")},
+		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img},
 		IO:             io,
 		Detach:         true,
 		PidFile:        pidFile,
+		ExtraArgs:      []string{"--background"},
 	})
 	return err
 }

@@ -122,6 +122,12 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) error {
 	if err != nil {
 		return err
 	}
+	if hibernated(rec) && (!found || c.Status == "stopped") {
+		if pause {
+			return fmt.Errorf("sandbox %q is hibernated: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		return r.wake(ctx, id, rec)
+	}
 	want, op := "running", r.runc(rec.Class).Pause
 	if !pause {
 		want, op = "paused", r.runc(rec.Class).Resume

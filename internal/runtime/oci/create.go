@@ -130,7 +130,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := writeHosts(dir, att, hostname); err != nil {
 		return runtime.Status{}, err
 	}
-	pid, err := r.start(ctx, spec, bundle, att.NetnsPath)
+	img := ""
+	if spec.Checkpoint != "" {
+		img = filepath.Join(r.checkpointDir(spec.Checkpoint), "image")
+	}
+	pid, err := r.start(ctx, spec, bundle, att.NetnsPath, img)
 	if err != nil {
 		return runtime.Status{}, err
 	}
@@ -328,10 +332,10 @@ func (r *Runtime) writeBundle(spec runtime.Spec, hostname string, root preparedR
 	return bundle, netnsPath, nil
 }
 
-// start runs the container (`run --detach`, or a restore from
-// spec.Checkpoint) with its output appended to agent.log, and returns the
-// PID of its init.
-func (r *Runtime) start(ctx context.Context, spec runtime.Spec, bundle, netnsPath string) (int, error) {
+// start runs the container (`run --detach`, or a restore from the runsc
+// image in directory img) with its output appended to agent.log, and
+// returns the PID of its init.
+func (r *Runtime) start(ctx context.Context, spec runtime.Spec, bundle, netnsPath, img string) (int, error) {
 	id, dir := spec.ID, r.sandboxDir(spec.ID)
 	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -343,8 +347,8 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, bundle, netnsPat
 	// One `run --detach` is a single exec of the runtime, measurably faster
 	// than `create` followed by `start`.
 	run := func() error {
-		if spec.Checkpoint != "" {
-			return r.restore(ctx, spec.Class, id, bundle, spec.Checkpoint, fileIO{logf}, pidFile)
+		if img != "" {
+			return r.restore(ctx, spec.Class, id, bundle, img, fileIO{logf}, pidFile)
 		}
 		_, err := rc.Run(ctx, id, bundle, &gorunc.CreateOpts{
 			IO:      fileIO{logf},

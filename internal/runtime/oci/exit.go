@@ -27,6 +27,10 @@ func (r *Runtime) NotifyExits(f func(runtime.Exit)) {
 // began. The reason is stored with the exit code (sandboxes/<id>/exit),
 // so that Status tells it too.
 func (r *Runtime) exited(id string, code int, oomBase int64) {
+	if rec, err := r.readRecord(id); err == nil && hibernated(rec) {
+		r.log.Debug("oci: hibernated sandbox's init ended", "id", id, "code", code)
+		return
+	}
 	ex := runtime.Exit{ID: id, Reason: runtime.ExitReasonExited, ExitCode: code}
 	if r.oomKilled(id, code, oomBase) {
 		ex.Reason = runtime.ExitReasonOOMKilled

@@ -34,6 +34,9 @@ func (r *Runtime) recover(ctx context.Context) error {
 		if err == nil && rec.Complete {
 			known[id] = true
 			r.pinLayers(id, rec)
+			if r.recoverHibernation(ctx, id, rec) {
+				continue
+			}
 			if pid, err := readPid(filepath.Join(r.sandboxDir(id), "pid")); err == nil {
 				r.track(pid, id)
 				r.trackHelpers(rec.Class, id, pid)

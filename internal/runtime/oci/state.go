@@ -70,6 +70,10 @@ type record struct {
 	// (bottom first), pinned again when a restarted server re-adopts the
 	// sandbox. Records of older builds lack them (see pinLayers).
 	Layers []string `json:"layers,omitempty"`
+	// Hibernated is set while the sandbox is hibernated (hibernate.go):
+	// runtime.HibernateMemory or HibernateRestart, or hibSaving while a
+	// runsc checkpoint for it is under way.
+	Hibernated string `json:"hibernated,omitempty"`
 }
 
 func (r *Runtime) readRecord(id string) (record, error) {
@@ -125,6 +129,9 @@ func (r *Runtime) status(id string, rec record, c *gorunc.Container, found bool)
 	switch {
 	case !rec.Complete:
 		st.State = runtime.StateCreating
+	case hibernated(rec) && !(found && (c.Status == "running" || c.Status == "paused")):
+		st.State, st.Message = runtime.StatePaused, hibernatedMessage(rec.Hibernated)
+		return st
 	case !found:
 		st.State = runtime.StateStopped
 		st.Message = "container is gone from the OCI runtime (host reboot?)"
