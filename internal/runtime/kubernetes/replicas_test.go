@@ -81,12 +81,8 @@ func TestReplicasShareEverything(t *testing.T) {
 	}
 	// The record is a Secret of the scope.
 	c := adminClient(t)
-	var secs corev1.SecretList
-	if err := c.List(ctx, &secs, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: "shared"}); err != nil {
-		t.Fatal(err)
-	}
-	if len(secs.Items) != 1 {
-		t.Errorf("%d record Secrets, want 1", len(secs.Items))
+	if n := len(recordSecrets(t, c, ns, "shared")); n != 1 {
+		t.Errorf("%d record Secrets, want 1", n)
 	}
 	// Deleted through b: gone on a, and so is its record.
 	if err := b.cl.DeleteSandbox(ctx, sb.ID); err != nil {
@@ -96,11 +92,8 @@ func TestReplicasShareEverything(t *testing.T) {
 		_, err := a.cl.GetSandbox(ctx, sb.ID)
 		return err != nil, fmt.Sprint(err)
 	})
-	if err := c.List(ctx, &secs, client.InNamespace(ns), client.MatchingLabels{kstore.LabelStore: "shared"}); err != nil {
-		t.Fatal(err)
-	}
-	if len(secs.Items) != 0 {
-		t.Errorf("%d record Secrets left, want none", len(secs.Items))
+	if n := len(recordSecrets(t, c, ns, "shared")); n != 0 {
+		t.Errorf("%d record Secrets left, want none", n)
 	}
 	for _, r := range []*testServer{a, b} {
 		if r.stateFile() {

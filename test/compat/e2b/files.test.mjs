@@ -24,7 +24,7 @@ async function eventually(check, ms = 30_000) {
 before(async () => {
   sbx = await Sandbox.create(template, { timeoutMs: 300_000 })
   // E2B's templates have a `user` account; the test image gets one.
-  await sbx.commands.run('useradd -m -s /bin/bash user && chmod 0700 /root && touch /root/.bashrc', { user: 'root' })
+  await sbx.commands.run('{ id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user; } && chmod 0700 /root && touch /root/.bashrc', { user: 'root' })
 })
 after(async () => {
   if (sbx) assert.equal(await sbx.kill(), true)
