@@ -38,12 +38,14 @@ func startRealNode(t *testing.T) *nodeFixture {
 	t.Helper()
 	node := k8stest.StartTestNode(t)
 	ctx := context.Background()
-	f := &nodeFixture{node: node, agentImage: k8stest.ControllerImage}
+	f := &nodeFixture{node: node}
 	var err error
 	if f.image, err = node.Registry.PushDir(ctx, testutil.BusyboxRootfs(t), "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := node.ImportControllerImage(ctx, testutil.MoatBinary(t)); err != nil {
+	// The release image, pulled by the node from its loopback registry:
+	// the controller's and, by the chart's default, the agent's.
+	if f.agentImage, err = node.PushReleaseImage(ctx, testutil.MoatBinary(t), "v0.0.0-test"); err != nil {
 		t.Fatal(err)
 	}
 	chart := filepath.Join(testutil.RepoRoot(t), "deploy", "helm", "moat")
