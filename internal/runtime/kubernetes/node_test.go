@@ -32,8 +32,8 @@ type nodeFixture struct {
 
 // startRealNode starts a real node for t with the test image pushed and
 // moat's controller installed from the Helm chart (deploy/helm/moat), its
-// image a local tarball imported into the node's containerd; the
-// controller runs in a pod until t ends.
+// image the release OCI image the node pulls from its loopback registry;
+// the controller runs in a pod until t ends.
 func startRealNode(t *testing.T) *nodeFixture {
 	t.Helper()
 	node := k8stest.StartTestNode(t)
