@@ -38,7 +38,7 @@ func TestStockDebianHost(t *testing.T) {
 	rootfs := testutil.BusyboxRootfs(t)
 	agent := testutil.AgentBinary(t)
 	conformance := buildTest(t, "./internal/runtime/oci")
-	vm := guest.Boot(t, guest.Options{Forward: []int{apiPort}})
+	vm := guest.Boot(t, guest.Options{Forward: []int{apiPort}, BootTimeout: 15 * time.Minute})
 	vm.CopyIn(t, bin, "moat")
 	vm.CopyIn(t, rootfs, "busybox")
 	vm.CopyIn(t, agent, "moat-agent")
