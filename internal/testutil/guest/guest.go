@@ -120,10 +120,12 @@ func Boot(t testing.TB, opts Options) *VM {
 			if try < 3 && strings.Contains(v.stderr.String(), "host forwarding") {
 				continue
 			}
-			// On a busy host the kernel's check of the IO-APIC timer can
-			// miss its window under emulation and panic ("IO-APIC + timer
-			// doesn't work"); the next boot passes it.
-			if try < 3 && strings.Contains(v.SerialTail(4000), "Kernel panic") {
+			// On a busy host, under emulation, the kernel's check of the
+			// IO-APIC timer can miss its window and panic ("IO-APIC +
+			// timer doesn't work"), or the initrd give up waiting for the
+			// disk; the next boot passes.
+			if tail := v.SerialTail(4000); try < 3 && (strings.Contains(tail, "Kernel panic") ||
+				strings.Contains(tail, "Gave up waiting for root")) {
 				t.Logf("guest kernel panicked during boot, booting again:\n%s", v.SerialTail(1500))
 				continue
 			}
@@ -157,10 +159,7 @@ func start(t testing.TB, img string, opts Options) (*VM, error) {
 		"-accel", "tcg,thread=multi", "-cpu", "max",
 		"-smp", strconv.Itoa(opts.CPUs), "-m", strconv.Itoa(opts.MemoryMiB),
 		"-kernel", filepath.Join(img, "vmlinuz"), "-initrd", filepath.Join(img, "initrd.img"),
-		// Under emulation on a busy host the initrd's udev can take
-		// minutes to bring up the disk: rootdelay (how long the initrd
-		// waits for it).
-		"-append", "root=/dev/vda rw console=ttyS0,115200 panic=-1 rootdelay=600",
+		"-append", "root=/dev/vda rw console=ttyS0,115200 panic=-1",
 		// The overlay is thrown away after the boot: no flushes needed.
 		"-drive", "file=" + overlay + ",if=virtio,format=qcow2,cache=unsafe",
 		"-virtfs", "local,path=" + v.Share + ",mount_tag=host0,security_model=none,id=host0",
