@@ -220,10 +220,12 @@ true`, strings.Join(*api.ids, "|"), strings.Join(veths, "|"))
 	}
 }
 
-// nftRuleset returns the guest's nft ruleset without its counters.
+// nftRuleset returns the guest's nft ruleset without its counters and
+// with the port of the server's egress proxy (a new one per start of the
+// server, so a restart changes it) masked.
 func nftRuleset(t *testing.T, vm *guest.VM) string {
 	t.Helper()
-	return vm.MustRun(t, time.Minute, `nft list ruleset | sed -E 's/ counter packets [0-9]+ bytes [0-9]+//'`)
+	return vm.MustRun(t, time.Minute, `nft list ruleset | sed -E 's/ counter packets [0-9]+ bytes [0-9]+//; s/(dnat ip6? to [^ ]+):[0-9]+/\1:PORT/'`)
 }
 
 // create creates a sandbox (202, Running) and returns its ID, recorded
