@@ -9,7 +9,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm generate-k8s build run test test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm check-debian-build generate-k8s build run test test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -130,6 +130,9 @@ deps-images: ## Build the debootstrap test images (E2B's base; Jupyter kernels, 
 deps-guest: ## Build the stock Debian 12 guest (QEMU, Debian's kernel, cgroup v2) the guest tests boot (test/guest; a few minutes once, then instant)
 	@bash scripts/build-guest.sh
 
+check-debian-build: ## Check the build path on a pristine debootstrap'ed Debian 12 chroot (git, make; Debian's Node 18, npm and golang-go 1.19): make build (root; cached tree)
+	@bash scripts/check-debian-build.sh
+
 deps-npm: ## Install the locked npm packages of the JS SDK compatibility tests (test/compat/js, test/compat/e2b)
 	@bash scripts/npm-ci.sh test/compat/js
 	@bash scripts/npm-ci.sh test/compat/e2b
@@ -158,7 +161,7 @@ test: test-setup ## Run every test (as root: includes the runtime and end-to-end
 	@# cgroup or process behind (see internal/testutil/leakcheck).
 	@run=$$(mktemp -d /tmp/mtr.XXXXXX) && \
 	$(GO) run ./internal/testutil/leakcheck snapshot $$run && \
-	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_REQUIRE_GUEST=1 MOAT_TEST_RUN=$$run TMPDIR=$$run \
+	{ PATH=$(RUNSC_DIR):$$PATH MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent MOAT_REQUIRE_K8S=1 MOAT_REQUIRE_BROWSER=1 MOAT_REQUIRE_GUEST=1 MOAT_REQUIRE_RUNTIMES=runc,crun,runsc MOAT_TEST_RUN=$$run TMPDIR=$$run \
 		$(GO) test $(TESTFLAGS) -p 1 ./... && (cd client && $(GO) test -count=1 ./...); rc=$$?; } ; \
 	$(GO) run ./internal/testutil/leakcheck check $$run || rc=1; \
 	if [ $$rc = 0 ]; then rm -rf $$run; else echo "test run directory kept: $$run" >&2; fi; exit $$rc

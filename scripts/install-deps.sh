@@ -55,6 +55,12 @@ if [ "${1:-}" = "--browser" ]; then
 	exit 0
 fi
 
+# --build: only what `make build` needs (node and npm for the console, the
+# Go toolchain); scripts/check-debian-build.sh checks this path on a
+# pristine Debian 12.
+build_only=
+[ "${1:-}" = "--build" ] && build_only=1
+
 # stress-ng: the CPU hog the chaos test (test/e2e) runs under.
 # python3-ipykernel: a real Jupyter kernel for the execd Jupyter backend tests;
 # default-jdk-headless and node-typescript: the agent's built-in Java
@@ -65,6 +71,7 @@ fi
 # redis-server: the Go SDK pool's Redis state store (test/compat/go).
 pkgs=(runc crun runsc busybox-static nftables iproute2 ca-certificates git make stress-ng python3-ipykernel default-jdk-headless node-typescript debootstrap qemu-system-x86 qemu-utils redis-server)
 missing=()
+[ -n "$build_only" ] && pkgs=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -144,6 +151,7 @@ ensure_go() {
 }
 ensure_go
 export PATH=/usr/local/go/bin:$PATH
+[ -n "$build_only" ] && exit 0
 
 # Kernel features the native runtime uses.
 modprobe overlay 2>/dev/null || true

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,32 @@ func RequireBinary(t testing.TB, name string) string {
 		t.Fatalf("%s not installed (run `make deps`): %v", name, err)
 	}
 	return p
+}
+
+// RequireRuntimesEnv lists (comma-separated) the OCI runtimes a run must
+// have: `make test` sets it to every runtime class, so that a test of a
+// class missing on PATH fails there instead of skipping.
+const RequireRuntimesEnv = "MOAT_REQUIRE_RUNTIMES"
+
+// LookRuntime returns the path of the OCI runtime name (runc, crun,
+// runsc) on PATH. When it is missing t is skipped, or fails when
+// RequireRuntimesEnv names it.
+func LookRuntime(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	if RuntimeRequired(name) {
+		t.Fatalf("%s not installed and required by %s: %v", name, RequireRuntimesEnv, err)
+	}
+	t.Skipf("%s not installed", name)
+	return ""
+}
+
+// RuntimeRequired reports whether RequireRuntimesEnv names runtime name.
+func RuntimeRequired(name string) bool {
+	return slices.Contains(strings.Split(os.Getenv(RequireRuntimesEnv), ","), name)
 }
 
 // CacheDir is where heavy test fixtures are cached between runs

@@ -1,10 +1,10 @@
 package e2e
 
 import (
-	"os/exec"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestEgressRunsc checks the egress policy holds for gVisor sandboxes,
@@ -12,9 +12,7 @@ import (
 // skips the netns output hook: the policy is enforced again on eth0's
 // egress hook (IPv4 and IPv6, names through the DNS proxy).
 func TestEgressRunsc(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("runsc not installed")
-	}
+	testutil.LookRuntime(t, "runsc")
 	srv := newServer(t)
 	ref := startRegistry(t)
 	o := outsideHost(t, srv.net, true)

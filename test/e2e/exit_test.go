@@ -2,10 +2,11 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // oomCommand fills 100 MiB in five dd, with the agent (PID 1) the OOM
@@ -23,9 +24,7 @@ func TestSandboxDeathReported(t *testing.T) {
 	ref := startRegistry(t)
 	for _, class := range []string{"runc", "crun", "runsc"} {
 		t.Run(class, func(t *testing.T) {
-			if _, err := exec.LookPath(class); err != nil {
-				t.Skipf("%s not installed", class)
-			}
+			testutil.LookRuntime(t, class)
 			srv := newServer(t)
 			srv.start("--runtime-class", class)
 			for _, via := range []string{"direct", "server-proxy"} {

@@ -227,8 +227,10 @@ func assertNoLeaks(t *testing.T, srv *server, id string) {
 			return nil
 		})
 	}
-	cg, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id + "*")
-	cg2, _ := filepath.Glob("/sys/fs/cgroup/*/*/moat/" + id + "*")
+	// The sandbox's cgroup under the server's --cgroup-parent: one per
+	// controller on v1, one in the unified hierarchy on v2.
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*" + srv.cgroupParent + "/" + id + "*")
+	cg2, _ := filepath.Glob("/sys/fs/cgroup" + srv.cgroupParent + "/" + id + "*")
 	if len(cg)+len(cg2) > 0 {
 		t.Errorf("cgroups left behind: %v %v", cg, cg2)
 	}

@@ -34,18 +34,20 @@ type nodeFixture struct {
 
 // startRealNode starts a real node for t with the test image pushed and
 // moat's controller installed from the Helm chart (deploy/helm/moat), its
-// image a local tarball imported into the node's containerd; the
-// controller runs in a pod until t ends.
+// image the release OCI image the node pulls from its loopback registry;
+// the controller runs in a pod until t ends.
 func startRealNode(t *testing.T) *nodeFixture {
 	t.Helper()
 	node := k8stest.StartTestNode(t)
 	ctx := context.Background()
-	f := &nodeFixture{node: node, agentImage: k8stest.ControllerImage}
+	f := &nodeFixture{node: node}
 	var err error
 	if f.image, err = node.Registry.PushDir(ctx, testutil.BusyboxRootfs(t), "busybox:test", []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := node.ImportControllerImage(ctx, testutil.MoatBinary(t)); err != nil {
+	// The release image, pulled by the node from its loopback registry:
+	// the controller's and, by the chart's default, the agent's.
+	if f.agentImage, err = node.PushReleaseImage(ctx, testutil.MoatBinary(t), "v0.0.0-test"); err != nil {
 		t.Fatal(err)
 	}
 	chart := filepath.Join(testutil.RepoRoot(t), "deploy", "helm", "moat")

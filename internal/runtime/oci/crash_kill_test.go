@@ -31,9 +31,10 @@ func TestKillInCgroupOnlyKillsMembers(t *testing.T) {
 	}
 
 	// A member of the sandbox's cgroup is killed.
-	dir := "/sys/fs/cgroup/pids/moat/kill-test-sandbox"
-	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
-		t.Skip("no pids cgroup v1 hierarchy")
+	// Its pids cgroup (v1), or its cgroup (v2).
+	dir := cgroupDir("pids", "/moat/kill-test-sandbox")
+	if _, err := os.Stat(filepath.Dir(filepath.Dir(dir))); err != nil {
+		t.Fatalf("no pids cgroup hierarchy: %v", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

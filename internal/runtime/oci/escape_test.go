@@ -216,9 +216,16 @@ func readTrim(t *testing.T, path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-// cgroupFile is a file of the shared sandbox's cgroup in hierarchy ctrl.
+// cgroupFile is a file of the shared sandbox's cgroup in hierarchy ctrl
+// (the unified one on a v2 host).
 func (e *escEnv) cgroupFile(ctrl, file string) string {
-	return filepath.Join("/sys/fs/cgroup", ctrl, e.r.cgroupPath(e.id), file)
+	return filepath.Join(cgroupDir(ctrl, e.r.cgroupPath(e.id)), file)
+}
+
+// cgroupValue reads a value of the shared sandbox's cgroup by its v1 name
+// (see the package's cgroupValue).
+func (e *escEnv) cgroupValue(t *testing.T, v1name string) string {
+	return cgroupValue(t, e.r.cgroupPath(e.id), v1name)
 }
 
 var attacks = []attack{
@@ -262,23 +269,19 @@ var attacks = []attack{
 			"raise-pids.max", "set-memory.limit", "mkdir-cgroup",
 		}},
 		before: func(t *testing.T, e *escEnv) any {
-			return readTrim(t, e.cgroupFile("memory", "memory.limit_in_bytes"))
+			return e.cgroupValue(t, "memory.limit_in_bytes")
 		},
 		check: func(t *testing.T, e *escEnv, _ agentResult, before any) {
-			pidsMax := e.cgroupFile("pids", "pids.max")
-			t.Logf("host: pids.max %s, memory.limit_in_bytes %s", readTrim(t, pidsMax), before)
+			t.Logf("host: pids.max %s, memory limit %s", e.cgroupValue(t, "pids.max"), before)
 			want := escPids
 			if e.r.kinds[e.class] == runscKind {
 				want += runscPidsHeadroom // the Sentry's own threads
 			}
-			if got := readTrim(t, pidsMax); got != strconv.Itoa(want) {
+			if got := e.cgroupValue(t, "pids.max"); got != strconv.Itoa(want) {
 				t.Errorf("sandbox pids.max on the host = %s, want %d", got, want)
-				os.WriteFile(pidsMax, []byte(strconv.Itoa(want)), 0)
 			}
-			memLimit := e.cgroupFile("memory", "memory.limit_in_bytes")
-			if got := readTrim(t, memLimit); got != before.(string) {
-				t.Errorf("sandbox memory.limit_in_bytes on the host: %s -> %s (the probe writes %s)", before, got, escMarkerMemLimit)
-				os.WriteFile(memLimit, []byte(before.(string)), 0)
+			if got := e.cgroupValue(t, "memory.limit_in_bytes"); got != before.(string) {
+				t.Errorf("sandbox memory limit on the host: %s -> %s (the probe writes %s)", before, got, escMarkerMemLimit)
 			}
 			if _, err := os.Stat(e.cgroupFile("pids", "escape")); err == nil {
 				t.Errorf("sandbox created a cgroup on the host")
@@ -393,13 +396,13 @@ var attacks = []attack{
 				fmt.Sscanf(res.Out[i:], "FORKED %d", &n)
 			}
 			st, _ := e.r.Status(context.Background(), e.id)
-			t.Logf("pids.current after the bomb: %s; sandbox %s %s", readTrim(t, e.cgroupFile("pids", "pids.current")), st.State, st.Message)
+			t.Logf("pids.current after the bomb: %s; sandbox %s %s", e.cgroupValue(t, "pids.current"), st.State, st.Message)
 			if e.class == "runsc" && st.State == runtime.StateStopped {
 				// The Sentry cannot create the host threads and stub
 				// processes it needs beyond the limit and the whole
 				// sandbox stops: contained, but not survivable.
 				t.Logf("runsc: the sandbox was stopped as a whole by the pids limit")
-			} else if limit, _ := strconv.Atoi(readTrim(t, e.cgroupFile("pids", "pids.max"))); n < 0 || n >= limit ||
+			} else if limit, _ := strconv.Atoi(e.cgroupValue(t, "pids.max")); n < 0 || n >= limit ||
 				!strings.Contains(res.Out, "BLOCKED fork-until-limit") {
 				t.Errorf("forked %d processes with a pids limit of %d:\n%s", n, limit, res.Out)
 			}
@@ -421,8 +424,8 @@ var attacks = []attack{
 			if strings.Contains(res.Out, "ALLOWED membomb") || res.Code == 0 {
 				t.Errorf("1 GiB allocated under a 64 MiB limit (code %d):\n%s", res.Code, res.Out)
 			}
-			failcnt, _ := os.ReadFile(e.cgroupFile("memory", "memory.failcnt"))
-			if n, _ := strconv.Atoi(strings.TrimSpace(string(failcnt))); n == 0 {
+			failcnt := e.cgroupValue(t, "memory.failcnt")
+			if n, _ := strconv.Atoi(failcnt); n == 0 {
 				t.Errorf("memory.failcnt = %q: the limit was never hit", failcnt)
 			}
 			t.Logf("membomb: code %d err %q, last output %q", res.Code, res.Err, lastLine(res.Out))
@@ -438,7 +441,7 @@ var attacks = []attack{
 			if err := runtimetest.PingAgent(context.Background(), e.r, e.id, 5*time.Second); err != nil {
 				t.Errorf("sandbox agent gone after the OOM kill: %v", err)
 			}
-			if lim := readTrim(t, e.cgroupFile("memory", "memory.limit_in_bytes")); lim != strconv.Itoa(64<<20) {
+			if lim := e.cgroupValue(t, "memory.limit_in_bytes"); lim != strconv.Itoa(64<<20) {
 				t.Errorf("memory limit = %s", lim)
 			}
 			// Under host memory pressure sandboxes are the OOM killer's

@@ -124,11 +124,15 @@ func (e *testEnv) open(t testing.TB) *Runtime {
 	return r
 }
 
+// availableClasses returns the runtime classes on PATH; one that
+// testutil.RequireRuntimesEnv names and is missing fails t.
 func availableClasses(t *testing.T) []string {
 	var out []string
 	for _, c := range []string{"runc", "crun", "runsc"} {
 		if _, err := exec.LookPath(c); err == nil {
 			out = append(out, c)
+		} else if testutil.RuntimeRequired(c) {
+			t.Fatalf("%s not installed and required by %s", c, testutil.RequireRuntimesEnv)
 		}
 	}
 	return out
@@ -206,7 +210,7 @@ func assertNoLeaks(t *testing.T, r *Runtime, id string) {
 	if !testnet.LinkGone(network.HostVethName(id), 10*time.Second) {
 		t.Errorf("veth of %s left behind", id)
 	}
-	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id); len(dirs) > 0 {
+	if dirs := cgroupDirs(r.cgroupPath(id)); len(dirs) > 0 {
 		t.Errorf("cgroups left behind: %v", dirs)
 	}
 	// Loop devices of a disk quota (see disk.go).
@@ -238,18 +242,13 @@ func TestLimitsAndNoLeaks(t *testing.T) {
 				pids = strconv.Itoa(128 + runscPidsHeadroom) // the Sentry's own threads
 			}
 			for file, want := range map[string]string{
-				"cpu" + cg + "/cpu.cfs_quota_us":         "50000",
-				"cpu" + cg + "/cpu.cfs_period_us":        "100000",
-				"memory" + cg + "/memory.limit_in_bytes": "268435456",
-				"pids" + cg + "/pids.max":                pids,
+				"cpu.cfs_quota_us":      "50000",
+				"cpu.cfs_period_us":     "100000",
+				"memory.limit_in_bytes": "268435456",
+				"pids.max":              pids,
 			} {
-				data, err := os.ReadFile("/sys/fs/cgroup/" + file)
-				if err != nil {
-					t.Errorf("read %s: %v", file, err)
-					continue
-				}
-				if got := strings.TrimSpace(string(data)); got != want {
-					t.Errorf("%s = %s, want %s", file, got, want)
+				if got := cgroupValue(t, cg, file); got != want {
+					t.Errorf("%s (v1 name) = %s, want %s", file, got, want)
 				}
 			}
 			// The bundle carries the security settings.
@@ -410,9 +409,7 @@ func BenchmarkCreateRunsc(b *testing.B) { benchmarkCreate(b, "runsc") }
 // mask of runscStart stays out of the host's view, and a paused sandbox
 // is deleted without leftovers (runsc state files included).
 func TestRunsc(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("runsc not installed")
-	}
+	testutil.LookRuntime(t, "runsc")
 	r := newEnv(t, "runsc", nil).open(t)
 	if r.kinds["runsc"] != runscKind {
 		t.Fatalf("kind of class runsc = %q", r.kinds["runsc"])

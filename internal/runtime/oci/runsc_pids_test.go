@@ -3,7 +3,6 @@ package oci
 import (
 	"context"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestRunscPidsLimit checks that a runsc sandbox with a small pids limit
@@ -18,9 +18,7 @@ import (
 // cgroup) while it runs processes, and that a fork bomb in it is still
 // stopped by the limit.
 func TestRunscPidsLimit(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("runsc not installed")
-	}
+	testutil.LookRuntime(t, "runsc")
 	r := newEnv(t, "runsc", nil).open(t)
 	ctx := context.Background()
 	id := runtimetest.NewID("rpids")

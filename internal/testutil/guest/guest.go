@@ -120,6 +120,15 @@ func Boot(t testing.TB, opts Options) *VM {
 			if try < 3 && strings.Contains(v.stderr.String(), "host forwarding") {
 				continue
 			}
+			// On a busy host, under emulation, the kernel's check of the
+			// IO-APIC timer can miss its window and panic ("IO-APIC +
+			// timer doesn't work"), or the initrd give up waiting for the
+			// disk; the next boot passes.
+			if tail := v.SerialTail(4000); try < 3 && (strings.Contains(tail, "Kernel panic") ||
+				strings.Contains(tail, "Gave up waiting for root")) {
+				t.Logf("guest kernel panicked during boot, booting again:\n%s", v.SerialTail(1500))
+				continue
+			}
 			t.Logf("serial console (tail):\n%s", v.SerialTail(4000))
 		}
 		t.Fatalf("boot guest: %v", err)

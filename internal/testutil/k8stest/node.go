@@ -10,13 +10,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
@@ -26,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/moat-sandbox/moat/config/crd"
+	"github.com/moat-sandbox/moat/internal/release"
 	"github.com/moat-sandbox/moat/internal/testutil/localregistry"
 )
 
@@ -867,48 +872,65 @@ func (n *Node) PushAgentImage(ctx context.Context, moatBinary string) (string, e
 	return n.Registry.PushDirConfig(ctx, dir, "moat-agent:test", v1.Config{Entrypoint: []string{"/moat"}})
 }
 
-// ControllerImage is the name the node's runtime knows the controller
-// image by after ImportControllerImage.
-const ControllerImage = "moat.local/moat:test"
-
-// ImportControllerImage builds an image holding moatBinary at /moat as a
-// local image tarball and imports it into the node's containerd (what an
-// air-gapped install does), as ControllerImage.
-func (n *Node) ImportControllerImage(ctx context.Context, moatBinary string) error {
-	dir, err := os.MkdirTemp(n.dir, "controller-image-")
+// PushReleaseImage builds the release OCI image of moatBinary as `make
+// release` does (internal/release: the binary at /moat, its entrypoint,
+// under a multi-arch index, written as an OCI image layout), pushes the
+// layout's index to the node's loopback registry as moat:<version> and
+// returns the reference. The node's containerd pulls it from there.
+func (n *Node) PushReleaseImage(ctx context.Context, moatBinary, version string) (string, error) {
+	idx, err := release.Build(release.Image{Binaries: map[string]string{"linux/" + goruntime.GOARCH: moatBinary},
+		Version: version, Created: time.Unix(0, 0).UTC()})
 	if err != nil {
-		return err
+		return "", err
+	}
+	dir, err := os.MkdirTemp(n.dir, "release-image-")
+	if err != nil {
+		return "", err
 	}
 	defer os.RemoveAll(dir)
-	root := filepath.Join(dir, "root")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return err
+	if err := release.WriteLayout(dir, "moat:"+version, idx); err != nil {
+		return "", err
 	}
-	data, err := os.ReadFile(moatBinary)
+	// What a user does with the release: copy the layout's image to a
+	// registry (skopeo copy oci:DIR docker://REGISTRY/moat:TAG).
+	p, err := layout.FromPath(dir)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(root, "moat"), data, 0o755); err != nil {
-		return err
-	}
-	tarPath := filepath.Join(dir, "moat.tar")
-	if err := localregistry.WriteImageTarball(root, ControllerImage, v1.Config{Entrypoint: []string{"/moat"}}, tarPath); err != nil {
-		return err
-	}
-	out, err := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "ctr"), "--address", n.ContainerdSocket,
-		"--namespace", "k8s.io", "images", "import", tarPath).CombinedOutput()
+	top, err := p.ImageIndex()
 	if err != nil {
-		return fmt.Errorf("k8stest: ctr images import: %v: %s", err, out)
+		return "", err
 	}
-	return nil
+	im, err := top.IndexManifest()
+	if err != nil {
+		return "", err
+	}
+	if len(im.Manifests) != 1 {
+		return "", fmt.Errorf("k8stest: release layout has %d entries, want 1", len(im.Manifests))
+	}
+	pushed, err := top.ImageIndex(im.Manifests[0].Digest)
+	if err != nil {
+		return "", err
+	}
+	ref := n.Registry.Host + "/moat:" + version
+	tag, err := name.NewTag(ref, name.Insecure)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.WriteIndex(tag, pushed, remote.WithContext(ctx)); err != nil {
+		return "", fmt.Errorf("k8stest: push %s: %w", ref, err)
+	}
+	return ref, nil
 }
 
 // InstallChart installs the Helm chart at chartDir as release name into
-// namespace ns (created), running the controller from ControllerImage
-// (import it first) with the given agent image, on the host network and
-// talking to the API server on loopback (the node has no service proxy).
-// It returns once the controller is ready (helm --wait).
-func (n *Node) InstallChart(ctx context.Context, chartDir, name, ns, agentImage string) error {
+// namespace ns (created), running the controller from image (a reference
+// on the node's registry, PushReleaseImage), pulled by the node's
+// containerd, and sandbox pods' agent from the same image (the chart's
+// default), on the host network and talking to the API server on
+// loopback (the node has no service proxy). It returns once the
+// controller is ready (helm --wait).
+func (n *Node) InstallChart(ctx context.Context, chartDir, releaseName, ns, image string) error {
 	u, err := url.Parse(n.Config.Host)
 	if err != nil {
 		return err
@@ -921,12 +943,16 @@ func (n *Node) InstallChart(ctx context.Context, chartDir, name, ns, agentImage 
 	if err != nil {
 		return err
 	}
-	repo, tag, _ := strings.Cut(ControllerImage, ":")
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
+		return fmt.Errorf("k8stest: image %q has no tag", image)
+	}
+	repo, tag := image[:i], image[i+1:]
 	home := filepath.Join(n.dir, "helm")
-	cmd := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "helm"), "install", name, chartDir,
+	cmd := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "helm"), "install", releaseName, chartDir,
 		"--kubeconfig", n.Kubeconfig, "--namespace", ns, "--create-namespace", "--wait", "--timeout", "4m",
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
-		"--set", "agentImage="+agentImage, "--set", "hostNetwork=true",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=IfNotPresent",
+		"--set", "hostNetwork=true",
 		"--set", "apiServer.host="+u.Hostname(), "--set-string", "apiServer.port="+u.Port(),
 		"--set", "metricsPort="+metrics, "--set", "healthPort="+health)
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
