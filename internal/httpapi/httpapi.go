@@ -58,6 +58,10 @@ type Config struct {
 	Ingress *ingress.Endpoints
 	// Audit, if set, receives one record per mutating call (see audited).
 	Audit AuditSink
+	// Trail, if set, keeps each sandbox's audit trail (lifecycle calls,
+	// commands, terminal sessions and file operations through the proxy)
+	// and serves it at GET /sandboxes/{id}/audit.
+	Trail AuditTrail
 	// InsecureVaultWrites allows Credential Vault writes (they carry
 	// credential values) over plain HTTP from non-loopback clients.
 	InsecureVaultWrites bool
@@ -115,6 +119,9 @@ func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
 	s.web = &web.Adapter{Log: log, Codes: codeOf}
 	s.proxy = newProxy(svc, s.web, log)
 	s.proxy.egress = s.egressHandler
+	if cfg.Trail != nil {
+		s.proxy.trail = &agentTrail{tr: cfg.Trail, s: s, log: log}
+	}
 	return s
 }
 
@@ -198,6 +205,7 @@ func (s *Server) routes() []route {
 		{"GET /sandboxes/{id}/diagnostics/events", read, h(s.diagnosticEvents)},
 		{"GET /sandboxes/{id}/diagnostics/inspect", read, h(s.diagnosticInspect)},
 		{"GET /sandboxes/{id}/diagnostics/summary", read, h(s.diagnosticSummary)},
+		{"GET /sandboxes/{id}/audit", read, h(s.auditTrail)},
 		// The egress API and the server proxy are the data plane: the
 		// sandbox's own tokens protect them (as upstream); a moat
 		// credential, when presented, scopes them.
@@ -282,6 +290,9 @@ func (s *Server) Handler() http.Handler {
 		// Routes are ServeMux patterns (bounded), looked up before auth so
 		// that 401s count against the route they were for.
 		root = m.Instrument(route, root)
+	}
+	if tr := s.cfg.Trail; tr != nil {
+		root = s.withTrail(tr, root)
 	}
 	if a := s.cfg.Audit; a != nil {
 		root = s.withAudit(a, route, root)

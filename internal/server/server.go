@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/audit"
+	"github.com/moat-sandbox/moat/internal/audit/trail"
 	"github.com/moat-sandbox/moat/internal/console"
 	"github.com/moat-sandbox/moat/internal/e2b"
 	"github.com/moat-sandbox/moat/internal/httpapi"
@@ -47,6 +48,10 @@ type Server struct {
 	tenants *tenant.Registry
 	signer  *ingress.Signer // OSEP-0011 route keys of the gateway (nil: none)
 	audit   *audit.Log
+	// trail is the sandboxes' audit trails (nil: off); hooks feed it
+	// from the egress layer.
+	trail *trail.Store
+	hooks *auditHooks
 	// runCtx lives until Close: background services of the backend.
 	runCtx  context.Context
 	stopRun context.CancelFunc
@@ -65,7 +70,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if log == nil {
 		log = NewLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log}
+	s := &Server{cfg: cfg, log: log, hooks: &auditHooks{}}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -123,7 +128,7 @@ func (s *Server) openBackend(ctx context.Context) (backend, error) {
 		return backend{}, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
 	}
 	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images})
+	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images, audit: s.hooks})
 	if err != nil {
 		return backend{}, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
@@ -191,6 +196,13 @@ func (s *Server) buildAPI(reg *metrics.Registry) error {
 			return err
 		}
 		apiCfg.Audit = s.audit
+	}
+	if s.trail, err = s.openTrail(nil); err != nil {
+		return err
+	}
+	if s.trail != nil {
+		apiCfg.Trail = s.trail
+		s.hooks.store.Store(s.trail)
 	}
 	var sessions *console.Sessions
 	if cfg.Console {
@@ -308,6 +320,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	rctx, stopReaper := context.WithCancel(ctx)
 	defer stopReaper()
 	go s.svc.Run(rctx)
+	if s.trail != nil {
+		go s.trail.Run(rctx, trailInterval)
+	}
 	if budget, _ := s.cfg.imageBudgetBytes(); budget > 0 {
 		go s.imageGC(rctx, budget, time.Minute)
 	}
