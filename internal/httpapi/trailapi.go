@@ -24,23 +24,23 @@ type auditPage struct {
 func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	tr := s.cfg.Trail
-	if tr == nil {
-		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this server keeps no audit trail (--audit-trail off)")
-	}
-	q, err := auditQuery(r.URL.RawQuery)
-	if err != nil {
-		return err
-	}
 	if _, err := s.svc.Get(r.Context(), id); err != nil {
 		// A deleted sandbox's trail stays readable by its tenant; a
 		// live one the caller does not see is not found either way.
-		if _, live := s.trailOwner(id); live {
+		if _, live := s.trailOwner(id); live || tr == nil {
 			return err
 		}
 		owner, ok := tr.Owner(id)
 		if !ok || !lifecycle.Visible(r.Context(), owner) {
 			return err
 		}
+	}
+	if tr == nil {
+		return errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "this server keeps no audit trail (--audit-trail off)")
+	}
+	q, err := auditQuery(r.URL.RawQuery)
+	if err != nil {
+		return err
 	}
 	recs, next, err := tr.Read(id, q)
 	if err != nil {
