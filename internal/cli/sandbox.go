@@ -35,6 +35,7 @@ func newSandboxCommand() *cobra.Command {
 		newEachCommand(sf, "pause ID...", nil, "Pause (freeze) running sandboxes", (*client.Client).Pause),
 		newEachCommand(sf, "resume ID...", nil, "Resume paused sandboxes", (*client.Client).Resume),
 		newSandboxRenewCommand(sf),
+		newSandboxAuditCommand(sf),
 	)
 	return classifyTree(cmd)
 }
