@@ -62,6 +62,9 @@ type Config struct {
 	// commands, terminal sessions and file operations through the proxy)
 	// and serves it at GET /sandboxes/{id}/audit.
 	Trail AuditTrail
+	// Tracing, if set, starts a span per request (internal/telemetry);
+	// the audit trail's records carry its trace id.
+	Tracing Tracing
 	// InsecureVaultWrites allows Credential Vault writes (they carry
 	// credential values) over plain HTTP from non-loopback clients.
 	InsecureVaultWrites bool
@@ -85,6 +88,12 @@ type Face struct {
 	Claims func(*http.Request) bool
 	Routes []ExtraRoute
 	Errors *web.Adapter
+}
+
+// Tracing is the optional OpenTelemetry instrumentation (internal/telemetry).
+type Tracing interface {
+	// Middleware serves next in a span per request, named by route.
+	Middleware(route func(*http.Request) string, next http.Handler) http.Handler
 }
 
 // Metrics is the optional Prometheus instrumentation (internal/metrics).
@@ -296,6 +305,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	if a := s.cfg.Audit; a != nil {
 		root = s.withAudit(a, route, root)
+	}
+	if t := s.cfg.Tracing; t != nil {
+		root = t.Middleware(route, root)
 	}
 	return web.WithRequestID(root)
 }

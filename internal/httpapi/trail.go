@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/moat-sandbox/moat/internal/audit/trail"
@@ -26,7 +27,7 @@ type AuditTrail interface {
 	Owner(id string) (string, bool)
 	// Active links the sandbox's egress and credential records to a
 	// trace while a command runs (see trail.Store.Active).
-	Active(id, traceID string) (release func())
+	Active(id, traceID, spanID string) (release func())
 }
 
 // trailOwner is the tenant that owns sandbox id, looked up without the
@@ -76,12 +77,12 @@ func actorOf(p tenant.Principal) *trail.Actor {
 	return &trail.Actor{KeyID: p.KeyID, Tenant: p.Tenant, Role: string(p.Role)}
 }
 
-// traceIDOf is the trace id of the request's span ("" without tracing).
-func traceIDOf(ctx context.Context) string {
-	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
-		return sc.TraceID().String()
+// traceOf is the trace and span id of ctx's span ("" without tracing).
+func traceOf(ctx context.Context) (traceID, spanID string) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return sc.TraceID().String(), sc.SpanID().String()
 	}
-	return ""
+	return "", ""
 }
 
 // withTrail records the lifecycle calls on sandboxes (create, delete,
@@ -124,7 +125,8 @@ func (s *Server) withTrail(tr AuditTrail, next http.Handler) http.Handler {
 		}
 		d := float64(time.Since(start).Microseconds()) / 1000
 		rec := trail.Record{Time: start, Kind: trail.KindLifecycle, Action: action, SandboxID: id, Tenant: owner,
-			RequestID: web.RequestID(r.Context()), TraceID: traceIDOf(r.Context()), Status: status, DurationMS: &d}
+			RequestID: web.RequestID(r.Context()), Status: status, DurationMS: &d}
+		rec.TraceID, rec.SpanID = traceOf(r.Context())
 		if slot.ok {
 			rec.Actor = actorOf(slot.p)
 		}
@@ -184,7 +186,7 @@ func truncate(s string) string {
 // wrap returns the writer and request to proxy r with, and done to call
 // once the exchange ends. path is the agent path.
 func (a *agentTrail) wrap(w http.ResponseWriter, r *http.Request, id, path string) (http.ResponseWriter, *http.Request, func()) {
-	rec := trail.Record{SandboxID: id, RequestID: web.RequestID(r.Context()), TraceID: traceIDOf(r.Context())}
+	rec := trail.Record{SandboxID: id, RequestID: web.RequestID(r.Context())}
 	if p, ok := tenant.PrincipalFrom(r.Context()); ok {
 		rec.Actor = actorOf(p)
 	}
@@ -266,9 +268,15 @@ func (a *agentTrail) wrap(w http.ResponseWriter, r *http.Request, id, path strin
 		return w, r, func() {}
 	}
 	rec.Tenant = owner
+	// A span of its own (a child of the request's; a no-op without
+	// tracing), which the record names.
+	ctx, span := trace.SpanFromContext(r.Context()).TracerProvider().Tracer("moat/execd").Start(r.Context(),
+		"execd "+string(rec.Kind)+" "+rec.Action, trace.WithAttributes(attribute.String("osbx.id", id)))
+	r = r.WithContext(ctx)
+	rec.TraceID, rec.SpanID = traceOf(ctx)
 	release := func() {}
 	if rec.Kind == trail.KindCommand || rec.Kind == trail.KindPTY {
-		release = a.tr.Active(id, rec.TraceID)
+		release = a.tr.Active(id, rec.TraceID, rec.SpanID)
 	}
 	sw := &trailWriter{StatusWriter: web.StatusWriter{ResponseWriter: w}, scan: scan}
 	if ptyOpen {
@@ -298,6 +306,11 @@ func (a *agentTrail) wrap(w http.ResponseWriter, r *http.Request, id, path strin
 				rec.Command.Session = body.SessionID
 			}
 		}
+		if rec.Command != nil && rec.Command.ExitCode != nil {
+			span.SetAttributes(attribute.Int("process.exit.code", *rec.Command.ExitCode))
+		}
+		span.SetAttributes(attribute.Int("http.response.status_code", rec.Status))
+		span.End()
 		if err := a.tr.Append(rec); err != nil {
 			a.log.Warn("audit trail write failed", "err", err, "id", id)
 		}

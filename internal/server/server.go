@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/audit"
 	"github.com/moat-sandbox/moat/internal/audit/trail"
+	"github.com/moat-sandbox/moat/internal/buildinfo"
 	"github.com/moat-sandbox/moat/internal/console"
 	"github.com/moat-sandbox/moat/internal/e2b"
 	"github.com/moat-sandbox/moat/internal/httpapi"
@@ -27,6 +28,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/telemetry"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -52,6 +54,9 @@ type Server struct {
 	// from the egress layer.
 	trail *trail.Store
 	hooks *auditHooks
+	// otel exports traces, audit records and metrics over OTLP (nil:
+	// no OTEL_EXPORTER_OTLP_* endpoint configured).
+	otel *telemetry.Telemetry
 	// runCtx lives until Close: background services of the backend.
 	runCtx  context.Context
 	stopRun context.CancelFunc
@@ -104,6 +109,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	}
 	if err := s.svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
+	}
+	if s.otel, err = telemetry.New(ctx, telemetry.Options{Version: buildinfo.Read().Version, Gatherer: reg.Gatherer(), Getenv: os.Getenv, Log: log}); err != nil {
+		return nil, fmt.Errorf("opentelemetry: %w", err)
+	}
+	if s.otel != nil {
+		log.Info("exporting OpenTelemetry traces, audit records and metrics over OTLP")
 	}
 	if err := s.buildAPI(reg); err != nil {
 		return nil, err
@@ -197,7 +208,12 @@ func (s *Server) buildAPI(reg *metrics.Registry) error {
 		}
 		apiCfg.Audit = s.audit
 	}
-	if s.trail, err = s.openTrail(nil); err != nil {
+	var export func(trail.Record)
+	if s.otel != nil {
+		export = s.otel.Record
+		apiCfg.Tracing = s.otel
+	}
+	if s.trail, err = s.openTrail(export); err != nil {
 		return err
 	}
 	if s.trail != nil {
@@ -392,6 +408,11 @@ func (s *Server) Close() {
 	}
 	if s.audit != nil {
 		s.audit.Close()
+	}
+	if s.otel != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.otel.Shutdown(ctx)
+		cancel()
 	}
 }
 

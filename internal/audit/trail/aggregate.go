@@ -40,30 +40,34 @@ type aggregator struct {
 	dropped uint64
 	// active holds, per sandbox, the trace ids of what runs in it now
 	// (commands), newest last: Note links its records to the newest.
-	active map[string][]string
+	active map[string][]traceRef
 }
 
-// Active marks traceID as the trace of what sandbox id does until
+// traceRef is a trace and span id pair.
+type traceRef struct{ trace, span string }
+
+// Active marks traceID (and spanID) as the trace of what sandbox id does until
 // release is called (a command): egress and credential records noted
 // meanwhile carry it, so a trace links a command to the connections it
 // made. An empty traceID is ignored.
-func (s *Store) Active(id, traceID string) (release func()) {
+func (s *Store) Active(id, traceID, spanID string) (release func()) {
 	if traceID == "" {
 		return func() {}
 	}
+	ref := traceRef{traceID, spanID}
 	a := &s.agg
 	a.mu.Lock()
 	if a.active == nil {
-		a.active = map[string][]string{}
+		a.active = map[string][]traceRef{}
 	}
-	a.active[id] = append(a.active[id], traceID)
+	a.active[id] = append(a.active[id], ref)
 	a.mu.Unlock()
 	return func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		l := a.active[id]
 		for i := len(l) - 1; i >= 0; i-- {
-			if l[i] == traceID {
+			if l[i] == ref {
 				l = append(l[:i], l[i+1:]...)
 				break
 			}
@@ -88,7 +92,7 @@ func (s *Store) Note(r Record, key string) {
 	a := &s.agg
 	a.mu.Lock()
 	if l := a.active[r.SandboxID]; r.TraceID == "" && len(l) > 0 {
-		r.TraceID = l[len(l)-1]
+		r.TraceID, r.SpanID = l[len(l)-1].trace, l[len(l)-1].span
 	}
 	if a.m == nil {
 		a.m, a.perID = map[aggKey]*aggState{}, map[string]int{}

@@ -54,6 +54,7 @@ type Record struct {
 	Actor      *Actor      `json:"actor,omitempty"`
 	RequestID  string      `json:"requestId,omitempty"`
 	TraceID    string      `json:"traceId,omitempty"`
+	SpanID     string      `json:"spanId,omitempty"`
 	Status     int         `json:"status,omitempty"`
 	DurationMS *float64    `json:"durationMs,omitempty"`
 	Command    *Command    `json:"command,omitempty"`

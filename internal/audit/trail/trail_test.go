@@ -227,12 +227,12 @@ func TestNoteAggregates(t *testing.T) {
 
 func TestActiveLinksTrace(t *testing.T) {
 	s, _ := newStore(t, Options{})
-	release := s.Active("sb", "trace-1")
+	release := s.Active("sb", "trace-1", "span-1")
 	s.Note(Record{Kind: KindCredential, Action: ActionInject, SandboxID: "sb", Credential: &Credential{Binding: "gh", Host: "api.example", Injected: true}}, "gh")
 	release()
 	s.Note(Record{Kind: KindCredential, Action: ActionInject, SandboxID: "sb", Credential: &Credential{Binding: "gh2", Host: "api.example", Injected: true}}, "gh2")
 	recs, _, _ := s.Read("sb", Query{})
-	if len(recs) != 2 || recs[0].TraceID != "trace-1" || recs[1].TraceID != "" {
+	if len(recs) != 2 || recs[0].TraceID != "trace-1" || recs[0].SpanID != "span-1" || recs[1].TraceID != "" {
 		t.Fatalf("trace links: %+v", recs)
 	}
 }
