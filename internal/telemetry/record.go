@@ -8,6 +8,7 @@ import (
 	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/moat-sandbox/moat/internal/audit/trail"
 )
@@ -145,7 +146,7 @@ func logAttrs(r trail.Record) []attribute.KeyValue {
 // traces are not exported).
 func (t *Telemetry) TracerProvider() trace.TracerProvider {
 	if t == nil || t.tp == nil {
-		return trace.NewNoopTracerProvider()
+		return noop.NewTracerProvider()
 	}
 	return t.tp
 }

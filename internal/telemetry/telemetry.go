@@ -34,6 +34,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Options configure New.
@@ -135,7 +136,7 @@ func New(ctx context.Context, opt Options) (*Telemetry, error) {
 	if t.tp != nil {
 		t.tracer = t.tp.Tracer("moat/httpapi")
 	} else {
-		t.tracer = trace.NewNoopTracerProvider().Tracer("")
+		t.tracer = noop.NewTracerProvider().Tracer("")
 	}
 	return t, nil
 }

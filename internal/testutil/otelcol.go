@@ -76,9 +76,11 @@ service:
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-exited
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
@@ -89,6 +91,11 @@ service:
 		if conn, err := net.Dial("tcp", addr); err == nil {
 			conn.Close()
 			return c
+		}
+		select {
+		case <-exited:
+			t.Fatalf("the collector exited: %v", cmd.ProcessState)
+		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the collector did not listen on %s", addr)

@@ -38,6 +38,7 @@ func main() {
 		Factories: components,
 		ConfigProviderSettings: otelcol.ConfigProviderSettings{ResolverSettings: confmap.ResolverSettings{
 			ProviderFactories: []confmap.ProviderFactory{fileprovider.NewFactory()},
+			DefaultScheme:     "file",
 		}},
 	}
 	if err := otelcol.NewCommand(set).Execute(); err != nil {
