@@ -37,6 +37,7 @@ func newSandboxCommand() *cobra.Command {
 		newEachCommand(sf, "resume ID...", nil, "Resume paused or hibernated sandboxes", (*client.Client).Resume),
 		newSandboxRenewCommand(sf),
 		newSandboxForkCommand(sf),
+		newSandboxAuditCommand(sf),
 	)
 	return classifyTree(cmd)
 }

@@ -78,6 +78,22 @@ type Config struct {
 	// Interceptor sends Credential Vault sandboxes' HTTP(S) through the
 	// credential proxy (AttachProxy). Nil: the vault is unsupported.
 	Interceptor Interceptor
+	// OnDecision, if set, is told of the egress decisions of attached
+	// sandboxes (every DNS query's verdict). It must not block; callers
+	// aggregate (the audit trail does).
+	OnDecision func(Decision)
+}
+
+// Decision is one egress verdict for a sandbox.
+type Decision struct {
+	SandboxID string
+	Host      string
+	Port      int // 0: a name lookup
+	Allowed   bool
+	// Rule is the target of the policy rule that decided, or "default".
+	Rule string
+	// Layer is where it was decided: "dns".
+	Layer string
 }
 
 // Enforcer applies network policies to sandboxes. It is safe for
@@ -125,6 +141,11 @@ func New(cfg Config) (*Enforcer, error) {
 	}
 	dcfg := dnsproxy.Config{
 		Upstreams: cfg.Upstreams, Timeout: cfg.Timeout, MinTTL: cfg.MinTTL, MaxTTL: cfg.MaxTTL, Logger: cfg.Logger,
+	}
+	if fn := cfg.OnDecision; fn != nil {
+		dcfg.OnDecision = func(c *dnsproxy.Client, name string, allowed bool, rule string) {
+			fn(Decision{SandboxID: c.ID, Host: name, Allowed: allowed, Rule: rule, Layer: "dns"})
+		}
 	}
 	if cfg.Unattached.IsValid() {
 		m, err := policy.Compile(policy.AllowAll())
@@ -194,6 +215,7 @@ func (e *Enforcer) Attach(ctx context.Context, id, netnsPath string, sandboxIP n
 	}
 	sb.fw = fw
 	sb.client = dnsproxy.NewClient(m, sb.onResolved(e))
+	sb.client.ID = id
 	if err := e.proxy.Register(sb.ip, sb.client); err != nil {
 		rmErr := fw.Remove(context.WithoutCancel(ctx))
 		fw.Close()

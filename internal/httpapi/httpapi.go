@@ -62,6 +62,13 @@ type Config struct {
 	Signed *ingress.Endpoints
 	// Audit, if set, receives one record per mutating call (see audited).
 	Audit AuditSink
+	// Trail, if set, keeps each sandbox's audit trail (lifecycle calls,
+	// commands, terminal sessions and file operations through the proxy)
+	// and serves it at GET /sandboxes/{id}/audit.
+	Trail AuditTrail
+	// Tracing, if set, starts a span per request (internal/telemetry);
+	// the audit trail's records carry its trace id.
+	Tracing Tracing
 	// InsecureVaultWrites allows Credential Vault writes (they carry
 	// credential values) over plain HTTP from non-loopback clients.
 	InsecureVaultWrites bool
@@ -85,6 +92,12 @@ type Face struct {
 	Claims func(*http.Request) bool
 	Routes []ExtraRoute
 	Errors *web.Adapter
+}
+
+// Tracing is the optional OpenTelemetry instrumentation (internal/telemetry).
+type Tracing interface {
+	// Middleware serves next in a span per request, named by route.
+	Middleware(route func(*http.Request) string, next http.Handler) http.Handler
 }
 
 // Metrics is the optional Prometheus instrumentation (internal/metrics).
@@ -127,6 +140,9 @@ func New(cfg Config, svc *sandbox.Service, log *slog.Logger) *Server {
 	}
 	s.proxy = newProxy(svc, s.web, log)
 	s.proxy.egress = s.egressHandler
+	if cfg.Trail != nil {
+		s.proxy.trail = &agentTrail{tr: cfg.Trail, s: s, log: log}
+	}
 	return s
 }
 
@@ -220,6 +236,7 @@ func (s *Server) routes() []route {
 		{"GET /sandboxes/{id}/diagnostics/events", read, h(s.diagnosticEvents)},
 		{"GET /sandboxes/{id}/diagnostics/inspect", read, h(s.diagnosticInspect)},
 		{"GET /sandboxes/{id}/diagnostics/summary", read, h(s.diagnosticSummary)},
+		{"GET /sandboxes/{id}/audit", read, h(s.auditTrail)},
 		// The egress API and the server proxy are the data plane: the
 		// sandbox's own tokens protect them (as upstream); a moat
 		// credential, when presented, scopes them.
@@ -305,8 +322,14 @@ func (s *Server) Handler() http.Handler {
 		// that 401s count against the route they were for.
 		root = m.Instrument(route, root)
 	}
+	if tr := s.cfg.Trail; tr != nil {
+		root = s.withTrail(tr, root)
+	}
 	if a := s.cfg.Audit; a != nil {
 		root = s.withAudit(a, route, root)
+	}
+	if t := s.cfg.Tracing; t != nil {
+		root = t.Middleware(route, root)
 	}
 	return web.WithRequestID(root)
 }

@@ -41,6 +41,9 @@ type proxy struct {
 	rp  *httputil.ReverseProxy
 	// egress returns a sandbox's egress API (nil: it has none).
 	egress func(r *http.Request, id string) (http.Handler, error)
+	// trail records commands, terminal sessions and file operations
+	// sent to the agent (nil: no audit trail).
+	trail *agentTrail
 }
 
 func newProxy(svc *sandbox.Service, wa *web.Adapter, log *slog.Logger) *proxy {
@@ -207,6 +210,11 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	p.svc.Touch(r.Context(), id)
+	if port == agentproto.Port && p.trail != nil {
+		var done func()
+		w, r, done = p.trail.wrap(w, r, id, t.path)
+		defer done()
+	}
 	p.serveUntilEnded(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)), id, ep, port == agentproto.Port)
 	return nil
 }

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/moat-sandbox/moat/internal/agentproto"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -273,9 +276,21 @@ func (e *Entry) provision(ctx context.Context, auth *image.Auth) (err error) {
 	sb := &e.sb
 	// The phases of a create, at debug level (moat bench --log-level
 	// debug): each is the time since the start of provisioning.
+	// Each phase is also a span, a child of the create request's (no-op
+	// without tracing: the tracer comes from the span in ctx).
 	t0 := time.Now()
 	var phases []any
-	phase := func(name string) { phases = append(phases, name, time.Since(t0)) }
+	ctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer("moat/lifecycle").Start(ctx, "sandbox.provision",
+		trace.WithAttributes(attribute.String("osbx.id", sb.ID)))
+	defer span.End()
+	last := t0
+	phase := func(name string) {
+		now := time.Now()
+		phases = append(phases, name, now.Sub(t0))
+		_, ps := span.TracerProvider().Tracer("moat/lifecycle").Start(ctx, "sandbox.provision."+name, trace.WithTimestamp(last))
+		ps.End(trace.WithTimestamp(now))
+		last = now
+	}
 	defer func() {
 		if err == nil {
 			s.log.Debug("lifecycle: created", append([]any{"id", sb.ID}, phases...)...)

@@ -18,6 +18,9 @@ import (
 type deps struct {
 	log    *slog.Logger
 	images *image.Store
+	// audit feeds egress decisions and credential injections into the
+	// audit trail.
+	audit *auditHooks
 }
 
 // backend is a built runtime with its optional egress enforcement.

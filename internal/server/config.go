@@ -126,6 +126,15 @@ type Config struct {
 	// AuditLog is the audit log file (one JSON line per mutating API call,
 	// rotated at 64 MiB, 5 kept). Default <Root>/audit.log; "off" disables.
 	AuditLog string
+	// AuditTrail is the directory of the sandboxes' audit trails (GET
+	// /sandboxes/{id}/audit). Default <Root>/audit; "off" disables.
+	AuditTrail string
+	// AuditRetention is how long a deleted sandbox's trail is kept
+	// (default 7 days).
+	AuditRetention time.Duration
+	// AuditTrailMax bounds one sandbox's trail, AuditTrailTotal all of
+	// them ("2Mi", "512Mi" by default).
+	AuditTrailMax, AuditTrailTotal string
 	// AllowedHostPaths are the host directories host volumes may mount
 	// (prefix match after cleaning and symlink resolution). Default none:
 	// every host volume is refused with VOLUME::HOST_PATH_NOT_ALLOWED.
@@ -363,6 +372,19 @@ func (c *Config) validateFiles() []error {
 		c.AuditLog = filepath.Join(c.Root, "audit.log")
 	} else if c.AuditLog != "off" && !filepath.IsAbs(c.AuditLog) {
 		errs = append(errs, fmt.Errorf("audit-log %q must be an absolute path or \"off\"", c.AuditLog))
+	}
+	if c.AuditTrail == "" {
+		c.AuditTrail = filepath.Join(c.Root, "audit")
+	} else if c.AuditTrail != "off" && !filepath.IsAbs(c.AuditTrail) {
+		errs = append(errs, fmt.Errorf("audit-trail %q must be an absolute path or \"off\"", c.AuditTrail))
+	}
+	if c.AuditRetention < 0 {
+		errs = append(errs, fmt.Errorf("audit-retention %s must not be negative", c.AuditRetention))
+	}
+	for _, f := range []struct{ name, v string }{{"audit-trail-max", c.AuditTrailMax}, {"audit-trail-total", c.AuditTrailTotal}} {
+		if _, err := optionalSize(f.v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+		}
 	}
 	return errs
 }

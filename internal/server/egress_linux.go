@@ -103,7 +103,7 @@ func startEgress(ctx, run context.Context, cfg Config, sn sandboxNet, d deps) (_
 		})
 		return closeErr
 	}
-	return egressAdapter{enf: enf, netm: sn}, stop, nil
+	return egressAdapter{enf: enf, netm: sn, audit: d.audit}, stop, nil
 }
 
 func newEnforcer(cfg Config, netm sandboxNet, d deps, icpt egress.Interceptor) (*egress.Enforcer, error) {
@@ -129,6 +129,7 @@ func newEnforcer(cfg Config, netm sandboxNet, d deps, icpt egress.Interceptor) (
 		Logger:      d.log,
 		Unattached:  netm.Subnet(),
 		Interceptor: icpt,
+		OnDecision:  d.audit.decision,
 	})
 }
 
@@ -149,7 +150,7 @@ func startCredentialProxy(ctx, run context.Context, cfg Config, netm sandboxNet,
 	if err != nil {
 		return credentialProxy{}, err
 	}
-	p := mitm.New(mitm.Config{Logger: d.log, RootCAs: roots})
+	p := mitm.New(mitm.Config{Logger: d.log, RootCAs: roots, OnInjected: d.audit.injected})
 	var lns []net.Listener
 	defer func() {
 		if err != nil {
@@ -223,8 +224,9 @@ func hostAddrs() []netip.Prefix {
 
 // egressAdapter locates each sandbox's network namespace for the enforcer.
 type egressAdapter struct {
-	enf  *egress.Enforcer
-	netm sandboxNet
+	enf   *egress.Enforcer
+	netm  sandboxNet
+	audit *auditHooks
 }
 
 func (a egressAdapter) Attach(ctx context.Context, id string, ip netip.Addr, p policy.NetworkPolicy) error {
@@ -242,7 +244,7 @@ func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.Net
 
 // AttachProxy implements credvault.CredentialProxy.
 func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
-	return a.enf.AttachProxy(ctx, id, ca, rules, withheld)
+	return a.enf.AttachProxy(ctx, id, ca, rules, a.audit.withheld(id, withheld))
 }
 
 // SetProxyRules implements credvault.CredentialProxy.

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/audit"
+	"github.com/moat-sandbox/moat/internal/audit/trail"
+	"github.com/moat-sandbox/moat/internal/buildinfo"
 	"github.com/moat-sandbox/moat/internal/console"
 	"github.com/moat-sandbox/moat/internal/e2b"
 	"github.com/moat-sandbox/moat/internal/httpapi"
@@ -28,6 +30,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/sandbox"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/telemetry"
 	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/web"
 )
@@ -49,6 +52,13 @@ type Server struct {
 	tenants *tenant.Registry
 	signer  *ingress.Signer // OSEP-0011 route keys of the gateway (nil: none)
 	audit   *audit.Log
+	// trail is the sandboxes' audit trails (nil: off); hooks feed it
+	// from the egress layer.
+	trail *trail.Store
+	hooks *auditHooks
+	// otel exports traces, audit records and metrics over OTLP (nil:
+	// no OTEL_EXPORTER_OTLP_* endpoint configured).
+	otel *telemetry.Telemetry
 	// runCtx lives until Close: background services of the backend.
 	runCtx  context.Context
 	stopRun context.CancelFunc
@@ -67,7 +77,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if log == nil {
 		log = NewLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log}
+	s := &Server{cfg: cfg, log: log, hooks: &auditHooks{}}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -106,6 +116,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (_ *Server, err erro
 	if err != nil {
 		return nil, fmt.Errorf("route keys: %w", err)
 	}
+	if s.otel, err = telemetry.New(ctx, telemetry.Options{Version: buildinfo.Read().Version, Gatherer: reg.Gatherer(), Getenv: os.Getenv, Log: log}); err != nil {
+		return nil, fmt.Errorf("opentelemetry: %w", err)
+	}
+	if s.otel != nil {
+		log.Info("exporting OpenTelemetry traces, audit records and metrics over OTLP")
+	}
 	if err := s.buildAPI(reg, keys); err != nil {
 		return nil, err
 	}
@@ -129,7 +145,7 @@ func (s *Server) openBackend(ctx context.Context) (backend, error) {
 		return backend{}, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
 	}
 	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images})
+	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images, audit: s.hooks})
 	if err != nil {
 		return backend{}, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
@@ -205,6 +221,18 @@ func (s *Server) buildAPI(reg *metrics.Registry, routeKeys string) error {
 			return err
 		}
 		apiCfg.Audit = s.audit
+	}
+	var export func(trail.Record)
+	if s.otel != nil {
+		export = s.otel.Record
+		apiCfg.Tracing = s.otel
+	}
+	if s.trail, err = s.openTrail(export); err != nil {
+		return err
+	}
+	if s.trail != nil {
+		apiCfg.Trail = s.trail
+		s.hooks.store.Store(s.trail)
 	}
 	var sessions *console.Sessions
 	if cfg.Console {
@@ -365,6 +393,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	rctx, stopReaper := context.WithCancel(ctx)
 	defer stopReaper()
 	go s.svc.Run(rctx)
+	if s.trail != nil {
+		go s.trail.Run(rctx, trailInterval)
+	}
 	if budget, _ := s.cfg.imageBudgetBytes(); budget > 0 {
 		go s.imageGC(rctx, budget, time.Minute)
 	}
@@ -457,6 +488,11 @@ func (s *Server) Close() {
 	}
 	if s.audit != nil {
 		s.audit.Close()
+	}
+	if s.otel != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.otel.Shutdown(ctx)
+		cancel()
 	}
 }
 

@@ -47,6 +47,8 @@ type ResolvedFunc func(ctx context.Context, name string, ips []netip.Addr, ttl t
 // Client is one sandbox as the proxy sees it. Its policy can be swapped at
 // any time; queries in flight keep the policy they started with.
 type Client struct {
+	// ID names the client in Config.OnDecision (set before Register).
+	ID         string
 	matcher    atomic.Pointer[policy.Matcher]
 	onResolved ResolvedFunc
 }
@@ -85,6 +87,11 @@ type Config struct {
 	// unregistered sources are REFUSED.
 	Fallback       *Client
 	FallbackPrefix netip.Prefix
+	// OnDecision, if set, is told of every query's verdict for a client
+	// with an ID: the name, whether it is allowed and the target of the
+	// rule that decided ("default"). It runs on the query's path and
+	// must not block.
+	OnDecision func(c *Client, name string, allowed bool, rule string)
 }
 
 // Server is the DNS proxy. Create it with New, register clients, then Serve.
@@ -261,7 +268,11 @@ func (s *Server) answer(remote net.Addr, r *dns.Msg, network string) *dns.Msg {
 	}
 	q := r.Question[0]
 	name := policy.NormalizeName(q.Name)
-	if c.Policy().Evaluate(name) != policy.Allow {
+	action, rule := c.Policy().Decide(name)
+	if s.cfg.OnDecision != nil && c.ID != "" {
+		s.cfg.OnDecision(c, name, action == policy.Allow, rule)
+	}
+	if action != policy.Allow {
 		s.log.Debug("dns query denied", "client", src, "name", name)
 		return reply(r, dns.RcodeNameError)
 	}

@@ -47,6 +47,11 @@ type Config struct {
 	OriginalDst func(net.Conn) (netip.AddrPort, error)
 	// DialContext dials upstream. Default: a net.Dialer with a 10 s timeout.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// OnInjected, if set, is told of every credential injected: the
+	// sandbox, the binding's name and the host, never the value. It runs
+	// on the request's path and must not block (the audit trail
+	// aggregates).
+	OnInjected func(ctx context.Context, sandboxID, binding, host string)
 }
 
 // Proxy is the transparent proxy of a host. One Proxy serves every vault
@@ -375,6 +380,9 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 		return
 	}
 	inj.Apply(out.Header, out.URL)
+	if fn := f.p.cfg.OnInjected; fn != nil {
+		fn(in.Context(), f.cl.id, inj.Binding, host)
+	}
 	f.p.log.Debug("credential proxy: credential injected", "sandbox", f.cl.id, "host", host, "binding", inj.Binding)
 }
 

@@ -71,9 +71,27 @@ func (m *Matcher) Evaluate(name string) Action {
 	return m.policy.DefaultAction
 }
 
+// Decide returns the action for a DNS name, as Evaluate, and the target
+// of the rule that decided ("default" when none did).
+func (m *Matcher) Decide(name string) (Action, string) {
+	if i := m.explicit(name); i >= 0 {
+		return m.policy.Egress[i].Action, m.policy.Egress[i].Target
+	}
+	return m.policy.DefaultAction, "default"
+}
+
 // Explicit returns the action of the first domain or wildcard rule that
 // matches name, and false when no rule does (the default action applies).
 func (m *Matcher) Explicit(name string) (Action, bool) {
+	if i := m.explicit(name); i >= 0 {
+		return m.policy.Egress[i].Action, true
+	}
+	return "", false
+}
+
+// explicit is the index of the first domain or wildcard rule matching
+// name, -1 if none does.
+func (m *Matcher) explicit(name string) int {
 	name = NormalizeName(name)
 	best := -1
 	if i, ok := m.exact[name]; ok {
@@ -89,10 +107,7 @@ func (m *Matcher) Explicit(name string) (Action, bool) {
 			}
 		}
 	}
-	if best < 0 {
-		return "", false
-	}
-	return m.policy.Egress[best].Action, true
+	return best
 }
 
 // ExplicitlyAllows reports whether an allow rule (not the default) covers

@@ -34,6 +34,36 @@ func (e APIKeyRole) Valid() bool {
 	}
 }
 
+// Defines values for AuditKind.
+const (
+	AuditKindCommand    AuditKind = "command"
+	AuditKindCredential AuditKind = "credential"
+	AuditKindEgress     AuditKind = "egress"
+	AuditKindFile       AuditKind = "file"
+	AuditKindLifecycle  AuditKind = "lifecycle"
+	AuditKindPty        AuditKind = "pty"
+)
+
+// Valid indicates whether the value is a known member of the AuditKind enum.
+func (e AuditKind) Valid() bool {
+	switch e {
+	case AuditKindCommand:
+		return true
+	case AuditKindCredential:
+		return true
+	case AuditKindEgress:
+		return true
+	case AuditKindFile:
+		return true
+	case AuditKindLifecycle:
+		return true
+	case AuditKindPty:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for CreateKeyRequestRole.
 const (
 	CreateKeyRequestRoleAdmin    CreateKeyRequestRole = "admin"
@@ -385,6 +415,102 @@ type APIKey struct {
 
 // APIKeyRole defines model for APIKey.Role.
 type APIKeyRole string
+
+// AuditActor The API key that asked (its id, never the key). Absent when the sandbox's own token was used.
+type AuditActor struct {
+	KeyID  *string `json:"keyId,omitempty"`
+	Role   *string `json:"role,omitempty"`
+	Tenant *string `json:"tenant,omitempty"`
+}
+
+// AuditCommand defines model for AuditCommand.
+type AuditCommand struct {
+	Background *bool   `json:"background,omitempty"`
+	Cwd        *string `json:"cwd,omitempty"`
+	Error      *string `json:"error,omitempty"`
+	ExitCode   *int    `json:"exitCode,omitempty"`
+	GID        *int    `json:"gid,omitempty"`
+
+	// Line The command line or code (at most 1024 bytes).
+	Line *string `json:"line,omitempty"`
+
+	// Session The agent's command or terminal session id.
+	Session *string `json:"session,omitempty"`
+	UID     *int    `json:"uid,omitempty"`
+}
+
+// AuditCredential defines model for AuditCredential.
+type AuditCredential struct {
+	Binding  string `json:"binding"`
+	Host     string `json:"host"`
+	Injected bool   `json:"injected"`
+}
+
+// AuditEgress defines model for AuditEgress.
+type AuditEgress struct {
+	Allowed bool   `json:"allowed"`
+	Host    string `json:"host"`
+
+	// Layer `dns` (a name lookup) or `proxy` (a request through the credential proxy).
+	Layer string `json:"layer"`
+	Port  *int   `json:"port,omitempty"`
+
+	// Rule The rule's target that decided, or `default`.
+	Rule string `json:"rule"`
+}
+
+// AuditFile defines model for AuditFile.
+type AuditFile struct {
+	Dest *string `json:"dest,omitempty"`
+	Path string  `json:"path"`
+	Size *int64  `json:"size,omitempty"`
+}
+
+// AuditKind defines model for AuditKind.
+type AuditKind string
+
+// AuditPage defines model for AuditPage.
+type AuditPage struct {
+	Items []AuditRecord `json:"items"`
+
+	// NextCursor Pass as `cursor` for the next page; absent on the last page.
+	NextCursor *string `json:"nextCursor,omitempty"`
+}
+
+// AuditRecord One entry of a sandbox's audit trail. Optional fields are omitted when unset.
+type AuditRecord struct {
+	// Action lifecycle: `create`, `delete`, `pause`, `resume`, `renew`, `metadata`, `snapshot`, `egress`; command: `run`,
+	// `code`, `interrupt`; pty: `open`, `attach`, `close`; file: `write`, `move`, `remove`, `mkdir`, `chmod`,
+	// `replace`; egress: `allow`, `deny`; credential: `inject`, `withheld`.
+	Action string `json:"action"`
+
+	// Actor The API key that asked (its id, never the key). Absent when the sandbox's own token was used.
+	Actor   *AuditActor   `json:"actor,omitempty"`
+	Command *AuditCommand `json:"command,omitempty"`
+
+	// Count How many like events the record stands for (aggregated records; absent = 1).
+	Count      *int             `json:"count,omitempty"`
+	Credential *AuditCredential `json:"credential,omitempty"`
+	DurationMs *float32         `json:"durationMs,omitempty"`
+	Egress     *AuditEgress     `json:"egress,omitempty"`
+	Files      *[]AuditFile     `json:"files,omitempty"`
+	Kind       AuditKind        `json:"kind"`
+	RequestID  *string          `json:"requestId,omitempty"`
+	SandboxID  string           `json:"sandboxId"`
+
+	// Seq Numbers the sandbox's records from 1 in the order written.
+	Seq int64 `json:"seq"`
+
+	// Status The HTTP status the call was answered.
+	Status *int `json:"status,omitempty"`
+
+	// Tenant The tenant that owns the sandbox.
+	Tenant *string   `json:"tenant,omitempty"`
+	Time   time.Time `json:"time"`
+
+	// TraceID The OpenTelemetry trace id of the request, when the server exports traces.
+	TraceID *string `json:"traceId,omitempty"`
+}
 
 // BatchCreateSandboxRequest A `CreateSandboxRequest` with one more field, `count`. Pool claims use `extensions.poolRef`.
 type BatchCreateSandboxRequest struct {
@@ -1246,6 +1372,24 @@ type CreateSandboxBatchParams struct {
 	// is left half-made; check for its result, then use a new key). 5xx answers are not kept. 1-255 visible
 	// ASCII characters, else 400.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// GetSandboxAuditParams defines parameters for GetSandboxAudit.
+type GetSandboxAuditParams struct {
+	// Kind Only these kinds (an `AuditKind`); repeatable and comma-separated, ORed.
+	Kind *[]string `form:"kind,omitempty" json:"kind,omitempty"`
+
+	// Since Records at or after this time (RFC 3339).
+	Since *time.Time `form:"since,omitempty" json:"since,omitempty"`
+
+	// Until Records before this time (RFC 3339).
+	Until *time.Time `form:"until,omitempty" json:"until,omitempty"`
+
+	// Cursor The `nextCursor` of the previous page.
+	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit Records per page (1 to 1000, default 100).
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // GetDiagnosticEventsParams defines parameters for GetDiagnosticEvents.

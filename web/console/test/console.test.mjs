@@ -144,7 +144,7 @@ test('a wrong key is refused; the right key signs in with an HttpOnly, SameSite=
   await page.fill('input[name=apiKey]', KEY)
   await page.click('button[type=submit]')
   await page.waitForSelector('[data-testid=whoami]')
-  assert.match(await page.textContent('[data-testid=whoami]'), /admin/)
+  assert.match(await page.textContent('[data-testid=whoami]'), /platform/)
   const cookies = await ctx.cookies()
   assert.equal(cookies.length, 1)
   const c = cookies[0]
