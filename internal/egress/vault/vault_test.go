@@ -137,7 +137,7 @@ func TestBadInputIsRefusedWithoutLeaking(t *testing.T) {
 		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"P","in":["cookie"]}]}`), "unsupported surface"},
 		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"P","in":["body"]},{"credential":"c","placeholder":"P","in":["path"]}]}`), "appears twice"},
 		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"missing","placeholder":"P","in":["body"]}]}`), "does not exist"},
-		{binding(hosts, `{"type":"bearer","credential":"c","substitutions":[{"credential":"c","placeholder":"` + strings.Repeat("p", MaxPlaceholderBytes+1) + `","in":["body"]}]}`), "longer than"},
+		{binding(hosts, `{"type":"bearer","credential":"c","substitutions":[{"credential":"c","placeholder":"`+strings.Repeat("p", MaxPlaceholderBytes+1)+`","in":["body"]}]}`), "longer than"},
 		{binding(hosts, `{"type":"passthrough","substitutions":[`+many(MaxSubstitutions+1, func(i int) string { return fmt.Sprintf(`{"credential":"c","placeholder":"P%d","in":["body"]}`, i) })+`]}`), "at most"},
 		{binding(hosts, `{"credential":"c"}`), "auth.type is required"},
 		{binding(hosts, `{"type":"bearer","credential":"missing"}`), "does not exist"},
