@@ -50,14 +50,25 @@ type CredentialMatch struct {
 
 // CredentialAuth is how a binding injects: Type "bearer" or "basic" with
 // Credential; "apiKey" with Name and Credential (In "query" sends it as a
-// query parameter, a moat extension); "customHeaders" with Headers.
-// Credential fields name credentials of the vault.
+// query parameter, a moat extension); "customHeaders" with Headers;
+// "passthrough", which injects nothing itself. Any type may add
+// Substitutions. Credential fields name credentials of the vault.
 type CredentialAuth struct {
-	Type       string         `json:"type"`
-	Credential string         `json:"credential,omitempty"`
-	Name       string         `json:"name,omitempty"`
-	In         string         `json:"in,omitempty"`
-	Headers    []CustomHeader `json:"headers,omitempty"`
+	Type          string         `json:"type"`
+	Credential    string         `json:"credential,omitempty"`
+	Name          string         `json:"name,omitempty"`
+	In            string         `json:"in,omitempty"`
+	Headers       []CustomHeader `json:"headers,omitempty"`
+	Substitutions []Substitution `json:"substitutions,omitempty"`
+}
+
+// Substitution replaces Placeholder, wherever the sandbox puts it in the
+// request surfaces In ("path", "query", "header", "body"), with the value
+// of Credential on the way out.
+type Substitution struct {
+	Credential  string   `json:"credential"`
+	Placeholder string   `json:"placeholder"`
+	In          []string `json:"in"`
 }
 
 // CustomHeader is one customHeaders entry.

@@ -54,7 +54,7 @@ type harness struct {
 	envs map[string]map[string]string // sandbox id -> env the runtime got
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	h := &harness{envs: map[string]map[string]string{}}
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), time.Second)
@@ -105,7 +105,7 @@ type resp struct {
 	hdr  http.Header
 }
 
-func (r resp) obj(t *testing.T) map[string]any {
+func (r resp) obj(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(r.raw, &m); err != nil {
@@ -141,7 +141,7 @@ func (r resp) e2bErr(t *testing.T, status int) string {
 }
 
 // do sends an E2B request (X-API-KEY) or, with osKey, an OpenSandbox one.
-func (h *harness) do(t *testing.T, key, method, path, body string, osAPI bool) resp {
+func (h *harness) do(t testing.TB, key, method, path, body string, osAPI bool) resp {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -165,7 +165,7 @@ func (h *harness) do(t *testing.T, key, method, path, body string, osAPI bool) r
 	return resp{code: res.StatusCode, raw: raw, hdr: res.Header}
 }
 
-func (h *harness) e2b(t *testing.T, method, path, body string) resp {
+func (h *harness) e2b(t testing.TB, method, path, body string) resp {
 	t.Helper()
 	return h.do(t, rootKey, method, path, body, false)
 }
@@ -175,7 +175,7 @@ func (h *harness) os(t *testing.T, method, path, body string) resp {
 	return h.do(t, rootKey, method, path, body, true)
 }
 
-func (h *harness) create(t *testing.T, body string) string {
+func (h *harness) create(t testing.TB, body string) string {
 	t.Helper()
 	r := h.e2b(t, "POST", "/v2/sandboxes", body)
 	if r.code != http.StatusCreated {

@@ -14,10 +14,12 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/execd/wire"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestStreamsNeverLoseOutput runs 100 foreground commands at once, each
-// printing just over 10 MiB to stdout, through the real HTTP + SSE path,
+// printing just over 10 MiB to stdout (16 of 1 MiB under the race
+// detector), through the real HTTP + SSE path,
 // and checks every byte of every stream in order: command i prints lines
 // "%09d <pad i>" numbered 1..n, so a lost, duplicated, reordered, split or
 // foreign line is caught at the line it happens. It then checks the
@@ -25,11 +27,13 @@ import (
 // Streams are verified as they arrive, so memory stays at a few buffers
 // per stream.
 func TestStreamsNeverLoseOutput(t *testing.T) {
-	const (
-		commands = 100
-		lineLen  = 101 // 9 digits, a space, 90 pad bytes, "\n"
-		lines    = (10<<20 + lineLen - 1) / lineLen
-	)
+	const lineLen = 101 // 9 digits, a space, 90 pad bytes, "\n"
+	commands, lines := 100, (10<<20+lineLen-1)/lineLen
+	if testutil.RaceEnabled {
+		// A GiB through the race detector takes many minutes: 16
+		// concurrent streams of 1 MiB still exercise every path.
+		commands, lines = 16, (1<<20+lineLen-1)/lineLen
+	}
 	e := newTestEnv(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, commands)

@@ -70,6 +70,7 @@ type server struct {
 	docker    bool     // prepareDocker has run
 	lastArgs  []string // the extra arguments of the last start
 	logf      *os.File
+	check     serverCheck // see servercheck_test.go
 }
 
 func freePort(t *testing.T) string {
@@ -111,6 +112,7 @@ func newServer(t *testing.T) *server {
 		for _, f := range s.afterStop {
 			f()
 		}
+		s.verify()
 		lf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(lf.Name())
@@ -217,6 +219,7 @@ func (s *server) kill9() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
+	s.scrape5xx()
 	s.cmd.Process.Signal(syscall.SIGKILL)
 	<-s.exited
 	s.cmd = nil
@@ -227,6 +230,7 @@ func (s *server) stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
+	s.scrape5xx()
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.exited:

@@ -32,9 +32,10 @@ const (
 	vaultOrg      = "vault-e2e-ORG-61aa"
 	vaultTeam     = "vault-e2e-TEAM-c3d2"
 	vaultOversize = "vault-e2e-OVERSIZE-"
+	vaultSubst    = "vault-e2e-SUBST-5a93"
 )
 
-var vaultSecrets = []string{vaultBearer, vaultBearer2, vaultBasic, vaultKey, vaultOrg, vaultTeam, vaultOversize}
+var vaultSecrets = []string{vaultBearer, vaultBearer2, vaultBasic, vaultKey, vaultOrg, vaultTeam, vaultOversize, vaultSubst}
 
 // fakeUpstream is the "outside" API: HTTPS on :443 of two addresses of an
 // outside netns (certificates from a test CA the server is told to trust),
@@ -51,11 +52,13 @@ type upstreamRequest struct {
 	Path   string
 	Query  string
 	Header http.Header
+	Body   string
 }
 
 func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
-	u.got = append(u.got, upstreamRequest{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()})
+	u.got = append(u.got, upstreamRequest{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone(), Body: string(body)})
 	u.mu.Unlock()
 	fmt.Fprintf(w, "upstream %s saw Authorization=%q", r.Host, r.Header.Get("Authorization"))
 }
@@ -248,6 +251,7 @@ func newVaultEnv(t *testing.T, srv *server) *vaultEnv {
 		"q.vault.test.":       rec("q.vault.test", o.a),
 		"plain.vault.test.":   rec("plain.vault.test", o.a),
 		"other.vault.test.":   rec("other.vault.test", o.b),
+		"s.vault.test.":       rec("s.vault.test", o.a),
 		"v6.vault.test.":      {"v6.vault.test. 60 IN AAAA " + o.a6}, // IPv6 only
 	})
 	return &vaultEnv{o: o, up: up, probe: buildProbe(t),
@@ -441,6 +445,29 @@ func vaultCases(t *testing.T, v *vaultSandbox, env *vaultEnv) {
 	v.mustVault(200, "GET", "/credential-vault/credentials/bearer", "")
 	v.mustVault(200, "GET", "/credential-vault/bindings/other", "")
 	v.mustVault(404, "GET", "/credential-vault/bindings/basic", "")
+
+	// Substitutions (a live PATCH): the sandbox writes a placeholder in
+	// the path, query, a header and a JSON body; the upstream gets the
+	// value in each, and its echo reaches the sandbox scrubbed.
+	out = v.mustVault(200, "PATCH", "/credential-vault", `{"expectedRevision":2,
+	  "credentials":{"add":[{"name":"subst","source":{"value":"`+vaultSubst+`"}}]},
+	  "bindings":{"add":[{"name":"subst","match":{"hosts":["s.vault.test"],"methods":["POST"]},"auth":{"type":"passthrough",
+	    "substitutions":[{"credential":"subst","placeholder":"{{SUBST}}","in":["path","query","header","body"]}]}}]}}`)
+	if !strings.Contains(out, `"revision":3`) || !strings.Contains(out, `"type":"passthrough"`) || strings.Contains(out, "{{SUBST}}") {
+		t.Fatalf("substitutions patch: %s", out)
+	}
+	r = v.probe("-data", `'{"key":"{{SUBST}}"}'`, "'https://s.vault.test/p/{{SUBST}}?k={{SUBST}}'",
+		"'Authorization: Bearer {{SUBST}}'", "'Content-Type: application/json'")
+	if r.Status != 200 || r.Issuer != caName {
+		t.Fatalf("substitutions: %+v", r)
+	}
+	got := up.last(t, "s.vault.test", "/p/"+vaultSubst)
+	if got.Query != "k="+vaultSubst || got.Header.Get("Authorization") != "Bearer "+vaultSubst || got.Body != `{"key":"`+vaultSubst+`"}` {
+		t.Fatalf("substitutions: upstream saw %+v", got)
+	}
+	if strings.Contains(r.Body, vaultSubst) || !strings.Contains(r.Body, strings.Repeat("*", len(vaultSubst))) {
+		t.Fatalf("substitutions: the echo was not scrubbed: %q", r.Body)
+	}
 
 	assertSandboxHoldsNoSecret(t, v)
 }

@@ -298,7 +298,7 @@ func (p *Proxy) intercept(ctx context.Context, cl *Client, c net.Conn, dst netip
 	defer fw.transport.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
 		Rewrite:        fw.rewrite,
-		Transport:      fw.transport,
+		Transport:      refusingTransport{fw.transport},
 		FlushInterval:  -1,
 		ModifyResponse: fw.scrub,
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
@@ -379,11 +379,68 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 		}
 		return
 	}
-	inj.Apply(out.Header, out.URL)
+	if err := inj.Apply(out.Header, out.URL); err != nil {
+		f.p.log.Warn("credential proxy: request refused", "sandbox", f.cl.id, "host", host, "binding", inj.Binding, "err", err)
+		pr.Out = out.WithContext(context.WithValue(out.Context(), refusedKey{}, err))
+		return
+	}
+	if inj.SubstitutesBody() && out.Body != nil && out.Body != http.NoBody {
+		substituteBody(out, inj)
+	}
 	if fn := f.p.cfg.OnInjected; fn != nil {
 		fn(in.Context(), f.cl.id, inj.Binding, host)
 	}
 	f.p.log.Debug("credential proxy: credential injected", "sandbox", f.cl.id, "host", host, "binding", inj.Binding)
+}
+
+// substituteBody replaces the binding's body placeholders in out's body
+// when the whole body is at most vault.MaxSubstitutionBody; a larger one
+// is forwarded unchanged (as upstream, which streams such bodies). The
+// framing follows the new length.
+func substituteBody(out *http.Request, inj *vault.Injection) {
+	body, err := io.ReadAll(io.LimitReader(out.Body, vault.MaxSubstitutionBody+1))
+	if err != nil || len(body) > vault.MaxSubstitutionBody {
+		// Forward what was read and the rest; a read error surfaces
+		// when the transport reads it again.
+		out.Body = readCloser{io.MultiReader(bytes.NewReader(body), out.Body), out.Body}
+		return
+	}
+	_ = out.Body.Close()
+	if nb, changed := inj.SubstituteBody(out.Header.Get("Content-Type"), out.Header.Get("Content-Encoding"), body); changed {
+		body = nb
+	}
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	out.Header.Del("Content-Length")
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// refusedKey marks (in its context) a request rewrite refused: the
+// transport answers it with a *refusedError instead of sending it.
+type refusedKey struct{}
+
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+
+// refusingTransport fails the requests rewrite refused, so that they
+// never reach the upstream.
+type refusingTransport struct{ http.RoundTripper }
+
+func (t refusingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err, ok := r.Context().Value(refusedKey{}).(error); ok {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, &refusedError{err}
+	}
+	return t.RoundTripper.RoundTrip(r)
 }
 
 func (f *forwarder) dialPlain(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -415,6 +472,13 @@ func (e *upstreamTLSError) Unwrap() error { return e.err }
 // host only: never a credential.
 func (f *forwarder) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) {
+		return
+	}
+	var re *refusedError
+	if errors.As(err, &re) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, "moat credential proxy: "+re.Error()+"\n")
 		return
 	}
 	msg := "moat credential proxy: the upstream server is unreachable"

@@ -33,6 +33,8 @@ type seen struct {
 	Path   string
 	Query  string
 	Header http.Header
+	Body   string
+	Length int64 // the request's Content-Length (-1 unknown)
 }
 
 func (u *upstream) last(t *testing.T) seen {
@@ -52,8 +54,10 @@ func startUpstream(t testing.TB, ca *CA, names ...string) *upstream {
 	t.Helper()
 	u := &upstream{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
-		u.got = append(u.got, seen{Proto: r.ProtoMajor, Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()})
+		u.got = append(u.got, seen{Proto: r.ProtoMajor, Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone(),
+			Body: string(body), Length: r.ContentLength})
 		u.mu.Unlock()
 		b, _ := json.Marshal(r.Header)
 		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
@@ -570,5 +574,72 @@ func TestHTTP2EndToEnd(t *testing.T) {
 	c1 := sandboxClient(via, pool(r.sbCA))
 	if resp, _ := get(t, c1, "https://api.test/v1/h1", nil); resp.ProtoMajor != 1 {
 		t.Fatalf("HTTP/1.1 client got HTTP/%d", resp.ProtoMajor)
+	}
+}
+
+const substVault = `{"credentials":[{"name":"t","source":{"value":"` + secret + `"}}],
+ "bindings":[
+  {"name":"sub","match":{"hosts":["sub.test"]},"auth":{"type":"passthrough","substitutions":[
+    {"credential":"t","placeholder":"{{T}}","in":["path","query","header","body"]}]}}
+ ]}`
+
+func TestSubstitutionsReachTheUpstreamOnly(t *testing.T) {
+	r := newRig(t)
+	r.cl.SetRules(rules(t, substVault))
+	up := startUpstream(t, r.pubCA, "sub.test")
+	via := r.route("10.9.0.30:443", up, "sub.test")
+	c := sandboxClient(via, pool(r.sbCA))
+
+	send := func(method, target, ct, body string, chunked bool) (*http.Response, string) {
+		t.Helper()
+		var rd io.Reader = strings.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // hides the length: sent chunked
+		}
+		req, _ := http.NewRequest(method, target, rd)
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("X-Token", "Token {{T}}")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, target, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	for _, chunked := range []bool{false, true} {
+		resp, body := send("POST", "https://sub.test/u/{{T}}/x?k={{T}}", "application/json", `{"key":"{{T}}","n":1}`, chunked)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		got := up.last(t)
+		want := `{"key":"` + secret + `","n":1}`
+		if got.Path != "/u/"+secret+"/x" || got.Query != "k="+secret || got.Header.Get("X-Token") != "Token "+secret ||
+			got.Body != want || got.Length != int64(len(want)) {
+			t.Fatalf("chunked=%v: upstream saw %+v", chunked, got)
+		}
+		// The upstream echoes the headers: the value never comes back.
+		if strings.Contains(body, secret) {
+			t.Fatalf("the value reached the sandbox: %s", body)
+		}
+	}
+	// A body above the substitution limit passes unchanged.
+	big := strings.Repeat("a", vault.MaxSubstitutionBody) + "{{T}}"
+	if resp, _ := send("PUT", "https://sub.test/big", "text/plain", big, true); resp.StatusCode != 200 || up.last(t).Body != big {
+		t.Fatalf("large body: status %d, upstream got %d bytes", resp.StatusCode, len(up.last(t).Body))
+	}
+	// A value that would change the path's segments refuses the request
+	// before it leaves.
+	r.cl.SetRules(rules(t, `{"credentials":[{"name":"t","source":{"value":"../admin"}}],"bindings":[{"name":"sub","match":{"hosts":["sub.test"]},
+		"auth":{"type":"passthrough","substitutions":[{"credential":"t","placeholder":"{{T}}","in":["path"]}]}}]}`))
+	n := len(up.got)
+	resp, body := send("GET", "https://sub.test/files/{{T}}", "text/plain", "", false)
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "ambiguous") || strings.Contains(body, "../admin") {
+		t.Fatalf("ambiguous path: %d %q", resp.StatusCode, body)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.got) != n {
+		t.Fatal("a refused request reached the upstream")
 	}
 }

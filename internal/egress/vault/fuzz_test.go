@@ -2,6 +2,8 @@ package vault
 
 import (
 	"bytes"
+	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -15,6 +17,7 @@ func FuzzVaultBodies(f *testing.F) {
 	f.Add([]byte(`{"credentials":[],"bindings":[]}`), []byte(`{}`))
 	f.Add([]byte(`{"credentials":[{"name":"c","source":{"value":"v"}}],"bindings":[{"name":"b","match":{"hosts":["*.a.test"],"paths":["/x/*/y"]},"auth":{"type":"customHeaders","headers":[{"name":"X-A","credential":"c"}]}}]}`),
 		[]byte(`{"credentials":{"replace":[{"name":"c","source":{"value":"w"}}]}}`))
+	f.Add([]byte(substCreate), []byte(`{"bindings":{"replace":[{"name":"sub","match":{"hosts":["sub.test"]},"auth":{"type":"passthrough","substitutions":[{"credential":"odd","placeholder":"X","in":["path","body"]}]}}]}}`))
 	sl, err := NewSealer(bytes.Repeat([]byte{3}, KeySize))
 	if err != nil {
 		f.Fatal(err)
@@ -42,6 +45,11 @@ func FuzzVaultBodies(f *testing.F) {
 			for _, h := range b.Match.Hosts {
 				r.Intercepts("https", "x."+h[min(2, len(h)):], 443)
 				r.Match("https", h, 443, "GET", "/a/../b")
+				if inj := r.Match("https", h, 443, "POST", "/"); inj != nil {
+					u, _ := url.Parse("https://x/a/{{TOKEN}}?q={{TOKEN}}")
+					_ = inj.Apply(http.Header{"X": {"{{TOKEN}}"}}, u)
+					inj.SubstituteBody("application/json", "", create)
+				}
 			}
 		}
 		blob, err := SealState(sl, "fz", s, nil)

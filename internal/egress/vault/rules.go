@@ -1,12 +1,16 @@
 package vault
 
 import (
+	"encoding/json"
+	"errors"
+	"mime"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"path"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 )
@@ -40,7 +44,15 @@ type Injection struct {
 	Binding string
 	headers []injected
 	query   []injected
+	subs    []substitution
 	trusted []netip.Prefix // the binding's match.trustedCidrs
+}
+
+// substitution is a compiled Substitution.
+type substitution struct {
+	placeholder string
+	value       Secret
+	in          []string
 }
 
 // Trusts reports whether the binding names addr as a trusted destination
@@ -109,6 +121,13 @@ func (s *State) Compile() *Rules {
 				v := val(h.Credential)
 				ru.inject.headers = append(ru.inject.headers, injected{h.Name, v})
 				addSecret(v.Reveal())
+			}
+		}
+		for _, sub := range b.Auth.Substitutions {
+			v := val(sub.Credential)
+			ru.inject.subs = append(ru.inject.subs, substitution{placeholder: sub.Placeholder, value: v, in: sub.In})
+			for _, form := range encodings(v.Reveal()) {
+				addSecret(form)
 			}
 		}
 		for _, h := range b.Match.Hosts {
@@ -219,9 +238,32 @@ func globMatch(pattern, s string) bool {
 	return strings.HasSuffix(s, last)
 }
 
-// Apply sets the injection's headers (replacing whatever the client sent
-// under those names) and query parameters on a request.
-func (inj *Injection) Apply(h http.Header, u *url.URL) {
+// ErrSubstitutedPath refuses a request whose path a substitution made
+// ambiguous (a value that decodes to "/", "\\" or a dot segment), which
+// could move the credential to a path the binding does not name.
+var ErrSubstitutedPath = errors.New("the request path is ambiguous after placeholder substitution")
+
+// Apply replaces the binding's placeholders in the path, query and
+// headers (never in framing or proxy headers), then sets the injection's
+// headers (replacing whatever the client sent under those names) and
+// query parameters. It returns ErrSubstitutedPath, and leaves u alone,
+// when a substituted path is not canonical.
+func (inj *Injection) Apply(h http.Header, u *url.URL) error {
+	if len(inj.subs) > 0 {
+		if err := inj.substituteURL(u); err != nil {
+			return err
+		}
+		if reps := inj.replacements(InHeader, ""); len(reps) > 0 {
+			for k, vs := range h {
+				if reservedHeaders[strings.ToLower(k)] {
+					continue
+				}
+				for i, v := range vs {
+					vs[i], _ = replaceAll(v, reps)
+				}
+			}
+		}
+	}
 	for _, kv := range inj.headers {
 		h.Del(kv.name)
 		h.Set(kv.name, kv.value.Reveal())
@@ -233,6 +275,169 @@ func (inj *Injection) Apply(h http.Header, u *url.URL) {
 		}
 		u.RawQuery = q.Encode()
 	}
+	return nil
+}
+
+func (inj *Injection) substituteURL(u *url.URL) error {
+	if reps := inj.replacements(InPath, ""); len(reps) > 0 {
+		raw, changed := replaceAll(u.EscapedPath(), reps)
+		if changed {
+			p, canonical := canonicalPath(raw)
+			if !canonical {
+				return ErrSubstitutedPath
+			}
+			u.Path, u.RawPath = p, raw
+		}
+	}
+	if reps := inj.replacements(InQuery, ""); len(reps) > 0 {
+		u.RawQuery, _ = replaceAll(u.RawQuery, reps)
+	}
+	return nil
+}
+
+// SubstitutesBody reports whether the injection replaces placeholders in
+// request bodies, so that the proxy reads the body (up to
+// MaxSubstitutionBody) and calls SubstituteBody.
+func (inj *Injection) SubstitutesBody() bool {
+	for _, s := range inj.subs {
+		if slices.Contains(s.in, InBody) {
+			return true
+		}
+	}
+	return false
+}
+
+// SubstituteBody replaces the body placeholders in body, a whole request
+// body with the given Content-Type and Content-Encoding, and reports
+// whether it changed. As upstream, compressed, multipart and non-UTF-8
+// bodies are left alone.
+func (inj *Injection) SubstituteBody(contentType, contentEncoding string, body []byte) ([]byte, bool) {
+	if ce := strings.ToLower(strings.TrimSpace(contentEncoding)); ce != "" && ce != "identity" {
+		return body, false
+	}
+	mt, _, _ := mime.ParseMediaType(contentType)
+	if strings.HasPrefix(mt, "multipart/") || !utf8.Valid(body) {
+		return body, false
+	}
+	reps := inj.replacements(InBody, mt)
+	if len(reps) == 0 {
+		return body, false
+	}
+	out, changed := replaceAll(string(body), reps)
+	if !changed {
+		return body, false
+	}
+	return []byte(out), true
+}
+
+type replacement struct{ placeholder, value string }
+
+// replacements are the placeholder → encoded value pairs for a surface;
+// mediaType matters for the body only.
+func (inj *Injection) replacements(surface, mediaType string) []replacement {
+	var out []replacement
+	for _, s := range inj.subs {
+		if !slices.Contains(s.in, surface) {
+			continue
+		}
+		v := encodeFor(s.value.Reveal(), surface, mediaType)
+		out = append(out, replacement{s.placeholder, v})
+		// A client may have percent-encoded the placeholder in the URL
+		// (and Go's URL parser re-encodes a path it finds invalid).
+		switch surface {
+		case InPath:
+			out = appendVariant(out, url.PathEscape(s.placeholder), v)
+		case InQuery:
+			out = appendVariant(out, url.QueryEscape(s.placeholder), v)
+			out = appendVariant(out, strings.ReplaceAll(url.QueryEscape(s.placeholder), "+", "%20"), v)
+		}
+	}
+	return out
+}
+
+func appendVariant(reps []replacement, placeholder, value string) []replacement {
+	for _, r := range reps {
+		if r.placeholder == placeholder {
+			return reps
+		}
+	}
+	return append(reps, replacement{placeholder, value})
+}
+
+// encodeFor renders a value for where it is substituted.
+func encodeFor(v, surface, mediaType string) string {
+	switch surface {
+	case InPath:
+		return url.PathEscape(v)
+	case InQuery:
+		return strings.ReplaceAll(url.QueryEscape(v), "+", "%20")
+	case InBody:
+		switch {
+		case mediaType == "application/json" || strings.HasSuffix(mediaType, "+json"):
+			return jsonEscape(v)
+		case mediaType == "application/x-www-form-urlencoded":
+			return url.QueryEscape(v)
+		}
+	}
+	return v
+}
+
+// encodings are the forms a substituted value can take on the wire, all
+// scrubbed from responses.
+func encodings(v string) []string {
+	return []string{v, url.PathEscape(v), url.QueryEscape(v), strings.ReplaceAll(url.QueryEscape(v), "+", "%20"), jsonEscape(v)}
+}
+
+// jsonEscape is v as the inside of a JSON string.
+func jsonEscape(v string) string {
+	b, _ := json.Marshal(v)
+	return string(b[1 : len(b)-1])
+}
+
+// replaceAll replaces every placeholder of reps in s in one left-to-right
+// pass: at each position the longest placeholder wins, and inserted values
+// are never scanned again (a value that contains a placeholder stays as
+// it is).
+func replaceAll(s string, reps []replacement) (string, bool) {
+	next := make([]int, len(reps)) // next occurrence of each placeholder at or after i, -1 none
+	for k, r := range reps {
+		next[k] = strings.Index(s, r.placeholder)
+	}
+	var b strings.Builder
+	i, changed := 0, false
+	for {
+		best := -1
+		for k, r := range reps {
+			if next[k] >= 0 && next[k] < i {
+				if j := strings.Index(s[i:], r.placeholder); j >= 0 {
+					next[k] = i + j
+				} else {
+					next[k] = -1
+				}
+			}
+			if next[k] < 0 {
+				continue
+			}
+			if best < 0 || next[k] < next[best] || (next[k] == next[best] && len(r.placeholder) > len(reps[best].placeholder)) {
+				best = k
+			}
+		}
+		if best < 0 {
+			break
+		}
+		if !changed {
+			b.Grow(len(s))
+			changed = true
+		}
+		b.WriteString(s[i:next[best]])
+		b.WriteString(reps[best].value)
+		i = next[best] + len(reps[best].placeholder)
+	}
+	if !changed {
+		return s, false
+	}
+	b.WriteString(s[i:])
+	return b.String(), true
 }
 
 // Secrets returns every credential value (and its rendered forms) the

@@ -308,12 +308,71 @@ func normalizeAuth(a Auth) (Auth, error) {
 			}
 			out.Headers = append(out.Headers, HeaderRef{Name: name, Credential: c})
 		}
+	case AuthPassthrough:
+		if a.Credential != "" || a.Name != "" || a.In != "" || len(a.Headers) > 0 {
+			return Auth{}, fmt.Errorf("passthrough auth takes only substitutions")
+		}
 	case "":
-		return Auth{}, fmt.Errorf("auth.type is required (bearer, basic, apiKey or customHeaders)")
+		return Auth{}, fmt.Errorf("auth.type is required (%s)", authTypes)
 	default:
-		return Auth{}, fmt.Errorf("unsupported auth type %q (bearer, basic, apiKey or customHeaders)", out.Type)
+		return Auth{}, fmt.Errorf("unsupported auth type %q (%s)", out.Type, authTypes)
 	}
+	if err != nil {
+		return Auth{}, err
+	}
+	out.Substitutions, err = normalizeSubstitutions(a.Substitutions)
 	return out, err
+}
+
+const authTypes = "bearer, basic, apiKey, customHeaders or passthrough"
+
+// substitutionSurfaces are the places a placeholder may be replaced.
+var substitutionSurfaces = []string{InPath, InQuery, InHeader, InBody}
+
+// normalizeSubstitutions checks a binding's substitutions: each names a
+// credential, a placeholder of 1 to MaxPlaceholderBytes printable bytes
+// (no space: a placeholder is one token of a request line or header),
+// and at least one surface; two substitutions may not share a placeholder.
+func normalizeSubstitutions(subs []Substitution) ([]Substitution, error) {
+	if len(subs) == 0 {
+		return nil, nil
+	}
+	if len(subs) > MaxSubstitutions {
+		return nil, fmt.Errorf("at most %d substitutions per binding", MaxSubstitutions)
+	}
+	out := make([]Substitution, 0, len(subs))
+	seen := map[string]bool{}
+	for i, sub := range subs {
+		c := strings.TrimSpace(sub.Credential)
+		if c == "" {
+			return nil, fmt.Errorf("substitutions[%d] needs a credential name", i)
+		}
+		ph := strings.TrimSpace(sub.Placeholder)
+		switch {
+		case ph == "":
+			return nil, fmt.Errorf("substitutions[%d] needs a placeholder", i)
+		case len(ph) > MaxPlaceholderBytes:
+			return nil, fmt.Errorf("substitutions[%d]: placeholder longer than %d bytes", i, MaxPlaceholderBytes)
+		case !utf8.ValidString(ph) || strings.ContainsFunc(ph, func(r rune) bool { return r <= 0x20 || r == 0x7f }):
+			return nil, fmt.Errorf("substitutions[%d]: a placeholder is printable text without spaces or control characters", i)
+		case seen[ph]:
+			return nil, fmt.Errorf("substitutions[%d]: placeholder %q appears twice", i, ph)
+		}
+		seen[ph] = true
+		if len(sub.In) == 0 {
+			return nil, fmt.Errorf("substitutions[%d] needs \"in\": one or more of path, query, header, body", i)
+		}
+		var in []string
+		for _, surface := range sub.In {
+			surface = strings.ToLower(strings.TrimSpace(surface))
+			if !slices.Contains(substitutionSurfaces, surface) {
+				return nil, fmt.Errorf("substitutions[%d]: unsupported surface %q (path, query, header or body)", i, surface)
+			}
+			in = appendUnique(in, surface)
+		}
+		out = append(out, Substitution{Credential: c, Placeholder: ph, In: in})
+	}
+	return out, nil
 }
 
 func checkHeaderName(n string) (string, error) {
@@ -355,12 +414,18 @@ func appendUnique[T comparable](s []T, v T) []T {
 
 // refs are the credential names a binding's auth uses.
 func (a Auth) refs() []string {
-	if a.Type == AuthCustomHeaders {
-		out := make([]string, 0, len(a.Headers))
+	var out []string
+	switch a.Type {
+	case AuthCustomHeaders:
 		for _, h := range a.Headers {
 			out = append(out, h.Credential)
 		}
-		return out
+	case AuthPassthrough:
+	default:
+		out = append(out, a.Credential)
 	}
-	return []string{a.Credential}
+	for _, s := range a.Substitutions {
+		out = append(out, s.Credential)
+	}
+	return out
 }

@@ -30,6 +30,14 @@ const (
 	MaxPatterns = 32
 	// MaxHeaders bounds the entries of one customHeaders auth.
 	MaxHeaders = 16
+	// MaxSubstitutions bounds the substitutions of one binding.
+	MaxSubstitutions = 16
+	// MaxPlaceholderBytes bounds one substitution placeholder.
+	MaxPlaceholderBytes = 256
+	// MaxSubstitutionBody is the largest request body that body
+	// substitutions rewrite; a larger body passes through unchanged (as
+	// upstream, which streams bodies above 1 MiB).
+	MaxSubstitutionBody = 1 << 20
 	// maxPathPattern bounds one path pattern.
 	maxPathPattern = 1024
 )
@@ -152,6 +160,17 @@ const (
 	AuthBasic         = "basic"
 	AuthAPIKey        = "apiKey"
 	AuthCustomHeaders = "customHeaders"
+	// AuthPassthrough injects nothing by itself: the binding's
+	// substitutions (if any) are all it does.
+	AuthPassthrough = "passthrough"
+)
+
+// Substitution surfaces: where a placeholder is looked for.
+const (
+	InPath   = "path"
+	InQuery  = "query"
+	InHeader = "header"
+	InBody   = "body"
 )
 
 // Auth is how a binding injects its credential(s). Credential and the
@@ -168,6 +187,21 @@ type Auth struct {
 	In string `json:"in,omitempty"`
 	// Headers are the entries of a customHeaders auth.
 	Headers []HeaderRef `json:"headers,omitempty"`
+	// Substitutions replace placeholders the sandbox put in a matching
+	// request with credential values (any auth type; the only effect of
+	// passthrough).
+	Substitutions []Substitution `json:"substitutions,omitempty"`
+}
+
+// Substitution replaces every occurrence of Placeholder in the request
+// surfaces In (path, query, header, body) with the value of Credential,
+// encoded for the surface: percent-encoded in the path and query, JSON
+// string-escaped in a JSON body, form-encoded in a form body, as is in
+// headers and other bodies.
+type Substitution struct {
+	Credential  string   `json:"credential"`
+	Placeholder string   `json:"placeholder"`
+	In          []string `json:"in"`
 }
 
 // HeaderRef is one customHeaders entry: a header set to a credential.

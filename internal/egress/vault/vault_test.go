@@ -3,6 +3,7 @@ package vault
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -128,7 +129,16 @@ func TestBadInputIsRefusedWithoutLeaking(t *testing.T) {
 		{`{"credentials":[` + cred + `,` + cred + `],"bindings":[]}`, "twice"},
 		{`{"credentials":[` + many(MaxCredentials+1, func(i int) string { return fmt.Sprintf(`{"name":"c%d","source":{"value":"v"}}`, i) }) + `],"bindings":[]}`, "at most"},
 		{binding(hosts, `{"type":"oauth2","credential":"c"}`), "unsupported auth type"},
-		{binding(hosts, `{"type":"passthrough"}`), "unsupported auth type"},
+		{binding(hosts, `{"type":"passthrough","credential":"c"}`), "only substitutions"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"placeholder":"P","in":["body"]}]}`), "needs a credential name"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","in":["body"]}]}`), "needs a placeholder"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"a b","in":["body"]}]}`), "without spaces"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"P"}]}`), "needs \"in\""},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"P","in":["cookie"]}]}`), "unsupported surface"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"c","placeholder":"P","in":["body"]},{"credential":"c","placeholder":"P","in":["path"]}]}`), "appears twice"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[{"credential":"missing","placeholder":"P","in":["body"]}]}`), "does not exist"},
+		{binding(hosts, `{"type":"bearer","credential":"c","substitutions":[{"credential":"c","placeholder":"`+strings.Repeat("p", MaxPlaceholderBytes+1)+`","in":["body"]}]}`), "longer than"},
+		{binding(hosts, `{"type":"passthrough","substitutions":[`+many(MaxSubstitutions+1, func(i int) string { return fmt.Sprintf(`{"credential":"c","placeholder":"P%d","in":["body"]}`, i) })+`]}`), "at most"},
 		{binding(hosts, `{"credential":"c"}`), "auth.type is required"},
 		{binding(hosts, `{"type":"bearer","credential":"missing"}`), "does not exist"},
 		{binding(hosts, `{"type":"bearer"}`), "needs a credential"},
@@ -463,5 +473,174 @@ func TestNullListsAreEmpty(t *testing.T) {
 	}
 	if patch.Credentials == nil || patch.Bindings == nil || patch.Credentials.Add != nil {
 		t.Fatalf("patch %+v", patch)
+	}
+}
+
+const substCreate = `{
+  "credentials": [
+    {"name": "tok", "source": {"value": "` + secretValue + `"}},
+    {"name": "odd", "source": {"value": "a;b c\"d&e"}}
+  ],
+  "bindings": [
+    {"name": "sub", "match": {"hosts": ["sub.test"], "paths": ["/v1/*"]},
+     "auth": {"type": "passthrough", "substitutions": [
+       {"credential": "tok", "placeholder": "{{TOKEN}}", "in": ["Header", "query", "body", "body"]},
+       {"credential": "odd", "placeholder": "{{ODD}}", "in": ["path", "query", "body"]},
+       {"credential": "tok", "placeholder": "{{TOKEN}}-long", "in": ["header"]}
+     ]}},
+    {"name": "both", "match": {"hosts": ["both.test"]},
+     "auth": {"type": "bearer", "credential": "tok", "substitutions": [{"credential": "odd", "placeholder": "@ODD@", "in": ["header"]}]}}
+  ]
+}`
+
+func TestSubstitutionsReplacePlaceholders(t *testing.T) {
+	s := mustCreate(t, substCreate)
+	b, err := json.Marshal(s.View())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range []string{secretValue, "a;b c", "{{TOKEN}}", `"credential"`} {
+		if bytes.Contains(b, []byte(leak)) {
+			t.Errorf("view shows %q: %s", leak, b)
+		}
+	}
+	if m, _ := s.Binding("sub"); m.Auth != (AuthMeta{Type: "passthrough"}) {
+		t.Fatalf("passthrough meta %+v", m.Auth)
+	}
+	if got := s.Bindings["sub"].Auth.Substitutions[0].In; fmt.Sprint(got) != "[header query body]" {
+		t.Fatalf("surfaces not normalized: %q", got)
+	}
+	r := s.Compile()
+	match := func(host, target string) (*Injection, *url.URL) {
+		t.Helper()
+		u, err := url.ParseRequestURI(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inj := r.Match("https", host, 443, "POST", u.EscapedPath())
+		if inj == nil {
+			t.Fatalf("%s%s: no match", host, target)
+		}
+		return inj, u
+	}
+
+	inj, u := match("sub.test", "/v1/{{ODD}}/x?k={{TOKEN}}&o=%7B%7BODD%7D%7D&n=1")
+	h := http.Header{
+		"X-Key":          {"Bearer {{TOKEN}}", "{{TOKEN}}-long|{{TOKEN}}{{TOKEN}}"},
+		"Content-Length": {"{{TOKEN}}"}, // framing headers are never touched
+		"X-Plain":        {"no placeholder"},
+	}
+	if err := inj.Apply(h, u); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	// A value is escaped for the path.
+	if got := u.EscapedPath(); got != "/v1/"+url.PathEscape(`a;b c"d&e`)+"/x" {
+		t.Fatalf("path %q", got)
+	}
+	if u.Path != `/v1/a;b c"d&e/x` {
+		t.Fatalf("decoded path %q", u.Path)
+	}
+	q := u.Query()
+	if q.Get("k") != secretValue || q.Get("o") != `a;b c"d&e` || q.Get("n") != "1" {
+		t.Fatalf("query %q", u.RawQuery)
+	}
+	if got := h.Values("X-Key"); got[0] != "Bearer "+secretValue || got[1] != secretValue+"|"+secretValue+secretValue {
+		t.Fatalf("headers %q (the longest placeholder wins)", got)
+	}
+	if h.Get("Content-Length") != "{{TOKEN}}" || h.Get("X-Plain") != "no placeholder" || h.Get("Authorization") != "" {
+		t.Fatalf("untouched headers changed: %v", h)
+	}
+
+	// Bodies: encoded for the media type; other kinds are left alone.
+	if !inj.SubstitutesBody() {
+		t.Fatal("SubstitutesBody is false")
+	}
+	for _, tc := range []struct {
+		ct, ce, body, want string
+		changed            bool
+	}{
+		{"application/json; charset=utf-8", "", `{"a":"{{ODD}}","t":"{{TOKEN}}"}`, `{"a":"a;b c\"d\u0026e","t":"` + secretValue + `"}`, true},
+		{"application/vnd.api+json", "identity", `"{{ODD}}"`, `"a;b c\"d\u0026e"`, true},
+		{"application/x-www-form-urlencoded", "", "o={{ODD}}&t={{TOKEN}}", "o=" + url.QueryEscape(`a;b c"d&e`) + "&t=" + secretValue, true},
+		{"text/plain", "", "{{ODD}} {{TOKEN}}-long", `a;b c"d&e ` + secretValue + "-long", true},
+		{"", "", "{{TOKEN}}", secretValue, true},
+		{"multipart/form-data; boundary=x", "", "{{TOKEN}}", "{{TOKEN}}", false},
+		{"text/plain", "gzip", "{{TOKEN}}", "{{TOKEN}}", false},
+		{"text/plain", "", "\xff{{TOKEN}}", "\xff{{TOKEN}}", false},
+		{"text/plain", "", "nothing here", "nothing here", false},
+	} {
+		got, changed := inj.SubstituteBody(tc.ct, tc.ce, []byte(tc.body))
+		if string(got) != tc.want || changed != tc.changed {
+			t.Errorf("body %q (%s %s) = %q %v, want %q %v", tc.body, tc.ct, tc.ce, got, changed, tc.want, tc.changed)
+		}
+	}
+
+	// A value never is rescanned: a credential that contains a
+	// placeholder is inserted as it is.
+	if got, _ := replaceAll("<P><Q>", []replacement{{"<P>", "<Q>"}, {"<Q>", "v"}}); got != "<Q>v" {
+		t.Fatalf("replaceAll rescanned its output: %q", got)
+	}
+
+	// A substitution that makes the path ambiguous refuses the request.
+	// "/" is escaped too, and an escaped slash is as ambiguous as a dot segment.
+	for _, v := range []string{"..", "a/b", `a\\b`} {
+		amb := mustCreate(t, `{"credentials":[{"name":"d","source":{"value":"`+v+`"}}],"bindings":[{"name":"b","match":{"hosts":["d.test"]},
+		"auth":{"type":"passthrough","substitutions":[{"credential":"d","placeholder":"DOTS","in":["path"]}]}}]}`).Compile()
+		u, _ = url.ParseRequestURI("/a/DOTS/admin")
+		if err := amb.Match("https", "d.test", 443, "GET", u.EscapedPath()).Apply(http.Header{}, u); !errors.Is(err, ErrSubstitutedPath) || u.Path != "/a/DOTS/admin" {
+			t.Fatalf("%q substituted in the path: %v, path %q", v, err, u.Path)
+		}
+	}
+
+	// Substitutions come on top of the auth type's own injection.
+	inj, u = match("both.test", "/")
+	h = http.Header{"X-Org": {"@ODD@"}, "Authorization": {"@ODD@"}}
+	if err := inj.Apply(h, u); err != nil {
+		t.Fatal(err)
+	}
+	if h.Get("X-Org") != `a;b c"d&e` || h.Get("Authorization") != "Bearer "+secretValue || inj.SubstitutesBody() {
+		t.Fatalf("bearer with substitutions: %v", h)
+	}
+
+	sec := strings.Join(r.Secrets(), "|")
+	for _, want := range []string{secretValue, `a;b c"d&e`, url.PathEscape(`a;b c"d&e`), url.QueryEscape(`a;b c"d&e`), `a;b c\"d\u0026e`} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("Secrets lacks %q", want)
+		}
+	}
+}
+
+func TestSubstitutionsSurvivePatchAndSeal(t *testing.T) {
+	s := mustCreate(t, fullCreate)
+	p, err := DecodePatch([]byte(`{"credentials":{"add":[{"name":"new","source":{"value":"` + secretValue + `"}}]},
+		"bindings":{"add":[{"name":"pt","match":{"hosts":["pt.test"]},"auth":{"type":"passthrough","substitutions":[{"credential":"new","placeholder":"$NEW","in":["header"]}]}}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := s.Apply(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The credential a substitution uses cannot be deleted under it.
+	del, _ := DecodePatch([]byte(`{"credentials":{"delete":["new"]}}`))
+	if _, err := next.Apply(del, nil); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("deleting a substituted credential: %v", err)
+	}
+	sl, err := NewSealer(bytes.Repeat([]byte{7}, KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, err := SealState(sl, "sb", next, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, _, err := OpenState(sl, "sb", blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"X-A": {"$NEW"}}
+	u, _ := url.Parse("https://pt.test/")
+	if err := back.Compile().Match("https", "pt.test", 443, "GET", "/").Apply(h, u); err != nil || h.Get("X-A") != secretValue {
+		t.Fatalf("after seal: %v %v", h, err)
 	}
 }

@@ -230,6 +230,11 @@ func (s *Service) startKernel(ctx context.Context, c *codeContext, ks *KernelSpe
 		dead: make(chan struct{}),
 		ctx:  kctx, cancel: cancel, waiters: make(map[string]*jwaiter),
 	}
+	// The sockets exist before the watcher below may close them.
+	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
+	k.shell = zmq4.NewDealer(k.ctx, sockOpts...)
+	k.control = zmq4.NewDealer(k.ctx, sockOpts...)
+	k.iopub = zmq4.NewSub(k.ctx, sockOpts...)
 	s.run.Go(func() {
 		<-kp.Done()
 		s.ports.release(ports)
@@ -297,14 +302,10 @@ func (s *Service) spawnKernel(c *codeContext, ks *KernelSpec, cf connectionFile)
 	return kp, nil
 }
 
-// connectKernel dials the kernel's iopub, shell and control ports, starts
+// connectKernel dials the kernel's iopub, shell and control sockets to its ports, starts
 // their readers and waits, bounded by kernelStartTimeout and ctx, until
 // the kernel is ready.
 func (s *Service) connectKernel(ctx context.Context, k *kernelClient, cf connectionFile) error {
-	sockOpts := []zmq4.Option{zmq4.WithDialerRetry(50 * time.Millisecond), zmq4.WithDialerMaxRetries(-1)}
-	k.shell = zmq4.NewDealer(k.ctx, sockOpts...)
-	k.control = zmq4.NewDealer(k.ctx, sockOpts...)
-	k.iopub = zmq4.NewSub(k.ctx, sockOpts...)
 	startCtx, stop := context.WithTimeout(ctx, kernelStartTimeout)
 	defer stop()
 	ready := make(chan struct{})

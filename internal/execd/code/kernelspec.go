@@ -66,8 +66,11 @@ func FindKernelSpec(dirs []string, language string, env []string) *KernelSpec {
 				continue
 			}
 			if !filepath.IsAbs(ks.Argv[0]) {
+				// A relative name with a slash would resolve against
+				// whatever the agent's working directory is: only PATH
+				// names and absolute paths are taken.
 				p, err := proc.LookPath(ks.Argv[0], env)
-				if err != nil {
+				if err != nil || !filepath.IsAbs(p) {
 					continue
 				}
 				ks.Argv[0] = p

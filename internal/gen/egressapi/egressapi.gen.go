@@ -46,6 +46,7 @@ const (
 	CredentialAuthTypeBasic         CredentialAuthType = "basic"
 	CredentialAuthTypeBearer        CredentialAuthType = "bearer"
 	CredentialAuthTypeCustomHeaders CredentialAuthType = "customHeaders"
+	CredentialAuthTypePassthrough   CredentialAuthType = "passthrough"
 )
 
 // Valid indicates whether the value is a known member of the CredentialAuthType enum.
@@ -58,6 +59,8 @@ func (e CredentialAuthType) Valid() bool {
 	case CredentialAuthTypeBearer:
 		return true
 	case CredentialAuthTypeCustomHeaders:
+		return true
+	case CredentialAuthTypePassthrough:
 		return true
 	default:
 		return false
@@ -94,6 +97,30 @@ func (e CredentialMatchSchemes) Valid() bool {
 	case CredentialMatchSchemesHTTP:
 		return true
 	case CredentialMatchSchemesHTTPS:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CredentialSubstitutionIn.
+const (
+	CredentialSubstitutionInBody   CredentialSubstitutionIn = "body"
+	CredentialSubstitutionInHeader CredentialSubstitutionIn = "header"
+	CredentialSubstitutionInPath   CredentialSubstitutionIn = "path"
+	CredentialSubstitutionInQuery  CredentialSubstitutionIn = "query"
+)
+
+// Valid indicates whether the value is a known member of the CredentialSubstitutionIn enum.
+func (e CredentialSubstitutionIn) Valid() bool {
+	switch e {
+	case CredentialSubstitutionInBody:
+		return true
+	case CredentialSubstitutionInHeader:
+		return true
+	case CredentialSubstitutionInPath:
+		return true
+	case CredentialSubstitutionInQuery:
 		return true
 	default:
 		return false
@@ -181,16 +208,19 @@ type Credential struct {
 
 // CredentialAuth `bearer {credential}` → `Authorization: Bearer <value>`; `basic {credential}` → `Authorization: Basic <value>`
 // (the value is base64(user:pass)); `apiKey {name, credential, in?}` → header `name` (or, with `in: query`,
-// a query parameter); `customHeaders {headers[{name, credential}]}`. `credential` names a credential of the
-// vault. Headers set by a binding replace what the sandbox sent; framing and proxy headers are reserved.
+// a query parameter); `customHeaders {headers[{name, credential}]}`; `passthrough` injects nothing itself.
+// `credential` names a credential of the vault. Headers set by a binding replace what the sandbox sent;
+// framing and proxy headers are reserved. Any type may add `substitutions`: placeholders the sandbox puts in
+// a matching request, replaced with credential values on the way out.
 type CredentialAuth struct {
 	Credential *string              `json:"credential,omitempty"`
 	Headers    *[]CustomHeaderEntry `json:"headers,omitempty"`
 
 	// In moat extension for apiKey (default header).
-	In   *CredentialAuthIn  `json:"in,omitempty"`
-	Name *string            `json:"name,omitempty"`
-	Type CredentialAuthType `json:"type"`
+	In            *CredentialAuthIn         `json:"in,omitempty"`
+	Name          *string                   `json:"name,omitempty"`
+	Substitutions *[]CredentialSubstitution `json:"substitutions,omitempty"`
+	Type          CredentialAuthType        `json:"type"`
 }
 
 // CredentialAuthIn moat extension for apiKey (default header).
@@ -210,8 +240,10 @@ type CredentialAuthMetadata struct {
 type CredentialBinding struct {
 	// Auth `bearer {credential}` → `Authorization: Bearer <value>`; `basic {credential}` → `Authorization: Basic <value>`
 	// (the value is base64(user:pass)); `apiKey {name, credential, in?}` → header `name` (or, with `in: query`,
-	// a query parameter); `customHeaders {headers[{name, credential}]}`. `credential` names a credential of the
-	// vault. Headers set by a binding replace what the sandbox sent; framing and proxy headers are reserved.
+	// a query parameter); `customHeaders {headers[{name, credential}]}`; `passthrough` injects nothing itself.
+	// `credential` names a credential of the vault. Headers set by a binding replace what the sandbox sent;
+	// framing and proxy headers are reserved. Any type may add `substitutions`: placeholders the sandbox puts in
+	// a matching request, replaced with credential values on the way out.
 	Auth  CredentialAuth  `json:"auth"`
 	Match CredentialMatch `json:"match"`
 	Name  string          `json:"name"`
@@ -291,6 +323,25 @@ type CredentialMutationSet struct {
 	Delete  *[]string     `json:"delete,omitempty"`
 	Replace *[]Credential `json:"replace,omitempty"`
 }
+
+// CredentialSubstitution Every occurrence of `placeholder` in the request surfaces `in` is replaced with the credential's value, in
+// one pass (a value is never scanned again; the longest placeholder wins), encoded for the surface:
+// percent-encoded in `path` and `query` (a placeholder the client percent-encoded matches too), as is in
+// `header` values (never in framing or proxy headers), and in `body` JSON string-escaped for JSON media
+// types, form-encoded for `application/x-www-form-urlencoded`, as is otherwise. Bodies that are compressed,
+// multipart, not UTF-8 or larger than 1 MiB pass unchanged. A request whose path a value makes ambiguous
+// (an encoded `/` or `\`, a dot segment) is answered 403 and not sent. Values in every encoded form are
+// scrubbed from responses.
+type CredentialSubstitution struct {
+	Credential string                     `json:"credential"`
+	In         []CredentialSubstitutionIn `json:"in"`
+
+	// Placeholder Printable text without spaces or control characters, unique within the binding.
+	Placeholder string `json:"placeholder"`
+}
+
+// CredentialSubstitutionIn defines model for CredentialSubstitution.In.
+type CredentialSubstitutionIn string
 
 // CredentialVaultCreateRequest Both lists are required; `null` is the empty list (as upstream's server takes it), and so it is for every
 // optional list of the vault API (`match.schemes`, `ports`, `methods`, `paths`, the mutation sets).

@@ -5,7 +5,7 @@
 // the error. With -insecure it skips verification but still reports the
 // issuer, to tell which certificate the sandbox was shown. With -resolve
 // host:port:addr it connects to addr for host:port without asking DNS, as
-// curl --resolve does.
+// curl --resolve does. With -data it POSTs that body instead.
 package main
 
 import (
@@ -32,10 +32,15 @@ func main() {
 	insecure := flag.Bool("insecure", false, "do not verify the server certificate")
 	timeout := flag.Duration("timeout", 15*time.Second, "give up after this long")
 	resolve := flag.String("resolve", "", "host:port:addr: connect to addr for host:port (no DNS)")
+	data := flag.String("data", "", "POST this body")
 	flag.Parse()
 	var out result
 	defer func() { json.NewEncoder(os.Stdout).Encode(out) }()
-	req, err := http.NewRequest("GET", flag.Arg(0), nil)
+	method, body := "GET", io.Reader(nil)
+	if *data != "" {
+		method, body = "POST", strings.NewReader(*data)
+	}
+	req, err := http.NewRequest(method, flag.Arg(0), body)
 	if err != nil {
 		out.Err = err.Error()
 		return
