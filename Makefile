@@ -9,7 +9,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm check-debian-build generate-k8s build run test test-race test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm deps-otelcol check-debian-build generate-k8s build run test test-race test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -133,6 +133,9 @@ deps-guest: ## Build the stock Debian 12 guest (QEMU, Debian's kernel, cgroup v2
 check-debian-build: ## Check the build path on a pristine debootstrap'ed Debian 12 chroot (git, make; Debian's Node 18, npm and golang-go 1.19): make build (root; cached tree)
 	@bash scripts/check-debian-build.sh
 
+deps-otelcol: ## Build the test OpenTelemetry Collector the audit trail's OTLP e2e test exports to (tools/otelcol; cached by version)
+	@bash scripts/build-otelcol.sh
+
 deps-npm: ## Install the locked npm packages of the JS SDK compatibility tests (test/compat/js, test/compat/e2b)
 	@bash scripts/npm-ci.sh test/compat/js
 	@bash scripts/npm-ci.sh test/compat/e2b
@@ -146,7 +149,7 @@ deps-npm: ## Install the locked npm packages of the JS SDK compatibility tests (
 # GNU make 4.3 locks stdout for it, and hangs when that is /dev/null and
 # another process holds a lock on it.)
 test-setup: deps deps-browser deps-docker ## Everything `make test` needs before the tests run (root, idempotent)
-	@$(MAKE) --no-print-directory -j deps-runsc deps-k8s deps-images deps-guest deps-npm test-build
+	@$(MAKE) --no-print-directory -j deps-runsc deps-k8s deps-images deps-guest deps-npm deps-otelcol test-build
 
 # build, then lint one step at a time: its generators (check-generated,
 # check-generated-k8s) rewrite files that vet, staticcheck and the builds

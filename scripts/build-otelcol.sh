@@ -4,8 +4,8 @@
 # into ${MOAT_CACHE:-/var/cache/moat}/otelcol/<OTELCOL_VERSION>-<key>/otelcol,
 # cached by version and source. tools/otelcol is a module of its own, so the
 # collector's dependencies never reach moat's go.mod. About 7 minutes on
-# 2 busy cores with a cold module cache (1.5 min of CPU); the e2e test of
-# the audit trail's OTLP export starts it.
+# 2 busy cores with a cold module cache (1.5 min of CPU); `make test-setup` builds it,
+# and the e2e test of the audit trail's OTLP export starts it.
 #
 # Usage: scripts/build-otelcol.sh [--print]
 set -euo pipefail

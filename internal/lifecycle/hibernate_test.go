@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +24,9 @@ func TestCreateEach(t *testing.T) {
 	if len(sbs) != 2 || sbs[0].Metadata["child"] != "0" || sbs[1].Metadata["child"] != "1" || sbs[0].ID == sbs[1].ID {
 		t.Fatalf("created %+v", sbs)
 	}
-	n := 0
+	var n atomic.Int32 // the set's creates run concurrently
 	h.hooks.Create = func(s runtime.Spec) error {
-		if n++; n == 2 {
+		if n.Add(1) == 2 {
 			return errors.New("boom")
 		}
 		return nil
