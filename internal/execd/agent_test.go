@@ -76,7 +76,16 @@ func startAgentArgs(t *testing.T, newPIDNS bool, token string, extra []string, e
 	a := &agentProc{cmd: cmd, url: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: stderr, done: make(chan error, 1)}
 	go func() { a.done <- cmd.Wait() }()
 	t.Cleanup(func() {
-		cmd.Process.Kill()
+		// A SIGTERM first: the agent's shutdown kills the process groups
+		// it started (code kernels run in their own and outlive a SIGKILL
+		// of an agent that is not PID 1).
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-a.done:
+			a.done <- err
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
 		<-a.done
 		if t.Failed() {
 			t.Logf("agent log:\n%s", stderr.String())
