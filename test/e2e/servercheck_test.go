@@ -14,8 +14,7 @@ import (
 )
 
 // Every e2e server is checked when its test ends: the run fails if the
-// server logged a recovered (or unrecovered) panic, or answered a 5xx the
-// test did not declare with allow5xx. The answers are counted by the
+// server logged a recovered (or unrecovered) panic, or answered a 5xx. The answers are counted by the
 // server itself (moat_http_requests_total, by route pattern and code),
 // read before each stop, kill or restart and summed; so a 5xx any client
 // got (the SDKs, the CLI, a proxy client) is seen, not only those of
@@ -28,20 +27,7 @@ import (
 
 // serverCheck is the state of a server's check.
 type serverCheck struct {
-	allowed []allowed5xx
-	seen    map[string]float64 // "code route" -> count, summed over restarts
-}
-
-type allowed5xx struct {
-	route string // substring of the route pattern; "" is any
-	codes []int  // none: every 5xx
-}
-
-// allow5xx declares that the test expects the server to answer 5xx
-// responses (of codes, or any 5xx without codes) on routes whose pattern
-// contains route ("" for every route), e.g. allow5xx("/pause", 500).
-func (s *server) allow5xx(route string, codes ...int) {
-	s.check.allowed = append(s.check.allowed, allowed5xx{route: route, codes: codes})
+	seen map[string]float64 // "code route" -> count, summed over restarts
 }
 
 var requestsLine = regexp.MustCompile(`^moat_http_requests_total\{code="(\d+)",route="((?:[^"\\]|\\.)*)"\} (\S+)$`)
@@ -87,7 +73,7 @@ func dataPlane(route string) bool {
 	return route == "unmatched" || route == "e2b edge" || strings.Contains(route, "/proxy/")
 }
 
-// unexpected5xx lists the 5xx answers no allowance covers.
+// unexpected5xx lists the 5xx answers outside the exceptions above.
 func (c *serverCheck) unexpected5xx() []string {
 	var out []string
 	for key, n := range c.seen {
@@ -96,12 +82,7 @@ func (c *serverCheck) unexpected5xx() []string {
 		if code == http.StatusNotImplemented || (dataPlane(route) && code >= 502 && code <= 504) {
 			continue
 		}
-		ok := slices.ContainsFunc(c.allowed, func(a allowed5xx) bool {
-			return strings.Contains(route, a.route) && (len(a.codes) == 0 || slices.Contains(a.codes, code))
-		})
-		if !ok {
-			out = append(out, fmt.Sprintf("%d on %q (%v times)", code, route, n))
-		}
+		out = append(out, fmt.Sprintf("%d on %q (%v times)", code, route, n))
 	}
 	slices.Sort(out)
 	return out
@@ -136,6 +117,6 @@ func (s *server) verify() {
 		s.t.Errorf("the server logged %d panic(s):\n%s", len(p), strings.Join(p, "\n"))
 	}
 	if u := s.check.unexpected5xx(); len(u) > 0 {
-		s.t.Errorf("the server answered 5xx responses the test did not declare (server.allow5xx): %s", strings.Join(u, "; "))
+		s.t.Errorf("the server answered 5xx responses: %s", strings.Join(u, "; "))
 	}
 }
