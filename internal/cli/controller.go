@@ -99,7 +99,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")
 	f.StringSliceVar(&opts.Isolation.FromCIDRs, "sandbox-ingress-cidr", nil, "address block that may reach the agent port of sandbox pods (an out-of-cluster moat server); repeatable")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	cmd.AddCommand(newCopyAgentCommand())
+	cmd.AddCommand(newCopyAgentCommand(), newEgressSidecarCommand())
 	return cmd
 }
 

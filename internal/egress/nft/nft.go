@@ -78,6 +78,12 @@ type Config struct {
 	// Device is the namespace's interface whose egress hook also enforces
 	// the policy (for AF_PACKET senders). Default "eth0".
 	Device string
+	// Exempt, if not 0, is a packet mark that passes both chains first:
+	// the traffic of an enforcer that runs inside the namespace it filters
+	// (the Kubernetes egress sidecar's upstream DNS queries). Setting a
+	// socket's mark needs CAP_NET_ADMIN or CAP_NET_RAW, which the
+	// sandbox's processes lack.
+	Exempt uint32
 }
 
 func (c Config) device() string {
@@ -435,10 +441,17 @@ func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict 
 	fam := familyOf(netdev)
 	dnsIP := cfg.DNS.Addr().Unmap()
 	var rules [][]expr.Any
+	if cfg.Exempt != 0 {
+		rules = append(rules, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(cfg.Exempt)},
+			accept(),
+		})
+	}
 	if netdev {
-		rules = netdevRules(fam, dnsIP)
+		rules = append(rules, netdevRules(fam, dnsIP)...)
 	} else {
-		rules = outputRules()
+		rules = append(rules, outputRules()...)
 	}
 	rules = append(rules,
 		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;
