@@ -134,16 +134,29 @@ func Open(netnsPath string) (*Firewall, error) {
 		f.Close()
 		return nil, fmt.Errorf("nft: %s is not a namespace file: %w", netnsPath, errdefs.ErrInvalidArgument)
 	}
-	conn, err := nftables.New(
-		nftables.WithNetNSFd(int(f.Fd())),
-		nftables.AsLasting(),
-		nftables.WithSockOptions(forceBuffers),
-	)
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(forceBuffers)}
+	if !ownNamespace(f) {
+		// Entering another namespace (setns) needs CAP_SYS_ADMIN; an
+		// enforcer inside the namespace it filters (the Kubernetes
+		// sidecar) holds only CAP_NET_ADMIN and needs no setns.
+		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
+	}
+	conn, err := nftables.New(opts...)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("nft: netlink in netns %s: %w", netnsPath, err)
 	}
 	return &Firewall{path: netnsPath, ns: f, conn: conn, dyn: map[netip.Addr]time.Time{}}, nil
+}
+
+// ownNamespace reports whether ns is the calling thread's network
+// namespace.
+func ownNamespace(ns *os.File) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(int(ns.Fd()), &a) != nil || unix.Stat("/proc/thread-self/ns/net", &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
 func forceBuffers(c *netlink.Conn) error {

@@ -31,6 +31,9 @@ const (
 // sidecar's DNS proxy.
 func addEgress(p *corev1.Pod, secret, image string) {
 	s := &p.Spec
+	if slices.ContainsFunc(s.InitContainers, func(c corev1.Container) bool { return c.Name == egressContainer }) {
+		return
+	}
 	always := corev1.ContainerRestartPolicyAlways
 	env := func(name, key string, optional bool) corev1.EnvVar {
 		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
@@ -93,6 +96,9 @@ func addEgress(p *corev1.Pod, secret, image string) {
 		Searches:    []string{p.Namespace + ".svc." + clusterDomain, "svc." + clusterDomain, clusterDomain},
 		Options:     []corev1.PodDNSConfigOption{{Name: "ndots", Value: &ndots}},
 	}
-	// The host's network namespace is not the pod's to filter.
+	// The host's network namespace is not the pod's to filter, and the
+	// sandbox must not see the sidecar's processes (their environment
+	// holds the token).
 	s.HostNetwork = false
+	s.ShareProcessNamespace = &no
 }

@@ -71,7 +71,9 @@ func (r *Runtime) egressSecret(spec runtime.Spec, data map[string]string) error 
 
 // Egress returns the server's side of the backend's egress enforcement
 // (lifecycle.Egress): calls to each sandbox's egress sidecar.
-func (r *Runtime) Egress() *Egress { return &Egress{rt: r, http: &http.Client{Timeout: r.cfg.EgressTimeout}} }
+func (r *Runtime) Egress() *Egress {
+	return &Egress{rt: r, http: &http.Client{Timeout: r.cfg.EgressTimeout}}
+}
 
 // Egress drives the egress sidecars of the backend's sandboxes through
 // their egress API. It keeps no state: the sidecar holds the policy in
