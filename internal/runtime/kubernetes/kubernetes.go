@@ -9,6 +9,8 @@
 // BatchSandbox; Stop = scale it to 0 replicas (the controller deletes the
 // pod and keeps the batch); Delete = delete both and wait until the
 // controller has released the pod. Pause and snapshots are not supported.
+// A sandbox with a network policy gets moat's egress sidecar in its pod
+// (egress.go).
 package kubernetes
 
 import (
