@@ -113,10 +113,15 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("egress sidecar: %w", err)
 	}
 	svc := &persisted{Enforcer: enf, path: state, log: o.Logger}
-	srv := &http.Server{
-		Handler:           egress.NewHandler(svc, sandboxID, egress.HandlerOptions{Token: o.Token, Logger: o.Logger}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	mux := http.NewServeMux()
+	mux.Handle("/", egress.NewHandler(svc, sandboxID, egress.HandlerOptions{Token: o.Token, Logger: o.Logger}))
+	mux.HandleFunc("GET "+ProofPath, func(w http.ResponseWriter, r *http.Request) {
+		if n := r.URL.Query().Get("nonce"); len(n) >= 16 && len(n) <= 128 {
+			w.Header().Set(ProofHeader, Proof(o.Token, n))
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- enf.Serve(ctx, pc, dl) }()
 	go func() { errc <- srv.Serve(ln) }()

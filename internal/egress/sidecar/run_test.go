@@ -157,6 +157,16 @@ func TestSidecar(t *testing.T) {
 
 	cmd := start()
 	waitUp()
+	// It proves it holds the token, without being sent it.
+	nonce := "0123456789abcdef0123"
+	if resp, err := api.Get("http://127.0.0.1:18080" + sidecar.ProofPath + "?nonce=" + nonce); err != nil {
+		t.Error(err)
+	} else {
+		resp.Body.Close()
+		if got := resp.Header.Get(sidecar.ProofHeader); got != sidecar.Proof(token, nonce) {
+			t.Errorf("proof %q, want %q", got, sidecar.Proof(token, nonce))
+		}
+	}
 	if rc, got := resolve("127.0.0.1:53", "allowed.test"); rc != dns.RcodeSuccess || len(got) != 1 || got[0] != allowedHost {
 		t.Errorf("allowed.test through the sidecar: rcode %d %v", rc, got)
 	}

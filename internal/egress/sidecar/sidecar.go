@@ -13,6 +13,12 @@
 // sidecar to a pod, and the sidecar itself (run_linux.go).
 package sidecar
 
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Port is the egress API's port, OpenSandbox's egress sidecar port.
 const Port = 18080
 
@@ -33,3 +39,20 @@ const DNS = "127.0.0.1"
 // Mark is the socket mark of the sidecar's own upstream DNS queries,
 // which the ruleset lets through ("moae").
 const Mark = 0x6d6f6165
+
+// The sidecar proves itself before the server sends it the token: the
+// sandbox shares the pod's network namespace and could bind the API port
+// while the sidecar restarts. On each new connection the server asks
+// ProofPath with a fresh nonce, without the token, and sends requests on
+// that connection only if ProofHeader is Proof(token, nonce).
+const (
+	ProofPath   = "/moat/v1/proof"
+	ProofHeader = "Moat-Egress-Proof"
+)
+
+// Proof is what a sidecar holding token answers to nonce.
+func Proof(token, nonce string) string {
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("moat-egress-proof\n" + nonce))
+	return hex.EncodeToString(m.Sum(nil))
+}

@@ -1,16 +1,22 @@
 package kubernetes
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -71,16 +77,13 @@ func (r *Runtime) egressSecret(spec runtime.Spec, data map[string]string) error 
 
 // Egress returns the server's side of the backend's egress enforcement
 // (lifecycle.Egress): calls to each sandbox's egress sidecar.
-func (r *Runtime) Egress() *Egress {
-	return &Egress{rt: r, http: &http.Client{Timeout: r.cfg.EgressTimeout}}
-}
+func (r *Runtime) Egress() *Egress { return &Egress{rt: r} }
 
 // Egress drives the egress sidecars of the backend's sandboxes through
 // their egress API. It keeps no state: the sidecar holds the policy in
 // force, the lifecycle's record the sandbox's own.
 type Egress struct {
-	rt   *Runtime
-	http *http.Client
+	rt *Runtime
 }
 
 // Attach sets p on sandbox id's sidecar. The pod started under the
@@ -141,8 +144,14 @@ func (e *Egress) call(ctx context.Context, id, method string, body []byte) (poli
 	}
 	req.Header.Set(egress.AuthHeader, tok)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := e.http.Do(req)
+	// One connection, proved to be the sidecar's before the token goes.
+	tr := &http.Transport{DialContext: dialSidecar(tok), DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: e.rt.cfg.EgressTimeout}).Do(req)
 	if err != nil {
+		if errors.Is(err, errNotSidecar) {
+			return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: egress sidecar not listening: %w", id, errdefs.ErrUnavailable)
 		}
@@ -179,4 +188,44 @@ func (e *Egress) token(ctx context.Context, id string) (string, error) {
 		return "", errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was created without a network policy: its pod has no egress sidecar, and a pod's containers are fixed when it is made", id)
 	}
 	return tok, nil
+}
+
+// errNotSidecar: what listens on the egress API port did not prove it
+// holds the sandbox's egress token (sidecar.Proof).
+var errNotSidecar = fmt.Errorf("the egress API port is not answered by the sandbox's egress sidecar: %w", errdefs.ErrUnavailable)
+
+// dialSidecar dials the egress API and, before the connection carries the
+// token, has its peer prove it holds it: a sandbox process that bound the
+// port while its sidecar restarted learns nothing and is not believed.
+func dialSidecar(token string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if d, ok := ctx.Deadline(); ok {
+			c.SetDeadline(d)
+		}
+		var b [16]byte
+		rand.Read(b[:])
+		nonce := hex.EncodeToString(b[:])
+		resp, err := func() (*http.Response, error) {
+			if _, err := fmt.Fprintf(c, "GET %s?nonce=%s HTTP/1.1\r\nHost: %s\r\n\r\n", sidecar.ProofPath, nonce, addr); err != nil {
+				return nil, err
+			}
+			return http.ReadResponse(bufio.NewReader(c), nil)
+		}()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if !hmac.Equal([]byte(resp.Header.Get(sidecar.ProofHeader)), []byte(sidecar.Proof(token, nonce))) {
+			c.Close()
+			return nil, errNotSidecar
+		}
+		c.SetDeadline(time.Time{})
+		return c, nil
+	}
 }
