@@ -40,7 +40,7 @@ func addEgress(p *corev1.Pod, secret, image string) {
 			LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key, Optional: &optional,
 		}}}
 	}
-	no, yes := false, true
+	no, yes, root := false, true, int64(0)
 	c := corev1.Container{
 		Name:          egressContainer,
 		Image:         image,
@@ -64,6 +64,8 @@ func addEgress(p *corev1.Pod, secret, image string) {
 			},
 			AllowPrivilegeEscalation: &no,
 			ReadOnlyRootFilesystem:   &yes,
+			// Root for its capabilities, whatever the pod's default user.
+			RunAsUser: &root,
 		},
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
