@@ -51,6 +51,16 @@ const (
 	// AnnoAgentImage on a pod template overrides the controller's
 	// --agent-image for the pods made from it.
 	AnnoAgentImage = Group + "/moat-agent-image"
+	// AnnoEgress on a pod template names a Secret of its namespace that
+	// holds an egress policy (keys EgressSecret*): the controller adds
+	// moat's egress sidecar, which enforces it inside the pod.
+	AnnoEgress = Group + "/moat-egress"
+	// EgressSecretToken, EgressSecretPolicy and EgressSecretDNS are the
+	// keys of an AnnoEgress Secret: the egress API token, the policy the
+	// pod starts under (JSON) and the DNS upstreams ("host:port,...").
+	EgressSecretToken  = "egress-token"
+	EgressSecretPolicy = "egress-policy"
+	EgressSecretDNS    = "egress-dns"
 
 	// FinalizerRelease keeps a BatchSandbox (and a Pool) until the
 	// controller has released its pods; without it a pod could be handed

@@ -38,7 +38,10 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
 	"github.com/moat-sandbox/moat/internal/egress/mitm"
@@ -46,9 +49,6 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
-
-// EnforcementMode is reported as PolicyStatusResponse.enforcementMode.
-const EnforcementMode = "dns+nft"
 
 // Config configures an Enforcer.
 type Config struct {
@@ -82,6 +82,11 @@ type Config struct {
 	// sandboxes (every DNS query's verdict). It must not block; callers
 	// aggregate (the audit trail does).
 	OnDecision func(Decision)
+	// Mark, if not 0, is for an enforcer that runs inside the network
+	// namespace it filters (the Kubernetes egress sidecar): its upstream
+	// DNS sockets carry this mark, which the ruleset lets through. Only a
+	// holder of CAP_NET_ADMIN or CAP_NET_RAW can mark a socket.
+	Mark uint32
 }
 
 // Decision is one egress verdict for a sandbox.
@@ -146,6 +151,9 @@ func New(cfg Config) (*Enforcer, error) {
 		dcfg.OnDecision = func(c *dnsproxy.Client, name string, allowed bool, rule string) {
 			fn(Decision{SandboxID: c.ID, Host: name, Allowed: allowed, Rule: rule, Layer: "dns"})
 		}
+	}
+	if cfg.Mark != 0 {
+		dcfg.Dialer = &net.Dialer{Timeout: cfg.Timeout, Control: markControl(cfg.Mark)}
 	}
 	if cfg.Unattached.IsValid() {
 		m, err := policy.Compile(policy.AllowAll())
@@ -332,7 +340,16 @@ func (e *Enforcer) lookup(id string) (*sandbox, error) {
 }
 
 func (e *Enforcer) nftConfig(m *policy.Matcher, resolved []nft.Resolved) nft.Config {
-	return nft.Config{Policy: m, DNS: e.cfg.DNS, Blocked: e.cfg.Blocked, Resolved: resolved}
+	return nft.Config{Policy: m, DNS: e.cfg.DNS, Blocked: e.cfg.Blocked, Resolved: resolved, Exempt: e.cfg.Mark}
+}
+
+// markControl sets SO_MARK on a dialer's sockets.
+func markControl(mark uint32) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark)) })
+		return errors.Join(err, serr)
+	}
 }
 
 // onResolved returns the DNS hook of sb: re-check the name under the

@@ -14,6 +14,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
+// EnforcementMode is reported as PolicyStatusResponse.enforcementMode.
+const EnforcementMode = "dns+nft"
+
 // AuthHeader carries the egress API token (OpenSandbox
 // OPENSANDBOX_EGRESS_TOKEN).
 const AuthHeader = "OPENSANDBOX-EGRESS-AUTH"

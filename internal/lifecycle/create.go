@@ -387,6 +387,14 @@ func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, st
 			readyToken, spec.Checkpoint = sn.AgentToken, sn.ID
 		}
 	}
+	// A backend that enforces egress inside the sandbox starts it under
+	// its policy; attach then confirms it (a failure there is handled).
+	if eff, err := s.effective(sb.Tenant, sb.NetworkPolicy); err == nil && eff != nil && s.deps.Egress != nil {
+		if sb.EgressToken == "" {
+			sb.EgressToken = newToken() // filtered by its tenant's guardrail only
+		}
+		spec.Egress = &runtime.Egress{Token: sb.EgressToken, Policy: *eff}
+	}
 	return spec, readyToken, nil
 }
 

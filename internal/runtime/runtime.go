@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -97,6 +98,20 @@ type Spec struct {
 	// must be empty, and the restored agent still holds the checkpointed
 	// sandbox's access token (AgentToken is not applied).
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Egress, when set, asks a backend that enforces egress inside the
+	// sandbox (the kubernetes runtime's sidecar)
+	// to start it under Policy, before the sandbox's processes run, with
+	// Token guarding its egress API. Other backends ignore it: the
+	// server's enforcer attaches from outside.
+	Egress *Egress `json:"-"`
+}
+
+// Egress is the egress enforcement a sandbox starts under (Spec.Egress).
+type Egress struct {
+	// Token authenticates the egress API (OPENSANDBOX-EGRESS-AUTH).
+	Token string
+	// Policy is the effective policy at start.
+	Policy policy.NetworkPolicy
 }
 
 // Mount is a bind mount of a host path, or of a named volume, into a

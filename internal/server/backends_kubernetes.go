@@ -46,9 +46,10 @@ type KubernetesConfig struct {
 	InlineMoveAfter time.Duration
 }
 
-// newKubernetes builds the kubernetes backend. Sandboxes get no egress
-// policy support here (that is the cluster's NetworkPolicy's job), and the
-// server must run where pod IPs are reachable (in the cluster).
+// newKubernetes builds the kubernetes backend. Network policies are
+// enforced inside each pod by its egress sidecar, which the server drives
+// through its egress API; the server must run where pod IPs are reachable
+// (in the cluster).
 func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error) {
 	rc, err := kclient.Load(cfg.Kubernetes.Kubeconfig)
 	if err != nil {
@@ -68,6 +69,7 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 		AgentImage: cfg.Kubernetes.AgentImage,
 
 		RequestFraction: cfg.Kubernetes.RequestFraction,
+		DNSUpstreams:    cfg.DNSUpstreams,
 	})
 	if err != nil {
 		return backend{}, err
@@ -91,7 +93,7 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 		rt.Close()
 		return backend{}, err
 	}
-	return backend{rt: rt, images: clusterImages{}, store: st, events: store.NewMemory(), leader: el.IsLeader, shared: st.Shared,
+	return backend{rt: rt, egress: rt.Egress(), images: clusterImages{}, store: st, events: store.NewMemory(), leader: el.IsLeader, shared: st.Shared,
 		close: func() error { st.Close(); return rt.Close() }}, nil
 }
 

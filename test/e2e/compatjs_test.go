@@ -29,10 +29,11 @@ func TestCompatJSSDK(t *testing.T) {
 
 // TestCompatJSSDKKubernetes runs the same suite against `moat serve
 // --runtime kubernetes` on a real single-node cluster (issue #18): every
-// sandbox is a pod running moat's agent. What the kubernetes runtime
-// refuses (pause, snapshots, egress policies and with them the Credential
-// Vault) must be refused as such: 501 SANDBOX::API_NOT_SUPPORTED, the
-// sandbox untouched, nothing created (MOAT_UNSUPPORTED).
+// sandbox is a pod running moat's agent, and egress policies are enforced
+// by its egress sidecar. What the kubernetes runtime refuses (pause,
+// snapshots, the Credential Vault) must be refused as such: 501
+// SANDBOX::API_NOT_SUPPORTED, the sandbox untouched, nothing created
+// (MOAT_UNSUPPORTED).
 func TestCompatJSSDKKubernetes(t *testing.T) {
 	node := lookNode(t)
 	dir := filepath.Join(testutil.RepoRoot(t), "test", "compat", "js")
@@ -41,7 +42,7 @@ func TestCompatJSSDKKubernetes(t *testing.T) {
 	k := startKubeStack(t)
 	srv := newServer(t)
 	srv.start(k.serverArgs()...)
-	runCompatJS(t, node, dir, srv, k.ref, "MOAT_UNSUPPORTED=pause,snapshots,egress")
+	runCompatJS(t, node, dir, srv, k.ref, "MOAT_UNSUPPORTED=pause,snapshots,vault")
 }
 
 func lookNode(t *testing.T) string {

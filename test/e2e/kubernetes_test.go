@@ -97,7 +97,10 @@ func startKubeStack(t *testing.T) *kubeStack {
 }
 
 func (k *kubeStack) serverArgs() []string {
-	return []string{"--runtime", "kubernetes", "--kubeconfig", k.node.Kubeconfig, "--k8s-namespace", k.ns, "--k8s-request-fraction", "0.1"}
+	return []string{"--runtime", "kubernetes", "--kubeconfig", k.node.Kubeconfig, "--k8s-namespace", k.ns, "--k8s-request-fraction", "0.1",
+		// The egress sidecars' DNS upstream: the pod's own loopback, where
+		// nothing answers (no test resolves a name under a policy).
+		"--dns-upstream", "127.0.0.1:9"}
 }
 
 // TestKubernetesLifecycle drives `moat serve --runtime kubernetes` against

@@ -92,6 +92,9 @@ type Config struct {
 	// rule that decided ("default"). It runs on the query's path and
 	// must not block.
 	OnDecision func(c *Client, name string, allowed bool, rule string)
+	// Dialer, if set, dials the upstreams (e.g. with a socket mark the
+	// firewall lets through); nil: a plain dialer bounded by Timeout.
+	Dialer *net.Dialer
 }
 
 // Server is the DNS proxy. Create it with New, register clients, then Serve.
@@ -304,7 +307,7 @@ func (s *Server) answer(remote net.Addr, r *dns.Msg, network string) *dns.Msg {
 
 // forward tries each upstream in order over the client's transport.
 func (s *Server) forward(ctx context.Context, r *dns.Msg, network string) (*dns.Msg, error) {
-	cl := &dns.Client{Net: network, Timeout: s.cfg.Timeout, UDPSize: uint16(udpSize(r))}
+	cl := &dns.Client{Net: network, Timeout: s.cfg.Timeout, UDPSize: uint16(udpSize(r)), Dialer: s.cfg.Dialer}
 	var errs []error
 	for _, up := range s.cfg.Upstreams {
 		resp, _, err := cl.ExchangeContext(ctx, r.Copy(), up)

@@ -98,6 +98,12 @@ func (h *Harness) Attach(ctx context.Context, id string, ip netip.Addr, p policy
 	return h.enf.Attach(ctx, id, path, ip, p)
 }
 
+// Update replaces the policy of sandbox id live.
+func (h *Harness) Update(ctx context.Context, id string, p policy.NetworkPolicy) error {
+	_, err := h.enf.Update(ctx, id, p)
+	return err
+}
+
 // Outside returns the outside host's two addresses (port 7000 answers
 // with nettest.Banner on both).
 func (h *Harness) Outside() (string, string) { return h.allowed, h.den }

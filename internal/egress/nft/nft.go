@@ -78,6 +78,12 @@ type Config struct {
 	// Device is the namespace's interface whose egress hook also enforces
 	// the policy (for AF_PACKET senders). Default "eth0".
 	Device string
+	// Exempt, if not 0, is a packet mark that passes both chains first:
+	// the traffic of an enforcer that runs inside the namespace it filters
+	// (the Kubernetes egress sidecar's upstream DNS queries). Setting a
+	// socket's mark needs CAP_NET_ADMIN or CAP_NET_RAW, which the
+	// sandbox's processes lack.
+	Exempt uint32
 }
 
 func (c Config) device() string {
@@ -128,16 +134,29 @@ func Open(netnsPath string) (*Firewall, error) {
 		f.Close()
 		return nil, fmt.Errorf("nft: %s is not a namespace file: %w", netnsPath, errdefs.ErrInvalidArgument)
 	}
-	conn, err := nftables.New(
-		nftables.WithNetNSFd(int(f.Fd())),
-		nftables.AsLasting(),
-		nftables.WithSockOptions(forceBuffers),
-	)
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(forceBuffers)}
+	if !ownNamespace(f) {
+		// Entering another namespace (setns) needs CAP_SYS_ADMIN; an
+		// enforcer inside the namespace it filters (the Kubernetes
+		// sidecar) holds only CAP_NET_ADMIN and needs no setns.
+		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
+	}
+	conn, err := nftables.New(opts...)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("nft: netlink in netns %s: %w", netnsPath, err)
 	}
 	return &Firewall{path: netnsPath, ns: f, conn: conn, dyn: map[netip.Addr]time.Time{}}, nil
+}
+
+// ownNamespace reports whether ns is the calling thread's network
+// namespace.
+func ownNamespace(ns *os.File) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(int(ns.Fd()), &a) != nil || unix.Stat("/proc/thread-self/ns/net", &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
 func forceBuffers(c *netlink.Conn) error {
@@ -435,10 +454,17 @@ func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict 
 	fam := familyOf(netdev)
 	dnsIP := cfg.DNS.Addr().Unmap()
 	var rules [][]expr.Any
+	if cfg.Exempt != 0 {
+		rules = append(rules, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(cfg.Exempt)},
+			accept(),
+		})
+	}
 	if netdev {
-		rules = netdevRules(fam, dnsIP)
+		rules = append(rules, netdevRules(fam, dnsIP)...)
 	} else {
-		rules = outputRules()
+		rules = append(rules, outputRules()...)
 	}
 	rules = append(rules,
 		// IPv6 neighbour discovery (icmpv6 types 133-136) is the IPv6 ARP;

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 )
 
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;create;update
@@ -39,8 +40,8 @@ type Isolation struct {
 	// ingress path run.
 	FromNamespaces []string
 	// FromCIDRs are address blocks that may reach the agent port
-	// (AgentPort) of sandbox pods: an out-of-cluster moat server or
-	// ingress gateway.
+	// (AgentPort) and the egress sidecar's API port of sandbox pods: an
+	// out-of-cluster moat server or ingress gateway.
 	FromCIDRs []string
 }
 
@@ -53,8 +54,8 @@ func IsolationPolicy(ns string, iso Isolation) *networkingv1.NetworkPolicy {
 		}}})
 	}
 	if len(iso.FromCIDRs) > 0 {
-		tcp, port := corev1.ProtocolTCP, intstr.FromInt32(AgentPort)
-		r := networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}}
+		tcp, port, eport := corev1.ProtocolTCP, intstr.FromInt32(AgentPort), intstr.FromInt32(sidecar.Port)
+		r := networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}, {Protocol: &tcp, Port: &eport}}}
 		for _, c := range iso.FromCIDRs {
 			r.From = append(r.From, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: c}})
 		}

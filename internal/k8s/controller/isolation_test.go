@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/controller"
 )
 
@@ -41,7 +42,8 @@ func TestIsolationPolicy(t *testing.T) {
 	}
 	if len(sp.Ingress) != 2 ||
 		sp.Ingress[0].From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "moat-system" || len(sp.Ingress[0].Ports) != 0 ||
-		sp.Ingress[1].From[0].IPBlock.CIDR != "192.0.2.0/24" || sp.Ingress[1].Ports[0].Port.IntValue() != controller.AgentPort {
+		sp.Ingress[1].From[0].IPBlock.CIDR != "192.0.2.0/24" || len(sp.Ingress[1].Ports) != 2 ||
+		sp.Ingress[1].Ports[0].Port.IntValue() != controller.AgentPort || sp.Ingress[1].Ports[1].Port.IntValue() != sidecar.Port {
 		t.Errorf("ingress rules %+v", sp.Ingress)
 	}
 	for _, p := range pods(t, c, ns, nil) {

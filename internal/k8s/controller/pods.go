@@ -200,6 +200,9 @@ func newPod(ns, name string, t *corev1.PodTemplateSpec, agentImage string, label
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == agentPort }) {
 		c.Ports = append(c.Ports, corev1.ContainerPort{Name: "execd", ContainerPort: agentPort, Protocol: corev1.ProtocolTCP})
 	}
+	if sec := t.Annotations[sbv1.AnnoEgress]; sec != "" {
+		addEgress(p, sec, agentImage)
+	}
 	return p
 }
 

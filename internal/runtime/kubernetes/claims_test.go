@@ -264,6 +264,17 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	if p, err := srv.cl.GetPool(ctx, "warm"); err != nil || p.Status.Allocated != 4 {
 		t.Errorf("a refused claim changed the pool: %+v %v", p, err)
 	}
+	// A pool pod has no egress sidecar: a claim with a network policy is
+	// refused as not supported, and claims nothing.
+	before = srv.writes.Snapshot()
+	_, err = srv.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
+		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 501 || apiErr.Code != "SANDBOX::API_NOT_SUPPORTED" {
+		t.Errorf("a warm claim with a network policy: %v", err)
+	}
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != 0 {
+		t.Errorf("a refused policy claim made API writes %v", writes)
+	}
 
 	got, err := srv.cl.GetSandbox(ctx, sb.ID)
 	if err != nil || got.Status.State != moat.StateRunning {

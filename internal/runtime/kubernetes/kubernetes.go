@@ -9,6 +9,8 @@
 // BatchSandbox; Stop = scale it to 0 replicas (the controller deletes the
 // pod and keeps the batch); Delete = delete both and wait until the
 // controller has released the pod. Pause and snapshots are not supported.
+// A sandbox with a network policy gets moat's egress sidecar in its pod
+// (egress.go).
 package kubernetes
 
 import (
@@ -84,6 +86,14 @@ type Config struct {
 	// equal limits, a Guaranteed pod). Lower values pack more sandboxes
 	// on a node than their limits add up to.
 	RequestFraction float64
+	// DNSUpstreams are the resolvers ("host:port") the egress sidecar of a
+	// sandbox with a network policy forwards allowed names to (default:
+	// the nameservers of this process's /etc/resolv.conf, the cluster DNS
+	// for a server in a pod).
+	DNSUpstreams []string
+	// EgressTimeout bounds one call to a sandbox's egress sidecar
+	// (default 10s).
+	EgressTimeout time.Duration
 }
 
 // Runtime is the kubernetes backend.
@@ -119,6 +129,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.SyncTimeout == 0 {
 		cfg.SyncTimeout = 60 * time.Second
+	}
+	if cfg.EgressTimeout == 0 {
+		cfg.EgressTimeout = 10 * time.Second
 	}
 	if cfg.RequestFraction < 0 || cfg.RequestFraction > 1 {
 		return nil, fmt.Errorf("kubernetes: %w: request fraction %v is not in (0, 1]", errdefs.ErrInvalidArgument, cfg.RequestFraction)
@@ -216,6 +229,9 @@ func (r *Runtime) validate(spec runtime.Spec) error {
 	if spec.Class != "" && !slices.Contains(r.cfg.Classes, spec.Class) {
 		return runtime.Invalid("runtime class %q is not available", spec.Class)
 	}
+	if err := r.validateEgress(spec); err != nil {
+		return err
+	}
 	for _, m := range spec.Mounts {
 		if m.Volume == "" {
 			// Host paths of the server mean nothing on a cluster node.
@@ -295,10 +311,18 @@ func (r *Runtime) template(spec runtime.Spec) *corev1.PodTemplateSpec {
 	if spec.Class != "" {
 		t.Spec.RuntimeClassName = &spec.Class
 	}
+	t.Annotations = map[string]string{}
 	if r.cfg.AgentImage != "" {
 		// The controller's agent injection uses its --agent-image; a
 		// server-specific image travels as an explicit init container.
-		t.Annotations = map[string]string{sbv1.AnnoAgentImage: r.cfg.AgentImage}
+		t.Annotations[sbv1.AnnoAgentImage] = r.cfg.AgentImage
+	}
+	if spec.Egress != nil {
+		// The controller adds the egress sidecar (egress.go).
+		t.Annotations[sbv1.AnnoEgress] = spec.ID + tokenSecretSufx
+	}
+	if len(t.Annotations) == 0 {
+		t.Annotations = nil
 	}
 	return t
 }
@@ -351,11 +375,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	// the garbage collector) once the batch exists; sweepTokens removes
 	// one a crash left without a batch.
 	var sec *corev1.Secret
-	if spec.AgentToken != "" {
+	if spec.AgentToken != "" || spec.Egress != nil {
 		sec = &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: spec.ID + tokenSecretSufx,
 				Labels: map[string]string{labelScope: r.cfg.Scope, labelToken: "true"}},
 			StringData: map[string]string{tokenKey: spec.AgentToken},
+		}
+		if err := r.egressSecret(spec, sec.StringData); err != nil {
+			return runtime.Status{}, err
 		}
 		if err := r.c.Create(ctx, sec); err != nil {
 			return runtime.Status{}, classify("create agent token secret", err)
@@ -643,6 +670,10 @@ func (r *Runtime) Endpoint(ctx context.Context, id string, port int) (string, er
 // pods cannot take another environment: it is set when a pod starts.
 func poolServes(pt, t *corev1.PodTemplateSpec) bool {
 	if pt == nil || len(pt.Spec.Containers) != 1 || len(t.Spec.Containers) != 1 || len(t.Spec.Volumes) > 0 {
+		return false
+	}
+	if pt.Annotations[sbv1.AnnoEgress] != t.Annotations[sbv1.AnnoEgress] {
+		// A sandbox with a policy starts with its own sidecar.
 		return false
 	}
 	a, b := pt.Spec.Containers[0], t.Spec.Containers[0]

@@ -89,7 +89,10 @@ func newNodeRuntime(t *testing.T, f *nodeFixture, ns string) *kubernetes.Runtime
 	rt, err := kubernetes.New(f.node.Config, kubernetes.Config{Namespace: ns, DeleteTimeout: 60 * time.Second, CreateTimeout: 2 * time.Minute,
 		// The node has 2 CPUs: requests equal to the suite's limits would
 		// not fit the concurrent sandboxes next to the controller.
-		RequestFraction: 0.1})
+		RequestFraction: 0.1,
+		// The egress sidecars' DNS upstream: the pod's own loopback,
+		// where nothing answers (the suite's egress case uses IP rules).
+		DNSUpstreams: []string{"127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +139,7 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 			}
 		})
 		rt := newNodeRuntime(t, f, ns)
-		return nodeRuntime{rt, rt, ns}
+		return nodeRuntime{rt, rt, ns, rt}
 	}, runtimetest.Options{
 		Image:        f.image,
 		Class:        class,
@@ -150,8 +153,9 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			ns := rt.(nodeRuntime).ns
 			rt2 := newNodeRuntime(t, f, ns)
-			return nodeRuntime{rt2, rt2, ns}
+			return nodeRuntime{rt2, rt2, ns, rt2}
 		},
+		Egress: egressFor(f, class),
 	})
 }
 
@@ -161,6 +165,17 @@ type nodeRuntime struct {
 	runtime.Runtime
 	runtime.Volumes
 	ns string
+	k  *kubernetes.Runtime
+}
+
+// egressFor is the Egress harness of class: the default class enforces
+// policies with the egress sidecar; runsc refuses them (its kernel does
+// not filter the pod's network namespace; TestEgressValidate).
+func egressFor(f *nodeFixture, class string) func(t *testing.T, rt runtime.Runtime) runtimetest.EgressHarness {
+	if class != "" {
+		return nil
+	}
+	return func(t *testing.T, rt runtime.Runtime) runtimetest.EgressHarness { return newNodeEgress(t, f, rt) }
 }
 
 // testNodeTasks: a BatchSandbox with a taskTemplate runs its task in every

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -55,19 +54,21 @@ func TestServerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Egress policies are not enforced in pods yet: the API refuses them
-	// clearly instead of creating an unguarded sandbox.
+	// A policy is enforced by the pod's egress sidecar, which the fake
+	// nodes' pods do not run: the create fails closed, as one whose
+	// sidecar never answers, and leaves nothing behind (the sidecar
+	// itself: TestNewPodAddsEgressSidecar, TestRealNode, TestSidecar).
 	_, err = cl.CreateSandbox(ctx, moat.CreateRequest{
 		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
 		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"},
 	})
 	var apiErr *moat.APIError
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotImplemented || apiErr.Code != "SANDBOX::API_NOT_SUPPORTED" {
-		t.Errorf("create with a networkPolicy = %v, want 501 SANDBOX::API_NOT_SUPPORTED", err)
+	if !errors.As(err, &apiErr) || apiErr.Code != "SANDBOX::EGRESS_FAILED" {
+		t.Errorf("create with a networkPolicy and no sidecar = %v, want SANDBOX::EGRESS_FAILED", err)
 	}
 	var left sbv1.BatchSandboxList
 	if err := adminClient(t).List(ctx, &left, client.InNamespace(ns)); err != nil || len(left.Items) != 0 {
-		t.Errorf("a refused create left %d BatchSandboxes (%v)", len(left.Items), err)
+		t.Errorf("a failed create left %d BatchSandboxes (%v)", len(left.Items), err)
 	}
 	sb, err := cl.CreateSandbox(ctx, moat.CreateRequest{
 		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},

@@ -28,6 +28,19 @@ type EgressHarness interface {
 	Outside() (allowed, denied string)
 }
 
+// EgressInside is an EgressHarness whose backend enforces egress inside
+// the sandbox (the kubernetes runtime's sidecar): the policy goes into
+// the create (Spec.Egress) and Attach then sets it as the server does.
+type EgressInside interface {
+	Spec(p policy.NetworkPolicy) *runtime.Egress
+}
+
+// EgressUpdater is an EgressHarness that changes a running sandbox's
+// policy live (the egress API's POST /policy).
+type EgressUpdater interface {
+	Update(ctx context.Context, id string, p policy.NetworkPolicy) error
+}
+
 // Banner starts what the outside host of an EgressHarness answers.
 const Banner = "moat-egress-test"
 
@@ -44,13 +57,17 @@ func (s *suite) egressCase(t *testing.T) {
 	a, b := h.Outside()
 	open := NewID("egress-open")
 	s.create(t, ctx, rt, open)
+	p := policy.NetworkPolicy{DefaultAction: policy.Deny, Egress: []policy.Rule{{Action: policy.Allow, Target: a + "/32"}}}
 	limited := NewID("egress-pol")
-	st := s.create(t, ctx, rt, limited)
+	spec := s.spec(limited)
+	if in, ok := h.(EgressInside); ok {
+		spec.Egress = in.Spec(p)
+	}
+	st := s.createSpec(t, ctx, rt, spec)
 	ip, err := netip.ParseAddr(st.IP)
 	if err != nil {
 		t.Fatalf("sandbox IP %q: %v", st.IP, err)
 	}
-	p := policy.NetworkPolicy{DefaultAction: policy.Deny, Egress: []policy.Rule{{Action: policy.Allow, Target: a + "/32"}}}
 	if err := h.Attach(ctx, limited, ip, p); err != nil {
 		t.Fatalf("attach the policy: %v", err)
 	}
@@ -73,6 +90,21 @@ func (s *suite) egressCase(t *testing.T) {
 	}
 	if reach(limited, b) {
 		t.Errorf("a sandbox reached %s, which its policy denies", b)
+	}
+	up, ok := h.(EgressUpdater)
+	if !ok || t.Failed() {
+		return
+	}
+	// A live change: the other address allowed, the first denied.
+	p = policy.NetworkPolicy{DefaultAction: policy.Deny, Egress: []policy.Rule{{Action: policy.Allow, Target: b + "/32"}}}
+	if err := up.Update(ctx, limited, p); err != nil {
+		t.Fatalf("update the policy: %v", err)
+	}
+	if !reach(limited, b) {
+		t.Errorf("after the update, the newly allowed address %s is unreachable", b)
+	}
+	if reach(limited, a) {
+		t.Errorf("after the update, a sandbox reached %s, which its policy now denies", a)
 	}
 }
 

@@ -138,7 +138,14 @@ func (s *suite) ctxFor(t *testing.T) context.Context {
 // create creates a sandbox and registers its deletion.
 func (s *suite) create(t *testing.T, ctx context.Context, rt runtime.Runtime, id string) runtime.Status {
 	t.Helper()
-	st, err := rt.Create(ctx, s.spec(id))
+	return s.createSpec(t, ctx, rt, s.spec(id))
+}
+
+// createSpec creates a sandbox of spec, deleted when t ends.
+func (s *suite) createSpec(t *testing.T, ctx context.Context, rt runtime.Runtime, spec runtime.Spec) runtime.Status {
+	t.Helper()
+	id := spec.ID
+	st, err := rt.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("Create(%s): %v", id, err)
 	}

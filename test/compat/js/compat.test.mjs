@@ -6,8 +6,9 @@
 //   MOAT_API_KEY  the server's API key
 //   MOAT_IMAGE    an image reference the server can pull (busybox)
 //   MOAT_UNSUPPORTED  what the server's runtime refuses, comma-separated
-//                 (pause, snapshots, egress; the kubernetes runtime refuses
-//                 all three): those tests check the refusal instead, a 501
+//                 (pause, snapshots, egress, vault; the kubernetes runtime
+//                 refuses pause, snapshots and the vault): those tests
+//                 check the refusal instead, a 501
 //                 with the code SANDBOX::API_NOT_SUPPORTED that leaves the
 //                 sandbox as it was and creates nothing
 //
