@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -68,13 +70,14 @@ func TestVaultHandler(t *testing.T) {
 	var got *vault.Rules
 	var gotCA *mitm.CA
 	attachErr := error(nil)
+	state := filepath.Join(t.TempDir(), "vault.json")
 	h := sidecar.VaultHandler(token, sealer(t, 1), func(_ context.Context, ca *mitm.CA, r *vault.Rules) error {
 		if attachErr != nil {
 			return attachErr
 		}
 		gotCA, got = ca, r
 		return nil
-	}, log)
+	}, log, state)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	body, ca := vaultBody(t, sealer(t, 1))
@@ -116,6 +119,9 @@ func TestVaultHandler(t *testing.T) {
 	}
 	if got == nil || !got.Intercepts("https", "api.test", 443) || got.Intercepts("https", "other.test", 443) {
 		t.Fatalf("rules in force: %+v", got)
+	}
+	if kept, err := os.ReadFile(state); err != nil || !bytes.Equal(kept, body) || bytes.Contains(kept, []byte(vaultSecret)) {
+		t.Fatalf("kept state: %v, sealed as pushed: %v", err, bytes.Equal(kept, body))
 	}
 	if !gotCA.Certificate().Equal(ca.Certificate()) {
 		t.Fatal("CA in force is not the server's")
