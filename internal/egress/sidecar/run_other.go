@@ -21,6 +21,7 @@ type Options struct {
 	Listen    string
 	StateDir  string
 	Logger    *slog.Logger
+	VaultKey  []byte
 	Ready     func()
 }
 
