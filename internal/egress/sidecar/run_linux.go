@@ -117,7 +117,7 @@ func Run(ctx context.Context, o Options) error {
 		Logger:  o.Logger,
 	}
 	if icpt != nil {
-		cfg.Interceptor = icpt
+		cfg.Interceptor, cfg.LocalProxy = icpt, ProxyPort
 	}
 	enf, err := egress.New(cfg)
 	if err != nil {

@@ -32,10 +32,10 @@ func sealer(t *testing.T, b byte) *vault.Sealer {
 }
 
 // vaultBody is what the server pushes: the CA and a vault sealed under sl.
-func vaultBody(t *testing.T, sl *vault.Sealer) ([]byte, *mitm.CA) {
+func vaultBody(t *testing.T, sl *vault.Sealer, match string) ([]byte, *mitm.CA) {
 	t.Helper()
 	req, err := vault.DecodeCreate([]byte(`{"credentials":[{"name":"t","source":{"value":"` + vaultSecret + `"}}],
-	 "bindings":[{"name":"api","match":{"hosts":["api.test"]},"auth":{"type":"bearer","credential":"t"}}]}`))
+	 "bindings":[{"name":"api","match":` + match + `,"auth":{"type":"bearer","credential":"t"}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +80,8 @@ func TestVaultHandler(t *testing.T) {
 	}, log, state)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	body, ca := vaultBody(t, sealer(t, 1))
-	foreign, _ := vaultBody(t, sealer(t, 2))
+	body, ca := vaultBody(t, sealer(t, 1), `{"hosts":["api.test"]}`)
+	foreign, _ := vaultBody(t, sealer(t, 2), `{"hosts":["api.test"]}`)
 
 	put := func(tok string, b []byte) (int, string) {
 		t.Helper()
