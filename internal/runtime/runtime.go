@@ -97,6 +97,11 @@ type Spec struct {
 	// must be empty, and the restored agent still holds the checkpointed
 	// sandbox's access token (AgentToken is not applied).
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Tenant is the tenant that owns the sandbox ("default" for the
+	// default tenant). Backends that give each tenant a place of its own
+	// (the kubernetes backend's tenant namespaces) put the sandbox there;
+	// others ignore it.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Mount is a bind mount of a host path, or of a named volume, into a
@@ -417,3 +422,8 @@ var ErrCheckpointMissing = errors.New("checkpoint missing")
 // ErrSubPathUnsupported marks a volume subPath the backend's volume driver
 // cannot mount; it comes wrapped with errdefs.ErrInvalidArgument.
 var ErrSubPathUnsupported = errors.New("volume subPath not supported by the driver")
+
+// ErrTenantNamespaceMissing marks a create for a tenant whose place on
+// the backend (the kubernetes backend's tenant namespace) does not exist;
+// it comes wrapped with errdefs.ErrFailedPrecondition.
+var ErrTenantNamespaceMissing = errors.New("tenant namespace missing")
