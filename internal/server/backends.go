@@ -12,6 +12,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // deps are what a backend factory may use.
@@ -21,6 +22,8 @@ type deps struct {
 	// audit feeds egress decisions and credential injections into the
 	// audit trail.
 	audit *auditHooks
+	// quota is a tenant's quota (the kubernetes backend's ResourceQuotas).
+	quota func(tenant string) tenant.Quota
 }
 
 // backend is a built runtime with its optional egress enforcement.

@@ -145,7 +145,7 @@ func (s *Server) openBackend(ctx context.Context) (backend, error) {
 		return backend{}, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
 	}
 	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images, audit: s.hooks})
+	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images, audit: s.hooks, quota: s.quotaOf})
 	if err != nil {
 		return backend{}, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
@@ -188,10 +188,19 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 	if err != nil {
 		return nil, fmt.Errorf("key secret: %w", err)
 	}
-	if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: s.apiKey, Secret: secret}); err != nil {
+	if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: s.apiKey, Secret: secret, FileTenants: s.cfg.fileTenants}); err != nil {
 		return nil, err
 	}
 	return s.tenants, nil
+}
+
+// quotaOf is tenant t's quota (none before the tenants are open, or
+// without auth).
+func (s *Server) quotaOf(t string) tenant.Quota {
+	if s.tenants == nil {
+		return tenant.Quota{}
+	}
+	return s.tenants.Quota(t)
 }
 
 // guardrails are the tenants' egress guardrails (none without auth).
