@@ -19,6 +19,8 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/server"
 	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
@@ -153,7 +155,8 @@ api_keys = ["`+gammaKey+`"]
 		}
 		in := np.Spec.Ingress
 		if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) || len(in) != 1 || len(in[0].From) != 1 ||
-			in[0].From[0].PodSelector != nil || in[0].From[0].NamespaceSelector == nil ||
+			in[0].From[0].NamespaceSelector == nil || in[0].From[0].PodSelector == nil ||
+			len(in[0].From[0].PodSelector.MatchExpressions) != 1 || in[0].From[0].PodSelector.MatchExpressions[0].Operator != metav1.LabelSelectorOpDoesNotExist ||
 			len(in[0].From[0].NamespaceSelector.MatchExpressions) != 1 ||
 			!slices.Equal(in[0].From[0].NamespaceSelector.MatchExpressions[0].Values, []string{ns}) ||
 			np.Spec.PodSelector.MatchLabels["moat.sandbox.opensandbox.io/server-scope"] != "tenantns" {
@@ -213,6 +216,20 @@ api_keys = ["`+gammaKey+`"]
 	if list, err := gamma.ListSandboxes(ctx, moat.ListOptions{}); err != nil || slices.ContainsFunc(list.Items, func(sb moat.Sandbox) bool { return sb.Status.State != moat.StateFailed }) {
 		t.Errorf("gamma lists %+v (%v), want only Failed creates", list, err)
 	}
+
+	// A backend that has not seen the sandboxes finds them in their
+	// namespaces (another replica, a restarted server).
+	rt, err := kubernetes.New(env.Config, kubernetes.Config{Namespace: ns, Scope: "tenantns",
+		Tenants: &kubernetes.TenantNamespaces{Namespaces: map[string]string{"alpha": nsA}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{sbA.ID, sbB.ID} {
+		if st, err := rt.Status(ctx, id); err != nil || st.State != runtime.StateRunning {
+			t.Errorf("a fresh backend: sandbox %s is %+v (%v), want running", id, st, err)
+		}
+	}
+	rt.Close()
 
 	// Deleting removes the sandbox from its tenant's namespace.
 	for _, w := range []struct {

@@ -37,8 +37,9 @@ import (
 //     limits (the agent's init container) small defaults, which Kubernetes
 //     requires under such a quota;
 //   - the NetworkPolicy moat-tenant-<scope>, which admits ingress to the
-//     scope's sandbox pods only from the IngressNamespaces (the server's),
-//     never from another tenant's namespace nor from pods of the same one.
+//     scope's sandbox pods only from pods of the IngressNamespaces (the
+//     server's) that are not sandboxes of the scope: never from another
+//     tenant's namespace, nor from another sandbox.
 
 // TenantNamespaces places tenants in namespaces (Config.Tenants).
 type TenantNamespaces struct {
@@ -144,9 +145,14 @@ func (r *Runtime) tenantObjects(ns string, q tenant.Quota) []client.Object {
 	np := &networkingv1.NetworkPolicy{ObjectMeta: meta(), Spec: networkingv1.NetworkPolicySpec{
 		PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{labelScope: r.cfg.Scope}},
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		// Pods of the ingress namespaces that are not sandboxes of the
+		// scope: never another sandbox, even of the server's namespace.
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
 			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: from,
+			}}},
+			PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: labelScope, Operator: metav1.LabelSelectorOpDoesNotExist,
 			}}},
 		}}}},
 	}}
