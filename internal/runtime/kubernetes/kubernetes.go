@@ -374,6 +374,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			StringData: map[string]string{tokenKey: spec.AgentToken},
 		}
 		if err := r.c.Create(ctx, sec); err != nil {
+			if gone := r.gone(ctx, spec.Tenant, ns, err); gone != nil {
+				return runtime.Status{}, gone
+			}
 			return runtime.Status{}, classify("create agent token secret", err)
 		}
 	}
@@ -382,6 +385,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		r.forget(spec.ID)
 		if sec != nil {
 			r.c.Delete(context.WithoutCancel(ctx), sec)
+		}
+		if gone := r.gone(ctx, spec.Tenant, ns, err); gone != nil {
+			return runtime.Status{}, gone
 		}
 		return runtime.Status{}, classify("create sandbox "+spec.ID, err)
 	}

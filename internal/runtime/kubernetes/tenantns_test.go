@@ -245,6 +245,21 @@ api_keys = ["`+gammaKey+`"]
 			return client.IgnoreNotFound(err) == nil && err != nil, "still there"
 		})
 	}
+
+	// A namespace deleted after the server used it: the same clear error
+	// (envtest runs no namespace controller, so it stays Terminating).
+	if err := c.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsB}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = beta.CreateSandbox(ctx, moat.CreateRequest{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
+		ResourceLimits: map[string]string{"cpu": "500m"}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusConflict || apiErr.Code != "TENANT::NAMESPACE_NOT_FOUND" {
+		t.Errorf("create in a deleted namespace = %v, want 409 TENANT::NAMESPACE_NOT_FOUND", err)
+	}
+	var leftB sbv1.BatchSandboxList
+	if err := c.List(ctx, &leftB, client.InNamespace(nsB)); err != nil || len(leftB.Items) != 0 {
+		t.Errorf("a refused create in a deleted namespace left %d BatchSandboxes (%v)", len(leftB.Items), err)
+	}
 }
 
 // fakeQuotaController fills the status of ResourceQuotas in ns as

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -128,6 +129,22 @@ func (r *Runtime) prepareNamespace(ctx context.Context, t, ns string) error {
 	r.tenants.mu.Lock()
 	r.tenants.applied[ns] = q
 	r.tenants.mu.Unlock()
+	return nil
+}
+
+// gone returns the missing-namespace error when err, from a create in
+// tenant t's namespace ns, came because ns has gone (or is being
+// deleted) since prepareNamespace saw it; nil otherwise.
+func (r *Runtime) gone(ctx context.Context, t, ns string, err error) error {
+	if r.cfg.Tenants == nil || err == nil {
+		return nil
+	}
+	r.tenants.mu.Lock()
+	delete(r.tenants.applied, ns)
+	r.tenants.mu.Unlock()
+	if perr := r.prepareNamespace(ctx, t, ns); errors.Is(perr, runtime.ErrTenantNamespaceMissing) {
+		return perr
+	}
 	return nil
 }
 
