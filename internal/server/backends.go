@@ -24,6 +24,9 @@ type deps struct {
 	audit *auditHooks
 	// quota is a tenant's quota (the kubernetes backend's ResourceQuotas).
 	quota func(tenant string) tenant.Quota
+	// named is the namespace the tenants file names for a tenant (nil:
+	// no file).
+	named func(tenant string) (string, bool)
 }
 
 // backend is a built runtime with its optional egress enforcement.

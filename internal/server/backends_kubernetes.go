@@ -77,6 +77,7 @@ func tenantNamespaces(cfg Config, d deps) *kubernetes.TenantNamespaces {
 			tn.Namespaces[ft.Name] = ft.Namespace
 		}
 	}
+	tn.Lookup = d.named // the file as reread, when the server watches it
 	if len(tn.IngressNamespaces) == 0 {
 		tn.IngressNamespaces = []string{cmp.Or(k.Namespace, "default")}
 		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {

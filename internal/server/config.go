@@ -61,6 +61,9 @@ type Config struct {
 	// On the kubernetes runtime it turns on tenant namespaces. Read at
 	// start.
 	TenantsFile string
+	// TenantsReload is how often TenantsFile is reread (default 5s): a
+	// changed file's keys and namespaces apply without a restart.
+	TenantsReload time.Duration
 	// fileTenants are TenantsFile's tenants (read by Validate).
 	fileTenants []tenant.FileTenant
 	// NoAuth disables API-key auth (only sensible on a loopback listener).

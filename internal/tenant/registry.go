@@ -125,7 +125,8 @@ type Registry struct {
 	keys    map[string]Key
 	tenants map[string]Tenant
 	// fileKeys maps the digests of tenants-file keys to their principals;
-	// fileIDs maps their key ids to the same (set by Open, read only).
+	// fileIDs maps their key ids to the same (SetFileTenants replaces
+	// both under mu).
 	fileKeys map[string]fileKey
 	fileIDs  map[string]fileKey
 }
@@ -143,14 +144,7 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 	} else if len(r.secret) < 16 {
 		return nil, fmt.Errorf("key secret too short (%d bytes, want %d): %w", len(r.secret), SecretLen, errdefs.ErrInvalidArgument)
 	}
-	r.fileKeys, r.fileIDs = map[string]fileKey{}, map[string]fileKey{}
-	for _, ft := range opt.FileTenants {
-		for _, k := range ft.APIKeys {
-			d := r.digest(k)
-			fk := fileKey{id: fileKeyID(d), tenant: ft.Name, role: ft.Role}
-			r.fileKeys[d], r.fileIDs[fk.id] = fk, fk
-		}
-	}
+	r.fileKeys, r.fileIDs = r.fileKeysOf(opt.FileTenants)
 	if db == nil {
 		r.addFileTenants(opt.FileTenants)
 		return r, nil
@@ -334,12 +328,14 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 	}
 	id, ok := parseKey(key)
 	if !ok {
-		if len(r.fileKeys) > 0 {
-			// A map lookup by the keyed digest: its timing says nothing
-			// of the keys without the server secret.
-			if fk, ok := r.fileKeys[r.digest(key)]; ok {
-				return fk.principal(), nil
-			}
+		// A map lookup by the keyed digest: its timing says nothing of
+		// the keys without the server secret.
+		d := r.digest(key)
+		r.mu.RLock()
+		fk, ok := r.fileKeys[d]
+		r.mu.RUnlock()
+		if ok {
+			return fk.principal(), nil
 		}
 		return Principal{}, invalidKey()
 	}
@@ -360,8 +356,33 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 	return k.principal(), nil
 }
 
+// fileKeysOf indexes the keys of a tenants file by digest and by id.
+func (r *Registry) fileKeysOf(fts []FileTenant) (byDigest, byID map[string]fileKey) {
+	byDigest, byID = map[string]fileKey{}, map[string]fileKey{}
+	for _, ft := range fts {
+		for _, k := range ft.APIKeys {
+			d := r.digest(k)
+			fk := fileKey{id: fileKeyID(d), tenant: ft.Name, role: ft.Role}
+			byDigest[d], byID[fk.id] = fk, fk
+		}
+	}
+	return byDigest, byID
+}
+
+// SetFileTenants replaces the tenants file's keys with those of fts (a
+// reread file): keys no longer listed stop authenticating at once, and
+// tenants new to it are created.
+func (r *Registry) SetFileTenants(fts []FileTenant) error {
+	byDigest, byID := r.fileKeysOf(fts)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fileKeys, r.fileIDs = byDigest, byID
+	return r.addFileTenants(fts)
+}
+
 // addFileTenants creates the tenants of the tenants file that do not
-// exist (an existing one keeps its quota and guardrail).
+// exist (an existing one keeps its quota and guardrail). The caller holds
+// mu, or is Open.
 func (r *Registry) addFileTenants(fts []FileTenant) error {
 	for _, ft := range fts {
 		if _, ok := r.tenants[ft.Name]; ok {
@@ -410,12 +431,13 @@ func (r *Registry) PrincipalOf(keyID string) (Principal, error) {
 	if keyID == RootKeyID && r.rootKey != "" {
 		return rootPrincipal(), nil
 	}
-	if fk, ok := r.fileIDs[keyID]; ok {
-		return fk.principal(), nil
-	}
 	r.mu.RLock()
+	fk, isFile := r.fileIDs[keyID]
 	k, ok := r.keys[keyID]
 	r.mu.RUnlock()
+	if isFile {
+		return fk.principal(), nil
+	}
 	if !ok {
 		return Principal{}, invalidKey()
 	}

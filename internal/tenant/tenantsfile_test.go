@@ -136,3 +136,23 @@ func TestFileKeysAuthenticate(t *testing.T) {
 		t.Errorf("alpha's quota after a restart = %+v, want 3 sandboxes", q)
 	}
 }
+
+// TestSetFileTenants: a reread file's keys replace the old ones at once.
+func TestSetFileTenants(t *testing.T) {
+	r, err := Open(nil, Options{FileTenants: []FileTenant{{Name: "a", APIKeys: []string{"osk-old-key-0123456789"}, Role: RoleOperator}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetFileTenants([]FileTenant{{Name: "b", APIKeys: []string{"osk-new-key-0123456789"}, Role: RoleAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Authenticate("osk-old-key-0123456789"); publicCode(err) != "INVALID_API_KEY" {
+		t.Errorf("a removed key: %v", err)
+	}
+	if p, err := r.Authenticate("osk-new-key-0123456789"); err != nil || p.Tenant != "b" || p.Role != RoleAdmin {
+		t.Errorf("a new key: %+v, %v", p, err)
+	}
+	if _, err := r.Tenant("b"); err != nil {
+		t.Errorf("tenant b: %v", err)
+	}
+}

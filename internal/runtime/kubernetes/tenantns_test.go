@@ -70,7 +70,7 @@ api_keys = ["`+gammaKey+`"]
 		t.Fatal(err)
 	}
 	url := startTenantServer(t, ns, "tenantns", func(cfg *server.Config) {
-		cfg.APIKey, cfg.TenantsFile = rootKey, file
+		cfg.APIKey, cfg.TenantsFile, cfg.TenantsReload = rootKey, file, 50*time.Millisecond
 	})
 	cl := func(key string) *moat.Client {
 		cl, err := moat.New(url, moat.WithAPIKey(key))
@@ -245,6 +245,27 @@ api_keys = ["`+gammaKey+`"]
 			return client.IgnoreNotFound(err) == nil && err != nil, "still there"
 		})
 	}
+
+	// The file is reread: a new key works and a removed tenant's key
+	// stops working, without a restart.
+	if err := os.WriteFile(file, []byte(`
+[[tenants]]
+name = "alpha"
+namespace = "`+nsA+`"
+api_keys = ["osk-alpha-new-0123456789"]
+
+[[tenants]]
+name = "beta"
+api_keys = ["`+betaKey+`"]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the reread tenants file", func() (bool, string) {
+		_, errNew := cl("osk-alpha-new-0123456789").ListSandboxes(ctx, moat.ListOptions{})
+		_, errOld := alpha.ListSandboxes(ctx, moat.ListOptions{})
+		_, errGamma := gamma.ListSandboxes(ctx, moat.ListOptions{})
+		return errNew == nil && errOld != nil && errGamma != nil, "new key, old key, gamma's key"
+	})
 
 	// A namespace deleted after the server used it: the same clear error
 	// (envtest runs no namespace controller, so it stays Terminating).

@@ -46,6 +46,9 @@ import (
 type TenantNamespaces struct {
 	// Namespaces maps tenant names to their namespaces (tenants.toml).
 	Namespaces map[string]string
+	// Lookup, if set, is used instead of Namespaces (a tenants file that
+	// is reread): the namespace named for tenant, if any.
+	Lookup func(tenant string) (string, bool)
 	// Prefix places a tenant Namespaces does not name in
 	// "<Prefix>-<tenant>"; the default tenant is in Config.Namespace
 	// unless Namespaces names it.
@@ -83,7 +86,11 @@ func (r *Runtime) namespaceOf(t string) string {
 	if tn == nil {
 		return r.cfg.Namespace
 	}
-	if ns, ok := tn.Namespaces[t]; ok && ns != "" {
+	lookup := tn.Lookup
+	if lookup == nil {
+		lookup = func(t string) (string, bool) { ns, ok := tn.Namespaces[t]; return ns, ok }
+	}
+	if ns, ok := lookup(t); ok && ns != "" {
 		return ns
 	}
 	if t == tenant.Default {
