@@ -41,7 +41,7 @@ the admin of tenant "default"; more keys, each of one tenant with a role
 	f.BoolVar(&cfg.Kubernetes.TenantNamespaces, "k8s-tenant-namespaces", false, "with --runtime kubernetes, put each tenant's sandboxes, pods, secrets and volumes in its own namespace (<k8s-tenant-namespace-prefix>-<tenant>, or the one --tenants-file names; it must exist), with a ResourceQuota and NetworkPolicy")
 	f.StringVar(&cfg.Kubernetes.TenantNamespacePrefix, "k8s-tenant-namespace-prefix", "", "prefix of tenant namespaces (default: --k8s-namespace)")
 	f.StringSliceVar(&cfg.Kubernetes.IngressNamespaces, "k8s-tenant-ingress-namespace", nil, "namespaces whose pods may reach sandbox pods in tenant namespaces (repeatable; default: --k8s-namespace and the server's own)")
-	f.StringVar(&cfg.TenantsFile, "tenants-file", "", "OpenSandbox multi-tenant configuration (tenants.toml: [[tenants]] name, namespace, api_keys): its tenants and keys; on --runtime kubernetes it turns on tenant namespaces")
+	f.StringVar(&cfg.TenantsFile, "tenants-file", "", "OpenSandbox multi-tenant configuration (tenants.toml: [[tenants]] name, namespace, api_keys): its tenants and keys, reread every 5s; on --runtime kubernetes it turns on tenant namespaces")
 	f.StringVar(&cfg.Kubernetes.Pool, "k8s-pool", "", "Pool to claim sandboxes from for --runtime kubernetes (optional)")
 	f.StringVar(&cfg.Kubernetes.AgentImage, "k8s-agent-image", "", "image holding /moat for the agent init container (default: the controller's)")
 	f.Float32Var(&cfg.Kubernetes.QPS, "k8s-api-qps", 0, "with --runtime kubernetes, API requests per second of the server's clients (client-side rate limit; default 200, as moat controller)")

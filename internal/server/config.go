@@ -59,7 +59,7 @@ type Config struct {
 	// (tenants.toml: [[tenants]] name, namespace, api_keys): its tenants
 	// are created if missing and its keys authenticate (tenant.FileTenant).
 	// On the kubernetes runtime it turns on tenant namespaces. Read at
-	// start.
+	// start and reread every TenantsReload.
 	TenantsFile string
 	// TenantsReload is how often TenantsFile is reread (default 5s): a
 	// changed file's keys and namespaces apply without a restart.
