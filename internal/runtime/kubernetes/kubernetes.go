@@ -12,6 +12,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -38,7 +39,6 @@ import (
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
-	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // Labels and annotations the backend puts on its BatchSandboxes.
@@ -104,8 +104,10 @@ type Runtime struct {
 	// inline is called when the inline records may have changed; nil:
 	// claims write no record inline (pools.go).
 	inline atomic.Pointer[func(part any)]
-	// tenants is the state of the tenant namespaces (tenants.go).
-	tenants tenantState
+	// tenants is the state of the tenant namespaces (tenants.go);
+	// stopTenants stops its quota resync (nil: none).
+	tenants     tenantState
+	stopTenants func()
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -144,7 +146,7 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 		t2.Prefix = cfg.Namespace
 		cfg.Tenants = &t2
 	}
-	r := &Runtime{c: c, cfg: cfg, tenants: tenantState{applied: map[string]tenant.Quota{}, placed: map[string]string{}}}
+	r := &Runtime{c: c, cfg: cfg, tenants: tenantState{applied: map[string]appliedQuota{}, placed: map[string]string{}}}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if r.cfg.Classes == nil {
@@ -152,6 +154,12 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if err := r.startClaims(rc); err != nil {
 		return nil, err
+	}
+	if cfg.Tenants != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); r.resyncQuotas(ctx, cmp.Or(cfg.Tenants.QuotaResync, quotaResync)) }()
+		r.stopTenants = func() { cancel(); <-done }
 	}
 	r.sweepTokens(sctx, orphanTokenAge)
 	return r, nil
@@ -214,6 +222,9 @@ func (r *Runtime) Namespace() string { return r.cfg.Namespace }
 
 // Close stops the informers.
 func (r *Runtime) Close() error {
+	if r.stopTenants != nil {
+		r.stopTenants()
+	}
 	if r.stop != nil {
 		r.stop()
 		<-r.done

@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -163,6 +164,21 @@ api_keys = ["`+gammaKey+`"]
 			t.Errorf("%s: NetworkPolicy spec %+v, want ingress only from namespace %s", n, np.Spec, ns)
 		}
 	}
+
+	// A quota set through the API reaches the namespace without a
+	// create.
+	if _, err := root.PutTenant(ctx, "beta", moat.TenantQuota{Sandboxes: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "beta's new ResourceQuota", func() (bool, string) {
+		var rq corev1.ResourceQuota
+		var lr corev1.LimitRange
+		err := c.Get(ctx, client.ObjectKey{Namespace: nsB, Name: "moat-tenant-tenantns"}, &rq)
+		p := rq.Spec.Hard[corev1.ResourcePods]
+		lrErr := c.Get(ctx, client.ObjectKey{Namespace: nsB, Name: "moat-tenant-tenantns"}, &lr)
+		return err == nil && p.Value() == 3 && len(rq.Spec.Hard) == 1 && client.IgnoreNotFound(lrErr) == nil && lrErr != nil,
+			fmt.Sprintf("hard %v, LimitRange %v", rq.Spec.Hard, lrErr)
+	})
 
 	// A tenant sees its own sandboxes only.
 	for _, w := range []struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -58,6 +59,9 @@ type TenantNamespaces struct {
 	// IngressNamespaces may reach the sandbox pods (default: the
 	// server's Config.Namespace).
 	IngressNamespaces []string
+	// QuotaResync is how often a changed quota is carried to the
+	// namespaces already written (default 5s).
+	QuotaResync time.Duration
 }
 
 // Limits the LimitRange gives containers without limits in a namespace
@@ -71,12 +75,47 @@ const (
 // create writes nothing when the tenant's objects are as wanted.
 type tenantState struct {
 	mu sync.Mutex
-	// applied maps a namespace to the quota its objects were last made
-	// from.
-	applied map[string]tenant.Quota
+	// applied maps a namespace to the tenant and quota its objects were
+	// last made from.
+	applied map[string]appliedQuota
 	// placed maps sandbox ids to namespaces, as seen by Create, List and
 	// locate.
 	placed map[string]string
+}
+
+type appliedQuota struct {
+	tenant string
+	quota  tenant.Quota
+}
+
+// quotaResync is how often the backend compares the tenants' quotas with
+// what it wrote to their namespaces (resyncQuotas).
+const quotaResync = 5 * time.Second
+
+// resyncQuotas rewrites, every interval until ctx ends, the objects of
+// the namespaces this process has written whose tenant's quota changed
+// since (a quota set through the API): no API request while none did.
+func (r *Runtime) resyncQuotas(ctx context.Context, every time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		r.tenants.mu.Lock()
+		stale := map[string]string{}
+		for ns, a := range r.tenants.applied {
+			if r.cfg.Tenants.Quota != nil && r.cfg.Tenants.Quota(a.tenant) != a.quota {
+				stale[ns] = a.tenant
+			}
+		}
+		r.tenants.mu.Unlock()
+		for ns, t := range stale {
+			// Best effort: a failure is tried again next time and by the
+			// tenant's next create.
+			r.prepareNamespace(ctx, t, ns)
+		}
+	}
 }
 
 // namespaceOf is the namespace of tenant t's sandboxes.
@@ -118,7 +157,7 @@ func (r *Runtime) prepareNamespace(ctx context.Context, t, ns string) error {
 	r.tenants.mu.Lock()
 	last, ok := r.tenants.applied[ns]
 	r.tenants.mu.Unlock()
-	if ok && last == q {
+	if ok && last.quota == q {
 		return nil
 	}
 	var n corev1.Namespace
@@ -134,7 +173,7 @@ func (r *Runtime) prepareNamespace(ctx context.Context, t, ns string) error {
 		}
 	}
 	r.tenants.mu.Lock()
-	r.tenants.applied[ns] = q
+	r.tenants.applied[ns] = appliedQuota{tenant: tenant.Normalize(t), quota: q}
 	r.tenants.mu.Unlock()
 	return nil
 }
