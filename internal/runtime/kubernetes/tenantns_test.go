@@ -180,6 +180,22 @@ api_keys = ["`+gammaKey+`"]
 			fmt.Sprintf("hard %v, LimitRange %v", rq.Spec.Hard, lrErr)
 	})
 
+	// Warm pools serve the server's namespace only: a tenant placed
+	// elsewhere cannot make one (its pods would run outside its
+	// namespace), and no Pool is made.
+	_, err = alpha.CreatePool(ctx, moat.PoolSpec{Name: "warm",
+		Template:     moat.PoolTemplate{Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"}},
+		CapacitySpec: moat.PoolCapacity{BufferMin: 1, BufferMax: 1, PoolMin: 1, PoolMax: 2}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotImplemented {
+		t.Errorf("alpha creates a pool: %v, want 501", err)
+	}
+	for _, n := range []string{ns, nsA} {
+		var pools sbv1.PoolList
+		if err := c.List(ctx, &pools, client.InNamespace(n)); err != nil || len(pools.Items) != 0 {
+			t.Errorf("a refused pool left %d Pools in %s (%v)", len(pools.Items), n, err)
+		}
+	}
+
 	// A tenant sees its own sandboxes only.
 	for _, w := range []struct {
 		name      string
