@@ -110,12 +110,12 @@ func RunOverhead(ctx context.Context, o OverheadBenchOptions, w io.Writer) error
 	}
 	a, b := sides[0], sides[1]
 	if o.Creates > 0 {
-		printOverhead(w, "create -> Running -> first command (through the server proxy)", a.total, b.total)
-		printOverhead(w, "  of which create (POST until Running)", a.create, b.create)
-		printOverhead(w, "  of which first command (endpoint + exec)", a.first, b.first)
+		printOverhead(w, "", "create -> Running -> first command (through the server proxy)", a.total, b.total)
+		printOverhead(w, "  ", "of which create (POST until Running)", a.create, b.create)
+		printOverhead(w, "  ", "of which first command (endpoint + exec)", a.first, b.first)
 	}
 	if o.Execs > 0 {
-		printOverhead(w, "exec round trip (`true` through the server proxy, to the end of the stream)", a.exec, b.exec)
+		printOverhead(w, "", "exec round trip (`true` through the server proxy, to the end of the stream)", a.exec, b.exec)
 	}
 	return nil
 }
@@ -167,11 +167,11 @@ func pctAbove(a, b time.Duration) float64 {
 	return float64(b-a) / float64(a) * 100
 }
 
-func printOverhead(w io.Writer, what string, a, b []time.Duration) {
+func printOverhead(w io.Writer, indent, what string, a, b []time.Duration) {
 	o := CompareOverhead(a, b)
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
-	fmt.Fprintf(w, "%s:\n", what)
-	fmt.Fprintf(w, "  A: n=%d p50=%s p90=%s\n", o.A.N, ms(o.A.P50), ms(o.A.P90))
-	fmt.Fprintf(w, "  B: n=%d p50=%s p90=%s\n", o.B.N, ms(o.B.P50), ms(o.B.P90))
-	fmt.Fprintf(w, "  p50 B vs A: %+.1f%% (%+.2fms); noise, A's halves: %.1f%%\n", o.P50, float64((o.B.P50-o.A.P50).Microseconds())/1000, o.Noise)
+	fmt.Fprintf(w, "%s%s:\n", indent, what)
+	fmt.Fprintf(w, indent+"  A: n=%d p50=%s p90=%s\n", o.A.N, ms(o.A.P50), ms(o.A.P90))
+	fmt.Fprintf(w, indent+"  B: n=%d p50=%s p90=%s\n", o.B.N, ms(o.B.P50), ms(o.B.P90))
+	fmt.Fprintf(w, indent+"  p50 B vs A: %+.1f%% (%+.2fms); noise, A's halves: %.1f%%\n", o.P50, float64((o.B.P50-o.A.P50).Microseconds())/1000, o.Noise)
 }

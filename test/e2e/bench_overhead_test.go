@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"flag"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +54,7 @@ func TestAuditOverheadBench(t *testing.T) {
 	cmd := exec.Command(bench, "overhead", "--server-a", "http://"+a.addr, "--api-key-a", a.key,
 		"--server-b", "http://"+b.addr, "--api-key-b", b.key, "--image", ref,
 		"--creates", strconv.Itoa(*overheadCreates), "--execs", strconv.Itoa(*overheadExecs))
-	cmd.Stdout, cmd.Stderr = io.MultiWriter(&out, os.Stdout), os.Stderr
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("moat-bench overhead: %v\n%s", err, out.String())
 	}
