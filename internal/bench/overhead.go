@@ -42,7 +42,8 @@ type overheadSide struct {
 // Samples alternate between the servers in the order sampleOrder gives,
 // so a change of the machine's load weighs on both alike. It prints p50
 // and p90 of each server, the difference of the p50s, and the noise
-// floor: the difference between the p50s of A's own two halves.
+// floor: the difference between the p50s of A's own two halves (see
+// Overhead.Noise).
 func RunOverhead(ctx context.Context, o OverheadBenchOptions, w io.Writer) error {
 	if o.A.Server == "" || o.B.Server == "" {
 		return errors.New("overhead: both --server-a and --server-b are required")
@@ -135,8 +136,10 @@ type Overhead struct {
 	A, B Percentiles
 	// P50 is how much B's p50 is above A's, in percent of A's.
 	P50 float64
-	// Noise is the same difference between the p50s of A's odd and even
-	// samples: a P50 within it is no measurable overhead.
+	// Noise is the same difference between the p50s of A's two halves,
+	// rounds 0, 1, 4, 5 ... and rounds 2, 3, 6, 7 ... (each half has as
+	// many samples taken first as second, see sampleOrder): a P50 within
+	// it is no measurable overhead.
 	Noise float64
 }
 
@@ -144,15 +147,15 @@ type Overhead struct {
 func CompareOverhead(a, b []time.Duration) Overhead {
 	o := Overhead{A: Summarize(a), B: Summarize(b)}
 	o.P50 = pctAbove(o.A.P50, o.B.P50)
-	var even, odd []time.Duration
+	var h0, h1 []time.Duration
 	for i, d := range a {
-		if i%2 == 0 {
-			even = append(even, d)
+		if i/2%2 == 0 {
+			h0 = append(h0, d)
 		} else {
-			odd = append(odd, d)
+			h1 = append(h1, d)
 		}
 	}
-	o.Noise = pctAbove(Summarize(even).P50, Summarize(odd).P50)
+	o.Noise = pctAbove(Summarize(h0).P50, Summarize(h1).P50)
 	if o.Noise < 0 {
 		o.Noise = -o.Noise
 	}

@@ -40,15 +40,18 @@ func TestCompareOverhead(t *testing.T) {
 		p50, noise float64
 		aP50, bP50 time.Duration
 	}{
-		// 1: B 10 % above A; A's even samples (10, 10) and odd (10, 10) agree.
+		// 1: B 10 % above A; A's halves (rounds 0, 1 and 2, 3) agree.
 		{a: ms(10, 10, 10, 10), b: ms(11, 11, 11, 11), p50: 10, noise: 0, aP50: 10 * time.Millisecond, bP50: 11 * time.Millisecond},
 		// 2: B below A is a negative overhead.
 		{a: ms(20, 20, 20), b: ms(19, 19, 19), p50: -5, noise: 0, aP50: 20 * time.Millisecond, bP50: 19 * time.Millisecond},
-		// 3: A's even samples (10, 10) and odd (12, 12): 20 % of noise.
-		{a: ms(10, 12, 10, 12), b: ms(10, 10, 10, 10), p50: 0, noise: 20, aP50: 10 * time.Millisecond, bP50: 10 * time.Millisecond},
-		// 4: the noise is a magnitude: even (12, 12) above odd (10, 10).
-		{a: ms(12, 10, 12, 10), b: ms(10, 10, 10, 10), p50: 0, noise: 1.0 / 6 * 100, aP50: 10 * time.Millisecond, bP50: 10 * time.Millisecond},
-		// 5: no samples: no figures, no division by zero.
+		// 3: A's rounds 0, 1 (10, 10) and 2, 3 (12, 12): 20 % of noise.
+		{a: ms(10, 10, 12, 12), b: ms(10, 10, 10, 10), p50: 0, noise: 20, aP50: 10 * time.Millisecond, bP50: 10 * time.Millisecond},
+		// 4: the noise is a magnitude: rounds 0, 1 (12, 12) above 2, 3 (10, 10).
+		{a: ms(12, 12, 10, 10), b: ms(10, 10, 10, 10), p50: 0, noise: 1.0 / 6 * 100, aP50: 10 * time.Millisecond, bP50: 10 * time.Millisecond},
+		// 5: what comes first or second in a round (10 and 12) is in both
+		// halves alike: no noise.
+		{a: ms(10, 12, 10, 12), b: ms(10, 10, 10, 10), p50: 0, noise: 0, aP50: 10 * time.Millisecond, bP50: 10 * time.Millisecond},
+		// 6: no samples: no figures, no division by zero.
 		{p50: 0, noise: 0},
 	} {
 		o := CompareOverhead(c.a, c.b)

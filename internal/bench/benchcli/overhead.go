@@ -20,7 +20,7 @@ use_server_proxy path, which the audit trail records). Server A is the
 baseline, B the variant (make bench-overhead starts A with --audit-trail off
 and --audit-log off, B with both on and OTLP export to a collector). Prints
 p50/p90 of each, how much B's p50 is above A's, and the noise floor (the
-difference between the p50s of A's odd and even samples).`,
+difference between the p50s of A's two halves, each with as many samples taken first as second).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, t := range []*bench.Target{&o.A, &o.B} {
