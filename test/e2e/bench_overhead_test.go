@@ -18,6 +18,7 @@ var (
 	overheadBench   = flag.Bool("overhead.bench", false, "run TestAuditOverheadBench: the cost of auditing and tracing (make bench-overhead)")
 	overheadCreates = flag.Int("overhead.creates", 100, "TestAuditOverheadBench: timed creates per server")
 	overheadExecs   = flag.Int("overhead.execs", 500, "TestAuditOverheadBench: timed exec round trips per server")
+	overheadOTLP    = flag.Bool("overhead.otlp", true, "TestAuditOverheadBench: B exports over OTLP (false: B only audits)")
 )
 
 // TestAuditOverheadBench measures what the audit trail, the audit log and
@@ -41,7 +42,9 @@ func TestAuditOverheadBench(t *testing.T) {
 	a := newServer(t)
 	a.start(append(common, "--audit-trail", "off", "--audit-log", "off")...)
 	// Only B's environment names the collector (a server reads it at start).
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.Endpoint)
+	if *overheadOTLP {
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.Endpoint)
+	}
 	b := newServer(t)
 	b.start(common...)
 
@@ -75,7 +78,7 @@ func TestAuditOverheadBench(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(b.root, "audit.log")); err != nil {
 		t.Errorf("B's audit log: %v", err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); *overheadOTLP; time.Sleep(500 * time.Millisecond) {
 		if raw, _ := os.ReadFile(col.File); bytes.Contains(raw, []byte("moat.audit.command")) {
 			break
 		}
