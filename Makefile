@@ -9,7 +9,7 @@ ROOT ?= /var/lib/moat
 ADDR ?= :8080
 TESTFLAGS ?= -count=1 -timeout 45m
 
-.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm deps-otelcol check-debian-build generate-k8s build run test test-race test-setup test-build test-short vet lint bench bench-e2b bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
+.PHONY: help deps deps-browser console agent release screenshots deps-runsc deps-docker deps-k8s deps-images deps-guest deps-npm deps-otelcol check-debian-build generate-k8s build run test test-race test-setup test-build test-short vet lint bench bench-e2b bench-overhead bench-k8s bench-k8s-claims bench-k8s-node fmt clean generate verify check-generated check-generated-k8s
 
 help: ## List targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -196,6 +196,9 @@ bench: build ## Print create-latency figures (moat-bench create)
 
 bench-e2b: build ## Time to interactive through E2B's JS SDK on loopback: cold (crun), warm pool, burst of 100 (root, node)
 	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent $(GO) test -count=1 -timeout 40m -v -run '^TestE2BSDKBench$$' ./test/e2e/ -e2b.bench
+
+bench-overhead: build deps-otelcol ## Cost of auditing and tracing: create and exec p50 without and with (root; OVERHEAD='-overhead.creates=100 -overhead.execs=500')
+	MOAT_BIN=$(CURDIR)/$(BIN) MOAT_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) MOAT_AGENT_BIN=$(CURDIR)/bin/moat-agent $(GO) test -count=1 -timeout 30m -v -run '^TestAuditOverheadBench$$' ./test/e2e/ -overhead.bench $(OVERHEAD)
 
 # moat-bench k8s measures a cluster that exists; these bring up throw-away
 # ones from the test harness (internal/testutil/k8stest, linked into neither binary).

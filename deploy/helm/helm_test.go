@@ -143,3 +143,52 @@ func TestDefaultImage(t *testing.T) {
 		t.Errorf("helm template renders no image %s:\n%s", want, out)
 	}
 }
+
+// TestTenantNamespacesRBAC: serverRole.tenantNamespaces adds the rules
+// tenant namespaces need and, with a service account, binds the server
+// role cluster-wide; by default neither.
+func TestTenantNamespacesRBAC(t *testing.T) {
+	render := func(args ...string) map[string]*unstructured.Unstructured {
+		out := run(t, append([]string{"template", "r1", "moat", "--namespace", "moat-system", "--show-only", "templates/server-role.yaml"}, args...)...)
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+		objs := map[string]*unstructured.Unstructured{}
+		for {
+			var o unstructured.Unstructured
+			if err := dec.Decode(&o.Object); err != nil {
+				break
+			}
+			if len(o.Object) > 0 {
+				objs[o.GetKind()+"/"+o.GetName()] = &o
+			}
+		}
+		return objs
+	}
+	resources := func(role *unstructured.Unstructured) string {
+		rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+		var b strings.Builder
+		for _, r := range rules {
+			b.WriteString(strings.Join(toStrings(r.(map[string]any)["resources"]), ",") + ";")
+		}
+		return b.String()
+	}
+	def := render()
+	if def["ClusterRole/r1-server"] == nil || def["ClusterRoleBinding/r1-server"] != nil ||
+		strings.Contains(resources(def["ClusterRole/r1-server"]), "networkpolicies") {
+		t.Errorf("default server role: %v, %s", keys(def), resources(def["ClusterRole/r1-server"]))
+	}
+	tn := render("--set", "serverRole.tenantNamespaces.enabled=true", "--set", "serverRole.tenantNamespaces.serviceAccount.name=moat-server")
+	res := resources(tn["ClusterRole/r1-server"])
+	for _, want := range []string{"namespaces;", "resourcequotas,limitranges;", "networkpolicies;"} {
+		if !strings.Contains(res, want) {
+			t.Errorf("tenant-namespace server role lacks %s: %s", want, res)
+		}
+	}
+	b := tn["ClusterRoleBinding/r1-server"]
+	if b == nil {
+		t.Fatalf("no ClusterRoleBinding: %v", keys(tn))
+	}
+	subj, _, _ := unstructured.NestedSlice(b.Object, "subjects")
+	if s := subj[0].(map[string]any); s["name"] != "moat-server" || s["namespace"] != "moat-system" {
+		t.Errorf("binding subject %v", s)
+	}
+}

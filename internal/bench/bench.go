@@ -122,6 +122,22 @@ func (c *Client) AgentEndpoint(ctx context.Context, id string) (Endpoint, error)
 	return ep, err
 }
 
+// ProxyEndpoint resolves the agent port of a sandbox in server-proxy
+// mode, as the SDKs do with use_server_proxy: requests go through the
+// server (which records them in the sandbox's audit trail), with the API
+// key as well as the agent's token.
+func (c *Client) ProxyEndpoint(ctx context.Context, id string) (Endpoint, error) {
+	var ep Endpoint
+	if _, err := c.do(ctx, "GET", "/v1/sandboxes/"+id+"/endpoints/44772?use_server_proxy=true", nil, &ep); err != nil {
+		return ep, err
+	}
+	if ep.Headers == nil {
+		ep.Headers = map[string]string{}
+	}
+	ep.Headers["OPEN-SANDBOX-API-KEY"] = c.Key
+	return ep, nil
+}
+
 // Run runs a foreground command through the agent and returns its stdout.
 func (c *Client) Run(ctx context.Context, ep Endpoint, command string) (string, error) {
 	b, _ := json.Marshal(map[string]string{"command": command})

@@ -211,7 +211,7 @@ func runCreateClass(ctx context.Context, c *Client, o CreateBenchOptions, image,
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			id, tc, tf, err := createOne(ctx, c, image, class)
+			id, tc, tf, err := createOne(ctx, c, image, class, c.AgentEndpoint)
 			mu.Lock()
 			defer mu.Unlock()
 			if id != "" {
@@ -253,10 +253,12 @@ func runCreateClass(ctx context.Context, c *Client, o CreateBenchOptions, image,
 	return nil
 }
 
-// createOne creates one sandbox and runs its first command: the time
-// until Running and the time of the first command. id is the sandbox's
-// (to delete) whenever the create succeeded, even if the command failed.
-func createOne(ctx context.Context, c *Client, image, class string) (id string, create, first time.Duration, err error) {
+// createOne creates one sandbox and runs its first command at the
+// endpoint resolve gives (c.AgentEndpoint: straight to the agent;
+// c.ProxyEndpoint: through the server): the time until Running and the
+// time of the first command. id is the sandbox's (to delete) whenever the
+// create succeeded, even if the command failed.
+func createOne(ctx context.Context, c *Client, image, class string, resolve func(context.Context, string) (Endpoint, error)) (id string, create, first time.Duration, err error) {
 	t0 := time.Now()
 	id, err = c.Create(ctx, CreateOptions{Image: image, RuntimeClass: class, Entrypoint: []string{"tail", "-f", "/dev/null"}})
 	t1 := time.Now()
@@ -264,7 +266,7 @@ func createOne(ctx context.Context, c *Client, image, class string) (id string, 
 		return "", 0, 0, err
 	}
 	var ep Endpoint
-	if ep, err = c.AgentEndpoint(ctx, id); err == nil {
+	if ep, err = resolve(ctx, id); err == nil {
 		var out string
 		out, err = c.Run(ctx, ep, "echo ok")
 		if err == nil && out != "ok" {

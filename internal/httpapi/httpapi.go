@@ -159,6 +159,7 @@ var reasons = []struct {
 	{image.ErrPull, "IMAGE::PULL_FAILED"},
 	{runtime.ErrCheckpointMissing, "SNAPSHOT::IMAGE_MISSING"},
 	{runtime.ErrSubPathUnsupported, "VOLUME::PVC_SUBPATH_UNSUPPORTED_DRIVER"},
+	{runtime.ErrTenantNamespaceMissing, "TENANT::NAMESPACE_NOT_FOUND"},
 }
 
 // codeOf maps error classes (and reasons) to Lifecycle API codes.

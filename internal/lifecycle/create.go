@@ -16,6 +16,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/runtime"
+	"github.com/moat-sandbox/moat/internal/tenant"
 	"github.com/moat-sandbox/moat/internal/volume"
 )
 
@@ -378,6 +379,7 @@ func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, st
 		AgentToken: sb.AgentToken,
 		Labels:     map[string]string{"moat.dev/sandbox": sb.ID},
 		Mounts:     sb.Mounts,
+		Tenant:     tenant.Normalize(sb.Tenant),
 	}
 	// A sandbox from a memory snapshot is restored: its agent answers
 	// with the source's token until rotateToken gives it its own.
@@ -405,7 +407,8 @@ func (e *Entry) startFailed(ctx context.Context, err error) error {
 	if errors.Is(err, volume.ErrSubPath) {
 		return errdefs.WithPublic(err, CodeInvalidSubPath, "a volume's subPath leads out of the volume (through '..' or a symlink) or through a file")
 	}
-	if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) || errors.Is(err, errdefs.ErrNotImplemented) {
+	if errdefs.IsInvalidArgument(err) || errdefs.IsAlreadyExists(err) || errors.Is(err, errdefs.ErrNotImplemented) ||
+		errors.Is(err, runtime.ErrTenantNamespaceMissing) {
 		// The spec's fault, or something this runtime refuses to do
 		// (e.g. a disk quota on docker): the runtime's words say which.
 		return err

@@ -104,6 +104,11 @@ type Spec struct {
 	// Token guarding its egress API. Other backends ignore it: the
 	// server's enforcer attaches from outside.
 	Egress *Egress `json:"-"`
+	// Tenant is the tenant that owns the sandbox ("default" for the
+	// default tenant). Backends that give each tenant a place of its own
+	// (the kubernetes backend's tenant namespaces) put the sandbox there;
+	// others ignore it.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Egress is the egress enforcement a sandbox starts under (Spec.Egress).
@@ -432,3 +437,8 @@ var ErrCheckpointMissing = errors.New("checkpoint missing")
 // ErrSubPathUnsupported marks a volume subPath the backend's volume driver
 // cannot mount; it comes wrapped with errdefs.ErrInvalidArgument.
 var ErrSubPathUnsupported = errors.New("volume subPath not supported by the driver")
+
+// ErrTenantNamespaceMissing marks a create for a tenant whose place on
+// the backend (the kubernetes backend's tenant namespace) does not exist;
+// it comes wrapped with errdefs.ErrFailedPrecondition.
+var ErrTenantNamespaceMissing = errors.New("tenant namespace missing")

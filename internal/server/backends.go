@@ -12,6 +12,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/fake"
 	"github.com/moat-sandbox/moat/internal/store"
+	"github.com/moat-sandbox/moat/internal/tenant"
 )
 
 // deps are what a backend factory may use.
@@ -21,6 +22,11 @@ type deps struct {
 	// audit feeds egress decisions and credential injections into the
 	// audit trail.
 	audit *auditHooks
+	// quota is a tenant's quota (the kubernetes backend's ResourceQuotas).
+	quota func(tenant string) tenant.Quota
+	// named is the namespace the tenants file names for a tenant (nil:
+	// no file).
+	named func(tenant string) (string, bool)
 }
 
 // backend is a built runtime with its optional egress enforcement.

@@ -1,8 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/errdefs"
@@ -44,6 +48,45 @@ type KubernetesConfig struct {
 	// room, before the store moves it to a Secret of its own (default
 	// 200ms; see kstore: a record with room stays until its first update).
 	InlineMoveAfter time.Duration
+	// TenantNamespaces puts each tenant's sandboxes, pods, secrets and
+	// volumes in a namespace of its own: the tenants file's, else
+	// "<TenantNamespacePrefix>-<tenant>"; the default tenant's is
+	// Namespace unless the file names one. Implied by a tenants file.
+	TenantNamespaces bool
+	// TenantNamespacePrefix is the prefix of tenant namespaces (default
+	// Namespace).
+	TenantNamespacePrefix string
+	// IngressNamespaces may reach sandbox pods in tenant namespaces
+	// (default: Namespace and the server's own namespace in a pod).
+	IngressNamespaces []string
+}
+
+// serviceAccountNamespace is the file holding a pod's own namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// tenantNamespaces is the backend's tenant placement (nil: one namespace).
+func tenantNamespaces(cfg Config, d deps) *kubernetes.TenantNamespaces {
+	k := cfg.Kubernetes
+	if !k.TenantNamespaces && len(cfg.fileTenants) == 0 {
+		return nil
+	}
+	tn := &kubernetes.TenantNamespaces{Namespaces: map[string]string{}, Prefix: k.TenantNamespacePrefix, Quota: d.quota,
+		IngressNamespaces: slices.Clone(k.IngressNamespaces)}
+	for _, ft := range cfg.fileTenants {
+		if ft.Namespace != "" {
+			tn.Namespaces[ft.Name] = ft.Namespace
+		}
+	}
+	tn.Lookup = d.named // the file as reread, when the server watches it
+	if len(tn.IngressNamespaces) == 0 {
+		tn.IngressNamespaces = []string{cmp.Or(k.Namespace, "default")}
+		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
+			if own := strings.TrimSpace(string(b)); own != "" && !slices.Contains(tn.IngressNamespaces, own) {
+				tn.IngressNamespaces = append(tn.IngressNamespaces, own)
+			}
+		}
+	}
+	return tn
 }
 
 // newKubernetes builds the kubernetes backend. Network policies are
@@ -70,6 +113,7 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 
 		RequestFraction: cfg.Kubernetes.RequestFraction,
 		DNSUpstreams:    cfg.DNSUpstreams,
+		Tenants:         tenantNamespaces(cfg, d),
 	})
 	if err != nil {
 		return backend{}, err

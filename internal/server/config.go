@@ -55,6 +55,17 @@ type Config struct {
 	APIKey string
 	// APIKeyFile defaults to <Root>/api-key.
 	APIKeyFile string
+	// TenantsFile is OpenSandbox's multi-tenant configuration
+	// (tenants.toml: [[tenants]] name, namespace, api_keys): its tenants
+	// are created if missing and its keys authenticate (tenant.FileTenant).
+	// On the kubernetes runtime it turns on tenant namespaces. Read at
+	// start and reread every TenantsReload.
+	TenantsFile string
+	// TenantsReload is how often TenantsFile is reread (default 5s): a
+	// changed file's keys and namespaces apply without a restart.
+	TenantsReload time.Duration
+	// fileTenants are TenantsFile's tenants (read by Validate).
+	fileTenants []tenant.FileTenant
 	// NoAuth disables API-key auth (only sensible on a loopback listener).
 	NoAuth bool
 	// KeySecretFile holds the server secret that API keys of the tenant
@@ -248,7 +259,24 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateIngress()...)
 	errs = append(errs, c.validateTLS()...)
 	errs = append(errs, c.validateFiles()...)
+	errs = append(errs, c.validateTenants()...)
 	return errors.Join(errs...)
+}
+
+// validateTenants reads the tenants file.
+func (c *Config) validateTenants() []error {
+	if c.TenantsFile == "" {
+		return nil
+	}
+	if c.NoAuth {
+		return []error{errors.New("tenants-file needs API-key authentication (not --insecure-no-auth)")}
+	}
+	fts, err := tenant.LoadTenantsFile(c.TenantsFile)
+	if err != nil {
+		return []error{err}
+	}
+	c.fileTenants = fts
+	return nil
 }
 
 // validateTLS checks the TLS options: both files, and a TLS listen

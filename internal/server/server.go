@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -14,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/moat-sandbox/moat/internal/audit"
@@ -62,6 +64,10 @@ type Server struct {
 	// runCtx lives until Close: background services of the backend.
 	runCtx  context.Context
 	stopRun context.CancelFunc
+	// tenantsFile is Config.TenantsFile as last read (nil: none); bg
+	// counts the goroutines Close waits for.
+	tenantsFile *tenantsFile
+	bg          sync.WaitGroup
 }
 
 // NewLogger returns the server's structured logger at cfg.LogLevel.
@@ -145,7 +151,12 @@ func (s *Server) openBackend(ctx context.Context) (backend, error) {
 		return backend{}, fmt.Errorf("runtime %q is not available on this platform", cfg.Runtime)
 	}
 	s.runCtx, s.stopRun = context.WithCancel(context.WithoutCancel(ctx))
-	be, err := factory(ctx, s.runCtx, cfg, deps{log: s.log, images: s.images, audit: s.hooks})
+	d := deps{log: s.log, images: s.images, audit: s.hooks, quota: s.quotaOf}
+	if cfg.TenantsFile != "" {
+		s.tenantsFile = newTenantsFile(cfg.TenantsFile, cfg.fileTenants)
+		d.named = s.tenantsFile.lookup
+	}
+	be, err := factory(ctx, s.runCtx, cfg, d)
 	if err != nil {
 		return backend{}, fmt.Errorf("runtime %s: %w", cfg.Runtime, err)
 	}
@@ -188,10 +199,22 @@ func (s *Server) openTenants(ctx context.Context, be backend) (lifecycle.Quotas,
 	if err != nil {
 		return nil, fmt.Errorf("key secret: %w", err)
 	}
-	if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: s.apiKey, Secret: secret}); err != nil {
+	if s.tenants, err = tenant.Open(s.db, tenant.Options{RootKey: s.apiKey, Secret: secret, FileTenants: s.cfg.fileTenants}); err != nil {
 		return nil, err
 	}
+	if s.tenantsFile != nil {
+		s.bg.Go(func() { s.watchTenantsFile(s.runCtx, s.tenantsFile, cmp.Or(s.cfg.TenantsReload, defaultTenantsReload)) })
+	}
 	return s.tenants, nil
+}
+
+// quotaOf is tenant t's quota (none before the tenants are open, or
+// without auth).
+func (s *Server) quotaOf(t string) tenant.Quota {
+	if s.tenants == nil {
+		return tenant.Quota{}
+	}
+	return s.tenants.Quota(t)
 }
 
 // guardrails are the tenants' egress guardrails (none without auth).
@@ -477,6 +500,7 @@ func (s *Server) Close() {
 	if s.stopRun != nil {
 		s.stopRun()
 	}
+	s.bg.Wait()
 	if s.closeRT != nil {
 		s.closeRT()
 	}

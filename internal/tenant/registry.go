@@ -104,6 +104,12 @@ type Options struct {
 	Secret []byte
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// FileTenants are the tenants of a tenants file (LoadTenantsFile):
+	// each is created (without quota) if missing, and its keys
+	// authenticate as its principals. They are held in memory only, as
+	// digests, and neither listed nor revoked through the API: the file
+	// is their source.
+	FileTenants []FileTenant
 }
 
 // Registry holds the tenants and API keys. It keeps them in memory and
@@ -118,6 +124,11 @@ type Registry struct {
 	mu      sync.RWMutex
 	keys    map[string]Key
 	tenants map[string]Tenant
+	// fileKeys maps the digests of tenants-file keys to their principals;
+	// fileIDs maps their key ids to the same (SetFileTenants replaces
+	// both under mu).
+	fileKeys map[string]fileKey
+	fileIDs  map[string]fileKey
 }
 
 // Open loads the registry from db (nil: an empty, memory-only registry).
@@ -133,7 +144,9 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 	} else if len(r.secret) < 16 {
 		return nil, fmt.Errorf("key secret too short (%d bytes, want %d): %w", len(r.secret), SecretLen, errdefs.ErrInvalidArgument)
 	}
+	r.fileKeys, r.fileIDs = r.fileKeysOf(opt.FileTenants)
 	if db == nil {
+		r.addFileTenants(opt.FileTenants)
 		return r, nil
 	}
 	keys, err := store.List[Key](db, KeyBucket)
@@ -152,6 +165,9 @@ func Open(db store.Store, opt Options) (*Registry, error) {
 	}
 	for _, t := range tenants {
 		r.tenants[t.Name] = t
+	}
+	if err := r.addFileTenants(opt.FileTenants); err != nil {
+		return nil, err
 	}
 	if w, ok := db.(store.Watcher); ok {
 		r.follow(w)
@@ -312,6 +328,15 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 	}
 	id, ok := parseKey(key)
 	if !ok {
+		// A map lookup by the keyed digest: its timing says nothing of
+		// the keys without the server secret.
+		d := r.digest(key)
+		r.mu.RLock()
+		fk, ok := r.fileKeys[d]
+		r.mu.RUnlock()
+		if ok {
+			return fk.principal(), nil
+		}
 		return Principal{}, invalidKey()
 	}
 	got := r.digest(key)
@@ -329,6 +354,52 @@ func (r *Registry) Authenticate(key string) (Principal, error) {
 		return Principal{}, err
 	}
 	return k.principal(), nil
+}
+
+// fileKeysOf indexes the keys of a tenants file by digest and by id.
+func (r *Registry) fileKeysOf(fts []FileTenant) (byDigest, byID map[string]fileKey) {
+	byDigest, byID = map[string]fileKey{}, map[string]fileKey{}
+	for _, ft := range fts {
+		for _, k := range ft.APIKeys {
+			d := r.digest(k)
+			fk := fileKey{id: fileKeyID(d), tenant: ft.Name, role: ft.Role}
+			byDigest[d], byID[fk.id] = fk, fk
+		}
+	}
+	return byDigest, byID
+}
+
+// SetFileTenants replaces the tenants file's keys with those of fts (a
+// reread file): keys no longer listed stop authenticating at once, and
+// tenants new to it are created.
+func (r *Registry) SetFileTenants(fts []FileTenant) error {
+	byDigest, byID := r.fileKeysOf(fts)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fileKeys, r.fileIDs = byDigest, byID
+	return r.addFileTenants(fts)
+}
+
+// addFileTenants creates the tenants of the tenants file that do not
+// exist (an existing one keeps its quota and guardrail). The caller holds
+// mu, or is Open.
+func (r *Registry) addFileTenants(fts []FileTenant) error {
+	for _, ft := range fts {
+		if _, ok := r.tenants[ft.Name]; ok {
+			continue
+		}
+		t := Tenant{Name: ft.Name, CreatedAt: r.now().UTC()}
+		if err := r.put(TenantBucket, t.Name, t); err != nil {
+			return fmt.Errorf("tenant %s of the tenants file: %w", t.Name, err)
+		}
+		r.tenants[t.Name] = t
+	}
+	return nil
+}
+
+// filePrincipal is the principal of a tenants-file key.
+func (k fileKey) principal() Principal {
+	return Principal{KeyID: k.id, Tenant: k.tenant, Role: k.role}
 }
 
 // rootPrincipal is the principal of the server's own key.
@@ -361,8 +432,12 @@ func (r *Registry) PrincipalOf(keyID string) (Principal, error) {
 		return rootPrincipal(), nil
 	}
 	r.mu.RLock()
+	fk, isFile := r.fileIDs[keyID]
 	k, ok := r.keys[keyID]
 	r.mu.RUnlock()
+	if isFile {
+		return fk.principal(), nil
+	}
 	if !ok {
 		return Principal{}, invalidKey()
 	}

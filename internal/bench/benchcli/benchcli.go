@@ -50,7 +50,7 @@ busybox image (from the host's busybox-static) in a loopback registry.`,
 	f.StringVar(&o.Runtime, "runtime", "oci", "backend of the in-process server: oci or docker (use --runtime-class docker)")
 	f.IntVarP(&o.N, "count", "n", 100, "sandboxes per runtime class")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", 1, "creates in flight at once")
-	cmd.AddCommand(create, newBenchPoolCommand(), newBenchForkCommand(), newBenchWakeCommand(), newBenchLoadCommand(), newBenchK8sCommand())
+	cmd.AddCommand(create, newBenchPoolCommand(), newBenchForkCommand(), newBenchWakeCommand(), newBenchOverheadCommand(), newBenchLoadCommand(), newBenchK8sCommand())
 	return cmd
 }
 

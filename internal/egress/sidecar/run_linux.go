@@ -25,36 +25,6 @@ import (
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
-// Options configure Run.
-type Options struct {
-	// Token guards the egress API. Required.
-	Token string
-	// Policy is the policy to start under (JSON), unless StateDir holds a
-	// newer one from an earlier run of the sidecar in this pod.
-	Policy []byte
-	// Upstreams are the DNS resolvers allowed names are forwarded to.
-	// Required.
-	Upstreams []string
-	// NetNS is the namespace to filter (default /proc/self/ns/net: the
-	// pod's).
-	NetNS string
-	// DNS is the proxy's address (default 127.0.0.1:53).
-	DNS netip.AddrPort
-	// Listen is the egress API's address (default ":18080").
-	Listen string
-	// StateDir keeps the policy in force (default StateDir).
-	StateDir string
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// VaultKey, if set (vault.KeySize bytes, EnvVaultKey), enables the
-	// Credential Vault: the credential proxy on 127.0.0.1:ProxyPort and
-	// PUT VaultPath.
-	VaultKey []byte
-	// Ready, if set, is called once the policy is in force and the
-	// listeners are bound.
-	Ready func()
-}
-
 // sandboxID names the one sandbox a sidecar enforces for in its enforcer.
 const sandboxID = "pod"
 

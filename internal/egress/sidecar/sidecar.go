@@ -17,6 +17,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"log/slog"
+	"net/netip"
 )
 
 // Port is the egress API's port, OpenSandbox's egress sidecar port.
@@ -63,4 +65,34 @@ func Proof(token, nonce string) string {
 	m := hmac.New(sha256.New, []byte(token))
 	m.Write([]byte("moat-egress-proof\n" + nonce))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Options configure Run.
+type Options struct {
+	// Token guards the egress API. Required.
+	Token string
+	// Policy is the policy to start under (JSON), unless StateDir holds a
+	// newer one from an earlier run of the sidecar in this pod.
+	Policy []byte
+	// Upstreams are the DNS resolvers allowed names are forwarded to.
+	// Required.
+	Upstreams []string
+	// NetNS is the namespace to filter (default /proc/self/ns/net: the
+	// pod's).
+	NetNS string
+	// DNS is the proxy's address (default 127.0.0.1:53).
+	DNS netip.AddrPort
+	// Listen is the egress API's address (default ":18080").
+	Listen string
+	// StateDir keeps the policy in force (default StateDir).
+	StateDir string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// VaultKey, if set (vault.KeySize bytes, EnvVaultKey), enables the
+	// Credential Vault: the credential proxy on 127.0.0.1:ProxyPort and
+	// PUT VaultPath.
+	VaultKey []byte
+	// Ready, if set, is called once the policy is in force and the
+	// listeners are bound.
+	Ready func()
 }

@@ -64,8 +64,9 @@ func (s *Pools) runtimePoolSpec(ctx context.Context, p Pool) (runtime.PoolSpec, 
 	}
 	c := p.Capacity
 	return runtime.PoolSpec{
-		Name:      runtimePoolName(p.key()),
-		Template:  runtime.Spec{Image: sb.Image, Entrypoint: sb.Entrypoint, Env: sb.Env, Resources: sb.Resources, Class: sb.Class},
+		Name: runtimePoolName(p.key()),
+		Template: runtime.Spec{Image: sb.Image, Entrypoint: sb.Entrypoint, Env: sb.Env, Resources: sb.Resources, Class: sb.Class,
+			Tenant: tenant.Normalize(p.Tenant)},
 		BufferMin: c.BufferMin, BufferMax: c.BufferMax, PoolMin: c.PoolMin, PoolMax: c.PoolMax,
 		Definition: def,
 	}, nil

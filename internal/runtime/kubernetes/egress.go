@@ -178,8 +178,12 @@ func (e *Egress) token(ctx context.Context, id string) (string, error) {
 	if !runtime.ValidID(id) {
 		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
+	ns, err := e.rt.locate(ctx, id) // a tenant's namespace, with tenant namespaces
+	if err != nil {
+		return "", err
+	}
 	var sec corev1.Secret
-	err := e.rt.c.Get(ctx, types.NamespacedName{Namespace: e.rt.cfg.Namespace, Name: id + tokenSecretSufx}, &sec)
+	err = e.rt.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: id + tokenSecretSufx}, &sec)
 	if err != nil {
 		return "", classify("sandbox "+id+" egress token", err)
 	}

@@ -14,6 +14,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -94,6 +95,10 @@ type Config struct {
 	// EgressTimeout bounds one call to a sandbox's egress sidecar
 	// (default 10s).
 	EgressTimeout time.Duration
+	// Tenants, if set, puts each tenant's sandboxes, pods, token Secrets
+	// and volumes in a namespace of its own (tenants.go); nil: everything
+	// is in Namespace.
+	Tenants *TenantNamespaces
 }
 
 // Runtime is the kubernetes backend.
@@ -109,6 +114,10 @@ type Runtime struct {
 	// inline is called when the inline records may have changed; nil:
 	// claims write no record inline (pools.go).
 	inline atomic.Pointer[func(part any)]
+	// tenants is the state of the tenant namespaces (tenants.go);
+	// stopTenants stops its quota resync (nil: none).
+	tenants     tenantState
+	stopTenants func()
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -145,7 +154,12 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}
-	r := &Runtime{c: c, cfg: cfg}
+	if t := cfg.Tenants; t != nil && t.Prefix == "" {
+		t2 := *t
+		t2.Prefix = cfg.Namespace
+		cfg.Tenants = &t2
+	}
+	r := &Runtime{c: c, cfg: cfg, tenants: tenantState{applied: map[string]appliedQuota{}, placed: map[string]string{}}}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if r.cfg.Classes == nil {
@@ -153,6 +167,12 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if err := r.startClaims(rc); err != nil {
 		return nil, err
+	}
+	if cfg.Tenants != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); r.resyncQuotas(ctx, cmp.Or(cfg.Tenants.QuotaResync, quotaResync)) }()
+		r.stopTenants = func() { cancel(); <-done }
 	}
 	r.sweepTokens(sctx, orphanTokenAge)
 	return r, nil
@@ -186,7 +206,7 @@ const orphanTokenAge = time.Minute
 // not exist. Best effort: a failure leaves them to the next start.
 func (r *Runtime) sweepTokens(ctx context.Context, minAge time.Duration) {
 	var list corev1.SecretList
-	if r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope, labelToken: "true"}) != nil {
+	if r.c.List(ctx, &list, client.InNamespace(r.listNamespace()), client.MatchingLabels{labelScope: r.cfg.Scope, labelToken: "true"}) != nil {
 		return
 	}
 	for i := range list.Items {
@@ -195,7 +215,7 @@ func (r *Runtime) sweepTokens(ctx context.Context, minAge time.Duration) {
 			continue
 		}
 		var b sbv1.BatchSandbox
-		err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: strings.TrimSuffix(sec.Name, tokenSecretSufx)}, &b)
+		err := r.c.Get(ctx, types.NamespacedName{Namespace: sec.Namespace, Name: strings.TrimSuffix(sec.Name, tokenSecretSufx)}, &b)
 		if apierrors.IsNotFound(err) {
 			r.c.Delete(ctx, sec, client.Preconditions{UID: &sec.UID})
 		}
@@ -215,6 +235,9 @@ func (r *Runtime) Namespace() string { return r.cfg.Namespace }
 
 // Close stops the informers.
 func (r *Runtime) Close() error {
+	if r.stopTenants != nil {
+		r.stopTenants()
+	}
 	if r.stop != nil {
 		r.stop()
 		<-r.done
@@ -332,7 +355,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	if err := r.validate(spec); err != nil {
 		return runtime.Status{}, err
 	}
-	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: spec.ID}
+	ns := r.namespaceOf(spec.Tenant)
+	if err := r.prepareNamespace(ctx, spec.Tenant, ns); err != nil {
+		return runtime.Status{}, err
+	}
+	key := types.NamespacedName{Namespace: ns, Name: spec.ID}
 	var existing sbv1.BatchSandbox
 	switch err := r.c.Get(ctx, key, &existing); {
 	case err == nil:
@@ -346,13 +373,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	created := time.Now().UTC().Truncate(time.Microsecond)
 	tpl := r.template(spec)
-	if err := r.addVolumeMounts(ctx, tpl, spec.Mounts); err != nil {
+	if err := r.addVolumeMounts(ctx, ns, tpl, spec.Mounts); err != nil {
 		return runtime.Status{}, err
 	}
 	one := int32(1)
 	b := &sbv1.BatchSandbox{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: r.cfg.Namespace, Name: spec.ID,
+			Namespace: ns, Name: spec.ID,
 			Labels:      map[string]string{labelScope: r.cfg.Scope},
 			Annotations: map[string]string{annoLabels: string(labels), annoCreated: created.Format(time.RFC3339Nano), annoClass: spec.Class},
 			// Set here so the controller need not add it.
@@ -360,7 +387,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 		},
 		Spec: sbv1.BatchSandboxSpec{Replicas: &one, Template: tpl},
 	}
-	if r.cfg.Pool != "" {
+	if r.cfg.Pool != "" && ns == r.cfg.Namespace {
 		var pool sbv1.Pool
 		err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: r.cfg.Pool}, &pool)
 		if err == nil && poolServes(pool.Spec.Template, tpl) {
@@ -377,7 +404,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	var sec *corev1.Secret
 	if spec.AgentToken != "" || spec.Egress != nil {
 		sec = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: spec.ID + tokenSecretSufx,
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: spec.ID + tokenSecretSufx,
 				Labels: map[string]string{labelScope: r.cfg.Scope, labelToken: "true"}},
 			StringData: map[string]string{tokenKey: spec.AgentToken},
 		}
@@ -385,12 +412,20 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 			return runtime.Status{}, err
 		}
 		if err := r.c.Create(ctx, sec); err != nil {
+			if gone := r.gone(ctx, spec.Tenant, ns, err); gone != nil {
+				return runtime.Status{}, gone
+			}
 			return runtime.Status{}, classify("create agent token secret", err)
 		}
 	}
+	r.place(spec.ID, ns)
 	if err := r.c.Create(ctx, b); err != nil {
+		r.forget(spec.ID)
 		if sec != nil {
 			r.c.Delete(context.WithoutCancel(ctx), sec)
+		}
+		if gone := r.gone(ctx, spec.Tenant, ns, err); gone != nil {
+			return runtime.Status{}, gone
 		}
 		return runtime.Status{}, classify("create sandbox "+spec.ID, err)
 	}
@@ -403,7 +438,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Stat
 	}
 	// The contract: Create returns once the agent process has started,
 	// i.e. once the pod runs (scheduling and image pull included).
-	st, err := r.waitRunning(ctx, spec.ID)
+	st, err := r.waitRunning(ctx, ns, spec.ID)
 	if err != nil {
 		r.Delete(context.WithoutCancel(ctx), spec.ID)
 		return runtime.Status{}, err
@@ -419,10 +454,10 @@ const podCheckInterval = 250 * time.Millisecond
 // waitRunning waits until the sandbox's pod runs, up to CreateTimeout,
 // watching the BatchSandbox through the cache (no API request per look);
 // it fails early when the kubelet cannot start the pod (startFailure).
-func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, error) {
+func (r *Runtime) waitRunning(ctx context.Context, ns, id string) (runtime.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
-	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}
+	key := types.NamespacedName{Namespace: ns, Name: id}
 	var last runtime.Status
 	var checked time.Time
 	for {
@@ -454,7 +489,7 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (runtime.Status, e
 			}
 			if pods := b.AllocatedPods(); check && len(pods) > 0 && pods[0] != "" {
 				var p corev1.Pod
-				if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: pods[0]}, &p); err == nil {
+				if err := r.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: pods[0]}, &p); err == nil {
 					if err := startFailure(&p); err != nil {
 						return runtime.Status{}, fmt.Errorf("sandbox %s: %w", id, err)
 					}
@@ -473,8 +508,12 @@ func (r *Runtime) get(ctx context.Context, id string) (*sbv1.BatchSandbox, error
 	if !runtime.ValidID(id) {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
+	ns, err := r.locate(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	var b sbv1.BatchSandbox
-	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}, &b); err != nil {
+	if err := r.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: id}, &b); err != nil {
 		return nil, classify("sandbox "+id, err)
 	}
 	if b.Labels[labelScope] != r.cfg.Scope {
@@ -549,11 +588,12 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]runtime.Status, error) {
 	var list sbv1.BatchSandboxList
-	if err := r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
+	if err := r.c.List(ctx, &list, client.InNamespace(r.listNamespace()), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
 		return nil, classify("list sandboxes", err)
 	}
 	out := make([]runtime.Status, 0, len(list.Items))
 	for i := range list.Items {
+		r.place(list.Items[i].Name, list.Items[i].Namespace)
 		out = append(out, status(&list.Items[i]))
 	}
 	// The sandboxes claimed from pools: read the tables afresh, so that a
@@ -620,8 +660,12 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	} else if ok {
 		return r.releaseClaim(ctx, id, pool, pod)
 	}
-	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: id}
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: id + tokenSecretSufx}}
+	ns, err := r.locate(ctx, id)
+	if err != nil {
+		return err
+	}
+	key := types.NamespacedName{Namespace: ns, Name: id}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: id + tokenSecretSufx}}
 	if err := r.c.Delete(ctx, sec); err != nil && !apierrors.IsNotFound(err) {
 		return classify("delete agent token secret", err)
 	}
@@ -641,6 +685,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		var cur sbv1.BatchSandbox
 		err := r.c.Get(ctx, key, &cur)
 		if apierrors.IsNotFound(err) || (err == nil && cur.UID != b.UID) {
+			r.forget(id)
 			return nil
 		}
 		select {

@@ -42,7 +42,7 @@ var _ runtime.Pools = (*Runtime)(nil)
 // informers builds the backend's cache: pool pods, allocation tables, pool
 // token Secrets and Pools of the namespace, and the BatchSandboxes of the
 // scope (Create waits on these without polling the API server).
-func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
+func informers(rc *rest.Config, ns, scope string, allNamespaces bool) (cache.Cache, error) {
 	hasPool, err := labels.Parse(sbv1.LabelPool)
 	if err != nil {
 		return nil, err
@@ -52,13 +52,19 @@ func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
+	sandboxes := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{labelScope: scope})}
+	if allNamespaces {
+		// Tenant namespaces: the scope's sandboxes in every namespace
+		// (tenants.go); the pools stay in ns.
+		sandboxes.Namespaces = map[string]cache.Config{cache.AllNamespaces: {}}
+	}
 	return cache.New(rc, cache.Options{
 		Scheme:            kclient.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:        {Label: hasPool},
 			&corev1.Secret{}:     {Label: poolData},
-			&sbv1.BatchSandbox{}: {Label: labels.SelectorFromSet(labels.Set{labelScope: scope})},
+			&sbv1.BatchSandbox{}: sandboxes,
 		},
 	})
 }
@@ -66,7 +72,7 @@ func informers(rc *rest.Config, ns, scope string) (cache.Cache, error) {
 // startClaims starts the informers and the allocator; they run until
 // Close.
 func (r *Runtime) startClaims(rc *rest.Config) error {
-	inf, err := informers(rc, r.cfg.Namespace, r.cfg.Scope)
+	inf, err := informers(rc, r.cfg.Namespace, r.cfg.Scope, r.cfg.Tenants != nil)
 	if err != nil {
 		return fmt.Errorf("kubernetes: %w: %v", errdefs.ErrUnavailable, err)
 	}
@@ -172,6 +178,13 @@ func (r *Runtime) PutPool(ctx context.Context, p runtime.PoolSpec, create bool) 
 	}
 	if len(spec.Mounts) > 0 {
 		return runtime.Invalid("pools of the kubernetes runtime cannot mount volumes")
+	}
+	if ns := r.namespaceOf(spec.Tenant); ns != r.cfg.Namespace {
+		// Pools, their tables and token Secrets live in the server's
+		// namespace; a pool of a tenant elsewhere would run its pods
+		// outside the tenant's namespace.
+		return fmt.Errorf("pool %s: %w", p.Name, errdefs.Newf(errdefs.ErrNotImplemented,
+			"warm pools are not supported for tenant %s, whose sandboxes live in namespace %s (pools serve the tenants of namespace %s)", spec.Tenant, ns, r.cfg.Namespace))
 	}
 	tpl := r.poolTemplate(spec)
 	capSpec := sbv1.CapacitySpec{BufferMin: int32(p.BufferMin), BufferMax: int32(p.BufferMax), PoolMin: int32(p.PoolMin), PoolMax: int32(p.PoolMax)}

@@ -59,8 +59,12 @@ func (r *Runtime) CreateVolume(ctx context.Context, spec runtime.VolumeSpec) (ru
 			modes = append(modes, corev1.PersistentVolumeAccessMode(m))
 		}
 	}
+	ns := r.volumeNamespace(spec.Name)
+	if err := r.prepareNamespace(ctx, volumeTenant(spec.Name), ns); err != nil {
+		return runtime.Volume{}, err
+	}
 	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: spec.Name, Labels: map[string]string{labelScope: r.cfg.Scope}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: spec.Name, Labels: map[string]string{labelScope: r.cfg.Scope}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: modes,
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(size, resource.BinarySI)}},
@@ -98,7 +102,7 @@ func (r *Runtime) volumeInfo(ctx context.Context, pvc *corev1.PersistentVolumeCl
 	if s := pvc.Annotations[annoVolumeLabels]; s != "" {
 		json.Unmarshal([]byte(s), &v.Labels)
 	}
-	users, err := r.volumeUsers(ctx, pvc.Name)
+	users, err := r.volumeUsers(ctx, pvc.Namespace, pvc.Name)
 	if err != nil {
 		return runtime.Volume{}, err
 	}
@@ -108,9 +112,9 @@ func (r *Runtime) volumeInfo(ctx context.Context, pvc *corev1.PersistentVolumeCl
 
 // volumeUsers lists the sandboxes of this scope whose pod template mounts
 // claim.
-func (r *Runtime) volumeUsers(ctx context.Context, claim string) ([]string, error) {
+func (r *Runtime) volumeUsers(ctx context.Context, ns, claim string) ([]string, error) {
 	var list sbv1.BatchSandboxList
-	if err := r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
+	if err := r.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
 		return nil, classify("list sandboxes", err)
 	}
 	var out []string
@@ -135,7 +139,7 @@ func (r *Runtime) GetVolume(ctx context.Context, name string) (runtime.Volume, e
 		return runtime.Volume{}, volumeNotFound(name)
 	}
 	var pvc corev1.PersistentVolumeClaim
-	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.cfg.Namespace, Name: name}, &pvc); err != nil {
+	if err := r.c.Get(ctx, types.NamespacedName{Namespace: r.volumeNamespace(name), Name: name}, &pvc); err != nil {
 		if apierrors.IsNotFound(err) {
 			return runtime.Volume{}, volumeNotFound(name)
 		}
@@ -150,7 +154,7 @@ func (r *Runtime) GetVolume(ctx context.Context, name string) (runtime.Volume, e
 // ListVolumes implements runtime.Volumes: the PVCs of this scope.
 func (r *Runtime) ListVolumes(ctx context.Context) ([]runtime.Volume, error) {
 	var list corev1.PersistentVolumeClaimList
-	if err := r.c.List(ctx, &list, client.InNamespace(r.cfg.Namespace), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
+	if err := r.c.List(ctx, &list, client.InNamespace(r.listNamespace()), client.MatchingLabels{labelScope: r.cfg.Scope}); err != nil {
 		return nil, classify("list volumes", err)
 	}
 	out := make([]runtime.Volume, 0, len(list.Items))
@@ -179,7 +183,7 @@ func (r *Runtime) DeleteVolume(ctx context.Context, name string) error {
 	if err := v.Deletable(); err != nil {
 		return err
 	}
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.Namespace, Name: name}}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: r.volumeNamespace(name), Name: name}}
 	if err := r.c.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
 		return classify("delete volume "+name, err)
 	}
@@ -189,8 +193,12 @@ func (r *Runtime) DeleteVolume(ctx context.Context, name string) error {
 // addVolumeMounts adds spec's named-volume mounts to the pod template
 // (validate has refused host paths), after checking that every claim
 // exists: a pod on a missing PVC would stay Pending until CreateTimeout.
-func (r *Runtime) addVolumeMounts(ctx context.Context, t *corev1.PodTemplateSpec, mounts []runtime.Mount) error {
+func (r *Runtime) addVolumeMounts(ctx context.Context, ns string, t *corev1.PodTemplateSpec, mounts []runtime.Mount) error {
 	for i, m := range mounts {
+		if r.volumeNamespace(m.Volume) != ns {
+			// A pod mounts claims of its own namespace only.
+			return runtime.Invalid("volume %q is not in the sandbox's namespace %s", m.Volume, ns)
+		}
 		if _, err := r.GetVolume(ctx, m.Volume); err != nil {
 			return err
 		}
