@@ -7,8 +7,8 @@ import (
 	"sync"
 
 	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
-	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
 // MaxBatch is the largest batch create.
@@ -157,6 +157,32 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, join func(sb
 	return e.sb.clone(), nil
 }
 
+// claimEgress sets the network policy of claimed sandbox e (its lock
+// held): own under its tenant's guardrail. When neither filters it, it
+// does nothing (attached false) unless always is set (a sandbox recorded
+// with an egress token), which gets a policy allowing everything.
+func (s *Service) claimEgress(ctx context.Context, e *Entry, own *policy.NetworkPolicy, always bool) (bool, error) {
+	eff, err := s.effective(e.owner, own)
+	if err != nil {
+		return false, err
+	}
+	if eff == nil {
+		if !always {
+			return false, nil
+		}
+		a := policy.AllowAll()
+		eff = &a
+	}
+	if s.deps.Egress == nil {
+		return false, fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", e.owner, errdefs.ErrNotImplemented)
+	}
+	st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
+	if err != nil {
+		return false, err
+	}
+	return true, attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *eff)
+}
+
 // Activate turns claimed warm sandboxes (their locks not held) into
 // ordinary ones with the settings of proto (a validated claim) and env,
 // persisted in one store write. On failure they are deleted.
@@ -182,31 +208,21 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 		}
 	}
 	for _, e := range claimed {
-		eff, err := s.effective(e.owner, proto.NetworkPolicy)
-		if err == nil && eff == nil {
-			continue
-		}
-		if err == nil && s.deps.Egress == nil {
-			err = fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", e.owner, errdefs.ErrNotImplemented)
-		}
-		var st runtime.Status
-		if err == nil {
-			st, err = s.deps.Runtime.Status(ctx, e.sb.ID)
-		}
-		if err == nil {
-			err = attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *eff)
-		}
+		attached, err := s.claimEgress(ctx, e, proto.NetworkPolicy, false)
 		if err != nil {
 			for _, e := range claimed {
 				e.delete(ctx, ReasonStopping) // detaches too
 			}
 			return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
 		}
+		if !attached {
+			continue
+		}
 		if proto.NetworkPolicy != nil {
 			np := proto.NetworkPolicy.Clone()
 			e.sb.NetworkPolicy = &np
 		}
-		e.sb.EgressToken = newToken()
+		e.sb.EgressToken = NewToken()
 	}
 	kv := make(map[string]any, len(claimed))
 	prev := make([]Sandbox, len(claimed))
@@ -313,6 +329,21 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 			e.mu.Unlock()
 		}
 	}()
+	// Their policies hold before they are handed out.
+	errs := make([]error, len(entries))
+	var wg sync.WaitGroup
+	for i, e := range entries {
+		if e.sb.EgressToken != "" {
+			wg.Go(func() { _, errs[i] = s.claimEgress(ctx, e, e.sb.NetworkPolicy, true) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, e := range entries {
+			e.delete(ctx, ReasonStopping)
+		}
+		return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+	}
 	if len(env) > 0 && len(entries) > 0 {
 		if err := applyEnv(ctx, s.deps, entries, env); err != nil {
 			for _, e := range entries {

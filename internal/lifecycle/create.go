@@ -202,19 +202,19 @@ func newRecord(req CreateRequest, now time.Time, entrypoint []string, res runtim
 		Extensions:     cloneMap(req.Extensions),
 		Platform:       req.Platform,
 		CreatedAt:      now,
-		AgentToken:     newToken(),
+		AgentToken:     NewToken(),
 		NetworkPolicy:  np,
 		Status:         Status{State: StatePending, Reason: ReasonCreating, LastTransitionAt: now},
 	}
 	if np != nil {
-		sb.EgressToken = newToken()
+		sb.EgressToken = NewToken()
 	}
 	if req.CredentialProxy {
 		// Marks the sandbox; provisioning makes its CA (the vault feature).
 		sb.CredentialProxy = &CredentialProxyRecord{}
 	}
 	if req.SecureAccess {
-		sb.AccessToken = newToken()
+		sb.AccessToken = NewToken()
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -393,7 +393,7 @@ func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, st
 	// its policy; attach then confirms it (a failure there is handled).
 	if eff, err := s.effective(sb.Tenant, sb.NetworkPolicy); err == nil && eff != nil && s.deps.Egress != nil {
 		if sb.EgressToken == "" {
-			sb.EgressToken = newToken() // filtered by its tenant's guardrail only
+			sb.EgressToken = NewToken() // filtered by its tenant's guardrail only
 		}
 		spec.Egress = &runtime.Egress{Token: sb.EgressToken, Policy: *eff}
 	}
@@ -429,7 +429,7 @@ func (e *Entry) attach(ctx context.Context, ip string) error {
 		err = fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", sb.Tenant, errdefs.ErrNotImplemented)
 	}
 	if sb.EgressToken == "" {
-		sb.EgressToken = newToken() // filtered by its tenant's guardrail only
+		sb.EgressToken = NewToken() // filtered by its tenant's guardrail only
 	}
 	if err == nil {
 		err = attachEgress(ctx, s.deps.Egress, sb.ID, ip, *eff)

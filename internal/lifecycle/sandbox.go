@@ -322,8 +322,8 @@ func NewID() string {
 	return string(out[:])
 }
 
-// newToken returns a random 32-byte hex secret.
-func newToken() string {
+// NewToken returns a random 32-byte hex secret (an access token).
+func NewToken() string {
 	var b [32]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])

@@ -237,7 +237,7 @@ func (s *Service) ApplyGuardrail(ctx context.Context, name string) (int, error) 
 			var st runtime.Status
 			if st, err = s.deps.Runtime.Status(ctx, sb.ID); err == nil {
 				if err = attachEgress(ctx, s.deps.Egress, sb.ID, st.IP, *eff); err == nil {
-					sb.EgressToken = newToken()
+					sb.EgressToken = NewToken()
 					err = e.persist()
 				}
 			}

@@ -362,6 +362,9 @@ type PoolSpec struct {
 	// Definition is the caller's own record of the pool, kept with it
 	// and returned as is (nil for a pool made without one, e.g. by hand).
 	Definition []byte
+	// Egress (read only: the backend decides) says the pool's sandboxes
+	// take a network policy when claimed (Egress.Attach), staying warm.
+	Egress bool
 }
 
 // PoolStatus counts a pool's sandboxes.

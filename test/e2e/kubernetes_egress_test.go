@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
@@ -126,6 +129,165 @@ func TestKubernetesEgress(t *testing.T) {
 	}
 	if reach("allowed.test") {
 		t.Error("under deny-all, allowed.test is still reachable")
+	}
+	t.Run("WarmClaim", func(t *testing.T) { kubernetesWarmPolicy(t, srv, k, b) })
+	t.Run("TenantNamespaces", func(t *testing.T) { kubernetesTenantIsolation(t, k) })
+}
+
+// kubernetesTenantIsolation: with a tenants file, each tenant's sandboxes
+// run in its own namespace on the real node, and the NetworkPolicy moat
+// makes there keeps tenants' pods apart: a sandbox of one tenant cannot
+// open a connection to another's, either way, while one of the server's
+// own namespace (the default tenant) can.
+func kubernetesTenantIsolation(t *testing.T, k *kubeStack) {
+	c, err := client.New(k.node.Config, client.Options{Scheme: kclient.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	home, nsA, nsB := k.ns+"-ten", k.ns+"-ten-alpha", k.ns+"-ten-beta"
+	for _, ns := range []string{home, nsA, nsB} {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		if err := c.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Delete(context.Background(), n) })
+	}
+	const alphaKey, betaKey = "osk-alpha-0123456789abcdef", "osk-beta-0123456789abcdef"
+	file := filepath.Join(t.TempDir(), "tenants.toml")
+	if err := os.WriteFile(file, []byte(`
+[[tenants]]
+name = "alpha"
+namespace = "`+nsA+`"
+api_keys = ["`+alphaKey+`"]
+
+[[tenants]]
+name = "beta"
+namespace = "`+nsB+`"
+api_keys = ["`+betaKey+`"]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := k.serverArgs()
+	args[slices.Index(args, "--k8s-namespace")+1] = home
+	srv := newServer(t)
+	srv.start(append(args, "--tenants-file", file)...)
+
+	// Each sandbox serves a banner on port 7000.
+	// create makes a sandbox of the tenant of key, which must land in
+	// namespace ns, and returns its id and pod address.
+	create := func(key, ns string) (string, string) {
+		t.Helper()
+		var sb sandboxResp
+		code, body, _ := srv.do("POST", "/v1/sandboxes", map[string]any{"image": map[string]any{"uri": k.ref},
+			"entrypoint": []string{"sh", "-c", "while true; do echo " + strings.TrimSpace(nettest.Banner) + " | nc -l -p 7000; done"}, "timeout": 600},
+			"OPEN-SANDBOX-API-KEY", key)
+		if code != 202 || json.Unmarshal(body, &sb) != nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+sb.ID, nil) })
+		shell(t, srv, sb.ID, "true") // it runs
+		var bs sbv1.BatchSandbox
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: sb.ID}, &bs); err != nil || len(bs.Endpoints()) != 1 {
+			t.Fatalf("sandbox %s in namespace %s: %v %v", sb.ID, ns, err, bs.Endpoints())
+		}
+		return sb.ID, bs.Endpoints()[0]
+	}
+	a, ipA := create(alphaKey, nsA)
+	b, ipB := create(betaKey, nsB)
+	d, _ := create(srv.key, home)
+	reach := func(from, ip string) bool {
+		t.Helper()
+		out, _ := shell(t, srv, from, probeOutside(ip))
+		return reachedOutside(out)
+	}
+	if !reach(d, ipA) || !reach(d, ipB) {
+		t.Fatalf("a sandbox of the server's namespace cannot reach the tenants' sandboxes (%s, %s)", ipA, ipB)
+	}
+	if reach(a, ipB) {
+		t.Error("tenant alpha's sandbox reached tenant beta's")
+	}
+	if reach(b, ipA) {
+		t.Error("tenant beta's sandbox reached tenant alpha's")
+	}
+}
+
+// kubernetesWarmPolicy: a claim with a network policy from a pool stays
+// warm (the pool's pod, no cold pod) and is filtered like a cold create
+// from its first command; the egress API changes it live; a claim
+// without a policy from the same pool resolves and reaches everything
+// (its sidecar allows all). denied is denied.test's address.
+func kubernetesWarmPolicy(t *testing.T, srv *server, k *kubeStack, denied string) {
+	srv.mustJSON(201, "POST", "/v1/pools", map[string]any{
+		"name":         "warm-egress",
+		"template":     map[string]any{"image": map[string]any{"uri": k.ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}},
+		"capacitySpec": map[string]int{"bufferMin": 2, "bufferMax": 2, "poolMin": 0, "poolMax": 4},
+	}, nil)
+	t.Cleanup(func() { srv.do("DELETE", "/v1/pools/warm-egress", nil) })
+	var pool struct {
+		Status struct{ Total, Allocated, Available int } `json:"status"`
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		srv.mustJSON(200, "GET", "/v1/pools/warm-egress", nil, &pool)
+		if pool.Status.Available == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not warm: %+v", pool.Status)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	claim := func(np any) string {
+		t.Helper()
+		body := map[string]any{"extensions": map[string]string{"poolRef": "warm-egress"}, "timeout": 600}
+		if np != nil {
+			body["networkPolicy"] = np
+		}
+		var c sandboxResp
+		srv.mustJSON(202, "POST", "/v1/sandboxes", body, &c)
+		t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+		return c.ID
+	}
+	start := time.Now()
+	id := claim(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed.test"}}})
+	t.Logf("warm claim with a policy answered in %v", time.Since(start))
+	srv.mustJSON(200, "GET", "/v1/pools/warm-egress", nil, &pool)
+	if pool.Status.Allocated != 1 {
+		t.Fatalf("the claim with a policy did not take a pool pod: %+v", pool.Status)
+	}
+	reach := func(id, host string) bool {
+		t.Helper()
+		out, _ := shell(t, srv, id, probeOutside(host))
+		return reachedOutside(out)
+	}
+	if !reach(id, "allowed.test") {
+		t.Error("warm claim: allowed.test is unreachable")
+	}
+	if reach(id, "denied.test") || reach(id, denied) {
+		t.Error("warm claim: reached denied.test, which its policy denies")
+	}
+	var ep endpointResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/18080", nil, &ep)
+	req, _ := http.NewRequest("PATCH", "http://"+ep.Endpoint+"/policy", strings.NewReader(`[{"action":"allow","target":"denied.test"}]`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("OPENSANDBOX-EGRESS-AUTH", ep.Headers["OPENSANDBOX-EGRESS-AUTH"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("egress PATCH of a warm claim: %d %s", resp.StatusCode, body)
+	}
+	if !reach(id, "denied.test") {
+		t.Error("warm claim: after the PATCH allowed it, denied.test is unreachable")
+	}
+
+	open := claim(nil)
+	if !reach(open, "allowed.test") || !reach(open, denied) {
+		t.Error("a warm claim without a policy cannot resolve or reach the outside hosts")
 	}
 }
 

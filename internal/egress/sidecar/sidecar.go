@@ -35,6 +35,9 @@ const (
 // restarted sidecar resumes it (an emptyDir only the sidecar mounts).
 const StateDir = "/var/lib/moat-egress"
 
+// ContainerName is the sidecar's container in a pod.
+const ContainerName = "moat-egress"
+
 // DNS is the address of the pod's resolver, the sidecar's DNS proxy.
 const DNS = "127.0.0.1"
 

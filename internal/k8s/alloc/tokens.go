@@ -35,11 +35,35 @@ func TokenEnvVar(pool, pod string) corev1.EnvVar {
 	}}}
 }
 
+// EgressTokenKey is the key of pool pod pod's egress API token in its
+// pool's token Secret: the pods of a pool whose template names an egress
+// Secret (sbv1.AnnoEgress) each get an egress sidecar with a token of its
+// own, which only the sidecar reads (the sandbox container never sees it:
+// it is the key to the pod's network policy). No pod name ends so (they
+// end in a random suffix).
+func EgressTokenKey(pod string) string { return pod + ".egress" }
+
+// EgressTokenEnvVar is the variable name holding pool pod pod's egress
+// token, for its egress sidecar.
+func EgressTokenEnvVar(name, pool, pod string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: TokenSecretName(pool)}, Key: EgressTokenKey(pod),
+	}}}
+}
+
+// EgressSecretName is the name of the egress Secret (sbv1.AnnoEgress) a
+// pool's template names: the policy its pods start under and their DNS
+// upstreams, shared by the pool's pods (their tokens are their own, in
+// the token Secret). It goes with the pool's token Secret.
+func EgressSecretName(pool string) string { return objectName(pool, "moat-egress") }
+
 // AddTokens records a new token for each of pods in pool's token Secret
-// (creating it if needed), with one write guarded by the Secret's
-// resourceVersion (retried on a conflict), and returns the tokens. Call it
-// before creating the pods: a pod whose key is missing cannot start.
-func AddTokens(ctx context.Context, c client.Client, pool types.NamespacedName, pods []string) (map[string]string, error) {
+// (creating it if needed), and an egress token for each too when egress
+// is set (EgressTokenKey), with one write guarded by the Secret's
+// resourceVersion (retried on a conflict), and returns the agent tokens.
+// Call it before creating the pods: a pod whose key is missing cannot
+// start.
+func AddTokens(ctx context.Context, c client.Client, pool types.NamespacedName, pods []string, egress bool) (map[string]string, error) {
 	toks := make(map[string]string, len(pods))
 	for _, p := range pods {
 		toks[p] = NewToken()
@@ -47,6 +71,9 @@ func AddTokens(ctx context.Context, c client.Client, pool types.NamespacedName, 
 	return toks, updateTokens(ctx, c, pool, func(data map[string][]byte) bool {
 		for p, t := range toks {
 			data[p] = []byte(t)
+			if egress {
+				data[EgressTokenKey(p)] = []byte(NewToken())
+			}
 		}
 		return true
 	})
@@ -59,6 +86,7 @@ func RemoveTokens(ctx context.Context, c client.Client, pool types.NamespacedNam
 		n := len(data)
 		for _, p := range pods {
 			delete(data, p)
+			delete(data, EgressTokenKey(p))
 		}
 		return len(data) != n
 	})

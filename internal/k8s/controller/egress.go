@@ -14,7 +14,7 @@ import (
 
 // Egress sidecar layout (see package sidecar).
 const (
-	egressContainer = "moat-egress"
+	egressContainer = sidecar.ContainerName
 	egressVolume    = "moat-egress-state"
 	// clusterDomain completes the pod's DNS search list, which dnsPolicy
 	// None no longer takes from the kubelet.
@@ -104,4 +104,20 @@ func addEgress(p *corev1.Pod, secret, image string) {
 	// holds the token).
 	s.HostNetwork = false
 	s.ShareProcessNamespace = &no
+}
+
+// podEgressToken has pod p's egress sidecar read its token from v (a
+// pool pod's own, alloc.EgressTokenEnvVar) instead of its egress Secret.
+func podEgressToken(p *corev1.Pod, v corev1.EnvVar) {
+	for i := range p.Spec.InitContainers {
+		c := &p.Spec.InitContainers[i]
+		if c.Name != egressContainer {
+			continue
+		}
+		for j := range c.Env {
+			if c.Env[j].Name == v.Name {
+				c.Env[j] = v
+			}
+		}
+	}
 }

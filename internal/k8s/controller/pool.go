@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 )
 
@@ -380,9 +381,11 @@ func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash strin
 	}
 	r.mu.Unlock()
 	if ownToken(pool.Spec.Template) {
-		// Each pod gets its own agent token, recorded before the pods
-		// exist (a pod whose key is missing cannot start).
-		if _, err := alloc.AddTokens(ctx, r.c, key, names); err != nil {
+		// Each pod gets its own agent token (and egress token, with an
+		// egress sidecar), recorded before the pods exist (a pod whose
+		// key is missing cannot start).
+		egress := pool.Spec.Template.Annotations[sbv1.AnnoEgress] != ""
+		if _, err := alloc.AddTokens(ctx, r.c, key, names, egress); err != nil {
 			r.mu.Lock()
 			for _, name := range names {
 				delete(r.inflight[key], name)
@@ -393,6 +396,9 @@ func (r *poolReconciler) create(ctx context.Context, pool *sbv1.Pool, hash strin
 		for _, p := range pods {
 			c := &p.Spec.Containers[0]
 			c.Env = append(c.Env, alloc.TokenEnvVar(pool.Name, p.Name))
+			if egress {
+				podEgressToken(p, alloc.EgressTokenEnvVar(sidecar.EnvToken, pool.Name, p.Name))
+			}
 		}
 	}
 	return parallel(ctx, len(pods), r.opts.CreateConcurrency, func(ctx context.Context, i int) error {
@@ -488,7 +494,10 @@ func (r *poolReconciler) dropTables(ctx context.Context, pool types.NamespacedNa
 	if err != nil || len(pods) > 0 {
 		return err
 	}
-	objs := []client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}}}
+	objs := []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.TokenSecretName(pool.Name)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: alloc.EgressSecretName(pool.Name)}},
+	}
 	// The table's shards: those the cache holds, and every one of the
 	// count the allocator knows (one the cache has not seen yet).
 	shards := map[string]bool{}

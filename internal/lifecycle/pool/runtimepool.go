@@ -100,20 +100,26 @@ func poolOf(spec runtime.PoolSpec, st runtime.PoolStatus) (Pool, PoolStatus) {
 
 // getRuntimePool returns pool name of ctx's tenant.
 func (s *Pools) getRuntimePool(ctx context.Context, rp runtime.Pools, name string) (Pool, PoolStatus, error) {
+	p, ps, _, err := s.lookupRuntimePool(ctx, rp, name)
+	return p, ps, err
+}
+
+// lookupRuntimePool is getRuntimePool with the runtime's spec of the pool.
+func (s *Pools) lookupRuntimePool(ctx context.Context, rp runtime.Pools, name string) (Pool, PoolStatus, runtime.PoolSpec, error) {
 	key := poolKey(lifecycle.OwnerOf(ctx), name)
 	spec, st, err := rp.GetPool(ctx, runtimePoolName(key))
 	if errdefs.IsNotFound(err) {
-		return Pool{}, PoolStatus{}, poolNotFound(name)
+		return Pool{}, PoolStatus{}, spec, poolNotFound(name)
 	}
 	if err != nil {
-		return Pool{}, PoolStatus{}, err
+		return Pool{}, PoolStatus{}, spec, err
 	}
 	p, ps := poolOf(spec, st)
 	if p.key() != key {
 		// A name of this form made for another tenant, or by hand.
-		return Pool{}, PoolStatus{}, poolNotFound(name)
+		return Pool{}, PoolStatus{}, spec, poolNotFound(name)
 	}
-	return p, ps, nil
+	return p, ps, spec, nil
 }
 
 func (s *Pools) createRuntimePool(ctx context.Context, rp runtime.Pools, p Pool) (Pool, error) {
@@ -188,7 +194,7 @@ func (s *Pools) deleteRuntimePool(ctx context.Context, rp runtime.Pools, name st
 // the pool has idle in one step of the runtime, the rest created cold
 // from its template.
 func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req lifecycle.CreateRequest, name string, n int) ([]lifecycle.Sandbox, error) {
-	def, st, err := s.getRuntimePool(ctx, rp, name)
+	def, st, rspec, err := s.lookupRuntimePool(ctx, rp, name)
 	if err != nil {
 		return nil, errdefs.WithPublic(fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err), "SANDBOX::INVALID_POOL_REF", fmt.Sprintf("pool %s not found", name))
 	}
@@ -201,8 +207,10 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 		return nil, err
 	}
 	owner := lifecycle.OwnerOf(ctx)
-	if proto.NetworkPolicy != nil || s.core.EgressGuardrail(owner) != nil {
-		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED", "networkPolicy (or a tenant egress guardrail) is not supported on sandboxes claimed from this runtime's pools")
+	filtered := proto.NetworkPolicy != nil || s.core.EgressGuardrail(owner) != nil
+	if filtered && !rspec.Egress {
+		return nil, errdefs.WithPublic(errdefs.ErrNotImplemented, "SANDBOX::API_NOT_SUPPORTED",
+			fmt.Sprintf("networkPolicy (or a tenant egress guardrail) is not supported on sandboxes claimed from pool %s: its pods have no egress sidecar (a pool of a sandbox runtime class, or one made by hand)", name))
 	}
 	if err := s.core.Quota().Check(owner, n, proto.Resources.CPUMillis, proto.Resources.MemoryBytes); err != nil {
 		return nil, err
@@ -219,7 +227,7 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 	// Past this point the claim finishes even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	key := poolKey(owner, name)
-	build := claimedRecord(proto, key, def.Revision, owner, s.core.Now())
+	build := claimedRecord(proto, key, def.Revision, owner, s.core.Now(), filtered)
 	record := func(c runtime.Claimed) []byte {
 		sb := build(c)
 		raw, _ := json.Marshal(&sb) // as the store encodes it
@@ -267,10 +275,14 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 // key (of owner, at revision) with the settings of proto, as of now: a
 // pure function of the claim, so that the runtime can store it with the
 // claim (one write) and this process holds the same record.
-func claimedRecord(proto lifecycle.Sandbox, key string, revision int, owner string, now time.Time) func(runtime.Claimed) lifecycle.Sandbox {
+func claimedRecord(proto lifecycle.Sandbox, key string, revision int, owner string, now time.Time, filtered bool) func(runtime.Claimed) lifecycle.Sandbox {
 	return func(c runtime.Claimed) lifecycle.Sandbox {
 		sb := proto.Clone()
 		sb.ID, sb.AgentToken, sb.Pool, sb.PoolRevision = c.Status.ID, c.AgentToken, key, revision
+		if filtered {
+			// Its policy is set once it is adopted (AdoptClaimed).
+			sb.EgressToken = lifecycle.NewToken()
+		}
 		if sb.Class == "" {
 			sb.Class = c.Status.Class
 		}

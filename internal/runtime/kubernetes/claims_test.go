@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +23,8 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/agentproto"
+	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/server"
 	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
@@ -66,6 +71,9 @@ func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) 
 	cfg.Bridge = scope
 	cfg.Listen = "127.0.0.1:0"
 	cfg.LogLevel = "warn"
+	// What egress sidecars would resolve through (kwok's pods run
+	// nothing: no query is sent).
+	cfg.DNSUpstreams = []string{"127.0.0.1:53"}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -264,17 +272,7 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	if p, err := srv.cl.GetPool(ctx, "warm"); err != nil || p.Status.Allocated != 4 {
 		t.Errorf("a refused claim changed the pool: %+v %v", p, err)
 	}
-	// A pool pod has no egress sidecar: a claim with a network policy is
-	// refused as not supported, and claims nothing.
-	before = srv.writes.Snapshot()
-	_, err = srv.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"},
-		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"}})
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 501 || apiErr.Code != "SANDBOX::API_NOT_SUPPORTED" {
-		t.Errorf("a warm claim with a network policy: %v", err)
-	}
-	if writes := srv.writes.Since(before); k8stest.Total(writes) != 0 {
-		t.Errorf("a refused policy claim made API writes %v", writes)
-	}
+	claimWithPolicy(t, srv, c, ns, pod, p.Status.PodIP)
 
 	got, err := srv.cl.GetSandbox(ctx, sb.ID)
 	if err != nil || got.Status.State != moat.StateRunning {
@@ -318,5 +316,99 @@ func TestClaimThroughLifecycleAPI(t *testing.T) {
 	}
 	if got, err := srv.cl.GetSandbox(ctx, big.ID); err != nil || got.Status.State != moat.StateRunning {
 		t.Errorf("the claim with a large record: %+v %v", got, err)
+	}
+}
+
+// claimWithPolicy: the pods of a pool made through the Lifecycle API have
+// an egress sidecar (the sandbox container without NET_ADMIN), each with
+// an egress token of its own that the sandbox container is not given;
+// a claim with a network policy stays warm (the same one write), and its
+// policy is in force in its pod's sidecar before the claim answers; the
+// egress API changes it live there. A claim without one leaves its pod's
+// sidecar as it started (allowing everything). pod, ip: a pod claimed
+// without a policy.
+func claimWithPolicy(t *testing.T, srv *testServer, c client.Client, ns, pod, ip string) {
+	ctx := context.Background()
+	var p corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: pod}, &p); err != nil {
+		t.Fatal(err)
+	}
+	var side *corev1.Container
+	for i := range p.Spec.InitContainers {
+		if p.Spec.InitContainers[i].Name == sidecar.ContainerName {
+			side = &p.Spec.InitContainers[i]
+		}
+	}
+	if side == nil {
+		t.Fatalf("pool pod %s has no egress sidecar: %+v", pod, p.Spec.InitContainers)
+	}
+	var tokRef *corev1.SecretKeySelector
+	for _, e := range side.Env {
+		if e.Name == sidecar.EnvToken && e.ValueFrom != nil {
+			tokRef = e.ValueFrom.SecretKeyRef
+		}
+	}
+	if tokRef == nil || tokRef.Name != alloc.TokenSecretName("warm") || tokRef.Key != alloc.EgressTokenKey(pod) {
+		t.Errorf("pool pod %s's sidecar token %+v, want its own key in the pool's token Secret", pod, tokRef)
+	}
+	for _, e := range p.Spec.Containers[0].Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Key == alloc.EgressTokenKey(pod) {
+			t.Errorf("the sandbox container is given the egress token (%s)", e.Name)
+		}
+	}
+	if sc := p.Spec.Containers[0].SecurityContext; sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "NET_ADMIN") {
+		t.Errorf("the sandbox container of pool pod %s keeps NET_ADMIN: %+v", pod, sc)
+	}
+	if pol, set, ok := env.SidecarPolicy(ip); !ok || set != 0 || pol.DefaultAction != policy.Allow {
+		t.Errorf("sidecar of %s, claimed without a policy: %+v set %d times (%v), want it allowing everything, untouched", pod, pol, set, ok)
+	}
+
+	before := srv.writes.Snapshot()
+	np := &moat.NetworkPolicy{DefaultAction: "deny", Egress: []moat.NetworkRule{{Action: "allow", Target: "pypi.example.test"}}}
+	sb, err := srv.cl.CreateSandbox(ctx, moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, NetworkPolicy: np})
+	if err != nil {
+		t.Fatalf("a warm claim with a network policy: %v", err)
+	}
+	t.Cleanup(func() { srv.cl.DeleteSandbox(context.Background(), sb.ID) })
+	if writes := srv.writes.Since(before); k8stest.Total(writes) != 1 {
+		t.Errorf("a warm claim with a policy made API writes %v, want the one of any claim", writes)
+	}
+	tbl := table(t, c, ns, "warm")
+	own, ok := tbl.Owners[alloc.SandboxOwner("claims", sb.ID)]
+	if !ok || len(own.Pods) != 1 {
+		t.Fatalf("claim with a policy: not warm (table %+v)", tbl)
+	}
+	var pp corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: own.Pods[0]}, &pp); err != nil {
+		t.Fatal(err)
+	}
+	pol, set, ok := env.SidecarPolicy(pp.Status.PodIP)
+	if !ok || set != 1 || pol.DefaultAction != policy.Deny || len(pol.Egress) != 1 || pol.Egress[0].Target != "pypi.example.test" {
+		t.Fatalf("sidecar of claimed pod %s: %+v set %d times (%v), want the claim's policy", pp.Name, pol, set, ok)
+	}
+
+	// Live: the egress API's PATCH (what the SDKs call) reaches the
+	// sidecar.
+	ep, err := srv.cl.Endpoint(ctx, sb.ID, sidecar.Port, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("PATCH", "http://"+ep.Address+"/policy", strings.NewReader(`[{"action":"allow","target":"10.9.0.0/16"}]`))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range ep.Headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("PATCH policy: %d %s", resp.StatusCode, body)
+	}
+	if pol, set, _ := env.SidecarPolicy(pp.Status.PodIP); set != 2 || len(pol.Egress) != 2 ||
+		!slices.ContainsFunc(pol.Egress, func(r policy.Rule) bool { return r.Target == "10.9.0.0/16" }) {
+		t.Errorf("after PATCH the sidecar enforces %+v (set %d times)", pol, set)
 	}
 }

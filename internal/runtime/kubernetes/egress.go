@@ -19,6 +19,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
@@ -27,6 +29,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -34,7 +37,8 @@ import (
 // egress sidecar (package sidecar), which the controller adds to the pods
 // of templates that name an egress Secret (sbv1.AnnoEgress): the pod
 // starts under the policy of Spec.Egress, kept in the sandbox's token
-// Secret with the egress token and the DNS upstreams. Egress (below) is
+// Secret with the egress token and the DNS upstreams; a pool's pods
+// start allowing everything (poolEgress). Egress (below) is
 // the server's side: the lifecycle's live changes go to the sidecar's
 // egress API with the sandbox's egress token.
 
@@ -75,6 +79,57 @@ func (r *Runtime) egressSecret(spec runtime.Spec, data map[string]string) error 
 	return nil
 }
 
+// poolEgress gives the pods of pool name (template tpl, runtime class
+// class) an egress sidecar, so that a claim with a network policy stays
+// warm: the pods start allowing everything (as a pool pod without a
+// sidecar would), each with an egress token of its own in the pool's
+// token Secret (alloc.EgressTokenKey, which the controller makes), and a
+// claim sets its sandbox's policy through the sidecar's egress API
+// (Egress.Attach). The shared part (the starting policy, the DNS
+// upstreams) is the pool's egress Secret. Pools of a sandbox runtime
+// class get none (see validateEgress), nor does a server with no DNS
+// upstream for the sidecar: their claims with a policy are refused.
+func (r *Runtime) poolEgress(ctx context.Context, name string, tpl *corev1.PodTemplateSpec, class string) error {
+	if class != "" {
+		return nil
+	}
+	data := map[string]string{}
+	spec := runtime.Spec{Egress: &runtime.Egress{Token: alloc.NewToken(), Policy: policy.AllowAll()}}
+	if err := r.egressSecret(spec, data); errdefs.IsFailedPrecondition(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	key := types.NamespacedName{Namespace: r.cfg.Namespace, Name: alloc.EgressSecretName(name)}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+			Labels:      map[string]string{labelScope: r.cfg.Scope, alloc.LabelPoolData: "egress"},
+			Annotations: map[string]string{alloc.AnnoPool: name}},
+		StringData: data,
+	}
+	err := r.c.Create(ctx, sec)
+	if apierrors.IsAlreadyExists(err) {
+		// The pool's update, or a pool made again: the DNS upstreams
+		// may have changed; the token stays (pods use it to start).
+		var cur corev1.Secret
+		if err = r.c.Get(ctx, key, &cur); err == nil {
+			if tok := cur.Data[sbv1.EgressSecretToken]; len(tok) > 0 {
+				data[sbv1.EgressSecretToken] = string(tok)
+			}
+			cur.Data, cur.StringData = nil, data
+			err = r.c.Update(ctx, &cur)
+		}
+	}
+	if err != nil {
+		return classify("pool "+name+" egress secret", err)
+	}
+	if tpl.Annotations == nil {
+		tpl.Annotations = map[string]string{}
+	}
+	tpl.Annotations[sbv1.AnnoEgress] = key.Name
+	return nil
+}
+
 // Egress returns the server's side of the backend's egress enforcement
 // (lifecycle.Egress): calls to each sandbox's egress sidecar.
 func (r *Runtime) Egress() *Egress { return &Egress{rt: r} }
@@ -88,8 +143,10 @@ type Egress struct {
 
 // Attach sets p on sandbox id's sidecar. The pod started under the
 // policy it was created with; this confirms it (a tenant guardrail may
-// have changed since) and re-asserts it after a server restart. A sandbox
-// created without a policy has no sidecar, and a pod cannot gain one.
+// have changed since) and re-asserts it after a server restart. A
+// sandbox claimed from a pool gets its policy so (poolEgress). A sandbox
+// created cold without a policy has no sidecar, and a pod cannot gain
+// one.
 func (e *Egress) Attach(ctx context.Context, id string, _ netip.Addr, p policy.NetworkPolicy) error {
 	_, err := e.put(ctx, id, p)
 	return err
@@ -178,12 +235,21 @@ func (e *Egress) token(ctx context.Context, id string) (string, error) {
 	if !runtime.ValidID(id) {
 		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
+	if tok, ok, err := e.claimToken(ctx, id, false); ok || err != nil {
+		return tok, err
+	}
 	ns, err := e.rt.locate(ctx, id) // a tenant's namespace, with tenant namespaces
 	if err != nil {
 		return "", err
 	}
 	var sec corev1.Secret
 	err = e.rt.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: id + tokenSecretSufx}, &sec)
+	if apierrors.IsNotFound(err) {
+		// Claimed a moment ago by another replica?
+		if tok, ok, err := e.claimToken(ctx, id, true); ok || err != nil {
+			return tok, err
+		}
+	}
 	if err != nil {
 		return "", classify("sandbox "+id+" egress token", err)
 	}
@@ -192,6 +258,21 @@ func (e *Egress) token(ctx context.Context, id string) (string, error) {
 		return "", errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was created without a network policy: its pod has no egress sidecar, and a pod's containers are fixed when it is made", id)
 	}
 	return tok, nil
+}
+
+// claimToken returns the egress token of sandbox id's pool pod when id
+// was claimed from a pool (ok), read fresh from the API server when fresh
+// is set (see Runtime.claimed).
+func (e *Egress) claimToken(ctx context.Context, id string, fresh bool) (string, bool, error) {
+	pool, pod, _, ok, err := e.rt.claimed(ctx, id, fresh)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	tok := string(e.rt.tokens(pool)[alloc.EgressTokenKey(pod)])
+	if tok == "" {
+		return "", true, errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was claimed from pool %s, whose pods have no egress sidecar (a pool of runtime class sandboxes, or made by hand without one)", id, pool.Name)
+	}
+	return tok, true, nil
 }
 
 // errNotSidecar: what listens on the egress API port did not prove it

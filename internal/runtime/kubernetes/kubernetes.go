@@ -717,8 +717,10 @@ func poolServes(pt, t *corev1.PodTemplateSpec) bool {
 	if pt == nil || len(pt.Spec.Containers) != 1 || len(t.Spec.Containers) != 1 || len(t.Spec.Volumes) > 0 {
 		return false
 	}
-	if pt.Annotations[sbv1.AnnoEgress] != t.Annotations[sbv1.AnnoEgress] {
-		// A sandbox with a policy starts with its own sidecar.
+	if t.Annotations[sbv1.AnnoEgress] != "" {
+		// A sandbox with a policy starts with its own sidecar. One
+		// without takes a pool pod with or without one (a pool's sidecar
+		// starts allowing everything).
 		return false
 	}
 	a, b := pt.Spec.Containers[0], t.Spec.Containers[0]

@@ -187,6 +187,9 @@ func (r *Runtime) PutPool(ctx context.Context, p runtime.PoolSpec, create bool) 
 			"warm pools are not supported for tenant %s, whose sandboxes live in namespace %s (pools serve the tenants of namespace %s)", spec.Tenant, ns, r.cfg.Namespace))
 	}
 	tpl := r.poolTemplate(spec)
+	if err := r.poolEgress(ctx, p.Name, tpl, spec.Class); err != nil {
+		return err
+	}
 	capSpec := sbv1.CapacitySpec{BufferMin: int32(p.BufferMin), BufferMax: int32(p.BufferMax), PoolMin: int32(p.PoolMin), PoolMax: int32(p.PoolMax)}
 	if create {
 		pool := &sbv1.Pool{
@@ -255,6 +258,7 @@ func (r *Runtime) poolSpec(p *sbv1.Pool) (runtime.PoolSpec, runtime.PoolStatus) 
 		if t.Spec.RuntimeClassName != nil {
 			spec.Template.Class = *t.Spec.RuntimeClassName
 		}
+		spec.Egress = t.Annotations[sbv1.AnnoEgress] != ""
 		spec.Template.Resources.CPUMillis = ct.Resources.Limits.Cpu().MilliValue()
 		spec.Template.Resources.MemoryBytes = ct.Resources.Limits.Memory().Value()
 	}

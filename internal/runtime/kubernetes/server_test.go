@@ -54,14 +54,20 @@ func TestServerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A policy is enforced by the pod's egress sidecar, which the fake
-	// nodes' pods do not run: the create fails closed, as one whose
-	// sidecar never answers, and leaves nothing behind (the sidecar
-	// itself: TestNewPodAddsEgressSidecar, TestRealNode, TestSidecar).
-	_, err = cl.CreateSandbox(ctx, moat.CreateRequest{
-		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
-		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"},
-	})
+	// A policy is enforced by the pod's egress sidecar (the fake nodes'
+	// pods get a stand-in of its egress API, k8stest): one that never
+	// answers fails the create closed, leaving nothing behind (the
+	// sidecar itself: TestNewPodAddsEgressSidecar, TestRealNode,
+	// TestSidecar).
+	func() {
+		sub := &cleanups{}
+		defer sub.run()
+		env.WithoutSidecars(sub)
+		_, err = cl.CreateSandbox(ctx, moat.CreateRequest{
+			Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
+			NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"},
+		})
+	}()
 	var apiErr *moat.APIError
 	if !errors.As(err, &apiErr) || apiErr.Code != "SANDBOX::EGRESS_FAILED" {
 		t.Errorf("create with a networkPolicy and no sidecar = %v, want SANDBOX::EGRESS_FAILED", err)
@@ -69,6 +75,24 @@ func TestServerLifecycle(t *testing.T) {
 	var left sbv1.BatchSandboxList
 	if err := adminClient(t).List(ctx, &left, client.InNamespace(ns)); err != nil || len(left.Items) != 0 {
 		t.Errorf("a failed create left %d BatchSandboxes (%v)", len(left.Items), err)
+	}
+	// One whose sidecar answers starts under its policy.
+	filtered, err := cl.CreateSandbox(ctx, moat.CreateRequest{
+		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
+		NetworkPolicy: &moat.NetworkPolicy{DefaultAction: "deny"},
+	})
+	if err != nil {
+		t.Fatalf("create with a networkPolicy: %v", err)
+	}
+	var fb sbv1.BatchSandbox
+	if err := adminClient(t).Get(ctx, client.ObjectKey{Namespace: ns, Name: filtered.ID}, &fb); err != nil || len(fb.Endpoints()) != 1 {
+		t.Fatalf("sandbox %s: %v %v", filtered.ID, err, fb.Endpoints())
+	}
+	if pol, _, ok := env.SidecarPolicy(fb.Endpoints()[0]); !ok || pol.DefaultAction != "deny" {
+		t.Errorf("the sidecar of a sandbox created with a deny policy holds %+v (%v)", pol, ok)
+	}
+	if err := cl.DeleteSandbox(ctx, filtered.ID); err != nil {
+		t.Fatal(err)
 	}
 	sb, err := cl.CreateSandbox(ctx, moat.CreateRequest{
 		Image: &moat.ImageSpec{URI: "busybox:test"}, Entrypoint: []string{"sleep", "infinity"},
@@ -109,5 +133,17 @@ func TestServerLifecycle(t *testing.T) {
 			t.Fatalf("BatchSandbox %s not deleted: %v", sb.ID, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cleanups collects cleanups to run at once (a scope shorter than a
+// test's).
+type cleanups struct{ fns []func() }
+
+func (c *cleanups) Cleanup(f func()) { c.fns = append(c.fns, f) }
+
+func (c *cleanups) run() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,12 +66,17 @@ type agents struct {
 
 	mu      sync.Mutex
 	serving map[string]*agent // by pod IP
+	// noSidecars: pods that start meanwhile get no stand-in egress
+	// sidecar (Env.WithoutSidecars).
+	noSidecars atomic.Bool
 }
 
 type agent struct {
 	uid   types.UID
 	srv   *http.Server
 	agent *fakeagent.Agent
+	// sidecar is the stand-in egress sidecar of a pod that has one.
+	sidecar *standInSidecar
 }
 
 // Agent returns the stand-in agent serving pod IP ip (Options.Agents), to
@@ -115,7 +121,7 @@ func (a *agents) sync(ctx context.Context) {
 	defer a.mu.Unlock()
 	for ip, ag := range a.serving {
 		if p, ok := want[ip]; !ok || p.UID != ag.uid {
-			ag.srv.Close()
+			ag.close()
 			delete(a.serving, ip)
 		}
 	}
@@ -131,10 +137,24 @@ func (a *agents) sync(ctx context.Context) {
 		if err != nil {
 			continue // the previous owner of the IP is still closing
 		}
+		var sc *standInSidecar
+		if hasSidecar(p) && !a.noSidecars.Load() {
+			if sc, ok = a.sidecar(ctx, p, ip); !ok {
+				ln.Close()
+				continue
+			}
+		}
 		ag := fakeagent.New(token)
 		srv := &http.Server{Handler: ag, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
-		a.serving[ip] = &agent{uid: p.UID, srv: srv, agent: ag}
+		a.serving[ip] = &agent{uid: p.UID, srv: srv, agent: ag, sidecar: sc}
+	}
+}
+
+func (ag *agent) close() {
+	ag.srv.Close()
+	if ag.sidecar != nil {
+		ag.sidecar.srv.Close()
 	}
 }
 
@@ -143,8 +163,14 @@ func (a *agents) token(ctx context.Context, p *corev1.Pod) (string, bool) {
 	if len(p.Spec.Containers) == 0 {
 		return "", true
 	}
-	for _, e := range p.Spec.Containers[0].Env {
-		if e.Name != "EXECD_ACCESS_TOKEN" {
+	return a.env(ctx, p, p.Spec.Containers[0], "EXECD_ACCESS_TOKEN")
+}
+
+// env resolves variable name of container c of pod p ("" if unset; not
+// ok while its Secret cannot be read).
+func (a *agents) env(ctx context.Context, p *corev1.Pod, c corev1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name != name {
 			continue
 		}
 		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
@@ -155,7 +181,11 @@ func (a *agents) token(ctx context.Context, p *corev1.Pod) (string, bool) {
 		if err != nil {
 			return "", false
 		}
-		return string(s.Data[ref.Key]), true
+		v, ok := s.Data[ref.Key]
+		if !ok && (ref.Optional == nil || !*ref.Optional) {
+			return "", false // the kubelet would not start the container
+		}
+		return string(v), true
 	}
 	return "", true
 }
@@ -164,7 +194,7 @@ func (a *agents) closeAll() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for ip, ag := range a.serving {
-		ag.srv.Close()
+		ag.close()
 		delete(a.serving, ip)
 	}
 }
