@@ -118,7 +118,8 @@ func TestKubernetesCredentialVault(t *testing.T) {
 				t.Errorf("pod %s's spec holds a credential value", p.Name)
 			}
 		}
-		for _, ct := range p.Spec.Containers {
+		// The sidecar is a native sidecar (an init container).
+		for _, ct := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
 			for _, e := range ct.Env {
 				if e.Name == "MOAT_EGRESS_VAULT_KEY" {
 					found = true
