@@ -79,10 +79,10 @@ func (f *fakeEgress) Modify(_ context.Context, id string, fn func(policy.Network
 	return p, nil
 }
 
-func (f *fakeEgress) AttachProxy(_ context.Context, id string, _ *mitm.CA, r *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
+func (f *fakeEgress) AttachProxy(_ context.Context, id string, _ *mitm.CA, st *vault.State, withheld func(context.Context, mitm.Withheld)) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.proxies[id] = r
+	f.proxies[id] = st.Compile()
 	f.withheld[id] = withheld
 	return nil
 }
@@ -93,13 +93,13 @@ func (f *fakeEgress) withheldOf(id string) func(context.Context, mitm.Withheld) 
 	return f.withheld[id]
 }
 
-func (f *fakeEgress) SetProxyRules(id string, r *vault.Rules) error {
+func (f *fakeEgress) SetProxyRules(_ context.Context, id string, _ *mitm.CA, st *vault.State) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.proxies[id]; !ok {
 		return errdefs.ErrNotFound
 	}
-	f.proxies[id] = r
+	f.proxies[id] = st.Compile()
 	return nil
 }
 

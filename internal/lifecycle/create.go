@@ -395,7 +395,7 @@ func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, st
 		if sb.EgressToken == "" {
 			sb.EgressToken = NewToken() // filtered by its tenant's guardrail only
 		}
-		spec.Egress = &runtime.Egress{Token: sb.EgressToken, Policy: *eff}
+		spec.Egress = &runtime.Egress{Token: sb.EgressToken, Policy: *eff, CredentialProxy: sb.CredentialProxy != nil}
 	}
 	return spec, readyToken, nil
 }

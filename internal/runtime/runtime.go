@@ -117,6 +117,10 @@ type Egress struct {
 	Token string
 	// Policy is the effective policy at start.
 	Policy policy.NetworkPolicy
+	// CredentialProxy: the sandbox has the Credential Vault, whose proxy
+	// a backend enforcing egress inside the sandbox runs there too (its
+	// CA and vault follow through the backend's Egress).
+	CredentialProxy bool
 }
 
 // Mount is a bind mount of a host path, or of a named volume, into a

@@ -243,11 +243,11 @@ func (a egressAdapter) Modify(ctx context.Context, id string, fn func(policy.Net
 }
 
 // AttachProxy implements credvault.CredentialProxy.
-func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error {
-	return a.enf.AttachProxy(ctx, id, ca, rules, a.audit.withheld(id, withheld))
+func (a egressAdapter) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, withheld func(context.Context, mitm.Withheld)) error {
+	return a.enf.AttachProxy(ctx, id, ca, state.Compile(), a.audit.withheld(id, withheld))
 }
 
 // SetProxyRules implements credvault.CredentialProxy.
-func (a egressAdapter) SetProxyRules(id string, rules *vault.Rules) error {
-	return a.enf.SetProxyRules(id, rules)
+func (a egressAdapter) SetProxyRules(_ context.Context, id string, _ *mitm.CA, state *vault.State) error {
+	return a.enf.SetProxyRules(id, state.Compile())
 }

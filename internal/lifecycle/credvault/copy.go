@@ -43,6 +43,6 @@ func (v CredentialVaults) CopyVault(ctx context.Context, from, to string) error 
 			}
 		}
 		// A State is immutable: the child shares the source's.
-		return v.commit(e, c, src)
+		return v.commit(ctx, e, c, src)
 	})
 }

@@ -28,11 +28,14 @@ import (
 // assertion). Detach of the egress policy also ends the proxy.
 type CredentialProxy interface {
 	// AttachProxy starts intercepting attached sandbox id's HTTP(S) with
-	// its CA and injection rules (nil: none yet); withheld is told of
-	// credentials the proxy withholds (mitm.Client.OnWithheld).
-	AttachProxy(ctx context.Context, id string, ca *mitm.CA, rules *vault.Rules, withheld func(context.Context, mitm.Withheld)) error
-	// SetProxyRules replaces the rules; the next request uses them.
-	SetProxyRules(id string, rules *vault.Rules) error
+	// its CA and the rules of its vault (nil: none yet); withheld is told
+	// of credentials the proxy withholds (mitm.Client.OnWithheld). A
+	// backend that runs the proxy in-process compiles state (State.Compile);
+	// one that runs it elsewhere seals it there.
+	AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, withheld func(context.Context, mitm.Withheld)) error
+	// SetProxyRules replaces the vault of the proxy attached with ca; the
+	// next request uses its rules.
+	SetProxyRules(ctx context.Context, id string, ca *mitm.CA, state *vault.State) error
 }
 
 // credProxy is the in-memory credential proxy of a sandbox (the entry's
@@ -133,7 +136,7 @@ func (s *Proxies) Attach(ctx context.Context, e *lifecycle.Entry) error {
 	if !ok {
 		return fmt.Errorf("credential proxy: %w", errdefs.ErrNotImplemented)
 	}
-	return cp.AttachProxy(ctx, e.ID(), c.ca, c.state.Compile(), s.withheld(e.ID()))
+	return cp.AttachProxy(ctx, e.ID(), c.ca, c.state, s.withheld(e.ID()))
 }
 
 // Events of the Credential Vault, in the sandbox's event ring (scope
@@ -244,7 +247,7 @@ func (v CredentialVaults) inGuardrail(e *lifecycle.Entry, next *vault.State) err
 
 // commit persists next (nil: no vault) for e and then applies it to the
 // proxy. Nothing changes if persisting fails. The caller holds e.mu.
-func (v CredentialVaults) commit(e *lifecycle.Entry, c *credProxy, next *vault.State) error {
+func (v CredentialVaults) commit(ctx context.Context, e *lifecycle.Entry, c *credProxy, next *vault.State) error {
 	cp := &credProxy{ca: c.ca, state: next}
 	rec, err := v.s.sealCredProxy(e.ID(), cp)
 	if err != nil {
@@ -258,7 +261,7 @@ func (v CredentialVaults) commit(e *lifecycle.Entry, c *credProxy, next *vault.S
 		return err
 	}
 	e.SetValue(credKey{}, cp)
-	return v.s.egress.(CredentialProxy).SetProxyRules(e.ID(), next.Compile())
+	return v.s.egress.(CredentialProxy).SetProxyRules(ctx, e.ID(), c.ca, next)
 }
 
 // CreateVault creates sandbox id's vault (revision 1).
@@ -278,7 +281,7 @@ func (v CredentialVaults) CreateVault(ctx context.Context, id string, req vault.
 		if err := v.inGuardrail(e, next); err != nil {
 			return err
 		}
-		if err := v.commit(e, c, next); err != nil {
+		if err := v.commit(ctx, e, c, next); err != nil {
 			return err
 		}
 		out = next.View()
@@ -316,7 +319,7 @@ func (v CredentialVaults) PatchVault(ctx context.Context, id string, req vault.P
 		if err := v.inGuardrail(e, next); err != nil {
 			return err
 		}
-		if err := v.commit(e, c, next); err != nil {
+		if err := v.commit(ctx, e, c, next); err != nil {
 			return err
 		}
 		out = next.View()
@@ -332,6 +335,6 @@ func (v CredentialVaults) DeleteVault(ctx context.Context, id string) error {
 		if c.state == nil {
 			return vault.ErrNotFound
 		}
-		return v.commit(e, c, nil)
+		return v.commit(ctx, e, c, nil)
 	})
 }

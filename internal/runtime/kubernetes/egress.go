@@ -26,8 +26,10 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/egress/sidecar"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/runtime"
@@ -46,6 +48,11 @@ import (
 func (r *Runtime) validateEgress(spec runtime.Spec) error {
 	if spec.Egress == nil {
 		return nil
+	}
+	if spec.Egress.CredentialProxy && spec.Class != "" {
+		// The credential proxy runs in the sidecar, whose intercept
+		// table a sandbox runtime's kernel would not apply either.
+		return errdefs.Newf(errdefs.ErrNotImplemented, "credentialProxy is not supported with runtime class %q on the kubernetes runtime (only the default class)", spec.Class)
 	}
 	if spec.Class != "" {
 		// A sandbox runtime (gVisor) runs the sidecar inside its own
@@ -76,6 +83,12 @@ func (r *Runtime) egressSecret(spec runtime.Spec, data map[string]string) error 
 	data[sbv1.EgressSecretToken] = spec.Egress.Token
 	data[sbv1.EgressSecretPolicy] = string(p)
 	data[sbv1.EgressSecretDNS] = strings.Join(ups, ",")
+	if spec.Egress.CredentialProxy {
+		key := make([]byte, vault.KeySize)
+		rand.Read(key)
+		data[sbv1.EgressSecretVaultKey] = hex.EncodeToString(key)
+		clear(key)
+	}
 	return nil
 }
 
@@ -191,37 +204,16 @@ func (e *Egress) call(ctx context.Context, id, method string, body []byte) (poli
 	if err != nil {
 		return policy.NetworkPolicy{}, err
 	}
-	addr, err := e.rt.Endpoint(ctx, id, sidecar.Port)
+	code, data, err := e.send(ctx, id, tok, method, "/policy", body)
 	if err != nil {
 		return policy.NetworkPolicy{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+"/policy", bytes.NewReader(body))
-	if err != nil {
-		return policy.NetworkPolicy{}, err
-	}
-	req.Header.Set(egress.AuthHeader, tok)
-	req.Header.Set("Content-Type", "application/json")
-	// One connection, proved to be the sidecar's before the token goes.
-	tr := &http.Transport{DialContext: dialSidecar(tok), DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: e.rt.cfg.EgressTimeout}).Do(req)
-	if err != nil {
-		if errors.Is(err, errNotSidecar) {
-			return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: egress sidecar not listening: %w", id, errdefs.ErrUnavailable)
-		}
-		return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: egress sidecar: %w: %v", id, errdefs.ErrUnavailable, err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode == http.StatusBadRequest:
+	switch code {
+	case http.StatusOK:
+	case http.StatusBadRequest:
 		return policy.NetworkPolicy{}, errdefs.Newf(errdefs.ErrInvalidArgument, "%s", strings.TrimPrefix(strings.TrimSpace(string(data)), "invalid policy: "))
 	default:
-		return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: egress sidecar answered %d: %w", id, resp.StatusCode, errdefs.ErrUnavailable)
+		return policy.NetworkPolicy{}, fmt.Errorf("sandbox %s: egress sidecar answered %d: %w", id, code, errdefs.ErrUnavailable)
 	}
 	var st egress.PolicyStatusResponse
 	if err := json.Unmarshal(data, &st); err != nil || st.Policy == nil {
@@ -230,49 +222,168 @@ func (e *Egress) call(ctx context.Context, id, method string, body []byte) (poli
 	return *st.Policy, nil
 }
 
+// A sidecar that refuses connections is retried every refusedRetry for
+// refusedGrace before the call fails.
+const (
+	refusedGrace = 2 * time.Second
+	refusedRetry = 50 * time.Millisecond
+)
+
+// send sends one request of the egress API to sandbox id's sidecar, with
+// token tok, on a connection the sidecar proved its own, and returns the
+// answer's status and body.
+func (e *Egress) send(ctx context.Context, id, tok, method, path string, body []byte) (int, []byte, error) {
+	addr, err := e.rt.Endpoint(ctx, id, sidecar.Port)
+	if err != nil {
+		return 0, nil, err
+	}
+	// One connection, proved to be the sidecar's before the token goes.
+	tr := &http.Transport{DialContext: dialSidecar(tok), DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	var resp *http.Response
+	for start := time.Now(); ; {
+		var req *http.Request
+		req, err = http.NewRequestWithContext(ctx, method, "http://"+addr+path, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set(egress.AuthHeader, tok)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err = (&http.Client{Transport: tr, Timeout: e.rt.cfg.EgressTimeout}).Do(req)
+		// A refused connection is a sidecar restarting (it is started and
+		// probed before the pod's containers): ride over it a moment.
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > refusedGrace || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(refusedRetry)
+	}
+	if err != nil {
+		if errors.Is(err, errNotSidecar) {
+			return 0, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return 0, nil, fmt.Errorf("sandbox %s: egress sidecar not listening: %w", id, errdefs.ErrUnavailable)
+		}
+		return 0, nil, fmt.Errorf("sandbox %s: egress sidecar: %w: %v", id, errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	return resp.StatusCode, data, nil
+}
+
+// AttachProxy implements credvault.CredentialProxy: it pushes sandbox
+// id's CA and vault to the credential proxy of its sidecar. The sidecar
+// keeps no record of withheld credentials for the server (withheld is
+// not called on this backend).
+func (e *Egress) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, _ func(context.Context, mitm.Withheld)) error {
+	return e.SetProxyRules(ctx, id, ca, state)
+}
+
+// SetProxyRules implements credvault.CredentialProxy: it seals ca's key
+// and state under the sandbox's own vault key and PUTs them to its
+// sidecar, which answers once the rules are in force.
+func (e *Egress) SetProxyRules(ctx context.Context, id string, ca *mitm.CA, state *vault.State) error {
+	sec, err := e.secret(ctx, id)
+	if err != nil {
+		return err
+	}
+	body, err := sealForSidecar(sec[sbv1.EgressSecretVaultKey], ca, state)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	code, _, err := e.send(ctx, id, string(sec[sbv1.EgressSecretToken]), http.MethodPut, sidecar.VaultPath, body)
+	if err != nil {
+		return err
+	}
+	switch code {
+	case http.StatusNoContent:
+		return nil
+	case http.StatusNotImplemented:
+		return fmt.Errorf("sandbox %s: its egress sidecar runs no credential proxy: %w", id, errdefs.ErrNotImplemented)
+	default:
+		return fmt.Errorf("sandbox %s: egress sidecar answered %d to the vault: %w", id, code, errdefs.ErrUnavailable)
+	}
+}
+
+// sealForSidecar is the body of a PUT of sidecar.VaultPath: ca and state
+// sealed under hexKey, a pod's vault key (sbv1.EgressSecretVaultKey).
+func sealForSidecar(hexKey []byte, ca *mitm.CA, state *vault.State) ([]byte, error) {
+	if len(hexKey) == 0 {
+		return nil, fmt.Errorf("created without credentialProxy, its pod has no vault key: %w", errdefs.ErrNotImplemented)
+	}
+	key, err := vault.ParseKey(string(hexKey))
+	if err != nil {
+		return nil, fmt.Errorf("pod vault key: %w", err)
+	}
+	sl, err := vault.NewSealer(key)
+	clear(key)
+	if err != nil {
+		return nil, err
+	}
+	der, err := ca.KeyDER()
+	if err != nil {
+		return nil, err
+	}
+	defer clear(der)
+	sealed, err := vault.SealState(sl, sidecar.VaultAD, state, der)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(sidecar.VaultRequest{CACert: ca.CertPEM(), Sealed: sealed})
+}
+
 // token reads sandbox id's egress token from its Secret.
 func (e *Egress) token(ctx context.Context, id string) (string, error) {
-	if !runtime.ValidID(id) {
-		return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	sec, err := e.secret(ctx, id)
+	if err != nil {
+		return "", err
 	}
-	if tok, ok, err := e.claimToken(ctx, id, false); ok || err != nil {
-		return tok, err
+	return string(sec[sbv1.EgressSecretToken]), nil
+}
+
+// secret reads the egress keys of sandbox id's token Secret; it has an
+// egress token.
+func (e *Egress) secret(ctx context.Context, id string) (map[string][]byte, error) {
+	if !runtime.ValidID(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if keys, ok, err := e.claimToken(ctx, id, false); ok || err != nil {
+		return keys, err
 	}
 	ns, err := e.rt.locate(ctx, id) // a tenant's namespace, with tenant namespaces
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var sec corev1.Secret
 	err = e.rt.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: id + tokenSecretSufx}, &sec)
 	if apierrors.IsNotFound(err) {
 		// Claimed a moment ago by another replica?
-		if tok, ok, err := e.claimToken(ctx, id, true); ok || err != nil {
-			return tok, err
+		if keys, ok, err := e.claimToken(ctx, id, true); ok || err != nil {
+			return keys, err
 		}
 	}
 	if err != nil {
-		return "", classify("sandbox "+id+" egress token", err)
+		return nil, classify("sandbox "+id+" egress token", err)
 	}
-	tok := string(sec.Data[sbv1.EgressSecretToken])
-	if tok == "" {
-		return "", errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was created without a network policy: its pod has no egress sidecar, and a pod's containers are fixed when it is made", id)
+	if len(sec.Data[sbv1.EgressSecretToken]) == 0 {
+		return nil, errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was created without a network policy: its pod has no egress sidecar, and a pod's containers are fixed when it is made", id)
 	}
-	return tok, nil
+	return sec.Data, nil
 }
 
-// claimToken returns the egress token of sandbox id's pool pod when id
-// was claimed from a pool (ok), read fresh from the API server when fresh
-// is set (see Runtime.claimed).
-func (e *Egress) claimToken(ctx context.Context, id string, fresh bool) (string, bool, error) {
+// claimToken returns the egress keys of sandbox id's pool pod when id
+// was claimed from a pool (ok): its egress token (claims have no vault),
+// read fresh from the API server when fresh is set (see Runtime.claimed).
+func (e *Egress) claimToken(ctx context.Context, id string, fresh bool) (map[string][]byte, bool, error) {
 	pool, pod, _, ok, err := e.rt.claimed(ctx, id, fresh)
 	if err != nil || !ok {
-		return "", false, err
+		return nil, false, err
 	}
-	tok := string(e.rt.tokens(pool)[alloc.EgressTokenKey(pod)])
-	if tok == "" {
-		return "", true, errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was claimed from pool %s, whose pods have no egress sidecar (a pool of runtime class sandboxes, or made by hand without one)", id, pool.Name)
+	tok := e.rt.tokens(pool)[alloc.EgressTokenKey(pod)]
+	if len(tok) == 0 {
+		return nil, true, errdefs.Newf(errdefs.ErrNotImplemented, "sandbox %s was claimed from pool %s, whose pods have no egress sidecar (a pool of runtime class sandboxes, or made by hand without one)", id, pool.Name)
 	}
-	return tok, true, nil
+	return map[string][]byte{sbv1.EgressSecretToken: tok}, true, nil
 }
 
 // errNotSidecar: what listens on the egress API port did not prove it

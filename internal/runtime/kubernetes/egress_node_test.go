@@ -10,7 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
@@ -93,3 +95,21 @@ func (h *nodeEgress) Update(ctx context.Context, id string, p policy.NetworkPoli
 }
 
 func (h *nodeEgress) Outside() (string, string) { return h.allowed, h.denied }
+
+// nodeVault is the conformance suite's vault harness on the real node:
+// the server's Egress pushes the vault to the pod's sidecar, and the
+// upstream is the test's own server on the node's bridge address.
+type nodeVault struct {
+	*nodeEgress
+	gw string
+}
+
+func (h *nodeVault) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, withheld func(context.Context, mitm.Withheld)) error {
+	return h.eg.AttachProxy(ctx, id, ca, state, withheld)
+}
+
+func (h *nodeVault) SetProxyRules(ctx context.Context, id string, ca *mitm.CA, state *vault.State) error {
+	return h.eg.SetProxyRules(ctx, id, ca, state)
+}
+
+func (h *nodeVault) Upstream() string { return h.gw }

@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/moat-sandbox/moat/internal/egress/policy"
@@ -10,8 +11,8 @@ import (
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 )
 
-// TestEgressValidate: a policy is enforced by the egress sidecar on the
-// default class only; under a sandbox runtime (gVisor) it is refused as
+// TestEgressValidate: a policy, and the Credential Vault's proxy, are
+// enforced by the egress sidecar on the default class only; under a sandbox runtime (gVisor) it is refused as
 // not implemented, never accepted and left unenforced, and a policy that
 // does not compile is the caller's error.
 func TestEgressValidate(t *testing.T) {
@@ -25,7 +26,15 @@ func TestEgressValidate(t *testing.T) {
 	if err := kubernetes.Validate(cfg, spec); !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Errorf("runsc with a policy: %v, want ErrNotImplemented", err)
 	}
-	spec.Egress = nil
+	spec.Egress = &runtime.Egress{Token: "t", Policy: policy.NetworkPolicy{DefaultAction: policy.Deny}, CredentialProxy: true}
+	if err := kubernetes.Validate(cfg, spec); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "credentialProxy") {
+		t.Errorf("runsc with credentialProxy: %v, want ErrNotImplemented naming credentialProxy", err)
+	}
+	spec.Class = ""
+	if err := kubernetes.Validate(cfg, spec); err != nil {
+		t.Errorf("default class with credentialProxy: %v", err)
+	}
+	spec.Class, spec.Egress = "runsc", nil
 	if err := kubernetes.Validate(cfg, spec); err != nil {
 		t.Errorf("runsc without a policy: %v", err)
 	}

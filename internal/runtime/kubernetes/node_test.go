@@ -156,6 +156,7 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 			return nodeRuntime{rt2, rt2, ns, rt2}
 		},
 		Egress: egressFor(f, class),
+		Vault:  vaultFor(f, class),
 	})
 }
 
@@ -176,6 +177,17 @@ func egressFor(f *nodeFixture, class string) func(t *testing.T, rt runtime.Runti
 		return nil
 	}
 	return func(t *testing.T, rt runtime.Runtime) runtimetest.EgressHarness { return newNodeEgress(t, f, rt) }
+}
+
+// vaultFor is the Vault harness of class: the default class runs the
+// credential proxy in the egress sidecar; runsc refuses it.
+func vaultFor(f *nodeFixture, class string) func(t *testing.T, rt runtime.Runtime) runtimetest.VaultHarness {
+	if class != "" {
+		return nil
+	}
+	return func(t *testing.T, rt runtime.Runtime) runtimetest.VaultHarness {
+		return &nodeVault{nodeEgress: newNodeEgress(t, f, rt).(*nodeEgress), gw: f.node.Gateway.String()}
+	}
 }
 
 // testNodeTasks: a BatchSandbox with a taskTemplate runs its task in every

@@ -48,6 +48,10 @@ type Options struct {
 	// backend's network (package egresstest) for the Egress case. Nil:
 	// the backend has none (the server refuses networkPolicy, 501).
 	Egress func(t *testing.T, rt runtime.Runtime) EgressHarness
+	// Vault, if set, runs the Credential Vault's proxy of the backend
+	// for the Vault case. Nil: the backend has none (the server refuses
+	// credentialProxy, 501).
+	Vault func(t *testing.T, rt runtime.Runtime) VaultHarness
 	// NoDiskQuota tells that the backend cannot enforce
 	// Resources.DiskBytes: the DiskQuota case then checks it refuses one
 	// with ErrNotImplemented instead of ignoring it.
@@ -99,6 +103,9 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	}
 	if opts.Egress != nil {
 		t.Run("Egress", s.egressCase)
+	}
+	if opts.Vault != nil {
+		t.Run("Vault", s.vaultCase)
 	}
 }
 
