@@ -61,6 +61,10 @@ const (
 	EgressSecretToken  = "egress-token"
 	EgressSecretPolicy = "egress-policy"
 	EgressSecretDNS    = "egress-dns"
+	// EgressSecretVaultKey (optional, hex) is the pod's Credential Vault
+	// key: with it the sidecar runs the credential proxy, and the server
+	// seals what it pushes to it under this key.
+	EgressSecretVaultKey = "egress-vault-key"
 
 	// FinalizerRelease keeps a BatchSandbox (and a Pool) until the
 	// controller has released its pods; without it a pod could be handed

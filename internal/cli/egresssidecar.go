@@ -7,11 +7,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moat-sandbox/moat/internal/egress/sidecar"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 )
 
 // newEgressSidecarCommand is the egress sidecar container's entrypoint in
 // a sandbox pod with a network policy (package sidecar). Its token,
-// policy and DNS upstreams come from the environment (the pod's egress
+// policy, DNS upstreams and vault key come from the environment (the pod's egress
 // Secret), never argv.
 func newEgressSidecarCommand() *cobra.Command {
 	return &cobra.Command{
@@ -26,10 +27,18 @@ func newEgressSidecarCommand() *cobra.Command {
 					ups = append(ups, u)
 				}
 			}
+			var key []byte
+			if k := os.Getenv(sidecar.EnvVaultKey); k != "" {
+				var err error
+				if key, err = vault.ParseKey(k); err != nil {
+					return err
+				}
+			}
 			return sidecar.Run(cmd.Context(), sidecar.Options{
 				Token:     os.Getenv(sidecar.EnvToken),
 				Policy:    []byte(os.Getenv(sidecar.EnvPolicy)),
 				Upstreams: ups,
+				VaultKey:  key,
 			})
 		},
 	}

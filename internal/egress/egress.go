@@ -87,6 +87,9 @@ type Config struct {
 	// DNS sockets carry this mark, which the ruleset lets through. Only a
 	// holder of CAP_NET_ADMIN or CAP_NET_RAW can mark a socket.
 	Mark uint32
+	// LocalProxy is nft.Config.LocalProxy (the egress sidecar's credential
+	// proxy port on loopback; 0: none).
+	LocalProxy uint16
 }
 
 // Decision is one egress verdict for a sandbox.
@@ -340,7 +343,7 @@ func (e *Enforcer) lookup(id string) (*sandbox, error) {
 }
 
 func (e *Enforcer) nftConfig(m *policy.Matcher, resolved []nft.Resolved) nft.Config {
-	return nft.Config{Policy: m, DNS: e.cfg.DNS, Blocked: e.cfg.Blocked, Resolved: resolved, Exempt: e.cfg.Mark}
+	return nft.Config{Policy: m, DNS: e.cfg.DNS, Blocked: e.cfg.Blocked, Resolved: resolved, Exempt: e.cfg.Mark, LocalProxy: e.cfg.LocalProxy}
 }
 
 // markControl sets SO_MARK on a dialer's sockets.

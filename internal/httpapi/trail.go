@@ -268,12 +268,14 @@ func (a *agentTrail) wrap(w http.ResponseWriter, r *http.Request, id, path strin
 		return w, r, func() {}
 	}
 	rec.Tenant = owner
-	// A span of its own (a child of the request's; a no-op without
-	// tracing), which the record names.
-	ctx, span := trace.SpanFromContext(r.Context()).TracerProvider().Tracer("moat/execd").Start(r.Context(),
-		"execd "+string(rec.Kind)+" "+rec.Action, trace.WithAttributes(attribute.String("osbx.id", id)))
-	r = r.WithContext(ctx)
-	rec.TraceID, rec.SpanID = traceOf(ctx)
+	// The request's span (a no-op without tracing) is the operation's:
+	// one request through the proxy is one command or file operation, so
+	// it is renamed for it rather than given a child, which would double
+	// what tracing costs a command. The record names it.
+	span := trace.SpanFromContext(r.Context())
+	span.SetName("execd " + string(rec.Kind) + " " + rec.Action)
+	span.SetAttributes(attribute.String("osbx.id", id))
+	rec.TraceID, rec.SpanID = traceOf(r.Context())
 	release := func() {}
 	if rec.Kind == trail.KindCommand || rec.Kind == trail.KindPTY {
 		release = a.tr.Active(id, rec.TraceID, rec.SpanID)
@@ -309,8 +311,6 @@ func (a *agentTrail) wrap(w http.ResponseWriter, r *http.Request, id, path strin
 		if rec.Command != nil && rec.Command.ExitCode != nil {
 			span.SetAttributes(attribute.Int("process.exit.code", *rec.Command.ExitCode))
 		}
-		span.SetAttributes(attribute.Int("http.response.status_code", rec.Status))
-		span.End()
 		if err := a.tr.Append(rec); err != nil {
 			a.log.Warn("audit trail write failed", "err", err, "id", id)
 		}

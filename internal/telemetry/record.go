@@ -58,9 +58,13 @@ func (t *Telemetry) count(ctx context.Context, r trail.Record, n int64) {
 			if r.Status >= 400 || r.Command != nil && (r.Command.Error != "" || r.Command.ExitCode != nil && *r.Command.ExitCode != 0) {
 				result = "failure"
 			}
-			in.execCount.Add(ctx, n, metric.WithAttributes(attribute.String("result", result)))
+			opt := in.success
+			if result == "failure" {
+				opt = in.failure
+			}
+			in.execCount.Add(ctx, n, opt)
 			if r.DurationMS != nil {
-				in.execDur.Record(ctx, *r.DurationMS, metric.WithAttributes(attribute.String("result", result)))
+				in.execDur.Record(ctx, *r.DurationMS, opt)
 			}
 		}
 	case trail.KindFile:
@@ -70,17 +74,19 @@ func (t *Telemetry) count(ctx context.Context, r trail.Record, n int64) {
 			in.fsDur.Record(ctx, *r.DurationMS, op)
 		}
 	case trail.KindEgress:
-		action := "allow"
+		opt := in.allow
 		if r.Action == trail.ActionDeny {
-			action = "deny"
+			opt = in.deny
 			in.egressDenied.Add(ctx, n)
 		}
-		in.egressEval.Add(ctx, n, metric.WithAttributes(attribute.String("action", action)))
+		in.egressEval.Add(ctx, n, opt)
 	}
 }
 
 // logAttrs are a record's fields as log attributes (osbx.id is
-// OSEP-0010's sandbox key).
+// OSEP-0010's sandbox key). Their keys are unique: the logger provider
+// skips deduplication (WithAllowKeyDuplication), which costs more than
+// the rest of a record.
 func logAttrs(r trail.Record) []attribute.KeyValue {
 	kv := []attribute.KeyValue{
 		attribute.String("osbx.id", r.SandboxID),
@@ -136,8 +142,10 @@ func logAttrs(r trail.Record) []attribute.KeyValue {
 		}
 	}
 	if c := r.Credential; c != nil {
-		kv = append(kv, attribute.String("moat.credential.binding", c.Binding), attribute.String("server.address", c.Host),
-			attribute.Bool("moat.credential.injected", c.Injected))
+		kv = append(kv, attribute.String("moat.credential.binding", c.Binding), attribute.Bool("moat.credential.injected", c.Injected))
+		if r.Egress == nil {
+			kv = append(kv, attribute.String("server.address", c.Host))
+		}
 	}
 	return kv
 }

@@ -22,6 +22,7 @@ import (
 
 	promclient "github.com/prometheus/client_golang/prometheus"
 	promotel "go.opentelemetry.io/contrib/bridges/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -116,7 +117,7 @@ func New(ctx context.Context, opt Options) (*Telemetry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("otlp logs: %w", err)
 		}
-		t.lp = sdklog.NewLoggerProvider(sdklog.WithProcessor(sdklog.NewBatchProcessor(exp)), sdklog.WithResource(res))
+		t.lp = sdklog.NewLoggerProvider(sdklog.WithProcessor(sdklog.NewBatchProcessor(exp)), sdklog.WithResource(res), sdklog.WithAllowKeyDuplication())
 		t.logger = t.lp.Logger("moat/audit")
 	}
 	if signal(env, "metrics") {
@@ -216,10 +217,17 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 type instruments struct {
 	execCount, fsCount, egressEval, egressDenied metric.Int64Counter
 	execDur, fsDur                               metric.Float64Histogram
+	// The attribute sets of every command and egress record, built once.
+	success, failure, allow, deny metric.MeasurementOption
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
-	var in instruments
+	in := instruments{
+		success: metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "success"))),
+		failure: metric.WithAttributeSet(attribute.NewSet(attribute.String("result", "failure"))),
+		allow:   metric.WithAttributeSet(attribute.NewSet(attribute.String("action", "allow"))),
+		deny:    metric.WithAttributeSet(attribute.NewSet(attribute.String("action", "deny"))),
+	}
 	var errs [6]error
 	in.execCount, errs[0] = m.Int64Counter("execd.execution.count", metric.WithDescription("Commands and code run through the agent, by result"))
 	in.execDur, errs[1] = m.Float64Histogram("execd.execution.duration", metric.WithUnit("ms"), metric.WithDescription("Duration of a command or code run"))

@@ -188,6 +188,7 @@ func (s *Store) Run(ctx context.Context, interval time.Duration) {
 		select {
 		case <-ctx.Done():
 			s.Flush()
+			s.Close()
 			return
 		case <-t.C:
 			s.Flush()

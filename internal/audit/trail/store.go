@@ -54,6 +54,7 @@ type Store struct {
 	mu    sync.Mutex
 	sbs   map[string]*trailState
 	total int64
+	open  int // trail files held open (trailState.f), at most maxOpen
 
 	agg aggregator
 }
@@ -65,7 +66,14 @@ type trailState struct {
 	cur, old int64 // file sizes
 	last     time.Time
 	tenant   string
+	// f is <id>.log held open for appends (nil: closed). The most
+	// recently written trails stay open, so that a command's record costs
+	// one write rather than an open, a write and a close.
+	f *os.File
 }
+
+// maxOpen bounds the trail files held open at once.
+const maxOpen = 64
 
 // Open opens (creating) the trails under opt.Dir.
 func Open(opt Options) (*Store, error) {
@@ -192,7 +200,22 @@ func (s *Store) Append(r Record) error {
 	}
 	r.Time = r.Time.UTC()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	r, err := s.appendLocked(r)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Outside the lock: the exporter's work does not hold up other
+	// sandboxes' appends.
+	if s.opt.Export != nil {
+		s.opt.Export(r)
+	}
+	return nil
+}
+
+// appendLocked writes r and returns it as written (with its sequence
+// number and tenant).
+func (s *Store) appendLocked(r Record) (Record, error) {
 	st := s.sbs[r.SandboxID]
 	if st == nil {
 		st = &trailState{}
@@ -206,24 +229,31 @@ func (s *Store) Append(r Record) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		st.seq--
-		return err
+		return r, err
 	}
 	b = append(b, '\n')
 	p := s.path(r.SandboxID)
 	if st.cur > 0 && st.cur+int64(len(b)) > s.opt.PerSandbox/2 {
 		// The current half is full: it becomes the older half.
+		s.closeLocked(st)
 		if err := os.Rename(p, p+".1"); err != nil && !os.IsNotExist(err) {
-			return fmt.Errorf("audit trail: %w", err)
+			return r, fmt.Errorf("audit trail: %w", err)
 		}
 		s.total -= st.old
 		st.old, st.cur = st.cur, 0
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("audit trail: %w", err)
+	if st.f == nil {
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return r, fmt.Errorf("audit trail: %w", err)
+		}
+		if s.open >= maxOpen {
+			s.closeOldestLocked()
+		}
+		st.f = f
+		s.open++
 	}
-	n, err := f.Write(b)
-	f.Close()
+	n, err := st.f.Write(b)
 	st.cur += int64(n)
 	s.total += int64(n)
 	st.last = r.Time
@@ -231,13 +261,44 @@ func (s *Store) Append(r Record) error {
 		st.tenant = r.Tenant
 	}
 	if err != nil {
-		return fmt.Errorf("audit trail: %w", err)
+		s.closeLocked(st)
+		return r, fmt.Errorf("audit trail: %w", err)
 	}
 	if s.total > s.opt.Total {
 		s.evictLocked(r.SandboxID)
 	}
-	if s.opt.Export != nil {
-		s.opt.Export(r)
+	return r, nil
+}
+
+// closeLocked closes st's open trail file, if any.
+func (s *Store) closeLocked(st *trailState) {
+	if st.f != nil {
+		st.f.Close()
+		st.f = nil
+		s.open--
+	}
+}
+
+// closeOldestLocked closes the open trail file written least recently.
+func (s *Store) closeOldestLocked() {
+	var old *trailState
+	for _, st := range s.sbs {
+		if st.f != nil && (old == nil || st.last.Before(old.last)) {
+			old = st
+		}
+	}
+	if old != nil {
+		s.closeLocked(old)
+	}
+}
+
+// Close closes the trail files held open; a later Append opens them
+// again.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.sbs {
+		s.closeLocked(st)
 	}
 	return nil
 }
@@ -294,6 +355,7 @@ func (s *Store) removeLocked(id string) {
 	if st == nil {
 		return
 	}
+	s.closeLocked(st)
 	p := s.path(id)
 	os.Remove(p)
 	os.Remove(p + ".1")

@@ -247,3 +247,62 @@ func TestParseKind(t *testing.T) {
 		t.Fatal("unknown kind accepted")
 	}
 }
+
+// openTrailFiles counts this process's open descriptors on files in dir.
+func openTrailFiles(t *testing.T, dir string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	n := 0
+	for _, e := range ents {
+		if p, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(p, dir+"/") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestAppendHoldsFewFilesOpen(t *testing.T) {
+	s, c := newStore(t, Options{PerSandbox: 4 << 10})
+	const n = maxOpen + 20
+	for round := range 2 {
+		for i := range n {
+			c.add(time.Millisecond)
+			if err := s.Append(Record{Kind: KindCommand, Action: ActionRun, SandboxID: fmt.Sprintf("sb%d", i),
+				Command: &Command{Line: strings.Repeat("x", 100)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := openTrailFiles(t, s.opt.Dir); got > maxOpen {
+			t.Fatalf("round %d: %d trail files open, want at most %d", round, got, maxOpen)
+		}
+	}
+	// Every record reached its file, the ones whose file was closed and
+	// reopened too, in order.
+	for i := range n {
+		recs, _, err := s.Read(fmt.Sprintf("sb%d", i), Query{})
+		if err != nil || len(recs) != 2 || recs[0].Seq != 1 || recs[1].Seq != 2 {
+			t.Fatalf("sb%d: %d records %v", i, len(recs), err)
+		}
+	}
+	// Rotation closes the file it renames: the newest records go to the
+	// new current half.
+	for range 60 {
+		if err := s.Append(Record{Kind: KindCommand, Action: ActionRun, SandboxID: "sb0", Command: &Command{Line: strings.Repeat("y", 100)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, _, _ := s.Read("sb0", Query{Limit: 1000})
+	if len(recs) == 0 || recs[len(recs)-1].Seq != 62 {
+		t.Fatalf("after rotation the last record is not the newest: %d records", len(recs))
+	}
+	if fi, err := os.Stat(filepath.Join(s.opt.Dir, "sb0.log")); err != nil || fi.Size() == 0 || fi.Size() > 2<<10 {
+		t.Fatalf("current half after rotation: %v %v", fi, err)
+	}
+	s.Close()
+	if got := openTrailFiles(t, s.opt.Dir); got != 0 {
+		t.Fatalf("%d trail files open after Close", got)
+	}
+}

@@ -84,6 +84,10 @@ type Config struct {
 	// socket's mark needs CAP_NET_ADMIN or CAP_NET_RAW, which the
 	// sandbox's processes lack.
 	Exempt uint32
+	// LocalProxy, if not 0, is a port on 127.0.0.1 that the pod intercept
+	// table (ApplyPodIntercept) redirects to: those packets keep the
+	// original output interface in this hook, so "oifname lo" misses them.
+	LocalProxy uint16
 }
 
 func (c Config) device() string {
@@ -479,6 +483,9 @@ func chainRules(cfg Config, sets map[string]*nftables.Set, netdev bool, verdict 
 	)
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		rules = append(rules, concat(fam.daddrEq(dnsIP), l4Port(proto, cfg.DNS.Port()), []expr.Any{accept()}))
+	}
+	if cfg.LocalProxy != 0 && !netdev {
+		rules = append(rules, concat(fam.daddrEq(netip.MustParseAddr("127.0.0.1")), l4Port(unix.IPPROTO_TCP, cfg.LocalProxy), []expr.Any{accept()}))
 	}
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		for _, port := range []uint16{53, 853} {

@@ -19,7 +19,9 @@ import (
 	"github.com/moat-sandbox/moat/internal/atomicfile"
 	"github.com/moat-sandbox/moat/internal/egress"
 	"github.com/moat-sandbox/moat/internal/egress/dnsproxy"
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 )
 
@@ -60,7 +62,22 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("egress sidecar: policy: %w", err)
 	}
-	enf, err := egress.New(egress.Config{
+	var (
+		sealer *vault.Sealer
+		icpt   *podInterceptor
+		pln    net.Listener
+	)
+	if len(o.VaultKey) > 0 {
+		if sealer, err = vault.NewSealer(o.VaultKey); err != nil {
+			return fmt.Errorf("egress sidecar: %w", err)
+		}
+		if pln, err = net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr(DNS), ProxyPort).String()); err != nil {
+			return fmt.Errorf("egress sidecar: credential proxy: %w", err)
+		}
+		defer pln.Close()
+		icpt = &podInterceptor{proxy: mitm.New(mitm.Config{Logger: o.Logger, DialContext: markedDial}), port: ProxyPort}
+	}
+	cfg := egress.Config{
 		DNS:       o.DNS,
 		Upstreams: o.Upstreams,
 		// Link-local holds cloud metadata services; the pod's own
@@ -68,7 +85,11 @@ func Run(ctx context.Context, o Options) error {
 		Blocked: []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10")},
 		Mark:    Mark,
 		Logger:  o.Logger,
-	})
+	}
+	if icpt != nil {
+		cfg.Interceptor, cfg.LocalProxy = icpt, ProxyPort
+	}
+	enf, err := egress.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -89,6 +110,11 @@ func Run(ctx context.Context, o Options) error {
 	svc := &persisted{Enforcer: enf, path: state, log: o.Logger}
 	mux := http.NewServeMux()
 	mux.Handle("/", egress.NewHandler(svc, sandboxID, egress.HandlerOptions{Token: o.Token, Logger: o.Logger}))
+	vaultState := filepath.Join(o.StateDir, "vault.json")
+	attach := func(ctx context.Context, ca *mitm.CA, rules *vault.Rules) error {
+		return enf.AttachProxy(ctx, sandboxID, ca, rules, nil)
+	}
+	mux.Handle(VaultPath, VaultHandler(o.Token, sealer, attach, o.Logger, vaultState))
 	mux.HandleFunc("GET "+ProofPath, func(w http.ResponseWriter, r *http.Request) {
 		if n := r.URL.Query().Get("nonce"); len(n) >= 16 && len(n) <= 128 {
 			w.Header().Set(ProofHeader, Proof(o.Token, n))
@@ -99,6 +125,15 @@ func Run(ctx context.Context, o Options) error {
 	errc := make(chan error, 2)
 	go func() { errc <- enf.Serve(ctx, pc, dl) }()
 	go func() { errc <- srv.Serve(ln) }()
+	if icpt != nil {
+		go func() { errc <- icpt.proxy.Serve(ctx, pln) }()
+		// A restarted sidecar resumes the vault last pushed (sealed).
+		if b, err := os.ReadFile(vaultState); err == nil {
+			if err := applyVault(ctx, b, sealer, attach); err != nil {
+				o.Logger.Error("egress sidecar: resume the credential proxy", "err", err)
+			}
+		}
+	}
 	if o.Ready != nil {
 		o.Ready()
 	}

@@ -4,6 +4,7 @@ package sidecar_test
 
 import (
 	"context"
+	"encoding/hex"
 	"io"
 	"net"
 	"net/http"
@@ -40,7 +41,12 @@ func TestMain(m *testing.M) {
 func helper() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	var key []byte
+	if k := os.Getenv(sidecar.EnvVaultKey); k != "" {
+		key, _ = hex.DecodeString(k)
+	}
 	err := sidecar.Run(ctx, sidecar.Options{
+		VaultKey:  key,
 		Token:     os.Getenv(sidecar.EnvToken),
 		Policy:    []byte(os.Getenv(sidecar.EnvPolicy)),
 		Upstreams: strings.Split(os.Getenv(sidecar.EnvDNS), ","),

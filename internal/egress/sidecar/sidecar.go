@@ -42,6 +42,14 @@ const DNS = "127.0.0.1"
 // which the ruleset lets through ("moae").
 const Mark = 0x6d6f6165
 
+// ProxyMark is the socket mark of the credential proxy's upstream
+// connections ("moap"): the pod intercept table does not redirect them,
+// and the ruleset filters them like the sandbox's own.
+const ProxyMark = 0x6d6f6170
+
+// ProxyPort is the credential proxy's port on the pod's loopback.
+const ProxyPort = 18443
+
 // The sidecar proves itself before the server sends it the token: the
 // sandbox shares the pod's network namespace and could bind the API port
 // while the sidecar restarts. On each new connection the server asks
@@ -80,6 +88,10 @@ type Options struct {
 	StateDir string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// VaultKey, if set (vault.KeySize bytes, EnvVaultKey), enables the
+	// Credential Vault: the credential proxy on 127.0.0.1:ProxyPort and
+	// PUT VaultPath.
+	VaultKey []byte
 	// Ready, if set, is called once the policy is in force and the
 	// listeners are bound.
 	Ready func()

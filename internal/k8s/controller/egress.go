@@ -50,6 +50,7 @@ func addEgress(p *corev1.Pod, secret, image string) {
 			env(sidecar.EnvToken, sbv1.EgressSecretToken, false),
 			env(sidecar.EnvPolicy, sbv1.EgressSecretPolicy, false),
 			env(sidecar.EnvDNS, sbv1.EgressSecretDNS, true),
+			env(sidecar.EnvVaultKey, sbv1.EgressSecretVaultKey, true),
 		},
 		Ports: []corev1.ContainerPort{{Name: "egress", ContainerPort: sidecar.Port, Protocol: corev1.ProtocolTCP}},
 		StartupProbe: &corev1.Probe{
