@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	events "k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -819,7 +819,7 @@ func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox,
 		}
 		r.noteWritten(b.UID, func(w *writtenState) { w.status = st })
 		if plan.failed != "" && r.events != nil {
-			r.events.Event(b, corev1.EventTypeWarning, eventPauseFailed(b), plan.failed)
+			r.events.Eventf(b, nil, corev1.EventTypeWarning, eventPauseFailed(b), "Pause", "%s", plan.failed)
 		}
 	}
 	if plan.requeue > 0 {

@@ -47,6 +47,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Options configure the controller.
 type Options struct {
@@ -103,7 +104,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	iso := newIsolator(mgr.GetClient(), mgr.GetAPIReader(), opts.Isolation)
 	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
 	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso,
-		events: mgr.GetEventRecorderFor("moat-controller")}
+		events: mgr.GetEventRecorder("moat-controller")}
 	if err := register(mgr, opts, pr, br, led, poke); err != nil {
 		return nil, err
 	}
