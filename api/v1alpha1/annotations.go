@@ -27,7 +27,12 @@ func (b *BatchSandbox) Endpoints() []string {
 
 // Condition returns the batch's condition of type t, if it has one.
 func (b *BatchSandbox) Condition(t BatchSandboxConditionType) (BatchSandboxCondition, bool) {
-	for _, c := range b.Status.Conditions {
+	return b.Status.Condition(t)
+}
+
+// Condition returns the status's condition of type t, if it has one.
+func (s *BatchSandboxStatus) Condition(t BatchSandboxConditionType) (BatchSandboxCondition, bool) {
+	for _, c := range s.Conditions {
 		if c.Type == t {
 			return c, true
 		}

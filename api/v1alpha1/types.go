@@ -314,9 +314,11 @@ type BatchSandboxSpec struct {
 	// +kubebuilder:default=Retain
 	// +optional
 	TaskResourcePolicyWhenCompleted *TaskResourcePolicy `json:"taskResourcePolicyWhenCompleted,omitempty"`
-	// Pause: nil = nothing to do, true = pause, false = resume. moat's
-	// controller answers with a PauseFailed condition (reason
-	// Unsupported): pods cannot be paused on Kubernetes by moat yet.
+	// Pause: nil = nothing to do, true = pause, false = resume. moat
+	// freezes the sandboxes' containers where they run (moat node on
+	// each pod's node), memory and pods kept; status.phase goes Pausing,
+	// Paused, Resuming, and a pause the nodes do not confirm is undone
+	// (PauseFailed).
 	// +optional
 	Pause *bool `json:"pause,omitempty"`
 	// PausePolicy is accepted for compatibility.
@@ -370,7 +372,7 @@ const (
 	ReasonInvalidTemplate = "InvalidTemplate"
 	// ReasonCreateFailed: Ready=False, the API server refused a pod.
 	ReasonCreateFailed = "PodCreateFailed"
-	// ReasonUnsupported: PauseFailed/ResumeFailed=True.
+	// ReasonUnsupported: a SandboxSnapshot's Failed.
 	ReasonUnsupported = "Unsupported"
 	// ReasonPodsFailed: PodFailed=True, some pods ended.
 	ReasonPodsFailed = "PodsFailed"
@@ -417,7 +419,8 @@ type BatchSandboxStatus struct {
 	// controller last answered.
 	// +optional
 	PauseObservedGeneration int64 `json:"pauseObservedGeneration,omitempty"`
-	// Conditions: Ready, PodFailed, PauseFailed, ResumeFailed.
+	// Conditions: Ready, PodFailed, Paused, Progressing (a pause or
+	// resume in flight), PauseFailed, ResumeFailed.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

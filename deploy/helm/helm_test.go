@@ -192,3 +192,90 @@ func TestTenantNamespacesRBAC(t *testing.T) {
 		t.Errorf("binding subject %v", s)
 	}
 }
+
+// TestNodeDaemonSet: moat node runs on every node with only the
+// privileges it documents: the containerd socket (hostPath), as root
+// with every capability dropped, a read-only root, no port, no host
+// namespaces beyond the chart's hostNetwork; pods read and pods/status
+// patched, nothing else. node.enabled=false leaves it out.
+func TestNodeDaemonSet(t *testing.T) {
+	objs := func(args ...string) map[string]*unstructured.Unstructured {
+		out := run(t, append([]string{"template", "r1", "moat", "--namespace", "moat-system"}, args...)...)
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+		kinds := map[string]*unstructured.Unstructured{}
+		for {
+			var o unstructured.Unstructured
+			if err := dec.Decode(&o.Object); err != nil {
+				break
+			}
+			if len(o.Object) > 0 {
+				kinds[o.GetKind()+"/"+o.GetName()] = &o
+			}
+		}
+		return kinds
+	}
+	kinds := objs("--set", "node.containerdSocket=/run/k3s/containerd/containerd.sock")
+	ds := kinds["DaemonSet/r1-node"]
+	if ds == nil {
+		t.Fatalf("no DaemonSet/r1-node (has %v)", keys(kinds))
+	}
+	spec, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
+	for _, k := range []string{"hostPID", "hostIPC", "hostNetwork"} {
+		if spec[k] != nil {
+			t.Errorf("node pod sets %s", k)
+		}
+	}
+	vols := spec["volumes"].([]any)
+	if len(vols) != 1 || toJSONishMap(vols[0].(map[string]any)["hostPath"]) != "path=/run/k3s/containerd/containerd.sock;type=Socket;" {
+		t.Errorf("node volumes %v, want the containerd socket only", vols)
+	}
+	ctr := spec["containers"].([]any)[0].(map[string]any)
+	if ctr["ports"] != nil {
+		t.Errorf("node container has ports %v", ctr["ports"])
+	}
+	sc := ctr["securityContext"].(map[string]any)
+	if sc["privileged"] == true || sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true ||
+		strings.Join(toStrings(sc["capabilities"].(map[string]any)["drop"]), ",") != "ALL" || sc["capabilities"].(map[string]any)["add"] != nil {
+		t.Errorf("node securityContext %v", sc)
+	}
+	if args := strings.Join(toStrings(ctr["args"]), " "); !strings.Contains(args, "--containerd-socket=/run/moat-node/containerd.sock") {
+		t.Errorf("node args %q", args)
+	}
+	role := kinds["ClusterRole/r1-node"]
+	if role == nil {
+		t.Fatal("no ClusterRole/r1-node")
+	}
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	var got []string
+	for _, r := range rules {
+		m := r.(map[string]any)
+		got = append(got, strings.Join(toStrings(m["resources"]), ",")+":"+strings.Join(toStrings(m["verbs"]), ","))
+	}
+	if strings.Join(got, " ") != "pods:get,list,watch pods/status:patch" {
+		t.Errorf("node rules %v", got)
+	}
+	if kinds["ClusterRoleBinding/r1-node"] == nil || kinds["ServiceAccount/r1-node"] == nil {
+		t.Error("node binding or service account missing")
+	}
+	// The controller's Deployment does not select the node's pods.
+	d := kinds["Deployment/r1-controller"]
+	sel, _, _ := unstructured.NestedStringMap(d.Object, "spec", "selector", "matchLabels")
+	lbl, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels")
+	if sel["app.kubernetes.io/component"] == lbl["app.kubernetes.io/component"] {
+		t.Errorf("the controller's selector %v matches the node pods' labels %v", sel, lbl)
+	}
+	if off := objs("--set", "node.enabled=false"); off["DaemonSet/r1-node"] != nil || off["ClusterRole/r1-node"] != nil {
+		t.Error("node.enabled=false still renders moat node")
+	}
+}
+
+func toJSONishMap(v any) string {
+	m, _ := v.(map[string]any)
+	var b strings.Builder
+	for _, k := range []string{"path", "type"} {
+		if s, ok := m[k].(string); ok {
+			b.WriteString(k + "=" + s + ";")
+		}
+	}
+	return b.String()
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -98,6 +99,7 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.BoolVar(&policy, "sandbox-network-policy", true, "keep a NetworkPolicy ("+controller.IsolationPolicyName+") in every sandbox namespace that denies ingress to sandbox pods except from the node, --sandbox-ingress-namespace and --sandbox-ingress-cidr (needs a CNI that enforces NetworkPolicy)")
 	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")
 	f.StringSliceVar(&opts.Isolation.FromCIDRs, "sandbox-ingress-cidr", nil, "address block that may reach the agent and egress API ports of sandbox pods (an out-of-cluster moat server); repeatable")
+	f.DurationVar(&opts.PauseTimeout, "pause-timeout", 10*time.Second, "how long a BatchSandbox's spec.pause waits for the nodes' moat node to confirm it before it is undone (PauseFailed)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.AddCommand(newCopyAgentCommand(), newEgressSidecarCommand())
 	return cmd

@@ -24,6 +24,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(platformCommands()...)
 	root.AddCommand(
 		newControllerCommand(),
+		newNodeCommand(),
 		newSandboxCommand(),
 		newExecCommand(),
 		newCommandCommand(),

@@ -30,8 +30,9 @@ func TestCompatJSSDK(t *testing.T) {
 // TestCompatJSSDKKubernetes runs the same suite against `moat serve
 // --runtime kubernetes` on a real single-node cluster (issue #18): every
 // sandbox is a pod running moat's agent, and egress policies are enforced
-// by its egress sidecar, which also runs the Credential Vault's proxy.
-// What the kubernetes runtime refuses (pause, snapshots) must be refused as such: 501
+// by its egress sidecar, which also runs the Credential Vault's proxy,
+// and pause is moat node's freeze. What the kubernetes runtime refuses
+// (snapshots) must be refused as such: 501
 // SANDBOX::API_NOT_SUPPORTED, the sandbox untouched, nothing created
 // (MOAT_UNSUPPORTED).
 func TestCompatJSSDKKubernetes(t *testing.T) {
@@ -42,7 +43,7 @@ func TestCompatJSSDKKubernetes(t *testing.T) {
 	k := startKubeStack(t)
 	srv := newServer(t)
 	srv.start(k.serverArgs()...)
-	runCompatJS(t, node, dir, srv, k.ref, "MOAT_UNSUPPORTED=pause,snapshots")
+	runCompatJS(t, node, dir, srv, k.ref, "MOAT_UNSUPPORTED=snapshots")
 }
 
 func lookNode(t *testing.T) string {

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +28,56 @@ type kubeStack struct {
 	ref        string // busybox, as startRegistry pushes it
 	agentImage string
 	ns         string
+	bin        string
+	controller *proc // moat controller
+	nodeAgent  *proc // moat node
+}
+
+// proc is a moat process of the stack, its log in a file.
+type proc struct {
+	cmd *exec.Cmd
+	log *os.File
+}
+
+// startProc starts moat with args, logging to a file of t's.
+func (k *kubeStack) startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	logf, err := os.CreateTemp(t.TempDir(), name+"-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(k.bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return &proc{cmd: cmd, log: logf}
+}
+
+// stop ends p (SIGTERM) and returns its log.
+func (p *proc) stop() string {
+	if p == nil {
+		return ""
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.cmd.Wait()
+	p.log.Close()
+	b, _ := os.ReadFile(p.log.Name())
+	return string(b)
+}
+
+// startController (re)starts moat controller; pauses the nodes do not
+// confirm in 3 s are undone.
+func (k *kubeStack) startController(t *testing.T) {
+	k.controller = k.startProc(t, "controller", "controller", "--kubeconfig", k.node.Kubeconfig, "--agent-image", k.agentImage,
+		"--log-level", "warn", "--pause-timeout", "3s")
+}
+
+// startNodeAgent (re)starts moat node on the node.
+func (k *kubeStack) startNodeAgent(t *testing.T) {
+	k.nodeAgent = k.startProc(t, "node", "node", "--kubeconfig", k.node.Kubeconfig, "--node-name", k.node.Name,
+		"--containerd-socket", k.node.ContainerdSocket, "--log-level", "warn")
 }
 
 func startKubeStack(t *testing.T) *kubeStack {
@@ -60,16 +112,9 @@ func startKubeStack(t *testing.T) *kubeStack {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "controller", "--kubeconfig", node.Kubeconfig, "--agent-image", k.agentImage, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	k.bin = bin
+	k.startController(t)
+	k.startNodeAgent(t)
 	t.Cleanup(func() {
 		// Sandboxes first (the server's cleanup ran already), then the
 		// controller that releases their pods.
@@ -85,12 +130,11 @@ func startKubeStack(t *testing.T) *kubeStack {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		logf.Close()
+		nodeLog := k.nodeAgent.stop()
+		ctlLog := k.controller.stop()
 		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("controller log:\n%s", tail(string(b), 6000))
+			t.Logf("controller log:\n%s", tail(ctlLog, 6000))
+			t.Logf("moat node log:\n%s", tail(nodeLog, 3000))
 		}
 	})
 	return k
@@ -105,9 +149,10 @@ func (k *kubeStack) serverArgs() []string {
 
 // TestKubernetesLifecycle drives `moat serve --runtime kubernetes` against
 // a real node: each sandbox is a real pod running moat's agent; create,
-// commands over SSE, files, endpoints, the server proxy, a refused pause,
+// commands over SSE, files, endpoints, the server proxy, pause and resume,
 // delete; then a kill -9 of the server, whose successor re-adopts the
-// running sandbox (same pod, same files, same expiry) and renews it.
+// running sandbox (same pod, same files, same expiry) and renews it; then
+// pause and resume across restarts (Pause).
 func TestKubernetesLifecycle(t *testing.T) {
 	k := startKubeStack(t)
 	srv := newServer(t)
@@ -144,4 +189,114 @@ func TestKubernetesLifecycle(t *testing.T) {
 			t.Fatalf("delete: %d %s", code, body)
 		}
 	})
+	t.Run("Pause", func(t *testing.T) { kubernetesPause(t, k, srv) })
+}
+
+// kubernetesPause: with moat node down, a pause answers a clear error
+// within the controller's budget and the sandbox keeps running; with it
+// up, the sandbox pauses (its processes frozen, its agent silent), stays
+// paused through a kill -9 of the server and a restart of the controller
+// and of moat node, and resumes with its processes and files.
+func kubernetesPause(t *testing.T, k *kubeStack, srv *server) {
+	var c sandboxResp
+	srv.mustJSON(202, "POST", "/v1/sandboxes", map[string]any{
+		"image": map[string]any{"uri": k.ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600,
+	}, &c)
+	t.Cleanup(func() { srv.do("DELETE", "/v1/sandboxes/"+c.ID, nil) })
+	var ep endpointResp
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+c.ID+"/endpoints/44772", nil, &ep)
+	base := "http://" + ep.Endpoint
+	evs := runCommand(t, base, ep.Headers, `sh -c 'while :; do cut -d" " -f1 /proc/uptime >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 & echo $!`)
+	pid := stdoutOf(evs)
+	state := func() string {
+		var got sandboxResp
+		srv.mustJSON(200, "GET", "/v1/sandboxes/"+c.ID, nil, &got)
+		return got.Status.State
+	}
+
+	// moat node is down: a clear error, and the sandbox runs on.
+	k.nodeAgent.stop()
+	start := time.Now()
+	code, body, _ := srv.do("POST", "/v1/sandboxes/"+c.ID+"/pause", nil)
+	srv.expect5xx(code, "POST /v1/sandboxes/{id}/pause")
+	if code < 500 || !strings.Contains(string(body), `"code"`) || !strings.Contains(string(body), "moat node") {
+		t.Fatalf("pause with moat node down: %d %s", code, body)
+	}
+	t.Logf("pause without moat node refused after %v: %d %s", time.Since(start), code, body)
+	if st := state(); st != "Running" {
+		t.Fatalf("after a failed pause: %s", st)
+	}
+	if out := stdoutOf(runCommand(t, base, ep.Headers, "echo still-running")); out != "still-running" {
+		t.Fatalf("after a failed pause: %q", out)
+	}
+
+	// moat node is up: the sandbox pauses.
+	k.startNodeAgent(t)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		start = time.Now()
+		code, body, _ = srv.do("POST", "/v1/sandboxes/"+c.ID+"/pause", nil)
+		if code == 202 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pause: %d %s", code, body)
+		}
+		if code >= 500 {
+			srv.expect5xx(code, "POST /v1/sandboxes/{id}/pause")
+		}
+		// moat node's cache may not have synced yet.
+		time.Sleep(time.Second)
+	}
+	t.Logf("pause took %v", time.Since(start))
+	if st := state(); st != "Paused" {
+		t.Fatalf("after pause: %s", st)
+	}
+	// The agent is frozen with the rest: a command gets no answer.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/ping", nil)
+	for h, v := range ep.Headers {
+		req.Header.Set(h, v)
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("a paused sandbox's agent answered: %s", resp.Status)
+	}
+	cancel()
+
+	// Restarts of the server, the controller and moat node keep it paused.
+	srv.kill9()
+	k.controller.stop()
+	k.nodeAgent.stop()
+	k.startController(t)
+	k.startNodeAgent(t)
+	srv.start(k.serverArgs()...)
+	if st := state(); st != "Paused" {
+		t.Fatalf("after the restarts: %s", st)
+	}
+	time.Sleep(time.Second)
+	start = time.Now()
+	srv.mustJSON(202, "POST", "/v1/sandboxes/"+c.ID+"/resume", nil, nil)
+	t.Logf("resume took %v", time.Since(start))
+	if st := state(); st != "Running" {
+		t.Fatalf("after resume: %s", st)
+	}
+	time.Sleep(300 * time.Millisecond)
+	out := stdoutOf(runCommand(t, base, ep.Headers, "kill -0 "+pid+" && echo alive; cat /tmp/ticks"))
+	lines := strings.Fields(out)
+	if len(lines) < 3 || lines[0] != "alive" {
+		t.Fatalf("the sandbox's process did not survive the pause: %q", out)
+	}
+	var prev, gap float64
+	for i, l := range lines[1:] {
+		var v float64
+		fmt.Sscan(l, &v)
+		if i > 0 && v-prev > gap {
+			gap = v - prev
+		}
+		prev = v
+	}
+	if gap < 1 {
+		t.Errorf("longest gap between ticks %.2fs: the sandbox ran while paused", gap)
+	}
 }

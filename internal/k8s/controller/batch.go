@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -45,6 +46,8 @@ type batchReconciler struct {
 	tasks *taskRunner
 	// iso keeps the namespaces' isolation policy (isolation.go).
 	iso *isolator
+	// events records the batches' pause failures (pause.go).
+	events events.EventRecorder
 
 	mu sync.Mutex
 	// created are pods created but maybe not yet in the cache.
@@ -741,18 +744,6 @@ func (r *batchReconciler) summarize(b *sbv1.BatchSandbox, rec record, pods map[s
 	} else {
 		removeCondition(st, sbv1.ConditionPodFailed)
 	}
-	if b.Spec.Pause != nil && st.PauseObservedGeneration != b.Generation {
-		// Pausing a pod needs the node's runtime (a checkpoint or a
-		// freezer), which the controller cannot reach: say so clearly.
-		t, other := sbv1.ConditionPauseFailed, sbv1.ConditionResumeFailed
-		what := "pause"
-		if !*b.Spec.Pause {
-			t, other, what = sbv1.ConditionResumeFailed, sbv1.ConditionPauseFailed, "resume"
-		}
-		setCondition(st, t, true, sbv1.ReasonUnsupported, "moat's Kubernetes controller cannot "+what+" sandbox pods", now)
-		removeCondition(st, other)
-		st.PauseObservedGeneration = b.Generation
-	}
 	return *st
 }
 
@@ -809,6 +800,13 @@ func removeCondition(st *sbv1.BatchSandboxStatus, t sbv1.BatchSandboxConditionTy
 func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox, rec record, pods map[string]*corev1.Pod, fail failure, tasks *taskReport) (reconcile.Result, error) {
 	again := r.findEnds(ctx, rec, pods)
 	st := r.summarize(b, rec, pods, fail, tasks)
+	active := activePods(rec, pods)
+	plan := planPause(b, &st, active, metav1.Now(), r.opts.PauseTimeout)
+	if plan.want != nil {
+		if err := r.writeWishes(ctx, active, *plan.want); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	last, wrote := r.lastWritten(b.UID)
 	if !statusEqual(st, b.Status) && !(wrote && statusEqual(st, last.status)) {
 		b.Status = st
@@ -820,6 +818,12 @@ func (r *batchReconciler) writeStatus(ctx context.Context, b *sbv1.BatchSandbox,
 			return reconcile.Result{}, err
 		}
 		r.noteWritten(b.UID, func(w *writtenState) { w.status = st })
+		if plan.failed != "" && r.events != nil {
+			r.events.Eventf(b, nil, corev1.EventTypeWarning, eventPauseFailed(b), "Pause", "%s", plan.failed)
+		}
+	}
+	if plan.requeue > 0 {
+		return reconcile.Result{RequeueAfter: plan.requeue}, nil
 	}
 	if again {
 		return reconcile.Result{RequeueAfter: time.Second}, nil

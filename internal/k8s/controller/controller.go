@@ -43,10 +43,11 @@ import (
 
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools/status;batchsandboxes/status;sandboxsnapshots/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;patch;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Options configure the controller.
 type Options struct {
@@ -77,6 +78,10 @@ type Options struct {
 	// Isolation is the NetworkPolicy kept in every namespace with
 	// sandbox pods (isolation.go).
 	Isolation Isolation
+	// PauseTimeout bounds how long a spec.pause waits for the nodes to
+	// confirm it before it is undone and answered PauseFailed (pause.go;
+	// default 10s).
+	PauseTimeout time.Duration
 }
 
 // New builds a controller manager with the Pool and BatchSandbox
@@ -98,7 +103,8 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	iso := newIsolator(mgr.GetClient(), mgr.GetAPIReader(), opts.Isolation)
 	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
-	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso}
+	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso,
+		events: mgr.GetEventRecorder("moat-controller")}
 	if err := register(mgr, opts, pr, br, led, poke); err != nil {
 		return nil, err
 	}
@@ -120,6 +126,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BatchWorkers <= 0 {
 		o.BatchWorkers = 4
+	}
+	if o.PauseTimeout <= 0 {
+		o.PauseTimeout = defaultPauseTimeout
 	}
 	return o
 }

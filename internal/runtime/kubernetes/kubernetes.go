@@ -8,7 +8,9 @@
 // Mapping: Create = create a Secret with the agent token plus the
 // BatchSandbox; Stop = scale it to 0 replicas (the controller deletes the
 // pod and keeps the batch); Delete = delete both and wait until the
-// controller has released the pod. Pause and snapshots are not supported.
+// controller has released the pod; Pause and Resume = spec.pause (the
+// controller and moat node freeze the pod where it runs, pause.go).
+// Snapshots are not supported.
 // A sandbox with a network policy gets moat's egress sidecar in its pod
 // (egress.go).
 package kubernetes
@@ -95,6 +97,10 @@ type Config struct {
 	// EgressTimeout bounds one call to a sandbox's egress sidecar
 	// (default 10s).
 	EgressTimeout time.Duration
+	// PauseTimeout bounds how long Pause and Resume wait for the
+	// controller's answer (default 30s; the controller's own
+	// --pause-timeout, 10s by default, should be shorter).
+	PauseTimeout time.Duration
 	// Tenants, if set, puts each tenant's sandboxes, pods, token Secrets
 	// and volumes in a namespace of its own (tenants.go); nil: everything
 	// is in Namespace.
@@ -141,6 +147,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.EgressTimeout == 0 {
 		cfg.EgressTimeout = 10 * time.Second
+	}
+	if cfg.PauseTimeout == 0 {
+		cfg.PauseTimeout = 30 * time.Second
 	}
 	if cfg.RequestFraction < 0 || cfg.RequestFraction > 1 {
 		return nil, fmt.Errorf("kubernetes: %w: request fraction %v is not in (0, 1]", errdefs.ErrInvalidArgument, cfg.RequestFraction)
@@ -552,6 +561,12 @@ func status(b *sbv1.BatchSandbox) runtime.Status {
 		st.State, st.Message = runtime.StateStopped, "pod ended"
 		if podFailed.Message != "" {
 			st.Message = podFailed.Message
+		}
+	case b.Status.Phase == sbv1.PhasePaused || b.Status.Phase == sbv1.PhaseResuming:
+		// Frozen where it runs (pause.go).
+		st.State = runtime.StatePaused
+		if len(ips) > 0 {
+			st.IP = ips[0]
 		}
 	case len(pods) > 0 && len(ips) > 0 && ips[0] != "" && b.Status.Ready > 0:
 		st.State, st.IP = runtime.StateRunning, ips[0]

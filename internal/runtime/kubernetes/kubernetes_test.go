@@ -81,6 +81,7 @@ func newRuntime(t *testing.T, ns string) *kubernetes.Runtime {
 func TestConformance(t *testing.T) {
 	k8stest.Require(t, env)
 	startController(t)
+	startNodes(t)
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime {
 		return newRuntime(t, namespace(t))
 	}, runtimetest.Options{

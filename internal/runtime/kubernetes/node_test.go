@@ -121,6 +121,107 @@ func TestRealNode(t *testing.T) {
 		testNodeConformance(t, f, "runsc")
 	})
 	t.Run("Tasks", func(t *testing.T) { testNodeTasks(t, f) })
+	t.Run("Pause", func(t *testing.T) { testNodePause(t, f, "") })
+	t.Run("PauseRunsc", func(t *testing.T) {
+		if !slices.Contains(f.node.RuntimeClasses, "runsc") {
+			t.Skip("the node has no runsc RuntimeClass")
+		}
+		testNodePause(t, f, "runsc")
+	})
+}
+
+// testNodePause: a paused sandbox's processes are frozen where they run
+// (moat node, through the node's containerd): a ticker in it leaves a
+// gap as long as the pause, and runs on afterwards as the same process
+// in the same pod; a server restarted meanwhile (a new runtime) sees it
+// paused and resumes it.
+func testNodePause(t *testing.T, f *nodeFixture, class string) {
+	ns := nodeNamespace(t, f)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("namespace %s:\n%s", ns, f.node.Describe(ns))
+		}
+	})
+	rt := newNodeRuntime(t, f, ns)
+	ctx := context.Background()
+	id := runtimetest.NewID("pause")
+	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: f.image, Class: class, AgentToken: runtimetest.Token,
+		Resources: runtime.Resources{CPUMillis: 500, MemoryBytes: 128 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), id) })
+	runtimetest.WaitAgent(t, ctx, rt, id, 60*time.Second)
+	c, err := client.New(f.node.Config, client.Options{Scheme: kclient.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podOf := func() corev1.Pod {
+		t.Helper()
+		var b sbv1.BatchSandbox
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &b); err != nil {
+			t.Fatal(err)
+		}
+		var p corev1.Pod
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.AllocatedPods()[0]}, &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	before := podOf()
+	out, _, err := runtimetest.Exec(ctx, rt, id, `sh -c 'while :; do cut -d" " -f1 /proc/uptime >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 & echo $!`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(out)
+	time.Sleep(300 * time.Millisecond)
+
+	start := time.Now()
+	if err := rt.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	t.Logf("pause took %v", time.Since(start))
+	if st, err := rt.Status(ctx, id); err != nil || st.State != runtime.StatePaused {
+		t.Fatalf("Status after Pause: %+v %v", st, err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	// The server restarts while the sandbox is paused.
+	rt2 := newNodeRuntime(t, f, ns)
+	if st, err := rt2.Status(ctx, id); err != nil || st.State != runtime.StatePaused {
+		t.Fatalf("Status through a new runtime: %+v %v", st, err)
+	}
+	start = time.Now()
+	if err := rt2.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	t.Logf("resume took %v", time.Since(start))
+	time.Sleep(300 * time.Millisecond)
+
+	out, code, err := runtimetest.Exec(ctx, rt2, id, "kill -0 "+pid+" && echo alive; cat /tmp/ticks")
+	if err != nil || code != 0 {
+		t.Fatalf("after resume: %q %d %v", out, code, err)
+	}
+	lines := strings.Fields(out)
+	if len(lines) < 3 || lines[0] != "alive" {
+		t.Fatalf("the ticker did not survive the pause: %q", out)
+	}
+	var prev, gap float64
+	for i, l := range lines[1:] {
+		var v float64
+		if _, err := fmt.Sscan(l, &v); err != nil {
+			t.Fatalf("tick %q: %v", l, err)
+		}
+		if i > 0 && v-prev > gap {
+			gap = v - prev
+		}
+		prev = v
+	}
+	if gap < 1.4 {
+		t.Errorf("longest gap between ticks %.2fs: the sandbox ran while paused", gap)
+	}
+	if after := podOf(); after.UID != before.UID || after.Status.ContainerStatuses[0].RestartCount != before.Status.ContainerStatuses[0].RestartCount {
+		t.Errorf("pod changed: %s restarts %d, was %s restarts %d", after.UID, after.Status.ContainerStatuses[0].RestartCount,
+			before.UID, before.Status.ContainerStatuses[0].RestartCount)
+	}
 }
 
 // testNodeConformance runs the runtime conformance suite against the real

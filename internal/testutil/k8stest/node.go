@@ -952,7 +952,7 @@ func (n *Node) InstallChart(ctx context.Context, chartDir, releaseName, ns, imag
 	cmd := exec.CommandContext(ctx, filepath.Join(AssetsDir(), "helm"), "install", releaseName, chartDir,
 		"--kubeconfig", n.Kubeconfig, "--namespace", ns, "--create-namespace", "--wait", "--timeout", "4m",
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=IfNotPresent",
-		"--set", "hostNetwork=true",
+		"--set", "hostNetwork=true", "--set", "node.containerdSocket="+n.ContainerdSocket,
 		"--set", "apiServer.host="+u.Hostname(), "--set-string", "apiServer.port="+u.Port(),
 		"--set", "metricsPort="+metrics, "--set", "healthPort="+health)
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)

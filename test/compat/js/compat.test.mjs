@@ -7,7 +7,7 @@
 //   MOAT_IMAGE    an image reference the server can pull (busybox)
 //   MOAT_UNSUPPORTED  what the server's runtime refuses, comma-separated
 //                 (pause, snapshots, egress, vault; the kubernetes runtime
-//                 refuses pause, snapshots and the vault): those tests
+//                 refuses snapshots): those tests
 //                 check the refusal instead, a 501
 //                 with the code SANDBOX::API_NOT_SUPPORTED that leaves the
 //                 sandbox as it was and creates nothing
