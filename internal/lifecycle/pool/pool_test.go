@@ -60,14 +60,18 @@ func TestPoolFillClaimRefill(t *testing.T) {
 	// A claim takes a warm one (no runtime create) and applies its settings.
 	before, _ := h.rt.List(ctx)
 	r := lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}, Env: map[string]string{"B": "2"},
-		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute}
+		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute, IDEnv: "MY_ID"}
 	sb, err := h.svc.Create(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sb.Status.State != lifecycle.StateRunning || sb.Metadata["owner"] != "me" || sb.Env["A"] != "1" || sb.Env["B"] != "2" ||
-		sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
+		sb.Env["MY_ID"] != sb.ID || sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
 		t.Fatalf("claimed %+v", sb)
+	}
+	// The claim's env reaches the agent with the sandbox's own id (IDEnv).
+	if _, env, err := h.rt.AgentState(sb.ID); err != nil || env["B"] != "2" || env["MY_ID"] != sb.ID {
+		t.Fatalf("agent env of the claimed sandbox %v, %v", env, err)
 	}
 	found := false
 	for _, st := range before {
