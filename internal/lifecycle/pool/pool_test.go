@@ -485,3 +485,47 @@ func TestCheckCapacity(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimRefillSettles: a claim that leaves more than half of bufferMin
+// idle refills only once claims pause (claimSettle), so that the refill's
+// cold create does not compete with the claimant's first calls; one that
+// leaves the buffer low refills at once.
+func TestClaimRefillSettles(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	if _, err := h.svc.CreatePool(ctx, testPool("s", 4, 4, 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "s", 4)
+	pl, _ := h.svc.getPool(ctx, "s")
+	started := func() bool {
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		return pl.creating > 0 || len(pl.idle) > 3
+	}
+	claim := func() {
+		if _, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "s"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	claim() // 3 idle left, more than bufferMin/2
+	for time.Since(t0) < claimSettle/2 {
+		if s := started(); s && time.Since(t0) < claimSettle {
+			t.Fatalf("refill started %s after a claim, before claims settled (%s)", time.Since(t0), claimSettle)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitIdle(t, h.svc, "s", 4) // refilled once claims paused
+	claim()
+	claim()
+	claim() // 1 idle left: refilled at once, and to bufferMax
+	pl.mu.Lock()
+	timer := pl.settle
+	pl.mu.Unlock()
+	if timer != nil && timer.Stop() {
+		t.Fatal("a claim that left the buffer low waits for claims to settle")
+	}
+	waitIdle(t, h.svc, "s", 4)
+}
