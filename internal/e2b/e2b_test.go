@@ -209,8 +209,12 @@ func TestCreateShapes(t *testing.T) {
 			env[agentproto.EnvdUserEnv] != "user" || env[agentproto.EnvdWorkdirEnv] != "/home/user" {
 			t.Fatalf("sandbox env %v", env)
 		}
-		if _, agentEnv, err := h.rt.AgentState(id); err != nil || agentEnv["E2B_SANDBOX_ID"] != id {
-			t.Fatalf("agent env %v, %v: no E2B_SANDBOX_ID", agentEnv, err)
+		// The sandbox starts with its id: no second call to its agent.
+		if env["E2B_SANDBOX_ID"] != id {
+			t.Fatalf("sandbox env %v: no E2B_SANDBOX_ID", env)
+		}
+		if _, agentEnv, err := h.rt.AgentState(id); err != nil || len(agentEnv) != 0 {
+			t.Fatalf("agent env %v, %v: want none applied after the start", agentEnv, err)
 		}
 		sb, _ := h.svc.Get(context.Background(), id)
 		if sb.Image != "moat-e2b-base:latest" || sb.ExpiresAt == nil || sb.ExpiresAt.Sub(sb.CreatedAt) != 120*time.Second {
@@ -660,8 +664,13 @@ func TestPooledTemplateIsAWarmClaim(t *testing.T) {
 		t.Fatalf("created %s, want the idle sandbox %s (a claim)", id, idle[0])
 	}
 	sb, _ := h.svc.Get(ctx, id)
-	if sb.Pool == "" || sb.Env["X"] != "1" || sb.Env[agentproto.EnvdTemplateEnv] != "warm-base" || sb.Env["E2B_SANDBOX"] != "true" {
+	if sb.Pool == "" || sb.Env["X"] != "1" || sb.Env[agentproto.EnvdTemplateEnv] != "warm-base" || sb.Env["E2B_SANDBOX"] != "true" ||
+		sb.Env["E2B_SANDBOX_ID"] != id {
 		t.Fatalf("claimed %+v", sb)
+	}
+	// The claim applied the request's env and the id in one call.
+	if _, agentEnv, err := h.rt.AgentState(id); err != nil || agentEnv["X"] != "1" || agentEnv["E2B_SANDBOX_ID"] != id {
+		t.Fatalf("agent env of the claimed sandbox %v, %v", agentEnv, err)
 	}
 	d := h.e2b(t, "GET", "/sandboxes/"+id, "").obj(t)
 	if d["templateID"] != "warm-base" || d["metadata"].(map[string]any)["note"] != "a b" {

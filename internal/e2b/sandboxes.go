@@ -188,7 +188,6 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, defTimeout int) err
 	if err != nil {
 		return err
 	}
-	a.setSandboxID(r.Context(), sb, false)
 	w.Header().Set("Location", "/sandboxes/"+sb.ID)
 	web.WriteJSON(w, http.StatusCreated, a.sandboxJSON(sb))
 	return nil
@@ -229,6 +228,9 @@ func (a *API) createRequest(r *http.Request, body newSandbox, defTimeout int) (l
 	maps.Copy(env, body.EnvVars)
 	env["E2B_SANDBOX"] = "true"
 	req.Env = env
+	// The sandbox starts with its own id (a claim applies it), not in a
+	// second call to its agent after the create.
+	req.IDEnv = sandboxIDEnv
 	if req.Metadata, req.Extensions, err = splitMetadata(body.Metadata, req.Extensions); err != nil {
 		return req, err
 	}
@@ -238,16 +240,17 @@ func (a *API) createRequest(r *http.Request, body newSandbox, defTimeout int) (l
 	return req, nil
 }
 
-// setSandboxID gives the sandbox's processes E2B_SANDBOX_ID, through the
-// agent's env extension (agentproto.EnvPath, which pool claims use too):
-// the id is made by the create, after its env. withMarker adds
-// E2B_SANDBOX=true, which E2B's creates have in their env already. A
-// failure is logged, not fatal: the sandbox works without it.
-func (a *API) setSandboxID(ctx context.Context, sb lifecycle.Sandbox, withMarker bool) {
-	env := map[string]string{"E2B_SANDBOX_ID": sb.ID}
-	if withMarker {
-		env["E2B_SANDBOX"] = "true"
-	}
+// sandboxIDEnv is the variable that carries a sandbox's id in E2B's.
+const sandboxIDEnv = "E2B_SANDBOX_ID"
+
+// setSandboxID gives the processes of a sandbox made through the
+// Lifecycle API, at its first E2B connect, E2B_SANDBOX=true and
+// E2B_SANDBOX_ID, through the agent's env extension (agentproto.EnvPath,
+// which pool claims use too); an E2B create has them from the start
+// (CreateRequest.IDEnv). A failure is logged, not fatal: the sandbox
+// works without them.
+func (a *API) setSandboxID(ctx context.Context, sb lifecycle.Sandbox) {
+	env := map[string]string{sandboxIDEnv: sb.ID, "E2B_SANDBOX": "true"}
 	ep, err := a.svc.Endpoint(ctx, sb.ID, agentproto.Port)
 	if err == nil {
 		err = (&agentproto.Client{HTTP: a.http}).SetEnv(ctx, ep.Address, sb.AgentToken, env)
@@ -393,7 +396,7 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, body connectBody, 
 	if sb.Env["E2B_SANDBOX"] != "true" {
 		// Made through the Lifecycle API: its processes get E2B's
 		// variables from the first E2B connect on.
-		a.setSandboxID(r.Context(), sb, true)
+		a.setSandboxID(r.Context(), sb)
 	}
 	web.WriteJSON(w, status, a.sandboxJSON(sb))
 	return nil

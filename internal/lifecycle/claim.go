@@ -184,9 +184,10 @@ func (s *Service) claimEgress(ctx context.Context, e *Entry, own *policy.Network
 }
 
 // Activate turns claimed warm sandboxes (their locks not held) into
-// ordinary ones with the settings of proto (a validated claim) and env,
+// ordinary ones with the settings of proto (a validated claim) and env
+// (with idEnv, if set, naming each sandbox's own id: CreateRequest.IDEnv),
 // persisted in one store write. On failure they are deleted.
-func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox, env map[string]string) ([]Sandbox, error) {
+func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox, env map[string]string, idEnv string) ([]Sandbox, error) {
 	if len(claimed) == 0 {
 		return nil, nil
 	}
@@ -199,8 +200,8 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 		}
 	}()
 	now := s.Now()
-	if len(env) > 0 {
-		if err := applyEnv(ctx, s.deps, claimed, env); err != nil {
+	if len(env) > 0 || idEnv != "" {
+		if err := applyEnv(ctx, s.deps, claimed, env, idEnv); err != nil {
 			for _, e := range claimed {
 				e.delete(ctx, ReasonStopping) // the pool refills
 			}
@@ -232,6 +233,9 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 		sb.Warm = false
 		sb.Metadata = cloneMap(proto.Metadata)
 		sb.Env = cloneMap(proto.Env)
+		if idEnv != "" {
+			sb.Env = withIDEnv(proto.Env, idEnv, sb.ID)
+		}
 		sb.Extensions = cloneMap(proto.Extensions)
 		sb.RenewOnAccess = proto.RenewOnAccess
 		sb.Platform = proto.Platform
@@ -260,7 +264,7 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 
 // applyEnv adds env to the agents of claimed sandboxes (the moat
 // extension agentproto.EnvPath), concurrently. Callers hold the entries.
-func applyEnv(ctx context.Context, d Deps, claimed []*Entry, env map[string]string) error {
+func applyEnv(ctx context.Context, d Deps, claimed []*Entry, env map[string]string, idEnv string) error {
 	errs := make([]error, len(claimed))
 	var wg sync.WaitGroup
 	for i, e := range claimed {
@@ -269,7 +273,7 @@ func applyEnv(ctx context.Context, d Deps, claimed []*Entry, env map[string]stri
 			defer wg.Done()
 			ep, err := d.Runtime.Endpoint(ctx, e.sb.ID, agentproto.Port)
 			if err == nil {
-				err = agentClient(d).SetEnv(ctx, ep, e.sb.AgentToken, env)
+				err = agentClient(d).SetEnv(ctx, ep, e.sb.AgentToken, withIDEnv(env, idEnv, e.sb.ID))
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("set env on %s: %w", e.sb.ID, err)
@@ -283,9 +287,9 @@ func applyEnv(ctx context.Context, d Deps, claimed []*Entry, env map[string]stri
 // AdoptClaimed takes in the sandboxes a runtime's pool handed to a claim
 // (recs, Running records of owner; stored[i] when the runtime stored the
 // record with its claim): it charges them, writes the records the
-// runtime did not store in one write, and applies env through their
-// agents. On failure they are deleted.
-func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox, stored []bool, env map[string]string) ([]Sandbox, error) {
+// runtime did not store in one write, and applies env (and idEnv, as
+// Activate) through their agents. On failure they are deleted.
+func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox, stored []bool, env map[string]string, idEnv string) ([]Sandbox, error) {
 	release := func(es []*Entry) {
 		for _, e := range es {
 			if err := s.deps.Runtime.Delete(ctx, e.sb.ID); err != nil {
@@ -298,6 +302,9 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 	ids := make([]string, len(recs))
 	var cpu, mem int64
 	for i, sb := range recs {
+		if idEnv != "" {
+			sb.Env = withIDEnv(sb.Env, idEnv, sb.ID)
+		}
 		e := newEntry(s, sb)
 		s.events.recordTransition(e, Status{State: StatePending})
 		entries[i], ids[i] = e, e.sb.ID
@@ -344,8 +351,8 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 		}
 		return nil, errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
 	}
-	if len(env) > 0 && len(entries) > 0 {
-		if err := applyEnv(ctx, s.deps, entries, env); err != nil {
+	if (len(env) > 0 || idEnv != "") && len(entries) > 0 {
+		if err := applyEnv(ctx, s.deps, entries, env, idEnv); err != nil {
 			for _, e := range entries {
 				e.delete(ctx, ReasonStopping)
 			}

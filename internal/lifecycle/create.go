@@ -190,12 +190,17 @@ func (s *Service) validateAccess(req CreateRequest, memory bool) (*policy.Networ
 
 // newRecord is the record of a new sandbox of a validated request.
 func newRecord(req CreateRequest, now time.Time, entrypoint []string, res runtime.Resources, np *policy.NetworkPolicy) Sandbox {
+	id := NewID()
+	env := cloneMap(req.Env)
+	if req.IDEnv != "" {
+		env = withIDEnv(env, req.IDEnv, id)
+	}
 	sb := Sandbox{
-		ID:             NewID(),
+		ID:             id,
 		Image:          req.Image,
 		SnapshotID:     req.SnapshotID,
 		Entrypoint:     append([]string(nil), entrypoint...),
-		Env:            cloneMap(req.Env),
+		Env:            env,
 		Metadata:       cloneMap(req.Metadata),
 		ResourceLimits: cloneMap(req.ResourceLimits),
 		Resources:      res,
@@ -456,7 +461,7 @@ func (e *Entry) configureRestored(ctx context.Context, readyToken string) error 
 	sb := &e.sb
 	err := e.rotateToken(ctx, readyToken)
 	if err == nil && len(sb.Env) > 0 {
-		err = applyEnv(ctx, s.deps, []*Entry{e}, sb.Env)
+		err = applyEnv(ctx, s.deps, []*Entry{e}, sb.Env, "") // IDEnv is in sb.Env
 	}
 	if err != nil {
 		e.cleanupFailed(ctx)

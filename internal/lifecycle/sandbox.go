@@ -145,6 +145,24 @@ type CreateRequest struct {
 	HasVolumes      bool
 	// Volumes are the parsed OpenSandbox volumes (see ParseVolumes).
 	Volumes []Volume
+	// IDEnv, if set, names an env variable that carries the sandbox's own
+	// id (E2B's E2B_SANDBOX_ID): in the env it starts with, or, for a
+	// sandbox claimed from a pool, in the env its claim applies.
+	IDEnv string
+}
+
+// withIDEnv returns env with variable name set to id (a copy; env itself
+// when name is empty).
+func withIDEnv(env map[string]string, name, id string) map[string]string {
+	if name == "" {
+		return env
+	}
+	c := make(map[string]string, len(env)+1)
+	for k, v := range env {
+		c[k] = v
+	}
+	c[name] = id
+	return c
 }
 
 // Extension keys understood by moat.

@@ -105,7 +105,7 @@ func (s *Pools) CreateFromPool(ctx context.Context, req lifecycle.CreateRequest,
 	}
 	s.observeClaim(len(claimed), n-len(claimed))
 	ctx = context.WithoutCancel(ctx)
-	out, err := s.core.Activate(ctx, claimed, proto, req.Env)
+	out, err := s.core.Activate(ctx, claimed, proto, req.Env, req.IDEnv)
 	if err != nil {
 		return nil, err
 	}

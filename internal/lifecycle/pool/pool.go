@@ -144,6 +144,7 @@ type pool struct {
 	wake      chan struct{}
 	stop      chan struct{}
 	deleted   bool
+	settle    *time.Timer // the refill after claims (pokeAfterClaimLocked)
 }
 
 var poolNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -379,6 +380,32 @@ func (pl *pool) poke() {
 	}
 }
 
+// claimSettle is how long the refill after a claim waits for the next
+// claim. A refill is a cold create, which on a small host takes the CPU
+// the claimant needs for its next calls (E2B's SDK connects and runs its
+// first command as soon as the create answers): claims that come in
+// quick succession are served first, and refilled together once they
+// pause.
+const claimSettle = 150 * time.Millisecond
+
+// pokeAfterClaimLocked starts the refill after a claim: at once when the
+// claim left at most half of BufferMin idle (the buffer runs low), else
+// once no claim has come for claimSettle. The caller holds pl.mu.
+func (pl *pool) pokeAfterClaimLocked() {
+	if len(pl.idle) <= pl.def.Capacity.BufferMin/2 {
+		if pl.settle != nil {
+			pl.settle.Stop()
+		}
+		pl.poke()
+		return
+	}
+	if pl.settle == nil {
+		pl.settle = time.AfterFunc(claimSettle, pl.poke)
+		return
+	}
+	pl.settle.Reset(claimSettle)
+}
+
 // startPool registers a pool (with already-warm entries and the ids of
 // claimed ones after a restart) and starts its refill loop. The caller
 // holds s.mu.
@@ -611,7 +638,7 @@ func (s *Pools) claim(ctx context.Context, name string, n int) ([]*lifecycle.Ent
 	for _, e := range got {
 		pl.allocated[e.ID()] = true
 	}
-	pl.poke()
+	pl.pokeAfterClaimLocked()
 	return got, res, nil
 }
 

@@ -60,14 +60,18 @@ func TestPoolFillClaimRefill(t *testing.T) {
 	// A claim takes a warm one (no runtime create) and applies its settings.
 	before, _ := h.rt.List(ctx)
 	r := lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "p"}, Env: map[string]string{"B": "2"},
-		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute}
+		Metadata: map[string]string{"owner": "me"}, Timeout: 10 * time.Minute, IDEnv: "MY_ID"}
 	sb, err := h.svc.Create(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sb.Status.State != lifecycle.StateRunning || sb.Metadata["owner"] != "me" || sb.Env["A"] != "1" || sb.Env["B"] != "2" ||
-		sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
+		sb.Env["MY_ID"] != sb.ID || sb.Pool != "p" || sb.Warm || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(h.clk.Now().Add(10*time.Minute)) {
 		t.Fatalf("claimed %+v", sb)
+	}
+	// The claim's env reaches the agent with the sandbox's own id (IDEnv).
+	if _, env, err := h.rt.AgentState(sb.ID); err != nil || env["B"] != "2" || env["MY_ID"] != sb.ID {
+		t.Fatalf("agent env of the claimed sandbox %v, %v", env, err)
 	}
 	found := false
 	for _, st := range before {
@@ -480,4 +484,48 @@ func TestCheckCapacity(t *testing.T) {
 			t.Errorf("checkCapacity(total %d, free %d, n %d, max %d) = %v", tc.total, tc.free, tc.n, tc.max, err)
 		}
 	}
+}
+
+// TestClaimRefillSettles: a claim that leaves more than half of bufferMin
+// idle refills only once claims pause (claimSettle), so that the refill's
+// cold create does not compete with the claimant's first calls; one that
+// leaves the buffer low refills at once.
+func TestClaimRefillSettles(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	defer h.svc.Close()
+	if _, err := h.svc.CreatePool(ctx, testPool("s", 4, 4, 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, h.svc, "s", 4)
+	pl, _ := h.svc.getPool(ctx, "s")
+	started := func() bool {
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		return pl.creating > 0 || len(pl.idle) > 3
+	}
+	claim := func() {
+		if _, err := h.svc.Create(ctx, lifecycle.CreateRequest{Extensions: map[string]string{lifecycle.ExtPoolRef: "s"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	claim() // 3 idle left, more than bufferMin/2
+	for time.Since(t0) < claimSettle/2 {
+		if s := started(); s && time.Since(t0) < claimSettle {
+			t.Fatalf("refill started %s after a claim, before claims settled (%s)", time.Since(t0), claimSettle)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitIdle(t, h.svc, "s", 4) // refilled once claims paused
+	claim()
+	claim()
+	claim() // 1 idle left: refilled at once, and to bufferMax
+	pl.mu.Lock()
+	timer := pl.settle
+	pl.mu.Unlock()
+	if timer != nil && timer.Stop() {
+		t.Fatal("a claim that left the buffer low waits for claims to settle")
+	}
+	waitIdle(t, h.svc, "s", 4)
 }

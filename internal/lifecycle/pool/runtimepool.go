@@ -245,7 +245,7 @@ func (s *Pools) claimRuntimePool(ctx context.Context, rp runtime.Pools, req life
 	for i, c := range claimed {
 		recs[i], stored[i] = build(c), c.Recorded
 	}
-	out, err := s.core.AdoptClaimed(ctx, owner, recs, stored, req.Env)
+	out, err := s.core.AdoptClaimed(ctx, owner, recs, stored, req.Env, req.IDEnv)
 	if err != nil {
 		return nil, err
 	}
