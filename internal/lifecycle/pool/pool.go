@@ -145,6 +145,7 @@ type pool struct {
 	stop      chan struct{}
 	deleted   bool
 	settle    *time.Timer // the refill after claims (pokeAfterClaimLocked)
+	settling  bool        // settle is pending: no refill starts before it fires
 }
 
 var poolNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -396,11 +397,18 @@ func (pl *pool) pokeAfterClaimLocked() {
 		if pl.settle != nil {
 			pl.settle.Stop()
 		}
+		pl.settling = false
 		pl.poke()
 		return
 	}
+	pl.settling = true
 	if pl.settle == nil {
-		pl.settle = time.AfterFunc(claimSettle, pl.poke)
+		pl.settle = time.AfterFunc(claimSettle, func() {
+			pl.mu.Lock()
+			pl.settling = false
+			pl.mu.Unlock()
+			pl.poke()
+		})
 		return
 	}
 	pl.settle.Reset(claimSettle)
@@ -514,6 +522,11 @@ func (pl *pool) takeStaleLocked() []*lifecycle.Entry {
 func (s *Pools) planLocked(pl *pool) int {
 	def := pl.def
 	st := pl.statusLocked()
+	if pl.settling && len(pl.idle) > def.Capacity.BufferMin/2 && st.Total >= def.Capacity.PoolMin {
+		// Claims are coming in quick succession: the refill waits for
+		// them to pause, whatever else pokes the pool meanwhile.
+		return 0
+	}
 	avail := st.Available + pl.creating
 	// Hysteresis: a refill starts when the buffer drops below BufferMin
 	// (or the pool below PoolMin) and runs until BufferMax is reached.

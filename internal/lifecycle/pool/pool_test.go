@@ -513,6 +513,9 @@ func TestClaimRefillSettles(t *testing.T) {
 	claim() // 3 idle left, more than bufferMin/2
 	for time.Since(t0) < claimSettle/2 {
 		if s := started(); s && time.Since(t0) < claimSettle {
+			pl.mu.Lock()
+			t.Logf("idle %d creating %d", len(pl.idle), pl.creating)
+			pl.mu.Unlock()
 			t.Fatalf("refill started %s after a claim, before claims settled (%s)", time.Since(t0), claimSettle)
 		}
 		time.Sleep(5 * time.Millisecond)
