@@ -131,15 +131,16 @@ func TestKubernetesEgress(t *testing.T) {
 		t.Error("under deny-all, allowed.test is still reachable")
 	}
 	t.Run("WarmClaim", func(t *testing.T) { kubernetesWarmPolicy(t, srv, k, b) })
-	t.Run("TenantNamespaces", func(t *testing.T) { kubernetesTenantIsolation(t, k) })
+	t.Run("TenantNamespaces", func(t *testing.T) { kubernetesTenantIsolation(t, k, a) })
 }
 
 // kubernetesTenantIsolation: with a tenants file, each tenant's sandboxes
 // run in its own namespace on the real node, and the NetworkPolicy moat
 // makes there keeps tenants' pods apart: a sandbox of one tenant cannot
-// open a connection to another's, either way, while one of the server's
-// own namespace (the default tenant) can.
-func kubernetesTenantIsolation(t *testing.T, k *kubeStack) {
+// open a connection to another's, either way, nor can one of the
+// server's own namespace (the default tenant); the node (the server)
+// reaches them all, and they reach a plain pod (outside, its address).
+func kubernetesTenantIsolation(t *testing.T, k *kubeStack, outside string) {
 	c, err := client.New(k.node.Config, client.Options{Scheme: kclient.Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -201,8 +202,24 @@ api_keys = ["`+betaKey+`"]
 		out, _ := shell(t, srv, from, probeOutside(ip))
 		return reachedOutside(out)
 	}
-	if !reach(d, ipA) || !reach(d, ipB) {
-		t.Fatalf("a sandbox of the server's namespace cannot reach the tenants' sandboxes (%s, %s)", ipA, ipB)
+	for _, ip := range []string{ipA, ipB} {
+		// From the node: the banner is served.
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "7000"), 5*time.Second)
+		if err != nil {
+			t.Fatalf("the node cannot reach a tenant's sandbox at %s: %v", ip, err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		got, _ := io.ReadAll(conn)
+		conn.Close()
+		if !reachedOutside(string(got)) {
+			t.Fatalf("%s:7000 answered %q, not the banner", ip, got)
+		}
+	}
+	if !reach(a, outside) || !reach(b, outside) {
+		t.Fatalf("the tenants' sandboxes cannot reach a plain pod at %s", outside)
+	}
+	if reach(d, ipA) || reach(d, ipB) {
+		t.Error("a sandbox of the server's namespace reached a tenant's sandbox")
 	}
 	if reach(a, ipB) {
 		t.Error("tenant alpha's sandbox reached tenant beta's")
@@ -252,9 +269,16 @@ func kubernetesWarmPolicy(t *testing.T, srv *server, k *kubeStack, denied string
 	start := time.Now()
 	id := claim(map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "allowed.test"}}})
 	t.Logf("warm claim with a policy answered in %v", time.Since(start))
-	srv.mustJSON(200, "GET", "/v1/pools/warm-egress", nil, &pool)
-	if pool.Status.Allocated != 1 {
-		t.Fatalf("the claim with a policy did not take a pool pod: %+v", pool.Status)
+	// The pool's status follows its table (the controller writes it).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		srv.mustJSON(200, "GET", "/v1/pools/warm-egress", nil, &pool)
+		if pool.Status.Allocated == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim with a policy did not take a pool pod: %+v", pool.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	reach := func(id, host string) bool {
 		t.Helper()
