@@ -325,7 +325,7 @@ func (s *Service) connectKernel(ctx context.Context, k *kernelClient, cf connect
 		sck  zmq4.Socket
 		port int
 	}{{k.iopub, cf.IOPubPort}, {k.shell, cf.ShellPort}, {k.control, cf.ControlPort}} {
-		if err := d.sck.Dial(addr(d.port)); err != nil {
+		if err := dialKernel(startCtx, d.sck, addr(d.port)); err != nil {
 			return k.exitedOr(err)
 		}
 	}
@@ -336,6 +336,24 @@ func (s *Service) connectKernel(ctx context.Context, k *kernelClient, cf connect
 	s.run.Go(func() { k.readLoop(k.control, "control") })
 	s.run.Go(func() { k.readLoop(k.iopub, "iopub") })
 	return k.exitedOr(k.waitReady(startCtx))
+}
+
+// dialKernel dials one of a starting kernel's sockets. The socket retries
+// a refused connection itself (WithDialerRetry); a kernel that is still
+// setting its sockets up may also accept a connection and reset it
+// before the ZMTP greeting, which is retried here until ctx ends.
+func dialKernel(ctx context.Context, sck zmq4.Socket, endpoint string) error {
+	for {
+		err := sck.Dial(endpoint)
+		if err == nil || !strings.Contains(err.Error(), "could not open a ZMTP connection") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // exitedOr is err, or "the kernel exited" when that is why (nil stays nil).
