@@ -49,6 +49,7 @@ measures claims through the Lifecycle API at cluster scale.`,
 	f.StringVar(&o.AgentImage, "agent-image", "", "the controller's --agent-image (default moat:bench, for fake nodes)")
 	f.IntVar(&o.Creates, "creates", 10, "single sandboxes to time (with --image)")
 	f.IntVar(&o.Warm, "warm", 10, "size of the warm batch of real sandboxes (with --image)")
+	f.StringVar(&o.Class, "runtime-class", "", "RuntimeClass of the real sandboxes (with --image; default: the node's default runtime)")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of each phase (default 5m)")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for moat controller (repeatable), e.g. --controller-arg=--k8s-api-qps=5")
 	cmd.AddCommand(newBenchK8sClaimsCommand())

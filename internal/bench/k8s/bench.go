@@ -71,6 +71,9 @@ type Options struct {
 	Creates int
 	// Warm is the size of the warm batch of the sandbox figures (default 10).
 	Warm int
+	// Class is the RuntimeClass of the sandbox figures' pods ("" = the
+	// node's default runtime).
+	Class string
 	// Timeout bounds each phase (default 5m).
 	Timeout time.Duration
 	// Moat is the moat binary whose `controller` verb is measured
@@ -474,7 +477,7 @@ func (r *run) singleCreates(ctx context.Context, rt *kubernetes.Runtime, agent *
 		id := fmt.Sprintf("bench-%d-%04x", i, rand.Uint32()&0xffff)
 		tok := alloc.NewToken()
 		start := time.Now()
-		st, err := rt.Create(ctx, runtime.Spec{ID: id, Image: r.o.Image, AgentToken: tok, Entrypoint: []string{"tail", "-f", "/dev/null"}})
+		st, err := rt.Create(ctx, runtime.Spec{ID: id, Image: r.o.Image, Class: r.o.Class, AgentToken: tok, Entrypoint: []string{"tail", "-f", "/dev/null"}})
 		if err != nil {
 			return Result{}, fmt.Errorf("create %s: %w", id, err)
 		}
@@ -498,6 +501,9 @@ func (r *run) fillWarm(ctx context.Context) (Result, error) {
 	tpl := &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "sandbox", Image: r.o.Image, Command: []string{"tail", "-f", "/dev/null"},
 	}}}}
+	if r.o.Class != "" {
+		tpl.Spec.RuntimeClassName = &r.o.Class
+	}
 	start := time.Now()
 	if err := r.c.Create(ctx, &sbv1.Pool{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "node-warm"},
 		Spec: sbv1.PoolSpec{Template: tpl, CapacitySpec: sbv1.CapacitySpec{PoolMin: n, PoolMax: n}}}); err != nil {

@@ -85,6 +85,7 @@ var (
 	benchN       = flag.Int("k8s-n", 100, "BenchmarkKwok: pool and batch size")
 	benchCreates = flag.Int("k8s-creates", 10, "BenchmarkRealNode: single sandboxes to time")
 	benchWarm    = flag.Int("k8s-warm", 10, "BenchmarkRealNode: warm batch size")
+	benchClass   = flag.String("k8s-class", "", "BenchmarkRealNode: the sandboxes' RuntimeClass (runsc: the node's gVisor class)")
 )
 
 // BenchmarkKwok brings up a control plane with kwok's fake nodes (4) and
@@ -121,7 +122,7 @@ func BenchmarkRealNode(b *testing.B) {
 	}
 	for b.Loop() {
 		benchCommand(b, moat, "--kubeconfig", node.Kubeconfig, "-n", "0", "--image", img, "--agent-image", agent,
-			"--creates", strconv.Itoa(*benchCreates), "--warm", strconv.Itoa(*benchWarm))
+			"--creates", strconv.Itoa(*benchCreates), "--warm", strconv.Itoa(*benchWarm), "--runtime-class", *benchClass)
 	}
 }
 
