@@ -264,6 +264,24 @@ func TestNodeDaemonSet(t *testing.T) {
 	if sel["app.kubernetes.io/component"] == lbl["app.kubernetes.io/component"] {
 		t.Errorf("the controller's selector %v matches the node pods' labels %v", sel, lbl)
 	}
+	// With a snapshot registry, moat node may read SandboxSnapshots and
+	// answer in their status, and both components name the registry.
+	snap := objs("--set", "snapshots.registry=registry.example:5000/snaps")
+	rules, _, _ = unstructured.NestedSlice(snap["ClusterRole/r1-node"].Object, "rules")
+	got = nil
+	for _, r := range rules {
+		m := r.(map[string]any)
+		got = append(got, strings.Join(toStrings(m["resources"]), ",")+":"+strings.Join(toStrings(m["verbs"]), ","))
+	}
+	if strings.Join(got, " ") != "pods:get,list,watch pods/status:patch sandboxsnapshots:get,list,watch sandboxsnapshots/status:update" {
+		t.Errorf("node rules with snapshots %v", got)
+	}
+	for _, k := range []string{"DaemonSet/r1-node", "Deployment/r1-controller"} {
+		cs, _, _ := unstructured.NestedSlice(snap[k].Object, "spec", "template", "spec", "containers")
+		if args := strings.Join(toStrings(cs[0].(map[string]any)["args"]), " "); !strings.Contains(args, "--snapshot-registry=registry.example:5000/snaps") {
+			t.Errorf("%s args %q", k, args)
+		}
+	}
 	if off := objs("--set", "node.enabled=false"); off["DaemonSet/r1-node"] != nil || off["ClusterRole/r1-node"] != nil {
 		t.Error("node.enabled=false still renders moat node")
 	}

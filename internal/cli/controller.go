@@ -100,6 +100,9 @@ run it as their entrypoint, with the container's own command as its child.`,
 	f.StringSliceVar(&opts.Isolation.FromNamespaces, "sandbox-ingress-namespace", nil, "namespace whose pods may reach sandbox pods (an in-cluster moat server, the ingress path); repeatable (default: the controller's own namespace when it runs in a pod)")
 	f.StringSliceVar(&opts.Isolation.FromCIDRs, "sandbox-ingress-cidr", nil, "address block that may reach the agent and egress API ports of sandbox pods (an out-of-cluster moat server); repeatable")
 	f.DurationVar(&opts.PauseTimeout, "pause-timeout", 10*time.Second, "how long a BatchSandbox's spec.pause waits for the nodes' moat node to confirm it before it is undone (PauseFailed)")
+	f.StringVar(&opts.SnapshotRegistry.Host, "snapshot-registry", "", "registry host[:port][/prefix] SandboxSnapshots' images are pushed to by moat node (default: snapshots are refused)")
+	f.BoolVar(&opts.SnapshotRegistry.Insecure, "snapshot-registry-insecure", false, "speak plain HTTP to the snapshot registry")
+	f.DurationVar(&opts.CommitTimeout, "commit-timeout", 5*time.Minute, "how long a SandboxSnapshot waits for moat node's commit and push before it is Failed")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	cmd.AddCommand(newCopyAgentCommand(), newEgressSidecarCommand())
 	return cmd

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/node"
+	"github.com/moat-sandbox/moat/internal/k8s/snapreg"
 )
 
 // newNodeCommand is moat's node component on Kubernetes (the chart's
@@ -17,6 +18,7 @@ import (
 func newNodeCommand() *cobra.Command {
 	var (
 		kc, name, socket, namespace, logLevel string
+		registry                              snapreg.Registry
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -24,8 +26,11 @@ func newNodeCommand() *cobra.Command {
 		Long: `Run moat's node component: it watches the moat sandbox pods bound to
 --node-name and freezes or thaws their containers through the node's
 containerd (--containerd-socket) as the pods' pause wish asks, answering
-with a pod condition. It serves no port; it needs read access to pods and
-patch access to pods/status.`,
+with a pod condition. With --snapshot-registry it also commits the
+writable layer of sandbox containers for the SandboxSnapshots the
+controller hands to this node, and pushes them to that registry. It serves
+no port; it needs read access to pods and patch access to pods/status
+(and read access to sandboxsnapshots, update access to their status).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var level slog.Level
@@ -45,7 +50,11 @@ patch access to pods/status.`,
 			}
 			defer tasks.Close()
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			return node.Run(cmd.Context(), cfg, node.Options{NodeName: name, Tasks: tasks, Log: log})
+			opts := node.Options{NodeName: name, Tasks: tasks, Log: log}
+			if registry.Host != "" {
+				opts.Layers, opts.Registry = tasks, registry
+			}
+			return node.Run(cmd.Context(), cfg, opts)
 		},
 	}
 	f := cmd.Flags()
@@ -53,6 +62,8 @@ patch access to pods/status.`,
 	f.StringVar(&name, "node-name", os.Getenv("NODE_NAME"), "the node whose pods are served ($NODE_NAME)")
 	f.StringVar(&socket, "containerd-socket", "/run/containerd/containerd.sock", "the node's containerd socket")
 	f.StringVar(&namespace, "containerd-namespace", "k8s.io", "containerd namespace of the kubelet's containers")
+	f.StringVar(&registry.Host, "snapshot-registry", "", "registry host[:port][/prefix] the node pushes snapshot images to (default: no snapshots; must match the controller's)")
+	f.BoolVar(&registry.Insecure, "snapshot-registry-insecure", false, "speak plain HTTP to the snapshot registry")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }

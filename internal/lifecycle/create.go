@@ -355,6 +355,12 @@ func (e *Entry) prepare(ctx context.Context, auth *image.Auth) (runtime.Spec, st
 	s := e.svc
 	sb := &e.sb
 	ref := sb.ImageRef()
+	if sb.SnapshotID != "" && s.features.Snapshots != nil {
+		// A runtime that commits its own snapshot images names them.
+		if sn, ok := s.features.Snapshots.Restore(sb.SnapshotID); ok && sn.Image != "" {
+			ref = sn.Image
+		}
+	}
 	img, err := s.deps.Images.Ensure(ctx, ref, auth)
 	if err != nil {
 		e.fail(ReasonImagePullFailed, "image pull failed")

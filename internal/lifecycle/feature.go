@@ -48,6 +48,9 @@ type Pools interface {
 // SnapshotSource is a snapshot a new sandbox is created from.
 type SnapshotSource struct {
 	ID string
+	// Image is the snapshot's image (empty in old records: the image
+	// store's SnapshotImagePrefix + ID).
+	Image string
 	// Memory is set when the snapshot holds the processes (a runtime
 	// checkpoint named ID) of a Class sandbox running Entrypoint, whose
 	// agent answers to AgentToken until the core rotates it.

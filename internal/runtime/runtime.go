@@ -224,6 +224,22 @@ type Snapshotter interface {
 	SnapshotDir(ctx context.Context, id string) (upperDir string, err error)
 }
 
+// ImageSnapshotter is implemented by backends that commit a sandbox's
+// writable layer themselves, as an image their sandboxes can be created
+// from (the kubernetes backend: on the pod's node, pushed to a
+// registry), where Snapshotter hands the server a host directory.
+type ImageSnapshotter interface {
+	// SnapshotImage commits running or paused sandbox id's writable layer
+	// on top of its image as snapshot name (an ID) and returns the image
+	// that Spec.Image of a sandbox created from the snapshot names. The
+	// sandbox keeps its state: a running one is frozen only while its
+	// layer is read. Nothing is left behind on error.
+	SnapshotImage(ctx context.Context, id, name string) (image string, err error)
+	// RemoveSnapshotImage deletes snapshot name's image; an unknown name
+	// is not an error.
+	RemoveSnapshotImage(ctx context.Context, name string) error
+}
+
 // Checkpointer is implemented by backends that can save a running
 // sandbox's memory and process state and start new sandboxes from it
 // (Spec.Checkpoint): a fork of running processes.

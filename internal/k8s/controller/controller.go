@@ -39,6 +39,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
+	"github.com/moat-sandbox/moat/internal/k8s/snapreg"
 )
 
 // +kubebuilder:rbac:groups=sandbox.opensandbox.io,resources=pools;batchsandboxes;sandboxsnapshots,verbs=get;list;watch;update;patch;delete
@@ -82,6 +83,12 @@ type Options struct {
 	// confirm it before it is undone and answered PauseFailed (pause.go;
 	// default 10s).
 	PauseTimeout time.Duration
+	// SnapshotRegistry is where SandboxSnapshots' images go (snapshot.go;
+	// empty: snapshots are Failed, Unsupported).
+	SnapshotRegistry snapreg.Registry
+	// CommitTimeout bounds how long a SandboxSnapshot waits for its
+	// node's commit (default 5m).
+	CommitTimeout time.Duration
 }
 
 // New builds a controller manager with the Pool and BatchSandbox
@@ -105,7 +112,9 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	pr := &poolReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, iso: iso}
 	br := &batchReconciler{c: mgr.GetClient(), api: mgr.GetAPIReader(), ledger: led, tables: tab, opts: opts, poke: poke, tasks: newTaskRunner(mgr.GetAPIReader()), iso: iso,
 		events: mgr.GetEventRecorder("moat-controller")}
-	if err := register(mgr, opts, pr, br, led, poke); err != nil {
+	sr := &snapshotReconciler{c: mgr.GetClient(), registry: opts.SnapshotRegistry, timeout: opts.CommitTimeout,
+		events: mgr.GetEventRecorder("moat-controller"), now: time.Now}
+	if err := register(mgr, opts, pr, br, sr, led, poke); err != nil {
 		return nil, err
 	}
 	if opts.HealthAddr != "" {
@@ -129,6 +138,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PauseTimeout <= 0 {
 		o.PauseTimeout = defaultPauseTimeout
+	}
+	if o.CommitTimeout <= 0 {
+		o.CommitTimeout = defaultCommitTimeout
 	}
 	return o
 }
@@ -184,7 +196,7 @@ func newTables(mgr manager.Manager, poke chan<- event.GenericEvent) (*alloc.Allo
 
 // register adds the Pool, BatchSandbox and SandboxSnapshot reconcilers
 // and what wakes them to mgr.
-func register(mgr manager.Manager, opts Options, pr *poolReconciler, br *batchReconciler, led *ledger, poke chan event.GenericEvent) error {
+func register(mgr manager.Manager, opts Options, pr *poolReconciler, br *batchReconciler, sr *snapshotReconciler, led *ledger, poke chan event.GenericEvent) error {
 	err := ctrl.NewControllerManagedBy(mgr).Named("pool").
 		For(&sbv1.Pool{}).
 		Watches(&corev1.Pod{}, podToPool(pokeDelay)).
@@ -213,7 +225,7 @@ func register(mgr manager.Manager, opts Options, pr *poolReconciler, br *batchRe
 	}
 	err = ctrl.NewControllerManagedBy(mgr).Named("sandboxsnapshot").
 		For(&sbv1.SandboxSnapshot{}).
-		Complete(&snapshotReconciler{c: mgr.GetClient()})
+		Complete(sr)
 	if err != nil {
 		return fmt.Errorf("controller: sandboxsnapshot: %w", err)
 	}

@@ -1,12 +1,16 @@
 // Package node is `moat node`, the node component of moat on Kubernetes
 // (one pod per node, the chart's DaemonSet): it freezes and thaws the
 // sandbox pods of its own node as their pause wish asks
-// (internal/k8s/podfreeze) and answers with a pod condition.
+// (internal/k8s/podfreeze) and answers with a pod condition, and commits
+// their containers' writable layers for the SandboxSnapshots the
+// controller hands to it (snapshot.go, internal/k8s/snapreg), pushing
+// them to the snapshot registry.
 //
 // It watches only the moat-managed pods bound to its node (a field
 // selector on spec.nodeName), acts through the node's containerd task
 // API (the unix socket, mounted from the host) and writes nothing but the
-// pods' status (pods/status patch): it serves no port, so no sandbox can
+// pods' status (pods/status patch) and the SandboxSnapshots' status
+// (its answer), besides the images it pushes: it serves no port, so no sandbox can
 // reach it. Its state is the pods' wishes and containerd's tasks, so a
 // restarted node component converges again from them; a frozen pod stays
 // frozen while it is down.
@@ -32,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -39,6 +44,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 	"github.com/moat-sandbox/moat/internal/k8s/podfreeze"
+	"github.com/moat-sandbox/moat/internal/k8s/snapreg"
 )
 
 // Tasks freezes and thaws containers by their container runtime ID (the
@@ -64,6 +70,11 @@ type Options struct {
 	// Resync is how often every pod is looked at again, to catch a
 	// container that was restarted or thawed behind its back (default 30s).
 	Resync time.Duration
+	// Layers, if set, commits sandbox containers' writable layers for the
+	// SandboxSnapshots the controller hands to this node (snapshot.go),
+	// pushed to Registry.
+	Layers   Layers
+	Registry snapreg.Registry
 }
 
 // Run serves the pods of opts.NodeName until ctx ends.
@@ -106,6 +117,14 @@ func New(rc *rest.Config, opts Options) (manager.Manager, error) {
 	r := &Reconciler{C: mgr.GetClient(), Tasks: opts.Tasks, Log: opts.Log}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("moat-node").For(&corev1.Pod{}).Complete(r); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
+	}
+	if opts.Layers != nil {
+		sr := &SnapshotReconciler{C: mgr.GetClient(), Node: opts.NodeName, Tasks: opts.Tasks, Layers: opts.Layers, Registry: opts.Registry, Log: opts.Log}
+		err := ctrl.NewControllerManagedBy(mgr).Named("moat-node-snapshot").For(&sbv1.SandboxSnapshot{}).
+			WithOptions(controller.Options{MaxConcurrentReconciles: 2}).Complete(sr)
+		if err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
 	}
 	return mgr, nil
 }

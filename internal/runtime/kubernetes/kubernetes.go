@@ -10,7 +10,8 @@
 // pod and keeps the batch); Delete = delete both and wait until the
 // controller has released the pod; Pause and Resume = spec.pause (the
 // controller and moat node freeze the pod where it runs, pause.go).
-// Snapshots are not supported.
+// Snapshots = a SandboxSnapshot, committed by moat node on the pod's node
+// and pushed to the controller's registry (snapshot.go).
 // A sandbox with a network policy gets moat's egress sidecar in its pod
 // (egress.go).
 package kubernetes
@@ -101,6 +102,10 @@ type Config struct {
 	// controller's answer (default 30s; the controller's own
 	// --pause-timeout, 10s by default, should be shorter).
 	PauseTimeout time.Duration
+	// SnapshotTimeout bounds how long SnapshotImage waits for the
+	// controller's answer (default 6m, longer than the controller's own
+	// --commit-timeout).
+	SnapshotTimeout time.Duration
 	// Tenants, if set, puts each tenant's sandboxes, pods, token Secrets
 	// and volumes in a namespace of its own (tenants.go); nil: everything
 	// is in Namespace.
@@ -150,6 +155,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.PauseTimeout == 0 {
 		cfg.PauseTimeout = 30 * time.Second
+	}
+	if cfg.SnapshotTimeout == 0 {
+		cfg.SnapshotTimeout = 6 * time.Minute
 	}
 	if cfg.RequestFraction < 0 || cfg.RequestFraction > 1 {
 		return nil, fmt.Errorf("kubernetes: %w: request fraction %v is not in (0, 1]", errdefs.ErrInvalidArgument, cfg.RequestFraction)

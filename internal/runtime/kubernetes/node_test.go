@@ -17,6 +17,7 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
+	"github.com/moat-sandbox/moat/internal/k8s/snapreg"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/runtime/kubernetes"
 	"github.com/moat-sandbox/moat/internal/runtime/runtimetest"
@@ -51,7 +52,10 @@ func startRealNode(t *testing.T) *nodeFixture {
 		t.Fatal(err)
 	}
 	chart := filepath.Join(testutil.RepoRoot(t), "deploy", "helm", "moat")
-	if err := node.InstallChart(ctx, chart, "moat", "moat-system", f.agentImage); err != nil {
+	// Snapshots go to the node's loopback registry, which its containerd
+	// pulls from.
+	if err := node.InstallChart(ctx, chart, "moat", "moat-system", f.agentImage,
+		"snapshots.registry="+node.Registry.Host, "snapshots.commitTimeout=2m"); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -258,6 +262,9 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 		},
 		Egress: egressFor(f, class),
 		Vault:  vaultFor(f, class),
+		ImageExists: func(ctx context.Context, image string) (bool, error) {
+			return snapreg.Registry{Host: f.node.Registry.Host}.Exists(ctx, image)
+		},
 	})
 }
 

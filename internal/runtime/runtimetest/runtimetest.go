@@ -66,6 +66,10 @@ type Options struct {
 	// DiskQuotaEvictTimeout bounds the wait for the eviction (default
 	// 3m: the kubelet measures usage periodically).
 	DiskQuotaEvictTimeout time.Duration
+	// ImageExists, if set, tells whether an image SnapshotImage returned
+	// is still stored (the SnapshotImage case wants it gone after
+	// RemoveSnapshotImage).
+	ImageExists func(ctx context.Context, image string) (bool, error)
 	// IPv6 tells that the backend was set up dual-stack: the IPv6 case
 	// then wants a global address in sandboxes, else no IPv6 at all.
 	IPv6 bool
@@ -94,6 +98,7 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("Concurrent", s.concurrent)
 	t.Run("StopRunningWithoutGrace", s.stopNoGrace)
 	t.Run("Checkpoint", s.checkpoint)
+	t.Run("SnapshotImage", s.snapshotImage)
 	t.Run("Volumes", s.volumes)
 	t.Run("DiskQuota", s.diskQuota)
 	t.Run("InitExit", s.exitCase)

@@ -928,9 +928,9 @@ func (n *Node) PushReleaseImage(ctx context.Context, moatBinary, version string)
 // on the node's registry, PushReleaseImage), pulled by the node's
 // containerd, and sandbox pods' agent from the same image (the chart's
 // default), on the host network and talking to the API server on
-// loopback (the node has no service proxy). It returns once the
-// controller is ready (helm --wait).
-func (n *Node) InstallChart(ctx context.Context, chartDir, releaseName, ns, image string) error {
+// loopback (the node has no service proxy); set are further --set
+// values. It returns once the controller is ready (helm --wait).
+func (n *Node) InstallChart(ctx context.Context, chartDir, releaseName, ns, image string, set ...string) error {
 	u, err := url.Parse(n.Config.Host)
 	if err != nil {
 		return err
@@ -955,6 +955,9 @@ func (n *Node) InstallChart(ctx context.Context, chartDir, releaseName, ns, imag
 		"--set", "hostNetwork=true", "--set", "node.containerdSocket="+n.ContainerdSocket,
 		"--set", "apiServer.host="+u.Hostname(), "--set-string", "apiServer.port="+u.Port(),
 		"--set", "metricsPort="+metrics, "--set", "healthPort="+health)
+	for _, kv := range set {
+		cmd.Args = append(cmd.Args, "--set", kv)
+	}
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("k8stest: helm install: %v: %s\n%s", err, out, n.Describe(ns))
