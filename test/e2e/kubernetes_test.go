@@ -31,6 +31,9 @@ type kubeStack struct {
 	bin        string
 	controller *proc // moat controller
 	nodeAgent  *proc // moat node
+	// ctlArgs are further arguments of moat controller
+	// (enableSnapshots).
+	ctlArgs []string
 }
 
 // proc is a moat process of the stack, its log in a file.
@@ -70,14 +73,23 @@ func (p *proc) stop() string {
 // startController (re)starts moat controller; pauses the nodes do not
 // confirm in 3 s are undone.
 func (k *kubeStack) startController(t *testing.T) {
-	k.controller = k.startProc(t, "controller", "controller", "--kubeconfig", k.node.Kubeconfig, "--agent-image", k.agentImage,
-		"--log-level", "warn", "--pause-timeout", "3s")
+	args := []string{"controller", "--kubeconfig", k.node.Kubeconfig, "--agent-image", k.agentImage, "--log-level", "warn", "--pause-timeout", "3s"}
+	k.controller = k.startProc(t, "controller", append(args, k.ctlArgs...)...)
 }
 
-// startNodeAgent (re)starts moat node on the node.
+// enableSnapshots restarts moat controller with the node's loopback
+// registry as its snapshot registry.
+func (k *kubeStack) enableSnapshots(t *testing.T) {
+	k.controller.stop()
+	k.ctlArgs = []string{"--snapshot-registry", k.node.Registry.Host, "--commit-timeout", "2m"}
+	k.startController(t)
+}
+
+// startNodeAgent (re)starts moat node on the node; it commits snapshots
+// to the node's loopback registry when the controller hands it one.
 func (k *kubeStack) startNodeAgent(t *testing.T) {
 	k.nodeAgent = k.startProc(t, "node", "node", "--kubeconfig", k.node.Kubeconfig, "--node-name", k.node.Name,
-		"--containerd-socket", k.node.ContainerdSocket, "--log-level", "warn")
+		"--containerd-socket", k.node.ContainerdSocket, "--log-level", "warn", "--snapshot-registry", k.node.Registry.Host)
 }
 
 func startKubeStack(t *testing.T) *kubeStack {

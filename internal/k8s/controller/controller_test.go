@@ -661,8 +661,8 @@ func TestBadManifests(t *testing.T) {
 	waitBatch(t, c, ns, "nopool")
 }
 
-// TestSnapshotAnswered: a SandboxSnapshot gets a clear answer
-// (Unsupported) instead of hanging.
+// TestSnapshotAnswered: without a snapshot registry a SandboxSnapshot
+// gets a clear answer (Unsupported) instead of hanging.
 func TestSnapshotAnswered(t *testing.T) {
 	c, ns := setup(t)
 	startController(t, ns)

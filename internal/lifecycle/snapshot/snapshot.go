@@ -307,6 +307,16 @@ func (s *Snapshots) createLocked(ctx context.Context, snapper runtime.Snapshotte
 	} else {
 		cerr = s.capture(context.WithoutCancel(ctx), snapper, sandboxID, st == lifecycle.StateRunning, sn)
 	}
+	if errors.Is(cerr, errdefs.ErrNotImplemented) {
+		// Refused as a runtime without snapshots refuses: no record.
+		s.mu.Lock()
+		delete(s.snaps, id)
+		s.mu.Unlock()
+		if err := s.deps.Store.Delete(SnapshotBucket, id); err != nil {
+			s.log.Error("delete refused snapshot", "id", id, "err", err)
+		}
+		return Snapshot{}, cerr
+	}
 
 	s.mu.Lock()
 	if cerr != nil {

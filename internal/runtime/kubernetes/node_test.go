@@ -244,7 +244,7 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 			}
 		})
 		rt := newNodeRuntime(t, f, ns)
-		return nodeRuntime{rt, rt, ns, rt}
+		return nodeRuntime{rt, rt, rt, ns, rt}
 	}, runtimetest.Options{
 		Image:        f.image,
 		Class:        class,
@@ -258,7 +258,7 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 		Reopen: func(t *testing.T, rt runtime.Runtime) runtime.Runtime {
 			ns := rt.(nodeRuntime).ns
 			rt2 := newNodeRuntime(t, f, ns)
-			return nodeRuntime{rt2, rt2, ns, rt2}
+			return nodeRuntime{rt2, rt2, rt2, ns, rt2}
 		},
 		Egress: egressFor(f, class),
 		Vault:  vaultFor(f, class),
@@ -268,11 +268,13 @@ func testNodeConformance(t *testing.T, f *nodeFixture, class string) {
 	})
 }
 
-// nodeRuntime is the kubernetes runtime seen through runtime.Runtime and
-// runtime.Volumes, keeping the namespace for Reopen.
+// nodeRuntime is the kubernetes runtime seen through runtime.Runtime,
+// runtime.Volumes and runtime.ImageSnapshotter, keeping the namespace
+// for Reopen.
 type nodeRuntime struct {
 	runtime.Runtime
 	runtime.Volumes
+	runtime.ImageSnapshotter
 	ns string
 	k  *kubernetes.Runtime
 }
