@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,19 @@ func (r *Runtime) SnapshotImage(ctx context.Context, id, name string) (string, e
 	b, err := r.get(ctx, id)
 	if err != nil {
 		return "", err
+	}
+	if class := b.Annotations[annoClass]; class != "" {
+		// gVisor keeps the sandbox's writes inside its own filesystem:
+		// containerd's snapshot holds none of them.
+		// (The server's role may list RuntimeClasses, not get them.)
+		var list nodev1.RuntimeClassList
+		if err := r.c.List(ctx, &list); err == nil {
+			for _, rc := range list.Items {
+				if rc.Name == class && strings.Contains(rc.Handler, "runsc") {
+					return "", errdefs.Newf(errdefs.ErrNotImplemented, "sandboxes of runtime class %s (gVisor) cannot be snapshotted on the kubernetes runtime", class)
+				}
+			}
+		}
 	}
 	s := &sbv1.SandboxSnapshot{
 		ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: name, Labels: map[string]string{labelScope: r.cfg.Scope}},
