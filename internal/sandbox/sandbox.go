@@ -37,7 +37,8 @@ type Config struct {
 type Deps struct {
 	lifecycle.Deps
 	// Committer is optional; without it (or a runtime.Snapshotter
-	// runtime) snapshots are refused (501).
+	// runtime) snapshots are refused (501), unless the runtime commits
+	// snapshot images itself (runtime.ImageSnapshotter).
 	Committer snapshot.Committer
 	// Sealer encrypts Credential Vault state for the store; without it
 	// credentialProxy is refused (501).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -17,7 +18,8 @@ import (
 // snapshot (a SandboxSnapshot, committed by moat node and pushed to the
 // node's loopback registry), the source keeps running, a create and a
 // batch from the snapshot see the file, and deleting the snapshot
-// deletes its SandboxSnapshot and its image.
+// deletes its SandboxSnapshot and its image; with moat node down a
+// snapshot fails with a clear error and leaves the sandbox running.
 func TestKubernetesSnapshot(t *testing.T) {
 	k := startKubeStack(t)
 	k.enableSnapshots(t)
@@ -102,5 +104,32 @@ func TestKubernetesSnapshot(t *testing.T) {
 	}
 	if code, _, _ := srv.do("GET", "/v1/snapshots/"+sn.ID, nil); code != 404 {
 		t.Fatalf("get deleted snapshot: %d", code)
+	}
+
+	// moat node is down: after the controller's commit timeout a clear
+	// error; the sandbox runs on, no SandboxSnapshot or image is left.
+	k.nodeAgent.stop()
+	start := time.Now()
+	code, body, _ = srv.do("POST", "/v1/sandboxes/"+src.ID+"/snapshots", map[string]any{"name": "no-node"})
+	srv.expect5xx(code, "POST /v1/sandboxes/{id}/snapshots")
+	if code < 500 || !strings.Contains(string(body), "SNAPSHOT::CAPTURE_FAILED") || !strings.Contains(string(body), "moat node") {
+		t.Fatalf("snapshot with moat node down: %d %s", code, body)
+	}
+	t.Logf("snapshot without moat node failed after %v: %s", time.Since(start), body)
+	srv.mustJSON(200, "GET", "/v1/sandboxes/"+src.ID, nil, &got)
+	if got.Status.State != "Running" {
+		t.Fatalf("source after a failed snapshot: %s", got.Status.State)
+	}
+	if out := stdoutOf(runCommand(t, base, hdr, "echo still-running")); out != "still-running" {
+		t.Fatalf("source after a failed snapshot: %q", out)
+	}
+	var left sbv1.SandboxSnapshotList
+	if err := c.List(ctx, &left, client.InNamespace(k.ns)); err != nil || len(left.Items) != 0 {
+		t.Fatalf("SandboxSnapshots left: %d %v", len(left.Items), err)
+	}
+	var failed struct{ Items []snapshotResp }
+	srv.mustJSON(200, "GET", "/v1/snapshots?sandboxId="+src.ID+"&state=Failed", nil, &failed)
+	if len(failed.Items) != 1 || failed.Items[0].Name != "no-node" {
+		t.Fatalf("failed snapshots %+v", failed)
 	}
 }

@@ -81,7 +81,7 @@ func (k *kubeStack) startController(t *testing.T) {
 // registry as its snapshot registry.
 func (k *kubeStack) enableSnapshots(t *testing.T) {
 	k.controller.stop()
-	k.ctlArgs = []string{"--snapshot-registry", k.node.Registry.Host, "--commit-timeout", "2m"}
+	k.ctlArgs = []string{"--snapshot-registry", k.node.Registry.Host, "--commit-timeout", "20s"}
 	k.startController(t)
 }
 

@@ -1,6 +1,8 @@
 // Package snapshot is the snapshots of sandboxes: it captures a Running or
-// Paused sandbox's root filesystem as a local image (and, on a runtime
-// that checkpoints, its processes: a memory snapshot), keeps the snapshot
+// Paused sandbox's root filesystem as a local image, or as the image a
+// runtime.ImageSnapshotter commits itself (the kubernetes backend's, in
+// a registry), and on a runtime that checkpoints, its processes too (a
+// memory snapshot); it keeps the snapshot
 // records, serves the snapshot API and is the source of sandboxes created
 // from a snapshot (lifecycle.Snapshots).
 package snapshot
@@ -170,7 +172,8 @@ type PoolUsers interface {
 }
 
 // New loads the snapshot records of core's store. committer stores the
-// snapshot images (nil: snapshots are refused, 501); pools (optional)
+// snapshot images (nil: snapshots are refused, 501, unless the runtime
+// is a runtime.ImageSnapshotter, which stores them); pools (optional)
 // keeps a snapshot a pool uses from being deleted.
 func New(core *lifecycle.Service, committer Committer, pools PoolUsers) (*Snapshots, error) {
 	deps := core.Deps()
@@ -373,18 +376,22 @@ func (s *Snapshots) capture(ctx context.Context, snapper runtime.Snapshotter, id
 // The caller holds the sandbox entry.
 func (s *Snapshots) captureImage(ctx context.Context, id string, sn *Snapshot) error {
 	img, err := s.deps.Runtime.(runtime.ImageSnapshotter).SnapshotImage(ctx, id, sn.ID)
+	if err == nil {
+		s.mu.Lock()
+		sn.Image = img
+		s.mu.Unlock()
+		return nil
+	}
+	// The runtime's words say what went wrong (e.g. which node did not
+	// answer); they name no secret.
+	why := err.Error()
+	if p, ok := errdefs.PublicOf(err); ok {
+		why = p.Message
+	}
 	if errors.Is(err, errdefs.ErrNotImplemented) {
-		return errdefs.WithPublic(err, "SANDBOX::API_NOT_SUPPORTED", "this sandbox cannot be snapshotted: "+err.Error())
+		return errdefs.WithPublic(err, "SANDBOX::API_NOT_SUPPORTED", "this sandbox cannot be snapshotted: "+why)
 	}
-	if err != nil {
-		// The runtime's words say what went wrong (e.g. which node did
-		// not answer); they name no secret.
-		return errdefs.WithPublic(fmt.Errorf("snapshot %s of %s: %w", sn.ID, id, err), "SNAPSHOT::CAPTURE_FAILED", "the snapshot could not be captured: "+err.Error())
-	}
-	s.mu.Lock()
-	sn.Image = img
-	s.mu.Unlock()
-	return nil
+	return errdefs.WithPublic(fmt.Errorf("snapshot %s of %s: %w", sn.ID, id, err), "SNAPSHOT::CAPTURE_FAILED", "the snapshot could not be captured: "+why)
 }
 
 // captureMemory checkpoints the sandbox's processes (the runtime keeps

@@ -125,6 +125,7 @@ func TestRealNode(t *testing.T) {
 		testNodeConformance(t, f, "runsc")
 	})
 	t.Run("Tasks", func(t *testing.T) { testNodeTasks(t, f) })
+	t.Run("Snapshot100MB", func(t *testing.T) { testNodeSnapshotSize(t, f) })
 	t.Run("Pause", func(t *testing.T) { testNodePause(t, f, "") })
 	t.Run("PauseRunsc", func(t *testing.T) {
 		if !slices.Contains(f.node.RuntimeClasses, "runsc") {
@@ -225,6 +226,55 @@ func testNodePause(t *testing.T, f *nodeFixture, class string) {
 	if after := podOf(); after.UID != before.UID || after.Status.ContainerStatuses[0].RestartCount != before.Status.ContainerStatuses[0].RestartCount {
 		t.Errorf("pod changed: %s restarts %d, was %s restarts %d", after.UID, after.Status.ContainerStatuses[0].RestartCount,
 			before.UID, before.Status.ContainerStatuses[0].RestartCount)
+	}
+}
+
+// testNodeSnapshotSize: a snapshot of a sandbox holding 100 MB of new
+// files (random, so nothing compresses them away) carries them whole to a
+// sandbox made from its image; the log lines give the time of the
+// snapshot (freeze, diff, thaw, push) and of the create from it (pull).
+func testNodeSnapshotSize(t *testing.T, f *nodeFixture) {
+	ns := nodeNamespace(t, f)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("namespace %s:\n%s", ns, f.node.Describe(ns))
+		}
+	})
+	rt := newNodeRuntime(t, f, ns)
+	ctx := context.Background()
+	id := runtimetest.NewID("big")
+	spec := runtime.Spec{ID: id, Image: f.image, AgentToken: runtimetest.Token,
+		Resources: runtime.Resources{CPUMillis: 1000, MemoryBytes: 256 << 20}}
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), id) })
+	runtimetest.WaitAgent(t, ctx, rt, id, 60*time.Second)
+	const write = "mkdir -p /data && for i in 1 2 3 4; do head -c 26214400 /dev/urandom > /data/f$i; done && cat /data/f* | md5sum"
+	out, code, err := runtimetest.Exec(ctx, rt, id, write)
+	if err != nil || code != 0 || len(strings.Fields(out)) == 0 {
+		t.Fatalf("write: %q %d %v", out, code, err)
+	}
+	sum := strings.Fields(out)[0]
+	name := runtimetest.NewID("big-snap")
+	t.Cleanup(func() { rt.RemoveSnapshotImage(context.Background(), name) })
+	start := time.Now()
+	img, err := rt.SnapshotImage(ctx, id, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot of 100 MB took %v", time.Since(start))
+	dst := runtimetest.NewID("big-dst")
+	spec.ID, spec.Image = dst, img
+	start = time.Now()
+	if _, err := rt.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Delete(context.Background(), dst) })
+	t.Logf("create from it took %v", time.Since(start))
+	runtimetest.WaitAgent(t, ctx, rt, dst, 60*time.Second)
+	if out, _, err := runtimetest.Exec(ctx, rt, dst, "cat /data/f* | md5sum"); err != nil || !strings.HasPrefix(out, sum+" ") {
+		t.Fatalf("files from the snapshot: %q %v, want %s", out, err, sum)
 	}
 }
 

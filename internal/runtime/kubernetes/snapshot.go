@@ -90,7 +90,7 @@ func (r *Runtime) waitSnapshot(ctx context.Context, key types.NamespacedName) (s
 			if c := meta.FindStatusCondition(s.Status.Conditions, "Failed"); c != nil && c.Reason == sbv1.ReasonUnsupported {
 				class = errdefs.ErrNotImplemented
 			}
-			return "", errdefs.Newf(class, "the snapshot failed: %s", s.Status.Message)
+			return "", errdefs.Newf(class, "%s", s.Status.Message)
 		case err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil:
 			return "", classify("snapshot "+key.Name, err)
 		}
