@@ -187,6 +187,12 @@ func (r *snapshotReconciler) deleteImages(ctx context.Context, s *sbv1.SandboxSn
 		if _, err := r.registry.Ref(c.ImageURI); err != nil {
 			continue // not an image of this registry: not ours to delete
 		}
+		// The image the status names, then whatever the tag names.
+		if c.ImageDigest != "" {
+			if err := r.registry.Delete(ctx, snapreg.Pinned(c.ImageURI, c.ImageDigest)); err != nil && first == nil {
+				first = err
+			}
+		}
 		if err := r.registry.Delete(ctx, c.ImageURI); err != nil && first == nil {
 			first = err
 		}

@@ -209,7 +209,9 @@ func TestSnapshot(t *testing.T) {
 	eventually(t, 30*time.Second, "snapshot and image gone", func() (bool, string) {
 		err := c.Get(ctx, client.ObjectKeyFromObject(snap), &sbv1.SandboxSnapshot{})
 		ok, rerr := registry.Exists(ctx, ci.ImageURI)
-		return client.IgnoreNotFound(err) == nil && err != nil && !ok && rerr == nil, fmt.Sprintf("get %v, image %v %v", err, ok, rerr)
+		pinned, perr := registry.Exists(ctx, snapreg.Pinned(ci.ImageURI, ci.ImageDigest))
+		return client.IgnoreNotFound(err) == nil && err != nil && !ok && rerr == nil && !pinned && perr == nil,
+			fmt.Sprintf("get %v, image %v %v, by digest %v %v", err, ok, rerr, pinned, perr)
 	})
 
 	failed := func(name, reason, msg string) {

@@ -24,8 +24,10 @@ type Content interface {
 
 // snapshotImage is l's image with l's diff as one more layer: the base
 // image's manifest, config and layers are read from the node's content
-// store (where the kubelet pulled them), the new layer too.
-func snapshotImage(ctx context.Context, c Content, l Layer) (v1.Image, error) {
+// store (where the kubelet pulled them), the new layer too. created (the
+// snapshot's) dates the layer's history, so that the same files give the
+// same image.
+func snapshotImage(ctx context.Context, c Content, l Layer, created time.Time) (v1.Image, error) {
 	manifest, mt, err := platformManifest(ctx, c, l.Image)
 	if err != nil {
 		return nil, err
@@ -48,7 +50,7 @@ func snapshotImage(ctx context.Context, c Content, l Layer) (v1.Image, error) {
 	}
 	layer := &tarLayer{storeBlob{ctx: ctx, c: c, d: v1.Descriptor{MediaType: types.OCIUncompressedLayer, Digest: h, Size: l.Diff.Size}}}
 	return mutate.Append(base, mutate.Addendum{Layer: layer, MediaType: types.OCIUncompressedLayer,
-		History: v1.History{Created: v1.Time{Time: time.Now().UTC()}, CreatedBy: "moat snapshot", Comment: "the sandbox's writable layer"}})
+		History: v1.History{Created: v1.Time{Time: created.UTC()}, CreatedBy: "moat snapshot", Comment: "the sandbox's writable layer"}})
 }
 
 // platformManifest reads the manifest of target: target itself, or the

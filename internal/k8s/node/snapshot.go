@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,12 @@ type SnapshotReconciler struct {
 	Layers   Layers
 	Registry snapreg.Registry
 	Log      *slog.Logger
+
+	// done holds the snapshots (UID and generation) this process has
+	// answered: a cache that has not caught up with the answer yet never
+	// makes it commit and push the same snapshot twice.
+	mu   sync.Mutex
+	done map[string]bool
 }
 
 // commitTimeout bounds one snapshot's commit and push.
@@ -48,7 +55,11 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if err := r.C.Get(ctx, req.NamespacedName, &s); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !r.mine(&s) {
+	key := fmt.Sprintf("%s/%d", s.UID, s.Generation)
+	r.mu.Lock()
+	answered := r.done[key]
+	r.mu.Unlock()
+	if answered || !r.mine(&s) {
 		return reconcile.Result{}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
@@ -61,7 +72,16 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, snapreg.ReasonCommitFailed, err.Error()
 	}
 	r.Log.Info("snapshot", "snapshot", req.NamespacedName, "pod", s.Status.SourcePodName, "took", time.Since(start), "err", err)
-	if werr := r.answer(ctx, req.NamespacedName, s.UID, digests, cond); werr != nil {
+	werr := r.answer(ctx, req.NamespacedName, s.UID, digests, cond)
+	if werr == nil || errors.Is(werr, errGone) {
+		r.mu.Lock()
+		if r.done == nil {
+			r.done = map[string]bool{}
+		}
+		r.done[key] = true
+		r.mu.Unlock()
+	}
+	if werr != nil {
 		// Not ours to answer any more (failed by the controller, or
 		// deleted): what was pushed must not stay.
 		r.Log.Warn("snapshot answer", "snapshot", req.NamespacedName, "err", werr)
@@ -105,7 +125,7 @@ func (r *SnapshotReconciler) commit(ctx context.Context, s *sbv1.SandboxSnapshot
 		if err != nil {
 			return digests, err
 		}
-		d, err := r.commitContainer(ctx, id, c.ImageURI)
+		d, err := r.commitContainer(ctx, id, c.ImageURI, s.CreationTimestamp.Time)
 		if err != nil {
 			return digests, fmt.Errorf("container %s: %w", c.ContainerName, err)
 		}
@@ -117,7 +137,7 @@ func (r *SnapshotReconciler) commit(ctx context.Context, s *sbv1.SandboxSnapshot
 // commitContainer freezes container id (unless it is frozen already: a
 // paused sandbox stays paused), diffs its writable layer, thaws it, and
 // pushes its image with the diff on top to ref.
-func (r *SnapshotReconciler) commitContainer(ctx context.Context, id, ref string) (string, error) {
+func (r *SnapshotReconciler) commitContainer(ctx context.Context, id, ref string, created time.Time) (string, error) {
 	frozen, err := r.Tasks.Frozen(ctx, id)
 	if err != nil {
 		return "", err
@@ -142,7 +162,7 @@ func (r *SnapshotReconciler) commitContainer(ctx context.Context, id, ref string
 		return "", fmt.Errorf("diff: %w", err)
 	}
 	defer l.Release()
-	img, err := snapshotImage(ctx, r.Layers, l)
+	img, err := snapshotImage(ctx, r.Layers, l, created)
 	if err != nil {
 		return "", err
 	}

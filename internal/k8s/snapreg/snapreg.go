@@ -59,6 +59,16 @@ func (r Registry) ImageRef(ns, snapshot, container string) string {
 	return r.Host + "/" + ns + "/" + snapshot + ":" + container
 }
 
+// Pinned is image (a repository and tag, ImageRef) pinned to digest: the
+// repository and the digest.
+func Pinned(image, digest string) string {
+	repo := image
+	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+		repo = image[:i]
+	}
+	return repo + "@" + digest
+}
+
 // Ref parses ref, which must be below the registry.
 func (r Registry) Ref(ref string) (name.Reference, error) {
 	if r.Host == "" {
@@ -106,8 +116,9 @@ func (r Registry) Exists(ctx context.Context, ref string) (bool, error) {
 	return true, nil
 }
 
-// Delete removes the manifest ref (a tag) points to, then the tag where
-// the registry lets a tag be deleted; a ref already gone is not an error.
+// Delete removes the manifest ref (a tag or a digest) points to, then
+// the tag where the registry lets a tag be deleted; a ref already gone is
+// not an error.
 func (r Registry) Delete(ctx context.Context, ref string) error {
 	nr, err := r.Ref(ref)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/errdefs"
+	"github.com/moat-sandbox/moat/internal/k8s/snapreg"
 	"github.com/moat-sandbox/moat/internal/runtime"
 )
 
@@ -80,8 +81,7 @@ func (r *Runtime) waitSnapshot(ctx context.Context, key types.NamespacedName) (s
 		case err == nil && s.Status.Phase == sbv1.SnapshotSucceed:
 			for _, c := range s.Status.Containers {
 				if c.ContainerName == containerName && c.ImageDigest != "" {
-					repo, _, _ := strings.Cut(c.ImageURI[strings.LastIndex(c.ImageURI, "/")+1:], ":")
-					return c.ImageURI[:strings.LastIndex(c.ImageURI, "/")+1] + repo + "@" + c.ImageDigest, nil
+					return snapreg.Pinned(c.ImageURI, c.ImageDigest), nil
 				}
 			}
 			return "", fmt.Errorf("snapshot %s: %w: no image of container %s", key.Name, errdefs.ErrUnavailable, containerName)
