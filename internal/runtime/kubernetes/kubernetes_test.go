@@ -93,6 +93,8 @@ func TestConformance(t *testing.T) {
 		// kwok runs no containers: the Volumes case checks the PVCs and
 		// pod templates, not writes inside the sandbox.
 		NoCommands: true,
+		// The controller has no snapshot registry (TestRealNode's has).
+		SnapshotImagesOff: true,
 	})
 }
 

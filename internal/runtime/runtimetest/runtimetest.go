@@ -70,6 +70,12 @@ type Options struct {
 	// is still stored (the SnapshotImage case wants it gone after
 	// RemoveSnapshotImage).
 	ImageExists func(ctx context.Context, image string) (bool, error)
+	// SnapshotImagesOff tells that the backend implements
+	// runtime.ImageSnapshotter but was set up without a place for the
+	// images (the kubernetes backend with a controller that has no
+	// registry): the SnapshotImage case then wants ErrNotImplemented and
+	// the sandbox running on.
+	SnapshotImagesOff bool
 	// IPv6 tells that the backend was set up dual-stack: the IPv6 case
 	// then wants a global address in sandboxes, else no IPv6 at all.
 	IPv6 bool

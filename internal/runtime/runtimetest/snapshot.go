@@ -2,6 +2,7 @@ package runtimetest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -34,6 +35,18 @@ func (s *suite) snapshotImage(t *testing.T) {
 		}
 	}
 	img, err := is.SnapshotImage(ctx, src, name)
+	if s.opts.SnapshotImagesOff {
+		if !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Fatalf("SnapshotImage with snapshots off: %q %v, want ErrNotImplemented", img, err)
+		}
+		if st, err := rt.Status(ctx, src); err != nil || st.State != runtime.StateRunning {
+			t.Fatalf("source after a refused SnapshotImage: %+v %v", st, err)
+		}
+		if err := is.RemoveSnapshotImage(ctx, name); err != nil {
+			t.Errorf("RemoveSnapshotImage of a refused snapshot: %v", err)
+		}
+		return
+	}
 	if err != nil {
 		t.Fatalf("SnapshotImage: %v", err)
 	}
