@@ -34,6 +34,7 @@ import (
 // proxy).
 type testServer struct {
 	cl     *moat.Client
+	url    string // the server's base URL
 	writes *k8stest.WriteCounter
 	scope  string
 	root   string
@@ -97,7 +98,7 @@ func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root, stop: stop}
+	return &testServer{cl: cl, url: "http://" + ln.Addr().String(), writes: w, scope: scope, root: cfg.Root, stop: stop}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
@@ -75,7 +76,7 @@ func TestSealForSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, err := sealForSidecar([]byte(data[sbv1.EgressSecretVaultKey]), ca, st)
+	body, err := sealForSidecar([]byte(data[sbv1.EgressSecretVaultKey]), ca, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestSealForSidecar(t *testing.T) {
 		}
 		var got *vault.Rules
 		var gotCA *mitm.CA
-		h := sidecar.VaultHandler("tok", sl, func(_ context.Context, ca *mitm.CA, rules *vault.Rules) error {
+		h := sidecar.VaultHandler("tok", sl, func(_ context.Context, ca *mitm.CA, rules *vault.Rules, _ *x509.CertPool) error {
 			got, gotCA = rules, ca
 			return nil
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)), "")
@@ -126,7 +127,7 @@ func TestSealForSidecar(t *testing.T) {
 	if code, _, _ := put(other[sbv1.EgressSecretVaultKey]); code != http.StatusBadRequest {
 		t.Errorf("another pod's sidecar answered %d, want 400", code)
 	}
-	if _, err := sealForSidecar(nil, ca, st); !errors.Is(err, errdefs.ErrNotImplemented) {
+	if _, err := sealForSidecar(nil, ca, st, nil); !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Errorf("a pod without a vault key: %v, want ErrNotImplemented", err)
 	}
 	if strings.Contains(data[sbv1.EgressSecretPolicy], podVaultSecret) {
