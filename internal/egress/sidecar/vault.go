@@ -2,8 +2,8 @@ package sidecar
 
 import (
 	"context"
-	"crypto/x509"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
