@@ -76,9 +76,11 @@ func TestKubernetesCredentialVault(t *testing.T) {
 	srv := newServer(t)
 	srv.start(args...)
 
-	// The address itself is allowed too: the sandbox may reach it by a
-	// name moat's DNS never answered (the withheld case).
-	np := map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "api.vault.test"}, {"action": "allow", "target": gw}}}
+	// w.vault.test (which moat's DNS does not answer) and the address
+	// itself are allowed too: the sandbox may reach the upstream by a
+	// bound name at an address it chose (the withheld case).
+	np := map[string]any{"defaultAction": "deny", "egress": []map[string]string{{"action": "allow", "target": "api.vault.test"},
+		{"action": "allow", "target": "w.vault.test"}, {"action": "allow", "target": gw}}}
 	body := map[string]any{"image": map[string]any{"uri": k.ref}, "entrypoint": []string{"tail", "-f", "/dev/null"}, "timeout": 600,
 		"networkPolicy": np, "credentialProxy": map[string]any{"enabled": true}}
 	var c sandboxResp
