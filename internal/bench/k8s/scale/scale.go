@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
@@ -479,8 +481,37 @@ func (r *run) fill(ctx context.Context) error {
 		return fmt.Errorf("filling the pool of %d: %w", r.o.Pool, err)
 	}
 	r.res.Fill = time.Since(start0)
+	if r.o.PolicyClaims > 0 {
+		if err := r.waitSidecars(ctx); err != nil {
+			return err
+		}
+	}
 	time.Sleep(2 * time.Second) // the pool's last status writes land before counting
 	return nil
+}
+
+// waitSidecars waits until every pod of the pool answers on its egress
+// API port. A real sidecar is started and probed before the pod's
+// containers (a Running pod has it); the stand-ins of kwok's pods are
+// started by the test harness as it sees them, a moment after.
+func (r *run) waitSidecars(ctx context.Context) error {
+	return waitFor(ctx, r.o.Timeout, func() (bool, error) {
+		var pods corev1.PodList
+		if err := r.c.List(ctx, &pods, client.InNamespace(r.ns), client.MatchingLabels{sbv1.LabelPool: "warm"}); err != nil {
+			return false, nil
+		}
+		if len(pods.Items) < r.o.Pool {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(sidecar.Port)), time.Second)
+			if err != nil {
+				return false, nil
+			}
+			c.Close()
+		}
+		return true, nil
+	})
 }
 
 // snap is every replica's write counts now, for since.
