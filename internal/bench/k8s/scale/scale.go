@@ -65,9 +65,10 @@ type Options struct {
 	// pool after the batch).
 	Claims int
 	// PolicyClaims, if set, are single claims with a network policy
-	// after the others (by the same W clients), for comparison: each
-	// sets its sandbox's policy through its pod's egress sidecar before
-	// it answers. The pool's pods then need an egress API at their IPs
+	// after the others, each followed by one without (by the same W
+	// clients; 2×PolicyClaims pods), for comparison under the same load:
+	// a claim with a policy sets it through its pod's egress sidecar
+	// before it answers. The pool's pods then need an egress API at their IPs
 	// (kwok's pods with the test harness's stand-in sidecars, which
 	// enforce nothing: the figure is the server's path and one sidecar
 	// round trip, not nftables), and the servers get a DNS upstream so
@@ -118,8 +119,10 @@ type Result struct {
 	// alone was lost).
 	Unanswered, GivenBack, Recorded int
 	// PolicyP50 and PolicyP99 are the latencies of the PolicyClaims,
-	// PolicyWrites their writes.
+	// PairedP50 and PairedP99 those of the plain claims made between
+	// them, PolicyWrites the writes of both.
 	PolicyP50, PolicyP99 time.Duration
+	PairedP50, PairedP99 time.Duration
 	PolicyWrites         map[string]int
 	// CRD are the CRD path's figures (CRDClaims).
 	CRDWall        time.Duration
@@ -140,8 +143,10 @@ func (r Result) String() string {
 			float64(r.CRDClaims)/r.CRDWall.Seconds(), r.CRDP50.Round(100*time.Microsecond), r.CRDP99.Round(100*time.Microsecond))
 	}
 	if r.PolicyClaims > 0 {
-		crd = fmt.Sprintf("  policy-claims=%d p50=%v p99=%v writes=%d (%s)", r.PolicyClaims, r.PolicyP50.Round(100*time.Microsecond),
-			r.PolicyP99.Round(100*time.Microsecond), apiwrites.Total(r.PolicyWrites), fmtWrites(r.PolicyWrites)) + crd
+		crd = fmt.Sprintf("  policy-claims=%d p50=%v p99=%v, plain ones between them p50=%v p99=%v, writes=%d (%s)", r.PolicyClaims,
+			r.PolicyP50.Round(100*time.Microsecond), r.PolicyP99.Round(100*time.Microsecond),
+			r.PairedP50.Round(100*time.Microsecond), r.PairedP99.Round(100*time.Microsecond),
+			apiwrites.Total(r.PolicyWrites), fmtWrites(r.PolicyWrites)) + crd
 	}
 	chaos := ""
 	if r.Chaos {
@@ -176,11 +181,11 @@ func (o *Options) defaults() error {
 	if batched > o.Pool {
 		return fmt.Errorf("%d batches of %d are more than the pool %d", o.Batches, o.Batch, o.Pool)
 	}
-	if o.CRDClaims < 0 || o.PolicyClaims < 0 || o.CRDClaims+o.PolicyClaims > o.Pool-batched-1 {
-		return fmt.Errorf("%d CRD and %d policy claims do not fit a pool of %d with %d batches of %d and a single claim", o.CRDClaims, o.PolicyClaims, o.Pool, o.Batches, o.Batch)
+	if o.CRDClaims < 0 || o.PolicyClaims < 0 || o.CRDClaims+2*o.PolicyClaims > o.Pool-batched-1 {
+		return fmt.Errorf("%d CRD and 2×%d policy claims do not fit a pool of %d with %d batches of %d and a single claim", o.CRDClaims, o.PolicyClaims, o.Pool, o.Batches, o.Batch)
 	}
-	if o.Claims <= 0 || o.Claims > o.Pool-batched-o.CRDClaims-o.PolicyClaims {
-		o.Claims = o.Pool - batched - o.CRDClaims - o.PolicyClaims
+	if o.Claims <= 0 || o.Claims > o.Pool-batched-o.CRDClaims-2*o.PolicyClaims {
+		o.Claims = o.Pool - batched - o.CRDClaims - 2*o.PolicyClaims
 	}
 	if o.Chaos && o.PolicyClaims > 0 {
 		return errors.New("a chaos run makes no policy claims")
@@ -594,28 +599,62 @@ func (r *run) singleClaims(ctx context.Context) error {
 	return nil
 }
 
-// policyClaims makes res.PolicyClaims claims with a network policy by W
-// workers, as singleClaims.
+// policyClaims makes PolicyClaims claims with a network policy and as
+// many without, one of each in turn (so that both see the same load), by
+// W workers over the replicas in turn.
 func (r *run) policyClaims(ctx context.Context) error {
-	req := claimReq()
-	req.NetworkPolicy = &moat.NetworkPolicy{DefaultAction: "deny", Egress: []moat.NetworkRule{{Action: "allow", Target: "pypi.example.test"}}}
-	cs := &claimState{n: r.o.PolicyClaims, req: req, lat: make([]time.Duration, 0, r.o.PolicyClaims)}
+	plain, pol := claimReq(), claimReq()
+	pol.NetworkPolicy = &moat.NetworkPolicy{DefaultAction: "deny", Egress: []moat.NetworkRule{{Action: "allow", Target: "pypi.example.test"}}}
+	n := r.o.PolicyClaims
+	var (
+		next              atomic.Int64
+		mu                sync.Mutex
+		errs              []error
+		withPol, withoutP []time.Duration
+	)
 	before := r.snap()
 	var wg sync.WaitGroup
-	for w := range r.o.Workers {
-		wg.Go(func() { r.claimWorker(ctx, cs, w) })
+	for range r.o.Workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= 2*n {
+					return
+				}
+				req := plain
+				if i%2 == 0 {
+					req = pol
+				}
+				t := time.Now()
+				sb, err := r.clients[(i/2)%len(r.clients)].CreateSandbox(ctx, req)
+				d := time.Since(t)
+				mu.Lock()
+				switch {
+				case err != nil:
+					errs = append(errs, err)
+				case i%2 == 0:
+					r.ids, withPol = append(r.ids, sb.ID), append(withPol, d)
+				default:
+					r.ids, withoutP = append(r.ids, sb.ID), append(withoutP, d)
+				}
+				mu.Unlock()
+			}
+		})
 	}
 	wg.Wait()
 	r.res.PolicyWrites = r.since(before)
-	if len(cs.errs) > 0 {
-		return fmt.Errorf("%d of %d claims with a policy failed, first: %w", len(cs.errs), cs.n, cs.errs[0])
+	if len(errs) > 0 {
+		return fmt.Errorf("%d of %d claims with and without a policy failed, first: %w", len(errs), 2*n, errs[0])
 	}
-	if len(cs.lat) != cs.n {
-		return fmt.Errorf("%d claims with a policy answered, want %d", len(cs.lat), cs.n)
+	if len(withPol) != n || len(withoutP) != n {
+		return fmt.Errorf("%d claims with a policy and %d without answered, want %d each", len(withPol), len(withoutP), n)
 	}
-	lat := cs.lat
-	slices.Sort(lat)
-	r.res.PolicyP50, r.res.PolicyP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	p50p99 := func(lat []time.Duration) (time.Duration, time.Duration) {
+		slices.Sort(lat)
+		return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	r.res.PolicyP50, r.res.PolicyP99 = p50p99(withPol)
+	r.res.PairedP50, r.res.PairedP99 = p50p99(withoutP)
 	return nil
 }
 
