@@ -157,11 +157,15 @@ func (s *Service) createOne(ctx context.Context, req CreateRequest, join func(sb
 	return e.sb.clone(), nil
 }
 
-// claimEgress sets the network policy of claimed sandbox e (its lock
-// held): own under its tenant's guardrail. When neither filters it, it
-// does nothing (attached false) unless always is set (a sandbox recorded
-// with an egress token), which gets a policy allowing everything.
-func (s *Service) claimEgress(ctx context.Context, e *Entry, own *policy.NetworkPolicy, always bool) (bool, error) {
+// enforceEgress sets the network policy of sandbox e (its lock held,
+// at address ip, looked up from the runtime when ip is ""): own under
+// its tenant's guardrail. When neither filters it, it does nothing
+// (attached false) unless always is set (a sandbox recorded with an
+// egress token), which gets a policy allowing everything. Creates,
+// claims and adoptions all pass through here; each handles a failure
+// its own way.
+func (e *Entry) enforceEgress(ctx context.Context, own *policy.NetworkPolicy, always bool, ip string) (bool, error) {
+	s := e.svc
 	eff, err := s.effective(e.owner, own)
 	if err != nil {
 		return false, err
@@ -176,11 +180,14 @@ func (s *Service) claimEgress(ctx context.Context, e *Entry, own *policy.Network
 	if s.deps.Egress == nil {
 		return false, fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", e.owner, errdefs.ErrNotImplemented)
 	}
-	st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
-	if err != nil {
-		return false, err
+	if ip == "" {
+		st, err := s.deps.Runtime.Status(ctx, e.sb.ID)
+		if err != nil {
+			return false, err
+		}
+		ip = st.IP
 	}
-	return true, attachEgress(ctx, s.deps.Egress, e.sb.ID, st.IP, *eff)
+	return true, attachEgress(ctx, s.deps.Egress, e.sb.ID, ip, *eff)
 }
 
 // Activate turns claimed warm sandboxes (their locks not held) into
@@ -209,7 +216,7 @@ func (s *Service) Activate(ctx context.Context, claimed []*Entry, proto Sandbox,
 		}
 	}
 	for _, e := range claimed {
-		attached, err := s.claimEgress(ctx, e, proto.NetworkPolicy, false)
+		attached, err := e.enforceEgress(ctx, proto.NetworkPolicy, false, "")
 		if err != nil {
 			for _, e := range claimed {
 				e.delete(ctx, ReasonStopping) // detaches too
@@ -341,7 +348,7 @@ func (s *Service) AdoptClaimed(ctx context.Context, owner string, recs []Sandbox
 	var wg sync.WaitGroup
 	for i, e := range entries {
 		if e.sb.EgressToken != "" {
-			wg.Go(func() { _, errs[i] = s.claimEgress(ctx, e, e.sb.NetworkPolicy, true) })
+			wg.Go(func() { _, errs[i] = e.enforceEgress(ctx, e.sb.NetworkPolicy, true, "") })
 		}
 	}
 	wg.Wait()

@@ -431,24 +431,17 @@ func (e *Entry) startFailed(ctx context.Context, err error) error {
 // and starts its credential proxy. The caller holds e.mu.
 func (e *Entry) attach(ctx context.Context, ip string) error {
 	s := e.svc
-	sb := &e.sb
-	eff, err := s.effective(sb.Tenant, sb.NetworkPolicy)
-	if err == nil && eff == nil {
-		return nil
-	}
-	if err == nil && s.deps.Egress == nil {
-		err = fmt.Errorf("tenant %s has an egress guardrail, but this server enforces no egress: %w", sb.Tenant, errdefs.ErrNotImplemented)
-	}
-	if sb.EgressToken == "" {
-		sb.EgressToken = NewToken() // filtered by its tenant's guardrail only
-	}
-	if err == nil {
-		err = attachEgress(ctx, s.deps.Egress, sb.ID, ip, *eff)
-	}
+	attached, err := e.enforceEgress(ctx, e.sb.NetworkPolicy, false, ip)
 	if err != nil {
 		e.cleanupFailed(ctx)
 		e.fail(ReasonProvisionFailed, "could not apply the network policy")
 		return errdefs.WithPublic(err, "SANDBOX::EGRESS_FAILED", "could not apply the network policy")
+	}
+	if !attached {
+		return nil
+	}
+	if e.sb.EgressToken == "" {
+		e.sb.EgressToken = NewToken() // filtered by its tenant's guardrail only
 	}
 	if s.features.Vault != nil {
 		if err := s.features.Vault.Attach(ctx, e); err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/runtime"
 	"github.com/moat-sandbox/moat/internal/store"
@@ -98,15 +97,7 @@ func (s *Service) recoverOne(ctx context.Context, sb Sandbox, byID map[string]ru
 	}
 	if e.sb.EgressToken != "" && s.deps.Egress != nil && (rst.State == runtime.StateRunning || rst.State == runtime.StatePaused || rst.State == runtime.StateUnknown) {
 		// The effective policy under the tenant's guardrail as it is now.
-		eff, err := s.effective(e.owner, e.sb.NetworkPolicy)
-		if err == nil && eff == nil {
-			a := policy.AllowAll()
-			eff = &a
-		}
-		if err == nil {
-			err = attachEgress(ctx, s.deps.Egress, sb.ID, rst.IP, *eff)
-		}
-		if err != nil {
+		if _, err := e.enforceEgress(ctx, e.sb.NetworkPolicy, true, rst.IP); err != nil {
 			// Its old ruleset stays installed in the netns; log loudly.
 			s.log.Error("recover: re-attach egress policy", "id", sb.ID, "err", err)
 		} else if s.features.Vault != nil {

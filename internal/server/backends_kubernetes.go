@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
+	"github.com/moat-sandbox/moat/internal/egress/vault"
 	"github.com/moat-sandbox/moat/internal/errdefs"
 	"github.com/moat-sandbox/moat/internal/image"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
@@ -105,6 +107,10 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 	if rc.Burst <= 0 {
 		rc.Burst = kclient.DefaultBurst
 	}
+	upstreamCA, err := cfg.vaultUpstreamCA()
+	if err != nil {
+		return backend{}, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
 	rt, err := kubernetes.New(rc, kubernetes.Config{
 		Namespace:  cfg.Kubernetes.Namespace,
 		Scope:      cfg.Bridge,
@@ -113,7 +119,9 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 
 		RequestFraction: cfg.Kubernetes.RequestFraction,
 		DNSUpstreams:    cfg.DNSUpstreams,
+		VaultUpstreamCA: upstreamCA,
 		Tenants:         tenantNamespaces(cfg, d),
+		Logger:          d.log,
 	})
 	if err != nil {
 		return backend{}, err
@@ -137,8 +145,21 @@ func newKubernetes(ctx, run context.Context, cfg Config, d deps) (backend, error
 		rt.Close()
 		return backend{}, err
 	}
-	return backend{rt: rt, egress: rt.Egress(), images: clusterImages{}, store: st, events: store.NewMemory(), leader: el.IsLeader, shared: st.Shared,
+	return backend{rt: rt, egress: kubeEgress{rt.Egress(), d.audit}, images: clusterImages{}, store: st, events: store.NewMemory(), leader: el.IsLeader, shared: st.Shared,
 		close: func() error { st.Close(); return rt.Close() }}, nil
+}
+
+// kubeEgress is the runtime's Egress with the credentials its sidecars'
+// proxies withhold recorded in the audit trail too, as on the native
+// runtime.
+type kubeEgress struct {
+	*kubernetes.Egress
+	audit *auditHooks
+}
+
+// AttachProxy implements credvault.CredentialProxy.
+func (k kubeEgress) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, withheld func(context.Context, mitm.Withheld)) error {
+	return k.Egress.AttachProxy(ctx, id, ca, state, k.audit.withheld(id, withheld))
 }
 
 // clusterImages leaves images to the cluster: the kubelet pulls the

@@ -28,6 +28,21 @@ func (c *Config) vaultSealer() (*vault.Sealer, error) {
 // vaultRoots are the roots the credential proxy verifies upstreams with:
 // nil (the host's) unless VaultUpstreamCAFile adds some.
 func (c *Config) vaultRoots() (*x509.CertPool, error) {
+	pem, err := c.vaultUpstreamCA()
+	if pem == nil || err != nil {
+		return nil, err
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	pool.AppendCertsFromPEM(pem)
+	return pool, nil
+}
+
+// vaultUpstreamCA is the content of VaultUpstreamCAFile (nil: none): PEM
+// holding at least one certificate.
+func (c *Config) vaultUpstreamCA() ([]byte, error) {
 	if c.VaultUpstreamCAFile == "" {
 		return nil, nil
 	}
@@ -35,12 +50,8 @@ func (c *Config) vaultRoots() (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vault-upstream-ca: %w", err)
 	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	if !pool.AppendCertsFromPEM(pem) {
+	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("vault-upstream-ca %s: no PEM certificate found", c.VaultUpstreamCAFile)
 	}
-	return pool, nil
+	return pem, nil
 }

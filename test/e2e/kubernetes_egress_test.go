@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +20,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	"github.com/moat-sandbox/moat/internal/egress/nettest"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
+	"github.com/moat-sandbox/moat/internal/testutil"
 )
 
 // TestKubernetesEgress: `moat serve --runtime kubernetes` enforces a
@@ -89,18 +88,11 @@ func TestKubernetesEgress(t *testing.T) {
 	}
 	call := func(method, body, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+ep.Endpoint+"/policy", bytes.NewReader([]byte(body)))
-		req.Header.Set("Content-Type", "application/json")
+		var h map[string]string
 		if token != "" {
-			req.Header.Set("OPENSANDBOX-EGRESS-AUTH", token)
+			h = map[string]string{"OPENSANDBOX-EGRESS-AUTH": token}
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(out)
+		return testutil.EgressPolicy(t, method, ep.Endpoint, h, body)
 	}
 	if code, _ := call("PATCH", `[{"action":"allow","target":"denied.test"}]`, ""); code != 401 {
 		t.Fatalf("egress PATCH without token: %d", code)
@@ -293,17 +285,8 @@ func kubernetesWarmPolicy(t *testing.T, srv *server, k *kubeStack, denied string
 	}
 	var ep endpointResp
 	srv.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/endpoints/18080", nil, &ep)
-	req, _ := http.NewRequest("PATCH", "http://"+ep.Endpoint+"/policy", strings.NewReader(`[{"action":"allow","target":"denied.test"}]`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("OPENSANDBOX-EGRESS-AUTH", ep.Headers["OPENSANDBOX-EGRESS-AUTH"])
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("egress PATCH of a warm claim: %d %s", resp.StatusCode, body)
+	if code, body := testutil.EgressPolicy(t, "PATCH", ep.Endpoint, ep.Headers, `[{"action":"allow","target":"denied.test"}]`); code != 200 {
+		t.Fatalf("egress PATCH of a warm claim: %d %s", code, body)
 	}
 	if !reach(id, "denied.test") {
 		t.Error("warm claim: after the PATCH allowed it, denied.test is unreachable")

@@ -68,7 +68,8 @@ moat's CRDs installed, in a namespace of its own (deleted at the end). It
 makes a Pool of --pool warm pods through the Lifecycle API, then --workers
 clients spread over the replicas make --claims single claims (poolRef) and
 --batches batches of --batch one after another, and, with --crd, claims of one through the CRD path
-(a BatchSandbox each) for comparison. The agents of the pods are never
+(a BatchSandbox each) for comparison; with --policy, single claims with a
+network policy (each sets its pod's egress sidecar) in turn with plain ones. The agents of the pods are never
 called: fake nodes such as kwok's suit it (make bench-k8s-claims brings up
 a throw-away control plane with kwok's nodes and runs it).
 
@@ -88,6 +89,7 @@ error and prints no figures.`,
 	f.IntVar(&o.Batches, "batches", 1, "batch claims, one after another through the replicas in turn")
 	f.IntVar(&o.Claims, "claims", 0, "single claims (default: the rest of the pool)")
 	f.IntVar(&o.CRDClaims, "crd", 0, "claims of one through the CRD path, after the others")
+	f.IntVar(&o.PolicyClaims, "policy", 0, "single claims with a network policy after the others, each followed by one without (the pods need an egress API at their IPs: the test harness's stand-in sidecars on kwok)")
 	f.IntVar(&o.Replicas, "replicas", 2, "server replicas")
 	f.IntVar(&o.Workers, "workers", 16, "concurrent clients")
 	f.DurationVar(&o.Timeout, "timeout", 0, "bound of the pool's fill (default 10m)")

@@ -61,6 +61,8 @@ type Proxy struct {
 	log  *slog.Logger
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
+	roots atomic.Pointer[x509.CertPool] // Config.RootCAs, or SetRootCAs
+
 	mu      sync.RWMutex
 	clients map[netip.Addr]*Client
 
@@ -105,12 +107,17 @@ func New(cfg Config) *Proxy {
 	if p.cfg.OriginalDst == nil {
 		p.cfg.OriginalDst = OriginalDst
 	}
+	p.roots.Store(cfg.RootCAs)
 	p.dial = cfg.DialContext
 	if p.dial == nil {
 		p.dial = (&net.Dialer{Timeout: dialTimeout}).DialContext
 	}
 	return p
 }
+
+// SetRootCAs replaces the roots that verify upstream servers (nil: the
+// host's) for the connections made from now on.
+func (p *Proxy) SetRootCAs(roots *x509.CertPool) { p.roots.Store(roots) }
 
 // Register routes connections from ip to c.
 func (p *Proxy) Register(ip netip.Addr, c *Client) error {
@@ -452,7 +459,7 @@ func (f *forwarder) dialTLS(ctx context.Context, _, _ string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	tc := tls.Client(raw, &tls.Config{ServerName: f.sni, RootCAs: f.p.cfg.RootCAs, NextProtos: f.alpn, MinVersion: tls.VersionTLS12})
+	tc := tls.Client(raw, &tls.Config{ServerName: f.sni, RootCAs: f.p.roots.Load(), NextProtos: f.alpn, MinVersion: tls.VersionTLS12})
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, &upstreamTLSError{host: f.sni, err: err}

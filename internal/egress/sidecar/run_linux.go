@@ -4,6 +4,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,10 +112,13 @@ func Run(ctx context.Context, o Options) error {
 	mux := http.NewServeMux()
 	mux.Handle("/", egress.NewHandler(svc, sandboxID, egress.HandlerOptions{Token: o.Token, Logger: o.Logger}))
 	vaultState := filepath.Join(o.StateDir, "vault.json")
-	attach := func(ctx context.Context, ca *mitm.CA, rules *vault.Rules) error {
-		return enf.AttachProxy(ctx, sandboxID, ca, rules, nil)
+	withheld := NewWithheldQueue()
+	attach := func(ctx context.Context, ca *mitm.CA, rules *vault.Rules, roots *x509.CertPool) error {
+		icpt.proxy.SetRootCAs(roots)
+		return enf.AttachProxy(ctx, sandboxID, ca, rules, withheld.Report)
 	}
 	mux.Handle(VaultPath, VaultHandler(o.Token, sealer, attach, o.Logger, vaultState))
+	mux.Handle(WithheldPath, WithheldHandler(o.Token, withheld))
 	mux.HandleFunc("GET "+ProofPath, func(w http.ResponseWriter, r *http.Request) {
 		if n := r.URL.Query().Get("nonce"); len(n) >= 16 && len(n) <= 128 {
 			w.Header().Set(ProofHeader, Proof(o.Token, n))

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -27,6 +28,9 @@ const (
 	VaultPath   = "/moat/v1/vault"
 	EnvVaultKey = "MOAT_EGRESS_VAULT_KEY" // hex vault.KeySize key
 	VaultAD     = "moat-egress-sidecar"   // the sealing's sandbox ID
+	// UpstreamCAAD is the sealing's sandbox ID of
+	// VaultRequest.UpstreamCA.
+	UpstreamCAAD = "moat-egress-sidecar/upstream-ca"
 )
 
 // VaultRequest is the body of a PUT of VaultPath.
@@ -36,11 +40,17 @@ type VaultRequest struct {
 	// Sealed is vault.SealState(key, VaultAD, state, CA key DER); a nil
 	// state is a proxy without bindings.
 	Sealed []byte `json:"sealed"`
+	// UpstreamCA, if set, is Seal(key, UpstreamCAAD, PEM certificates):
+	// the server's --vault-upstream-ca, which the proxy trusts for
+	// upstream servers besides the sidecar image's roots. Sealed, so
+	// that nothing on the way can have the proxy trust another CA.
+	UpstreamCA []byte `json:"upstreamCA,omitempty"`
 }
 
 // ProxyAttacher starts or updates the pod's credential proxy
-// (egress.Enforcer.AttachProxy for the pod's sandbox).
-type ProxyAttacher func(ctx context.Context, ca *mitm.CA, rules *vault.Rules) error
+// (egress.Enforcer.AttachProxy for the pod's sandbox) with roots for
+// upstream servers (nil: the image's).
+type ProxyAttacher func(ctx context.Context, ca *mitm.CA, rules *vault.Rules, roots *x509.CertPool) error
 
 // errVaultBody: a PUT whose body does not open under the sidecar's key.
 var errVaultBody = errors.New("sealed vault does not open")
@@ -60,7 +70,20 @@ func applyVault(ctx context.Context, body []byte, sealer *vault.Sealer, attach P
 	if err != nil {
 		return errVaultBody
 	}
-	return attach(ctx, ca, state.Compile())
+	var roots *x509.CertPool
+	if len(req.UpstreamCA) > 0 {
+		pem, err := sealer.Open(UpstreamCAAD, req.UpstreamCA)
+		if err != nil {
+			return errVaultBody
+		}
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return errVaultBody
+		}
+	}
+	return attach(ctx, ca, state.Compile(), roots)
 }
 
 // VaultHandler serves PUT VaultPath for a sidecar holding token and

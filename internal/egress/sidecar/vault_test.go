@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -69,13 +70,14 @@ func TestVaultHandler(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	var got *vault.Rules
 	var gotCA *mitm.CA
+	var gotRoots *x509.CertPool
 	attachErr := error(nil)
 	state := filepath.Join(t.TempDir(), "vault.json")
-	h := sidecar.VaultHandler(token, sealer(t, 1), func(_ context.Context, ca *mitm.CA, r *vault.Rules) error {
+	h := sidecar.VaultHandler(token, sealer(t, 1), func(_ context.Context, ca *mitm.CA, r *vault.Rules, roots *x509.CertPool) error {
 		if attachErr != nil {
 			return attachErr
 		}
-		gotCA, got = ca, r
+		gotCA, got, gotRoots = ca, r, roots
 		return nil
 	}, log, state)
 	srv := httptest.NewServer(h)
@@ -125,6 +127,47 @@ func TestVaultHandler(t *testing.T) {
 	}
 	if !gotCA.Certificate().Equal(ca.Certificate()) {
 		t.Fatal("CA in force is not the server's")
+	}
+	if gotRoots != nil {
+		t.Fatal("a push without an upstream CA set roots other than the image's")
+	}
+	// The server's upstream CA, sealed: the proxy trusts it for
+	// upstreams; one that does not open (another key, or the vault's own
+	// sealing ID) is refused whole.
+	upCA, err := mitm.NewCA("upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCA := func(sl *vault.Sealer, ad string) []byte {
+		var req sidecar.VaultRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			t.Fatal(err)
+		}
+		req.UpstreamCA = sl.Seal(ad, upCA.CertPEM())
+		b, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	got = nil
+	for _, b := range [][]byte{withCA(sealer(t, 2), sidecar.UpstreamCAAD), withCA(sealer(t, 1), sidecar.VaultAD)} {
+		if code, _ := put(token, b); code != http.StatusBadRequest || got != nil {
+			t.Fatalf("a foreign upstream CA: %d, want 400 and nothing in force", code)
+		}
+	}
+	if code, out := put(token, withCA(sealer(t, 1), sidecar.UpstreamCAAD)); code != http.StatusNoContent {
+		t.Fatalf("put with an upstream CA: %d %q", code, out)
+	}
+	leaf, err := upCA.Leaf("up.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotRoots == nil {
+		t.Fatal("the upstream CA is not in force")
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "up.test", Roots: gotRoots}); err != nil {
+		t.Fatalf("an upstream certificate of the server's CA does not verify: %v", err)
 	}
 	attachErr = errors.New("no interceptor")
 	if code, _ := put(token, body); code != http.StatusNotImplemented {

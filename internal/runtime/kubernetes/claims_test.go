@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/server"
+	"github.com/moat-sandbox/moat/internal/testutil"
 	"github.com/moat-sandbox/moat/internal/testutil/k8stest"
 )
 
@@ -35,6 +34,7 @@ import (
 // proxy).
 type testServer struct {
 	cl     *moat.Client
+	url    string // the server's base URL
 	writes *k8stest.WriteCounter
 	scope  string
 	root   string
@@ -98,7 +98,7 @@ func startServerWith(t *testing.T, ns, scope string, edit func(*server.Config)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testServer{cl: cl, writes: w, scope: scope, root: cfg.Root, stop: stop}
+	return &testServer{cl: cl, url: "http://" + ln.Addr().String(), writes: w, scope: scope, root: cfg.Root, stop: stop}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
@@ -393,19 +393,8 @@ func claimWithPolicy(t *testing.T, srv *testServer, c client.Client, ns, pod, ip
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest("PATCH", "http://"+ep.Address+"/policy", strings.NewReader(`[{"action":"allow","target":"10.9.0.0/16"}]`))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range ep.Headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("PATCH policy: %d %s", resp.StatusCode, body)
+	if code, body := testutil.EgressPolicy(t, "PATCH", ep.Address, ep.Headers, `[{"action":"allow","target":"10.9.0.0/16"}]`); code != 200 {
+		t.Fatalf("PATCH policy: %d %s", code, body)
 	}
 	if pol, set, _ := env.SidecarPolicy(pp.Status.PodIP); set != 2 || len(pol.Egress) != 2 ||
 		!slices.ContainsFunc(pol.Egress, func(r policy.Rule) bool { return r.Target == "10.9.0.0/16" }) {

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -145,13 +146,23 @@ func (r *Runtime) poolEgress(ctx context.Context, name string, tpl *corev1.PodTe
 
 // Egress returns the server's side of the backend's egress enforcement
 // (lifecycle.Egress): calls to each sandbox's egress sidecar.
-func (r *Runtime) Egress() *Egress { return &Egress{rt: r} }
+func (r *Runtime) Egress() *Egress { return r.egress }
 
 // Egress drives the egress sidecars of the backend's sandboxes through
-// their egress API. It keeps no state: the sidecar holds the policy in
-// force, the lifecycle's record the sandbox's own.
+// their egress API. It keeps no policy: the sidecar holds the one in
+// force, the lifecycle's record the sandbox's own. It keeps the watches
+// of the credentials the sidecars' proxies withhold (withheld.go).
 type Egress struct {
 	rt *Runtime
+
+	mu       sync.Mutex
+	watching map[string]*withheldWatch // by sandbox ID
+	wg       sync.WaitGroup
+	stopped  bool
+}
+
+func newEgress(r *Runtime) *Egress {
+	return &Egress{rt: r, watching: map[string]*withheldWatch{}}
 }
 
 // Attach sets p on sandbox id's sidecar. The pod started under the
@@ -165,8 +176,12 @@ func (e *Egress) Attach(ctx context.Context, id string, _ netip.Addr, p policy.N
 	return err
 }
 
-// Detach does nothing: the sidecar goes with the pod.
-func (e *Egress) Detach(context.Context, string) error { return nil }
+// Detach stops taking sandbox id's withheld credentials; the sidecar goes
+// with the pod.
+func (e *Egress) Detach(_ context.Context, id string) error {
+	e.unwatch(id)
+	return nil
+}
 
 // Get returns the policy in force in sandbox id.
 func (e *Egress) Get(id string) (policy.NetworkPolicy, error) {
@@ -233,6 +248,11 @@ const (
 // token tok, on a connection the sidecar proved its own, and returns the
 // answer's status and body.
 func (e *Egress) send(ctx context.Context, id, tok, method, path string, body []byte) (int, []byte, error) {
+	return e.sendWithin(ctx, id, tok, method, path, body, e.rt.cfg.EgressTimeout)
+}
+
+// sendWithin is send with the answer due within timeout.
+func (e *Egress) sendWithin(ctx context.Context, id, tok, method, path string, body []byte, timeout time.Duration) (int, []byte, error) {
 	addr, err := e.rt.Endpoint(ctx, id, sidecar.Port)
 	if err != nil {
 		return 0, nil, err
@@ -249,7 +269,7 @@ func (e *Egress) send(ctx context.Context, id, tok, method, path string, body []
 		}
 		req.Header.Set(egress.AuthHeader, tok)
 		req.Header.Set("Content-Type", "application/json")
-		resp, err = (&http.Client{Transport: tr, Timeout: e.rt.cfg.EgressTimeout}).Do(req)
+		resp, err = (&http.Client{Transport: tr, Timeout: timeout}).Do(req)
 		// A refused connection is a sidecar restarting (it is started and
 		// probed before the pod's containers): ride over it a moment.
 		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > refusedGrace || ctx.Err() != nil {
@@ -272,11 +292,17 @@ func (e *Egress) send(ctx context.Context, id, tok, method, path string, body []
 }
 
 // AttachProxy implements credvault.CredentialProxy: it pushes sandbox
-// id's CA and vault to the credential proxy of its sidecar. The sidecar
-// keeps no record of withheld credentials for the server (withheld is
-// not called on this backend).
-func (e *Egress) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, _ func(context.Context, mitm.Withheld)) error {
-	return e.SetProxyRules(ctx, id, ca, state)
+// id's CA and vault to the credential proxy of its sidecar, and has
+// withheld (nil: none) told of the credentials the proxy withholds
+// (watchWithheld).
+func (e *Egress) AttachProxy(ctx context.Context, id string, ca *mitm.CA, state *vault.State, withheld func(context.Context, mitm.Withheld)) error {
+	if err := e.SetProxyRules(ctx, id, ca, state); err != nil {
+		return err
+	}
+	if withheld != nil {
+		e.watchWithheld(id, withheld)
+	}
+	return nil
 }
 
 // SetProxyRules implements credvault.CredentialProxy: it seals ca's key
@@ -287,7 +313,7 @@ func (e *Egress) SetProxyRules(ctx context.Context, id string, ca *mitm.CA, stat
 	if err != nil {
 		return err
 	}
-	body, err := sealForSidecar(sec[sbv1.EgressSecretVaultKey], ca, state)
+	body, err := sealForSidecar(sec[sbv1.EgressSecretVaultKey], ca, state, e.rt.cfg.VaultUpstreamCA)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
@@ -305,9 +331,10 @@ func (e *Egress) SetProxyRules(ctx context.Context, id string, ca *mitm.CA, stat
 	}
 }
 
-// sealForSidecar is the body of a PUT of sidecar.VaultPath: ca and state
-// sealed under hexKey, a pod's vault key (sbv1.EgressSecretVaultKey).
-func sealForSidecar(hexKey []byte, ca *mitm.CA, state *vault.State) ([]byte, error) {
+// sealForSidecar is the body of a PUT of sidecar.VaultPath: ca, state
+// and upstreamCA (PEM, nil: none) sealed under hexKey, a pod's vault key
+// (sbv1.EgressSecretVaultKey).
+func sealForSidecar(hexKey []byte, ca *mitm.CA, state *vault.State, upstreamCA []byte) ([]byte, error) {
 	if len(hexKey) == 0 {
 		return nil, fmt.Errorf("created without credentialProxy, its pod has no vault key: %w", errdefs.ErrNotImplemented)
 	}
@@ -329,7 +356,11 @@ func sealForSidecar(hexKey []byte, ca *mitm.CA, state *vault.State) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(sidecar.VaultRequest{CACert: ca.CertPEM(), Sealed: sealed})
+	req := sidecar.VaultRequest{CACert: ca.CertPEM(), Sealed: sealed}
+	if len(upstreamCA) > 0 {
+		req.UpstreamCA = sl.Seal(sidecar.UpstreamCAAD, upstreamCA)
+	}
+	return json.Marshal(req)
 }
 
 // token reads sandbox id's egress token from its Secret.

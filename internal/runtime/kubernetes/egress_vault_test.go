@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -75,7 +77,7 @@ func TestSealForSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, err := sealForSidecar([]byte(data[sbv1.EgressSecretVaultKey]), ca, st)
+	body, err := sealForSidecar([]byte(data[sbv1.EgressSecretVaultKey]), ca, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +96,7 @@ func TestSealForSidecar(t *testing.T) {
 		}
 		var got *vault.Rules
 		var gotCA *mitm.CA
-		h := sidecar.VaultHandler("tok", sl, func(_ context.Context, ca *mitm.CA, rules *vault.Rules) error {
+		h := sidecar.VaultHandler("tok", sl, func(_ context.Context, ca *mitm.CA, rules *vault.Rules, _ *x509.CertPool) error {
 			got, gotCA = rules, ca
 			return nil
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)), "")
@@ -126,7 +128,42 @@ func TestSealForSidecar(t *testing.T) {
 	if code, _, _ := put(other[sbv1.EgressSecretVaultKey]); code != http.StatusBadRequest {
 		t.Errorf("another pod's sidecar answered %d, want 400", code)
 	}
-	if _, err := sealForSidecar(nil, ca, st); !errors.Is(err, errdefs.ErrNotImplemented) {
+	// The server's upstream CA goes sealed with it, and the pod's
+	// sidecar trusts it for upstreams.
+	upCA, err := mitm.NewCA("upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCA, err := sealForSidecar([]byte(data[sbv1.EgressSecretVaultKey]), ca, st, upCA.CertPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pushed sidecar.VaultRequest
+	if err := json.Unmarshal(withCA, &pushed); err != nil || len(pushed.UpstreamCA) == 0 {
+		t.Fatalf("the push carries no sealed upstream CA (%v)", err)
+	}
+	k, _ := vault.ParseKey(data[sbv1.EgressSecretVaultKey])
+	sl, _ := vault.NewSealer(k)
+	var roots *x509.CertPool
+	hr := sidecar.VaultHandler("tok", sl, func(_ context.Context, _ *mitm.CA, _ *vault.Rules, r *x509.CertPool) error {
+		roots = r
+		return nil
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)), "")
+	w := httptest.NewRecorder()
+	rq := httptest.NewRequest(http.MethodPut, sidecar.VaultPath, bytes.NewReader(withCA))
+	rq.Header.Set("OPENSANDBOX-EGRESS-AUTH", "tok")
+	hr.ServeHTTP(w, rq)
+	leaf, err := upCA.Leaf("up.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != http.StatusNoContent || roots == nil {
+		t.Fatalf("push with the upstream CA: %d, roots %v", w.Code, roots)
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "up.test", Roots: roots}); err != nil {
+		t.Errorf("the sidecar does not trust the server's upstream CA: %v", err)
+	}
+	if _, err := sealForSidecar(nil, ca, st, nil); !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Errorf("a pod without a vault key: %v, want ErrNotImplemented", err)
 	}
 	if strings.Contains(data[sbv1.EgressSecretPolicy], podVaultSecret) {

@@ -21,6 +21,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -95,6 +96,14 @@ type Config struct {
 	// the nameservers of this process's /etc/resolv.conf, the cluster DNS
 	// for a server in a pod).
 	DNSUpstreams []string
+	// VaultUpstreamCA (PEM certificates; the server's
+	// --vault-upstream-ca) goes with each sandbox's vault to its egress
+	// sidecar, whose credential proxy trusts it for upstream servers
+	// besides the sidecar image's roots (nil: those alone).
+	VaultUpstreamCA []byte
+	// Logger receives what the runtime does in the background (default
+	// slog.Default()).
+	Logger *slog.Logger
 	// EgressTimeout bounds one call to a sandbox's egress sidecar
 	// (default 10s).
 	EgressTimeout time.Duration
@@ -129,6 +138,8 @@ type Runtime struct {
 	// stopTenants stops its quota resync (nil: none).
 	tenants     tenantState
 	stopTenants func()
+	// egress is the server's side of the egress sidecars (Egress).
+	egress *Egress
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -152,6 +163,9 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 	}
 	if cfg.EgressTimeout == 0 {
 		cfg.EgressTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	if cfg.PauseTimeout == 0 {
 		cfg.PauseTimeout = 30 * time.Second
@@ -177,6 +191,7 @@ func New(rc *rest.Config, cfg Config) (*Runtime, error) {
 		cfg.Tenants = &t2
 	}
 	r := &Runtime{c: c, cfg: cfg, tenants: tenantState{applied: map[string]appliedQuota{}, placed: map[string]string{}}}
+	r.egress = newEgress(r)
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if r.cfg.Classes == nil {
@@ -252,6 +267,7 @@ func (r *Runtime) Namespace() string { return r.cfg.Namespace }
 
 // Close stops the informers.
 func (r *Runtime) Close() error {
+	r.egress.close()
 	if r.stopTenants != nil {
 		r.stopTenants()
 	}

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/moat-sandbox/moat/internal/egress"
+	"github.com/moat-sandbox/moat/internal/egress/mitm"
 	"github.com/moat-sandbox/moat/internal/egress/policy"
 	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 )
@@ -20,12 +21,17 @@ import (
 // egress API (egress.NewHandler) over a policy held in memory, with the
 // sidecar's proof of its token, on podIP:sidecar.Port. Its token and the
 // policy it starts under are the pod's, read from its Secrets like the
-// kubelet would. It enforces nothing (kwok's pods run nothing).
+// kubelet would. It enforces nothing (kwok's pods run nothing). A pod
+// with a vault key takes the server's vault pushes (unopened: it counts
+// them) and serves the withheld credentials a test reports
+// (Env.SidecarWithhold) as the sidecar does.
 type standInSidecar struct {
-	srv *http.Server
-	mu  sync.Mutex
-	pol policy.NetworkPolicy
-	set int // policies set through the API
+	srv      *http.Server
+	withheld *sidecar.WithheldQueue // nil: no vault key
+	mu       sync.Mutex
+	pol      policy.NetworkPolicy
+	set      int // policies set through the API
+	vaults   int // vault pushes
 }
 
 func hasSidecar(p *corev1.Pod) bool {
@@ -68,6 +74,20 @@ func (a *agents) sidecar(ctx context.Context, p *corev1.Pod, ip string) (*standI
 		w.Header().Set(sidecar.ProofHeader, sidecar.Proof(token, r.URL.Query().Get("nonce")))
 		w.WriteHeader(http.StatusNoContent)
 	})
+	if key, _ := a.env(ctx, p, c, sidecar.EnvVaultKey); key != "" {
+		sc.withheld = sidecar.NewWithheldQueue()
+		mux.Handle(sidecar.WithheldPath, sidecar.WithheldHandler(token, sc.withheld))
+		mux.HandleFunc("PUT "+sidecar.VaultPath, func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get(egress.AuthHeader) != token {
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			sc.mu.Lock()
+			sc.vaults++
+			sc.mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		})
+	}
 	sc.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go sc.srv.Serve(ln)
 	return sc, true
@@ -110,6 +130,36 @@ func (e *Env) SidecarPolicy(ip string) (policy.NetworkPolicy, int, bool) {
 	ag.sidecar.mu.Lock()
 	defer ag.sidecar.mu.Unlock()
 	return ag.sidecar.pol, ag.sidecar.set, true
+}
+
+// SidecarWithhold has the stand-in egress sidecar of the pod with IP ip
+// report w as its credential proxy would, once the server has pushed a
+// vault to it; not ok when the pod has no sidecar with a vault key or no
+// push came yet.
+func (e *Env) SidecarWithhold(ip string, w mitm.Withheld) bool {
+	sc := e.standIn(ip)
+	if sc == nil || sc.withheld == nil {
+		return false
+	}
+	sc.mu.Lock()
+	pushed := sc.vaults > 0
+	sc.mu.Unlock()
+	if pushed {
+		sc.withheld.Report(context.Background(), w)
+	}
+	return pushed
+}
+
+func (e *Env) standIn(ip string) *standInSidecar {
+	if e.agents == nil {
+		return nil
+	}
+	e.agents.mu.Lock()
+	defer e.agents.mu.Unlock()
+	if ag, ok := e.agents.serving[ip]; ok {
+		return ag.sidecar
+	}
+	return nil
 }
 
 // WithoutSidecars has the pods that start until t ends run no stand-in

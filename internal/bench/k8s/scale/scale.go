@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ import (
 	sbv1 "github.com/moat-sandbox/moat/api/v1alpha1"
 	moat "github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/internal/bench/k8s/apiwrites"
+	"github.com/moat-sandbox/moat/internal/egress/sidecar"
 	"github.com/moat-sandbox/moat/internal/k8s/alloc"
 	"github.com/moat-sandbox/moat/internal/k8s/kclient"
 )
@@ -62,6 +64,16 @@ type Options struct {
 	// Claims is the number of single claims (default: the rest of the
 	// pool after the batch).
 	Claims int
+	// PolicyClaims, if set, are single claims with a network policy
+	// after the others, each followed by one without (by the same W
+	// clients; 2×PolicyClaims pods), for comparison under the same load:
+	// a claim with a policy sets it through its pod's egress sidecar
+	// before it answers. The pool's pods then need an egress API at their IPs
+	// (kwok's pods with the test harness's stand-in sidecars, which
+	// enforce nothing: the figure is the server's path and one sidecar
+	// round trip, not nftables), and the servers get a DNS upstream so
+	// that the pool's pods have a sidecar.
+	PolicyClaims int
 	// CRDClaims, if set, are claims of one through the CRD path after the
 	// others, for comparison: a BatchSandbox of one with the pool's
 	// poolRef per claim, by W clients, each done when the batch shows its
@@ -106,6 +118,12 @@ type Result struct {
 	// pods were given back, Recorded had one (sandboxes whose answer
 	// alone was lost).
 	Unanswered, GivenBack, Recorded int
+	// PolicyP50 and PolicyP99 are the latencies of the PolicyClaims,
+	// PairedP50 and PairedP99 those of the plain claims made between
+	// them, PolicyWrites the writes of both.
+	PolicyP50, PolicyP99 time.Duration
+	PairedP50, PairedP99 time.Duration
+	PolicyWrites         map[string]int
 	// CRD are the CRD path's figures (CRDClaims).
 	CRDWall        time.Duration
 	CRDP50, CRDP99 time.Duration
@@ -123,6 +141,12 @@ func (r Result) String() string {
 	if r.CRDClaims > 0 {
 		crd = fmt.Sprintf("  crd-claims=%d in %v (%.0f/s) p50=%v p99=%v", r.CRDClaims, r.CRDWall.Round(time.Millisecond),
 			float64(r.CRDClaims)/r.CRDWall.Seconds(), r.CRDP50.Round(100*time.Microsecond), r.CRDP99.Round(100*time.Microsecond))
+	}
+	if r.PolicyClaims > 0 {
+		crd = fmt.Sprintf("  policy-claims=%d p50=%v p99=%v, plain ones between them p50=%v p99=%v, writes=%d (%s)", r.PolicyClaims,
+			r.PolicyP50.Round(100*time.Microsecond), r.PolicyP99.Round(100*time.Microsecond),
+			r.PairedP50.Round(100*time.Microsecond), r.PairedP99.Round(100*time.Microsecond),
+			apiwrites.Total(r.PolicyWrites), fmtWrites(r.PolicyWrites)) + crd
 	}
 	chaos := ""
 	if r.Chaos {
@@ -157,11 +181,14 @@ func (o *Options) defaults() error {
 	if batched > o.Pool {
 		return fmt.Errorf("%d batches of %d are more than the pool %d", o.Batches, o.Batch, o.Pool)
 	}
-	if o.CRDClaims < 0 || o.CRDClaims > o.Pool-batched {
-		return fmt.Errorf("%d CRD claims do not fit a pool of %d with %d batches of %d", o.CRDClaims, o.Pool, o.Batches, o.Batch)
+	if o.CRDClaims < 0 || o.PolicyClaims < 0 || o.CRDClaims+2*o.PolicyClaims > o.Pool-batched-1 {
+		return fmt.Errorf("%d CRD and 2×%d policy claims do not fit a pool of %d with %d batches of %d and a single claim", o.CRDClaims, o.PolicyClaims, o.Pool, o.Batches, o.Batch)
 	}
-	if o.Claims <= 0 || o.Claims > o.Pool-batched-o.CRDClaims {
-		o.Claims = o.Pool - batched - o.CRDClaims
+	if o.Claims <= 0 || o.Claims > o.Pool-batched-o.CRDClaims-2*o.PolicyClaims {
+		o.Claims = o.Pool - batched - o.CRDClaims - 2*o.PolicyClaims
+	}
+	if o.Chaos && o.PolicyClaims > 0 {
+		return errors.New("a chaos run makes no policy claims")
 	}
 	if o.Replicas <= 0 {
 		o.Replicas = 2
@@ -261,6 +288,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (res Result, err error) 
 	}
 	if err := r.singleClaims(ctx); err != nil {
 		return res, err
+	}
+	if o.PolicyClaims > 0 {
+		if err := r.policyClaims(ctx); err != nil {
+			return res, err
+		}
 	}
 	if err := r.batches(ctx); err != nil {
 		return res, err
@@ -404,10 +436,16 @@ func (r *run) startReplica(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
-	p, err := start(ctx, r.o.Moat, "serve", "--runtime", "kubernetes", "--kubeconfig", proxy.Kubeconfig,
+	args := []string{"serve", "--runtime", "kubernetes", "--kubeconfig", proxy.Kubeconfig,
 		"--k8s-namespace", r.ns, "--bridge", r.scope, "--insecure-no-auth", "--listen", addr,
 		"--root", filepath.Join(pdir, "root"), "--run-root", filepath.Join(pdir, "run"),
-		"--allow-registry", "loopback", "--log-level", "error", "--console=false", "--k8s-orphan-grace", grace.String())
+		"--allow-registry", "loopback", "--log-level", "error", "--console=false", "--k8s-orphan-grace", grace.String()}
+	if r.o.PolicyClaims > 0 {
+		// The pool's pods get an egress sidecar (which resolves
+		// nothing here: kwok's pods run nothing).
+		args = append(args, "--dns-upstream", "127.0.0.1:53")
+	}
+	p, err := start(ctx, r.o.Moat, args...)
 	if err != nil {
 		return err
 	}
@@ -448,8 +486,37 @@ func (r *run) fill(ctx context.Context) error {
 		return fmt.Errorf("filling the pool of %d: %w", r.o.Pool, err)
 	}
 	r.res.Fill = time.Since(start0)
+	if r.o.PolicyClaims > 0 {
+		if err := r.waitSidecars(ctx); err != nil {
+			return err
+		}
+	}
 	time.Sleep(2 * time.Second) // the pool's last status writes land before counting
 	return nil
+}
+
+// waitSidecars waits until every pod of the pool answers on its egress
+// API port. A real sidecar is started and probed before the pod's
+// containers (a Running pod has it); the stand-ins of kwok's pods are
+// started by the test harness as it sees them, a moment after.
+func (r *run) waitSidecars(ctx context.Context) error {
+	return waitFor(ctx, r.o.Timeout, func() (bool, error) {
+		var pods corev1.PodList
+		if err := r.c.List(ctx, &pods, client.InNamespace(r.ns), client.MatchingLabels{sbv1.LabelPool: "warm"}); err != nil {
+			return false, nil
+		}
+		if len(pods.Items) < r.o.Pool {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(sidecar.Port)), time.Second)
+			if err != nil {
+				return false, nil
+			}
+			c.Close()
+		}
+		return true, nil
+	})
 }
 
 // snap is every replica's write counts now, for since.
@@ -477,9 +544,11 @@ func claimReq() moat.CreateRequest {
 	return moat.CreateRequest{Extensions: map[string]string{"poolRef": "warm"}, Timeout: time.Hour}
 }
 
-// claimState is the shared state of the single claims' workers; mu guards
-// errs, lat, the run's ids and res.Unanswered.
+// claimState is the shared state of the single claims' workers: n claims
+// of req; mu guards errs, lat, the run's ids and res.Unanswered.
 type claimState struct {
+	n         int
+	req       moat.CreateRequest
 	mu        sync.Mutex
 	next      atomic.Int64 // the next claim's index
 	errs      []error
@@ -502,7 +571,7 @@ func (r *run) singleClaims(ctx context.Context) error {
 	}
 	r.ids = make([]string, 0, r.o.Pool)
 	victim := len(r.clients) - 1
-	cs := &claimState{lat: make([]time.Duration, 0, r.res.Claims), victim: victim, survivors: r.clients[:victim]}
+	cs := &claimState{n: r.res.Claims, req: claimReq(), lat: make([]time.Duration, 0, r.res.Claims), victim: victim, survivors: r.clients[:victim]}
 	before := r.snap()
 	t0 := time.Now()
 	var wg sync.WaitGroup
@@ -530,19 +599,78 @@ func (r *run) singleClaims(ctx context.Context) error {
 	return nil
 }
 
+// policyClaims makes PolicyClaims claims with a network policy and as
+// many without, one of each in turn (so that both see the same load), by
+// W workers over the replicas in turn.
+func (r *run) policyClaims(ctx context.Context) error {
+	plain, pol := claimReq(), claimReq()
+	pol.NetworkPolicy = &moat.NetworkPolicy{DefaultAction: "deny", Egress: []moat.NetworkRule{{Action: "allow", Target: "pypi.example.test"}}}
+	n := r.o.PolicyClaims
+	var (
+		next              atomic.Int64
+		mu                sync.Mutex
+		errs              []error
+		withPol, withoutP []time.Duration
+	)
+	before := r.snap()
+	var wg sync.WaitGroup
+	for range r.o.Workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= 2*n {
+					return
+				}
+				req := plain
+				if i%2 == 0 {
+					req = pol
+				}
+				t := time.Now()
+				sb, err := r.clients[(i/2)%len(r.clients)].CreateSandbox(ctx, req)
+				d := time.Since(t)
+				mu.Lock()
+				switch {
+				case err != nil:
+					errs = append(errs, err)
+				case i%2 == 0:
+					r.ids, withPol = append(r.ids, sb.ID), append(withPol, d)
+				default:
+					r.ids, withoutP = append(r.ids, sb.ID), append(withoutP, d)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	r.res.PolicyWrites = r.since(before)
+	if len(errs) > 0 {
+		return fmt.Errorf("%d of %d claims with and without a policy failed, first: %w", len(errs), 2*n, errs[0])
+	}
+	if len(withPol) != n || len(withoutP) != n {
+		return fmt.Errorf("%d claims with a policy and %d without answered, want %d each", len(withPol), len(withoutP), n)
+	}
+	p50p99 := func(lat []time.Duration) (time.Duration, time.Duration) {
+		slices.Sort(lat)
+		return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	r.res.PolicyP50, r.res.PolicyP99 = p50p99(withPol)
+	r.res.PairedP50, r.res.PairedP99 = p50p99(withoutP)
+	return nil
+}
+
 // claimWorker is worker w of singleClaims: it claims until every claim is
 // taken. With Chaos it stays on its replica (w's), and the worker that
 // takes the middle claim kills the victim first; a claim lost with the
 // victim is claimed again through a survivor.
 func (r *run) claimWorker(ctx context.Context, cs *claimState, w int) {
-	req := claimReq()
+	req := cs.req
 	rep := w % len(r.clients)
 	for {
 		i := int(cs.next.Add(1)) - 1
-		if i >= r.res.Claims {
+		if i >= cs.n {
 			return
 		}
-		if r.o.Chaos && i == r.res.Claims/2 {
+		if r.o.Chaos && i == cs.n/2 {
 			cs.killOnce.Do(func() { r.kill(ctx, cs) })
 		}
 		if !r.o.Chaos {

@@ -24,15 +24,18 @@ var (
 	batches  = flag.Int("scale.batches", 0, "batches (one after another)")
 	claims   = flag.Int("scale.claims", 0, "single claims (default: the rest of the pool)")
 	crd      = flag.Int("scale.crd", -1, "claims of one through the CRD path (BatchSandboxes), after the others")
+	policy   = flag.Int("scale.policy", -1, "single claims with a network policy, after the others (the pods get stand-in egress sidecars)")
 	replicas = flag.Int("scale.replicas", 0, "server replicas")
 	workers  = flag.Int("scale.workers", 0, "concurrent clients")
 )
 
 // cluster starts a throw-away control plane with n of kwok's fake nodes
-// and returns its kubeconfig.
-func cluster(t testing.TB, n int) string {
+// and returns its kubeconfig. With sidecars, the pods get loopback IPs
+// and this process serves a stand-in agent and egress sidecar on each
+// (k8stest.Options.Agents), for claims with a network policy.
+func cluster(t testing.TB, n int, sidecars bool) string {
 	t.Helper()
-	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: n})
+	env, err := k8stest.Start(context.Background(), k8stest.Options{Nodes: n, Agents: sidecars})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +48,7 @@ func cluster(t testing.TB, n int) string {
 // other -scale.* flags (make bench-k8s-claims). Run it with -benchtime 1x.
 func BenchmarkClaims(b *testing.B) {
 	k8stest.RequireTools(b)
-	kc := cluster(b, cmp.Or(*nodes, 100))
+	kc := cluster(b, cmp.Or(*nodes, 100), *policy > 0)
 	args := []string{"k8s", "claims", "--kubeconfig", kc, "--moat", testutil.MoatBinary(b)}
 	for name, v := range map[string]int{"pool": *pool, "batch": *batch, "batches": *batches, "claims": *claims, "replicas": *replicas, "workers": *workers} {
 		if v > 0 {
@@ -54,6 +57,9 @@ func BenchmarkClaims(b *testing.B) {
 	}
 	if *crd >= 0 {
 		args = append(args, "--crd", strconv.Itoa(*crd))
+	}
+	if *policy > 0 {
+		args = append(args, "--policy", strconv.Itoa(*policy))
 	}
 	bench := testutil.BenchBinary(b)
 	for b.Loop() {
@@ -68,15 +74,16 @@ func BenchmarkClaims(b *testing.B) {
 // TestRun: the scenario at a small size (or the size of the -scale.*
 // flags): two server processes claim a whole pool concurrently, single
 // claims and a batch, then claims of one through the CRD path
-// (BatchSandboxes) from the same pool, and the ledger check passes (Run fails otherwise);
-// every claim is warm, with one record write, and the batch writes the
-// table and one record.
+// (BatchSandboxes) and claims with a network policy (set through the pods'
+// stand-in egress sidecars) from the same pool, and the ledger check
+// passes (Run fails otherwise); every claim is warm, with one record
+// write, and the batch writes the table and one record.
 func TestRun(t *testing.T) {
 	k8stest.RequireTools(t)
 	ctrllog.SetLogger(logr.Discard())
 	// Ten pods spare: a replica whose pod cache lags the fill a moment
 	// still finds every claim a warm pod.
-	o := Options{Kubeconfig: cluster(t, max(*nodes, 2)), Pool: 60, Claims: 20, Batch: 5, Batches: 2, CRDClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
+	o := Options{Kubeconfig: cluster(t, max(*nodes, 2), true), Pool: 80, Claims: 20, Batch: 5, Batches: 2, CRDClaims: 10, PolicyClaims: 10, Replicas: 2, Workers: 8, Moat: testutil.MoatBinary(t)}
 	if *pool > 0 {
 		o.Pool, o.Claims = *pool, 0 // the rest of the pool, unless -scale.claims
 	}
@@ -91,6 +98,9 @@ func TestRun(t *testing.T) {
 	}
 	if *claims > 0 {
 		o.Claims = *claims
+	}
+	if *policy >= 0 {
+		o.PolicyClaims = *policy
 	}
 	if *replicas > 0 {
 		o.Replicas = *replicas
@@ -110,6 +120,11 @@ func TestRun(t *testing.T) {
 	if w := res.ClaimWrites; w["POST secrets"] > res.Claims || w["PUT secrets"] < 1 || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
 		t.Errorf("claim writes %v for %d claims: want table shard writes, at most one record move each, no pod or batch", w, res.Claims)
 	}
+	// A claim with a policy writes what any claim does: its policy goes
+	// to the pod's sidecar, not the API server.
+	if w := res.PolicyWrites; o.PolicyClaims > 0 && (w["POST secrets"] > 2*o.PolicyClaims || w["PUT secrets"] < 1 || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0) {
+		t.Errorf("writes %v of %d claims with a policy and as many without: want those of plain claims", w, o.PolicyClaims)
+	}
 	if w := res.BatchWrites; w["PUT secrets"] < o.Batches || w["POST secrets"] > o.Batch*o.Batches || w["POST pods"] > 0 || w["POST batchsandboxes"] > 0 {
 		t.Errorf("batch writes %v, want the table (the records in it)", w)
 	}
@@ -124,7 +139,7 @@ func TestChaos(t *testing.T) {
 	k8stest.RequireTools(t)
 	ctrllog.SetLogger(logr.Discard())
 	var out bytes.Buffer
-	res, err := Run(context.Background(), Options{Kubeconfig: cluster(t, 2), Pool: 60, Batch: 10, Replicas: 2, Workers: 8, Chaos: true, Moat: testutil.MoatBinary(t)}, &out)
+	res, err := Run(context.Background(), Options{Kubeconfig: cluster(t, 2, false), Pool: 60, Batch: 10, Replicas: 2, Workers: 8, Chaos: true, Moat: testutil.MoatBinary(t)}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
