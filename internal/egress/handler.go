@@ -131,10 +131,16 @@ func (h *handler) authorized(r *http.Request) bool {
 	if h.token == "" || (h.authorizedFn != nil && h.authorizedFn(r)) {
 		return true
 	}
+	return HasToken(r, h.token)
+}
+
+// HasToken reports whether r carries token, which must not be empty, in
+// AuthHeader.
+func HasToken(r *http.Request, token string) bool {
 	got := r.Header.Get(AuthHeader)
 	// ConstantTimeCompare returns early only on a length mismatch, which
 	// leaks the token length at most.
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(h.token)) == 1
+	return token != "" && got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) {

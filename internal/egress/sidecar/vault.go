@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -97,7 +96,7 @@ func VaultHandler(token string, sealer *vault.Sealer, attach ProxyAttacher, log 
 			w.WriteHeader(http.StatusMethodNotAllowed)
 			return
 		}
-		if token == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(egress.AuthHeader)), []byte(token)) != 1 {
+		if !egress.HasToken(r, token) {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

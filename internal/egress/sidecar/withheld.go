@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"net/netip"
@@ -103,7 +102,7 @@ func WithheldHandler(token string, q *WithheldQueue) http.Handler {
 			w.WriteHeader(http.StatusMethodNotAllowed)
 			return
 		}
-		if token == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(egress.AuthHeader)), []byte(token)) != 1 {
+		if !egress.HasToken(r, token) {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
