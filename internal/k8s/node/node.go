@@ -206,22 +206,31 @@ func (r *Reconciler) apply(ctx context.Context, pod *corev1.Pod, want podfreeze.
 func containerIDs(pod *corev1.Pod) ([]string, error) {
 	var ids []string
 	for _, c := range pod.Spec.Containers {
-		var cs *corev1.ContainerStatus
-		for i := range pod.Status.ContainerStatuses {
-			if pod.Status.ContainerStatuses[i].Name == c.Name {
-				cs = &pod.Status.ContainerStatuses[i]
-			}
-		}
-		if cs == nil || cs.State.Running == nil || cs.ContainerID == "" {
-			return nil, fmt.Errorf("container %s is not running", c.Name)
-		}
-		_, id, ok := strings.Cut(cs.ContainerID, "://")
-		if !ok || id == "" {
-			return nil, fmt.Errorf("container %s: unexpected container ID %q", c.Name, cs.ContainerID)
+		id, err := containerID(pod, c.Name)
+		if err != nil {
+			return nil, err
 		}
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// containerID is the runtime ID of pod's running container name.
+func containerID(pod *corev1.Pod, name string) (string, error) {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != name {
+			continue
+		}
+		if cs.State.Running == nil || cs.ContainerID == "" {
+			return "", fmt.Errorf("container %s is not running", name)
+		}
+		_, id, ok := strings.Cut(cs.ContainerID, "://")
+		if !ok || id == "" {
+			return "", fmt.Errorf("container %s: unexpected container ID %q", name, cs.ContainerID)
+		}
+		return id, nil
+	}
+	return "", fmt.Errorf("container %s is not running", name)
 }
 
 // sameCondition reports whether pod already carries cond (its time aside).

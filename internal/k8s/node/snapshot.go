@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -208,22 +207,4 @@ func (r *SnapshotReconciler) deletePushed(ctx context.Context, s *sbv1.SandboxSn
 			r.Log.Error("delete image of an abandoned snapshot", "image", c.ImageURI, "err", err)
 		}
 	}
-}
-
-// containerID is the runtime ID of pod's running container name.
-func containerID(pod *corev1.Pod, name string) (string, error) {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != name {
-			continue
-		}
-		if cs.State.Running == nil || cs.ContainerID == "" {
-			return "", fmt.Errorf("container %s is not running", name)
-		}
-		_, id, ok := strings.Cut(cs.ContainerID, "://")
-		if !ok {
-			return "", fmt.Errorf("container %s: unexpected container ID %q", name, cs.ContainerID)
-		}
-		return id, nil
-	}
-	return "", fmt.Errorf("pod %s has no container %s", pod.Name, name)
 }

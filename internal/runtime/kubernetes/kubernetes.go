@@ -718,18 +718,27 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := r.c.Delete(ctx, b, client.Preconditions{UID: &b.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("delete sandbox "+id, err)
 	}
+	if !r.waitGone(ctx, key, b.UID, &sbv1.BatchSandbox{}) {
+		return fmt.Errorf("delete sandbox %s: %w: the controller has not released it in %v", id, errdefs.ErrUnavailable, r.cfg.DeleteTimeout)
+	}
+	r.forget(id)
+	return nil
+}
+
+// waitGone waits, up to DeleteTimeout, until the object at key whose UID
+// is uid is gone: not found, or replaced by one of another UID. cur is an
+// object of its kind to read into. It reports whether it went.
+func (r *Runtime) waitGone(ctx context.Context, key types.NamespacedName, uid types.UID, cur client.Object) bool {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeleteTimeout)
 	defer cancel()
 	for {
-		var cur sbv1.BatchSandbox
-		err := r.c.Get(ctx, key, &cur)
-		if apierrors.IsNotFound(err) || (err == nil && cur.UID != b.UID) {
-			r.forget(id)
-			return nil
+		err := r.c.Get(ctx, key, cur)
+		if apierrors.IsNotFound(err) || (err == nil && cur.GetUID() != uid) {
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("delete sandbox %s: %w: the controller has not released it in %v", id, errdefs.ErrUnavailable, r.cfg.DeleteTimeout)
+			return false
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

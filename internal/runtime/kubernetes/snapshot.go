@@ -126,18 +126,8 @@ func (r *Runtime) deleteSnapshot(ctx context.Context, s *sbv1.SandboxSnapshot) e
 	if err := r.c.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return classify("delete snapshot "+s.Name, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeleteTimeout)
-	defer cancel()
-	for {
-		var cur sbv1.SandboxSnapshot
-		err := r.c.Get(ctx, client.ObjectKeyFromObject(s), &cur)
-		if apierrors.IsNotFound(err) || (err == nil && cur.UID != s.UID) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("delete snapshot %s: %w: the controller has not deleted its image in %v", s.Name, errdefs.ErrUnavailable, r.cfg.DeleteTimeout)
-		case <-time.After(20 * time.Millisecond):
-		}
+	if !r.waitGone(ctx, client.ObjectKeyFromObject(s), s.UID, &sbv1.SandboxSnapshot{}) {
+		return fmt.Errorf("delete snapshot %s: %w: the controller has not deleted its image in %v", s.Name, errdefs.ErrUnavailable, r.cfg.DeleteTimeout)
 	}
+	return nil
 }
