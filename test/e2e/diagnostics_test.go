@@ -16,6 +16,32 @@ type diagResp struct {
 	Warnings                                               []string
 }
 
+// withheldEvents are the CredentialWithheld lines of sandbox id's runtime
+// events.
+func (s *server) withheldEvents(t *testing.T, id string) []string {
+	t.Helper()
+	var ev diagResp
+	s.mustJSON(200, "GET", "/v1/sandboxes/"+id+"/diagnostics/events?scope=runtime", nil, &ev)
+	var out []string
+	for _, line := range strings.Split(ev.Content, "\n") {
+		if strings.Contains(line, " CredentialWithheld ") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// waitWithheld is withheldEvents once there is one (the proxy records
+// the event off the request's path), or what there is after 30 s.
+func (s *server) waitWithheld(t *testing.T, id string) []string {
+	t.Helper()
+	got := s.withheldEvents(t, id)
+	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); got = s.withheldEvents(t, id) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return got
+}
+
 // TestDiagnosticsAndAudit checks the Diagnostics API and the audit log
 // against a real server and runc: console output reaches logs, events
 // survive a SIGKILL of the server, and every mutating call is audited.

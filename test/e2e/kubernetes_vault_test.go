@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -135,22 +134,7 @@ func TestKubernetesCredentialVault(t *testing.T) {
 			t.Fatalf("a credential went to an address the sandbox chose: %v", h)
 		}
 	}
-	withheld := func() []string {
-		t.Helper()
-		var ev diagResp
-		srv.mustJSON(200, "GET", "/v1/sandboxes/"+c.ID+"/diagnostics/events?scope=runtime", nil, &ev)
-		var out []string
-		for _, line := range strings.Split(ev.Content, "\n") {
-			if strings.Contains(line, " CredentialWithheld ") {
-				out = append(out, line)
-			}
-		}
-		return out
-	}
-	got := withheld()
-	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); got = withheld() {
-		time.Sleep(200 * time.Millisecond)
-	}
+	got := srv.waitWithheld(t, c.ID)
 	if len(got) != 1 || !strings.Contains(got[0], `binding "api-tls"`) || !strings.Contains(got[0], "w.vault.test at "+gw) {
 		t.Fatalf("want one CredentialWithheld event naming binding api-tls and %s, got %q", gw, got)
 	}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestCredentialVaultUnresolvedDestination: a sandbox that reaches a bound
@@ -29,18 +28,6 @@ func TestCredentialVaultUnresolvedDestination(t *testing.T) {
 	  {"name": "trusted", "match": {"hosts": ["t.vault.test"], "trustedCidrs": ["`+o.b+`/32"]}, "auth": {"type": "bearer", "credential": "bearer"}}
 	 ]}`)
 	caName := "moat sandbox CA " + v.id
-	withheld := func() []string {
-		t.Helper()
-		var ev diagResp
-		srv.mustJSON(200, "GET", "/v1/sandboxes/"+v.id+"/diagnostics/events?scope=runtime", nil, &ev)
-		var out []string
-		for _, line := range strings.Split(ev.Content, "\n") {
-			if strings.Contains(line, " CredentialWithheld ") {
-				out = append(out, line)
-			}
-		}
-		return out
-	}
 
 	// Not resolved by moat's DNS (api.vault.test resolves to o.a, and the
 	// sandbox asked no one): forwarded, without the credential, twice.
@@ -54,10 +41,7 @@ func TestCredentialVaultUnresolvedDestination(t *testing.T) {
 		}
 	}
 	// The proxy records the event off the request's path.
-	got := withheld()
-	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); got = withheld() {
-		time.Sleep(100 * time.Millisecond)
-	}
+	got := srv.waitWithheld(t, v.id)
 	if len(got) != 1 {
 		t.Fatalf("want one CredentialWithheld event for two withheld requests (one a minute per binding and host), got %q", got)
 	}
@@ -85,7 +69,7 @@ func TestCredentialVaultUnresolvedDestination(t *testing.T) {
 	if h := up.last(t, "api.vault.test", "/resolved").Header; h.Get("Authorization") != "Bearer "+vaultBearer {
 		t.Fatalf("resolved destination: upstream saw %v", h)
 	}
-	if got := withheld(); len(got) != 1 {
+	if got := srv.withheldEvents(t, v.id); len(got) != 1 {
 		t.Fatalf("a credential that was injected recorded an event: %q", got)
 	}
 	assertSandboxHoldsNoSecret(t, v)
