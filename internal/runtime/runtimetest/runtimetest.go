@@ -67,14 +67,15 @@ type Options struct {
 	// 3m: the kubelet measures usage periodically).
 	DiskQuotaEvictTimeout time.Duration
 	// ImageExists, if set, tells whether an image SnapshotImage returned
-	// is still stored (the SnapshotImage case wants it gone after
+	// is still stored (the Snapshot case wants it gone after
 	// RemoveSnapshotImage).
 	ImageExists func(ctx context.Context, image string) (bool, error)
 	// SnapshotImagesOff tells that the backend implements
-	// runtime.ImageSnapshotter but was set up without a place for the
-	// images (the kubernetes backend with a controller that has no
-	// registry): the SnapshotImage case then wants ErrNotImplemented and
-	// the sandbox running on.
+	// runtime.ImageSnapshotter but refuses it for the suite's sandboxes:
+	// set up without a place for the images (the kubernetes backend with
+	// a controller that has no registry), or of a class whose writes it
+	// cannot see (gVisor on Kubernetes). The Snapshot case then wants
+	// ErrNotImplemented and the sandbox running on.
 	SnapshotImagesOff bool
 	// IPv6 tells that the backend was set up dual-stack: the IPv6 case
 	// then wants a global address in sandboxes, else no IPv6 at all.
@@ -104,7 +105,7 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime, opts Optio
 	t.Run("Concurrent", s.concurrent)
 	t.Run("StopRunningWithoutGrace", s.stopNoGrace)
 	t.Run("Checkpoint", s.checkpoint)
-	t.Run("SnapshotImage", s.snapshotImage)
+	t.Run("Snapshot", s.snapshot)
 	t.Run("Volumes", s.volumes)
 	t.Run("DiskQuota", s.diskQuota)
 	t.Run("InitExit", s.exitCase)
