@@ -69,6 +69,7 @@ type server struct {
 	afterStop []func()
 	docker    bool     // prepareDocker has run
 	lastArgs  []string // the extra arguments of the last start
+	started   bool     // start has succeeded once: s.addr is known to clients
 	logf      *os.File
 	check     serverCheck // see servercheck_test.go
 }
@@ -131,9 +132,29 @@ func tail(s string, n int) string {
 
 func (s *server) start(extra ...string) {
 	s.t.Helper()
-	if err := s.tryStart(extra...); err != nil {
+	for attempt := 1; ; attempt++ {
+		err := s.tryStart(extra...)
+		if err == nil {
+			s.started = true
+			return
+		}
+		// freePort's port is free only when it is picked: on a busy host
+		// another process may bind it before the server does. Until the
+		// server first runs nothing knows its address, so it gets another.
+		if !s.started && attempt < 3 && s.lostPort() {
+			s.t.Logf("%s was taken before the server bound it: another port", s.addr)
+			s.addr = freePort(s.t)
+			continue
+		}
 		s.t.Fatalf("%v (server log below)", err)
 	}
+}
+
+// lostPort reports whether the server's log says its listen address was
+// in use.
+func (s *server) lostPort() bool {
+	b, err := os.ReadFile(s.logf.Name())
+	return err == nil && strings.Contains(string(b), "listen tcp "+s.addr+": bind: address already in use")
 }
 
 // tryStart starts the server and waits until it is healthy; it returns an
@@ -606,4 +627,23 @@ func bridgePorts(bridge string) (up, down []string) {
 		}
 	}
 	return up, down
+}
+
+// TestServerStartPortTaken: a server whose picked port another process
+// bound first starts on another one (start), and answers there.
+func TestServerStartPortTaken(t *testing.T) {
+	srv := newServer(t)
+	l, err := net.Listen("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	taken := srv.addr
+	srv.start()
+	if srv.addr == taken {
+		t.Fatalf("the server kept the taken address %s", taken)
+	}
+	if code, _, _ := srv.do("GET", "/health", nil); code != 200 {
+		t.Fatalf("health on %s: %d", srv.addr, code)
+	}
 }
